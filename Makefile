@@ -1,0 +1,139 @@
+# dfl: one build for everything.
+#   make            programs into build/bin/
+#   make check      C unit tests and the bats suite (GPU tests skip without a GPU)
+#   make install PREFIX=/usr/local
+#   make CUDA=0     build without the CUDA backend even where nvcc is present
+#   make SAN=1      build with ASan and UBSan (into build-san/)
+SHELL := /bin/bash
+.SUFFIXES:
+.DELETE_ON_ERROR:
+
+VERSION := 0.1.0
+PREFIX ?= /usr/local
+CUDA_HOME ?= /usr/local/cuda
+NVCC ?= $(firstword $(wildcard $(CUDA_HOME)/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
+ifeq ($(origin CUDA),undefined)
+  CUDA := $(if $(NVCC),1,0)
+endif
+SAN ?= 0
+
+ifeq ($(SAN),1)
+  B ?= build-san
+  SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+else
+  B ?= build
+  SANFLAGS :=
+endif
+
+CC ?= cc
+OPT ?= -O2
+CFLAGS ?= $(OPT) -g
+WARN := -Wall -Wextra -Wshadow -Wno-unused-parameter -Wformat=2 -Wvla -Wno-format-truncation
+CPPFLAGS := -Ilib -I/usr/include/x86_64-linux-gnu -D_GNU_SOURCE -DDFL_VERSION='"$(VERSION)"'
+ALLCFLAGS = -std=gnu11 $(CFLAGS) $(WARN) -fopenmp -pthread $(SANFLAGS) -MMD -MP
+LDLIBS := -lzstd -larchive -lxxhash -ljansson -lopenblas -lm
+LDFLAGS_ALL = -fopenmp -pthread $(SANFLAGS) $(LDFLAGS)
+
+LIB_SRCS := $(sort $(wildcard lib/*.c))
+CU_SRCS := $(sort $(wildcard kernels/*.cu))
+BIN_SRCS := $(sort $(wildcard bin/*.c))
+UNIT_SRCS := $(sort $(wildcard tests/unit/*.c))
+GPU_SRCS := $(sort $(wildcard tests/gpu/*.c))
+TOOL_SRCS := $(sort $(wildcard tests/tools/*.c))
+
+ifeq ($(CUDA),1)
+  CPPFLAGS += -DDFL_CUDA=1 -I$(CUDA_HOME)/include
+  NVCCFLAGS ?= -O3 -arch=sm_90 -lineinfo
+  NVCCALL = -std=c++17 $(NVCCFLAGS) -Ilib -I$(CUDA_HOME)/include -DDFL_CUDA=1 \
+            -Xcompiler -fPIC,-Wall,-Wno-unused-parameter -MMD -MP
+  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl \
+            -lcudart_static -ldl -lrt -lstdc++
+  CU_OBJS := $(CU_SRCS:%.cu=$(B)/obj/%.o)
+else
+  CU_OBJS :=
+endif
+
+LIB_OBJS := $(LIB_SRCS:%.c=$(B)/obj/%.o)
+PROGS := $(BIN_SRCS:bin/%.c=$(B)/bin/%)
+UNITS := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/%)
+GPUTESTS := $(GPU_SRCS:tests/gpu/%.c=$(B)/tests/%)
+TOOLS := $(TOOL_SRCS:tests/tools/%.c=$(B)/tools/%)
+LIBDFL := $(B)/libdfl.a
+
+all: $(PROGS) $(UNITS) $(GPUTESTS) $(TOOLS)
+
+$(B)/obj/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(ALLCFLAGS) -c $< -o $@
+
+$(B)/obj/%.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCALL) -c $< -o $@
+
+$(LIBDFL): $(LIB_OBJS) $(CU_OBJS)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+$(B)/bin/%: $(B)/obj/bin/%.o $(LIBDFL)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS_ALL) $< $(LIBDFL) $(LDLIBS) -o $@
+
+$(B)/tests/%: $(B)/obj/tests/unit/%.o $(LIBDFL)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS_ALL) $< $(LIBDFL) $(LDLIBS) -o $@
+
+$(B)/tests/%: $(B)/obj/tests/gpu/%.o $(LIBDFL)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS_ALL) $< $(LIBDFL) $(LDLIBS) -o $@
+
+$(B)/tools/%: $(B)/obj/tests/tools/%.o $(LIBDFL)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS_ALL) $< $(LIBDFL) $(LDLIBS) -o $@
+
+# Where the shared reference outputs live (tests skip what needs them when absent).
+DFL_ORACLE ?= $(abspath ../shared/oracle)
+export DFL_ORACLE
+export DFL_BIN := $(abspath $(B)/bin)
+export DFL_TESTBIN := $(abspath $(B)/tests)
+export DFL_TOOLS := $(abspath $(B)/tools)
+
+check: all
+	@tests/run-checks $(B)
+
+check-unit: all
+	@tests/run-checks $(B) unit
+
+check-bats: all
+	@tests/run-checks $(B) bats
+
+check-gpu: all
+	@tests/run-checks $(B) gpu
+
+bench: all
+	@bench/run-all $(B)
+
+man:
+	@for m in man/*.[157]; do mandoc -Tlint -Wwarning "$$m" || exit 1; done; echo "man pages: lint clean"
+
+demo: all
+	@examples/demo $(B)
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 \
+	  $(DESTDIR)$(PREFIX)/share/man/man5 $(DESTDIR)$(PREFIX)/share/man/man7
+	install -m 755 $(PROGS) $(DESTDIR)$(PREFIX)/bin/
+	for p in pipelines/dfl-*; do [ -f "$$p" ] && install -m 755 "$$p" $(DESTDIR)$(PREFIX)/bin/; done; true
+	for m in man/*.1; do [ -f "$$m" ] && install -m 644 "$$m" $(DESTDIR)$(PREFIX)/share/man/man1/; done; true
+	for m in man/*.5; do [ -f "$$m" ] && install -m 644 "$$m" $(DESTDIR)$(PREFIX)/share/man/man5/; done; true
+	for m in man/*.7; do [ -f "$$m" ] && install -m 644 "$$m" $(DESTDIR)$(PREFIX)/share/man/man7/; done; true
+
+clean:
+	rm -rf build build-san
+
+print-%:
+	@echo '$($*)'
+
+.PHONY: all check check-unit check-bats check-gpu bench man demo install clean
+.SECONDARY:
+
+-include $(shell find $(B)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,197 @@
+/* backend.h: the small op interface that model code (target forward, drafter forward/backward,
+ * optimizer) is written against. Two backends implement it: the CPU reference (lib/be_cpu*.c,
+ * fp32 compute, OpenBLAS, OpenMP) and CUDA (the .cu files in kernels/, bf16 storage, fp32 accumulation).
+ * Model code never knows which one runs it.
+ *
+ * Conventions:
+ *  - Buffers are backend memory (host memory for CPU, device memory for CUDA), obtained from
+ *    be_alloc. Matrices are row-major. "act" buffers hold be->act elements, "w" buffers hold
+ *    be->wdt elements; f32 / i32 buffers are always float / int32_t.
+ *  - Ops are enqueued in order on the backend's current stream (CPU: run at once). They return
+ *    0 or an error code (a launch failure); they do not validate data (callers check token ids
+ *    and shapes before).
+ *  - Shapes in comments: [rows, cols].
+ */
+#ifndef DFL_BACKEND_H
+#define DFL_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtype.h"
+#include "err.h"
+
+typedef struct dfl_be dfl_be;
+
+typedef enum { DFL_BE_CPU = 1, DFL_BE_CUDA = 2 } dfl_be_kind;
+
+/* C = alpha * op(A) op(B) + beta * C, op(A) [M,K], op(B) [K,N], C [M,N]; optional bias [N]
+ * (f32) added to every row. ta: A is stored [K,M] (lda >= M); else [M,K] (lda >= K). Same for B.
+ * beta = 1 accumulates (used for gradients and for the drafter's per-layer feature fusion). */
+typedef struct dfl_mm {
+    int64_t M, N, K;
+    const void *A; dfl_dtype adt; int64_t lda; bool ta;
+    const void *B; dfl_dtype bdt; int64_t ldb; bool tb;
+    void *C; dfl_dtype cdt; int64_t ldc;
+    float alpha, beta;
+    const float *bias;
+} dfl_mm;
+
+/* Variable-length causal attention over packed sequences (the target's prefill).
+ * Sequence s occupies rows cu_seqlens[s] .. cu_seqlens[s+1]-1; a query at row t attends to keys
+ * of its own sequence at rows <= t. GQA: query head h uses kv head h / (n_heads / n_kv).
+ * q, k, v rows have strides ldq, ldk, ldv elements (so a fused QKV output can be used in place);
+ * within a row, head h occupies [h*d, (h+1)*d). o [T, n_heads*d] (ldo). */
+typedef struct dfl_attn_varlen {
+    const void *q; int64_t ldq;
+    const void *k; int64_t ldk;
+    const void *v; int64_t ldv;
+    void *o; int64_t ldo;
+    const int32_t *cu_seqlens;   /* [n_seqs+1], backend memory */
+    int32_t n_seqs, max_len;
+    int64_t T;
+    int n_heads, n_kv, d;
+    float scale;                 /* usually d^-0.5 */
+} dfl_attn_varlen;
+
+/* DFlash drafter attention (DFLASH.md section 5, step 4) over a packed batch.
+ * Block b (0..n_blocks-1) has bs query slots at rows b*bs .. b*bs+bs-1 of q / k_blk / v_blk / o.
+ * Its queries attend to context rows ctx_start[b] .. ctx_start[b] + anchor[b] - 1 of k_ctx/v_ctx
+ * (the sequence's rows before its anchor; ctx_start is the sequence's first row) and to all bs
+ * rows of their own block; nothing else. GQA as above. lse [n_blocks*bs, n_heads] (f32) is
+ * written by the forward (log-sum-exp of the scaled scores, natural log) for the backward. */
+typedef struct dfl_dflash_attn {
+    const void *q;      /* [Q, n_heads*d]  Q = n_blocks*bs */
+    const void *k_ctx;  /* [Tctx, n_kv*d] */
+    const void *v_ctx;  /* [Tctx, n_kv*d] */
+    const void *k_blk;  /* [Q, n_kv*d] */
+    const void *v_blk;  /* [Q, n_kv*d] */
+    void *o;            /* [Q, n_heads*d] */
+    float *lse;         /* [Q, n_heads] */
+    const int32_t *ctx_start;  /* [n_blocks] */
+    const int32_t *anchor;     /* [n_blocks] */
+    int32_t n_blocks, bs, max_anchor;
+    int64_t T_ctx;
+    int n_heads, n_kv, d;
+    float scale;
+    /* backward only: */
+    const void *dout;   /* [Q, n_heads*d] */
+    void *dq;           /* [Q, n_heads*d]  (written) */
+    void *dk_ctx, *dv_ctx; /* [Tctx, n_kv*d] (accumulated: caller zeroes) */
+    void *dk_blk, *dv_blk; /* [Q, n_kv*d]    (written) */
+} dfl_dflash_attn;
+
+/* Fused LM head + decay-weighted cross-entropy over Q rows, chunked so that the [Q, V] logits are
+ * never held in full. For row q with weight w[q] > 0: ce = logsumexp(z_q W^T) - (z_q W^T)[label];
+ * adds w*ce to sums[0] (loss_num) and w to sums[1] (loss_den); adds w0 = (w > 0) to sums[3]
+ * (acc_den) and [argmax == label] (first index of the maximum) to sums[2] (acc_num);
+ * correct[q] = (w[q] > 0 && argmax == label). If dz is non-NULL, writes
+ * dz = grad_scale * w * (softmax - onehot(label)) W  (zero rows where w == 0): the gradient of
+ * grad_scale * loss_num with respect to z. Rows with w == 0 contribute nothing. */
+typedef struct dfl_lmce {
+    const void *z;          /* [Q, H] act */
+    const void *w_lm;       /* [V, H] w (frozen) */
+    const int32_t *labels;  /* [Q] */
+    const float *weight;    /* [Q] decayed weight, 0 = not scored */
+    int64_t Q, H, V;
+    double *sums;           /* [4] loss_num, loss_den, acc_num, acc_den (accumulated) */
+    uint8_t *correct;       /* [Q] or NULL */
+    void *dz;               /* [Q, H] act, or NULL */
+    float grad_scale;
+} dfl_lmce;
+
+/* AdamW on f32 master weights, one call per tensor or over one flat buffer of all parameters.
+ * g is multiplied by *grad_scale (device scalar, e.g. clip coefficient / loss_den) first; if
+ * *skip != 0 nothing changes. torch.optim.AdamW semantics (DFLASH.md section 8): step t >= 1,
+ * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p = p (1 - lr wd) - lr m / ((1-b1^t) (sqrt(v) /
+ * sqrt(1-b2^t) + eps)). If p_act is non-NULL it receives p converted to be->wdt. */
+typedef struct dfl_adamw {
+    float *p, *g, *m, *v;
+    void *p_act;
+    int64_t n;
+    float lr, beta1, beta2, eps, weight_decay;
+    int64_t step;
+    const float *grad_scale;    /* backend memory scalar, or NULL for 1 */
+    const int32_t *skip;        /* backend memory flag, or NULL */
+} dfl_adamw;
+
+typedef struct dfl_be_ops {
+    /* memory */
+    void *(*alloc)(dfl_be *be, size_t bytes, dfl_err *e);
+    void (*free)(dfl_be *be, void *p);
+    int (*upload)(dfl_be *be, void *dst, const void *src, size_t bytes);    /* host -> backend */
+    int (*download)(dfl_be *be, void *dst, const void *src, size_t bytes);  /* backend -> host */
+    int (*memset0)(dfl_be *be, void *dst, size_t bytes);
+    int (*copy)(dfl_be *be, void *dst, const void *src, size_t bytes);
+    int (*sync)(dfl_be *be, dfl_err *e);  /* wait for all enqueued work; reports async errors */
+
+    /* y[n] (dt) = convert(x[n] (st)); float types only */
+    int (*convert)(dfl_be *be, void *y, dfl_dtype dt, const void *x, dfl_dtype st, int64_t n);
+    int (*matmul)(dfl_be *be, const dfl_mm *m);
+    /* out[T,H] act = E[ids[t]] ; E [V,H] w */
+    int (*embedding)(dfl_be *be, void *out, const int32_t *ids, const void *E, int64_t T, int64_t H);
+    /* y = x / sqrt(mean(x^2) + eps) * w over rows of n; rstd [R] f32 saved if non-NULL.
+     * y may equal x. */
+    int (*rmsnorm)(dfl_be *be, void *y, float *rstd, const void *x, const void *w, int64_t R,
+                   int64_t n, float eps);
+    /* h += d (residual), then y = rmsnorm(h) (h, d, y act [R,n]) */
+    int (*add_rmsnorm)(dfl_be *be, void *h, const void *d, void *y, float *rstd, const void *w,
+                       int64_t R, int64_t n, float eps);
+    /* dx (+)= d/dx, dw += d/dw (f32 [n]); x is the norm's input. accumulate_dx: add into dx. */
+    int (*rmsnorm_bwd)(dfl_be *be, void *dx, float *dw, const void *dy, const void *x,
+                       const void *w, const float *rstd, int64_t R, int64_t n, bool accumulate_dx);
+    /* In place on x [R, ld] (heads at columns [h*d, (h+1)*d) for h < heads): per-head RMSNorm
+     * with w [d] (skipped when w == NULL; rstd [R*heads] f32 saved if non-NULL), then RoPE
+     * rotate-half with position pos[r] and base theta (inv_freq computed in f32). */
+    int (*qknorm_rope)(dfl_be *be, void *x, int64_t ld, float *rstd, const void *w,
+                       const int32_t *pos, int64_t R, int heads, int d, float eps, float theta);
+    /* Backward of qknorm_rope: dx [R, ld] holds the gradient of the output and is replaced by the
+     * gradient of the input; x_in is the op's input (saved before the in-place op); dw += (f32). */
+    int (*qknorm_rope_bwd)(dfl_be *be, void *dx, int64_t ld, float *dw, const void *x_in,
+                           const void *w, const float *rstd, const int32_t *pos, int64_t R,
+                           int heads, int d, float eps, float theta);
+    /* out[r,i] = silu(gu[r,i]) * gu[r,I+i]; gu [R, 2I] (gate | up), out [R, I] */
+    int (*swiglu)(dfl_be *be, void *out, const void *gu, int64_t R, int64_t I);
+    /* dgu [R, 2I] from dout [R, I] and gu */
+    int (*swiglu_bwd)(dfl_be *be, void *dgu, const void *dout, const void *gu, int64_t R, int64_t I);
+    /* y[n] += x[n] (act) */
+    int (*add)(dfl_be *be, void *y, const void *x, int64_t n);
+    int (*attn_varlen)(dfl_be *be, const dfl_attn_varlen *a);
+
+    /* drafter */
+    int (*dflash_attn)(dfl_be *be, const dfl_dflash_attn *a);
+    int (*dflash_attn_bwd)(dfl_be *be, const dfl_dflash_attn *a);
+    int (*lmce)(dfl_be *be, const dfl_lmce *a);
+    /* out[0] += sum(x[i]^2) over n f32 values (for the global gradient norm) */
+    int (*sumsq)(dfl_be *be, double *out, const float *x, int64_t n);
+    int (*adamw)(dfl_be *be, const dfl_adamw *a);
+} dfl_be_ops;
+
+struct dfl_be {
+    dfl_be_kind kind;
+    char name[32];          /* "cpu", "cuda:0" */
+    dfl_dtype act;          /* activation storage: F32 on CPU, BF16 (or F32) on CUDA */
+    dfl_dtype wdt;          /* compute-weight storage: F32 on CPU, BF16 (or F32) on CUDA */
+    int threads;            /* CPU threads */
+    const dfl_be_ops *ops;
+    void *impl;             /* backend state */
+};
+
+/* "cpu", "cuda", "cuda:N". act_dtype DFL_DT_INVALID = the backend's default. */
+int dfl_be_open(dfl_be **be, const char *device, dfl_dtype act_dtype, dfl_err *e);
+void dfl_be_close(dfl_be *be);
+/* True when this build has the CUDA backend and a usable GPU exists. */
+bool dfl_be_cuda_available(void);
+
+/* CPU backend constructor (lib/be_cpu.c); the CUDA one is in kernels/. */
+int dfl_be_cpu_open(dfl_be **be, int threads, dfl_err *e);
+#ifdef DFL_CUDA
+int dfl_be_cuda_open(dfl_be **be, int device, dfl_dtype act, dfl_err *e);
+int dfl_be_cuda_count(void);
+#endif
+
+/* Helpers over ops, for readable model code. */
+static inline void *be_alloc(dfl_be *be, size_t bytes, dfl_err *e) { return be->ops->alloc(be, bytes, e); }
+
+#endif

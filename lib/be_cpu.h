@@ -1,0 +1,34 @@
+/* be_cpu.h: internal to the CPU backend: the op functions, split over be_cpu.c (memory,
+ * conversions, matmul), be_cpu_ops.c (forward ops of the target model) and be_cpu_train.c (the
+ * drafter's ops and backward ops). fp32 compute; OpenMP over rows. */
+#ifndef DFL_BE_CPU_H
+#define DFL_BE_CPU_H
+
+#include "backend.h"
+
+/* be_cpu_ops.c */
+int dfl_cpu_embedding(dfl_be *be, void *out, const int32_t *ids, const void *E, int64_t T, int64_t H);
+int dfl_cpu_rmsnorm(dfl_be *be, void *y, float *rstd, const void *x, const void *w, int64_t R,
+                    int64_t n, float eps);
+int dfl_cpu_add_rmsnorm(dfl_be *be, void *h, const void *d, void *y, float *rstd, const void *w,
+                        int64_t R, int64_t n, float eps);
+int dfl_cpu_qknorm_rope(dfl_be *be, void *x, int64_t ld, float *rstd, const void *w,
+                        const int32_t *pos, int64_t R, int heads, int d, float eps, float theta);
+int dfl_cpu_swiglu(dfl_be *be, void *out, const void *gu, int64_t R, int64_t I);
+int dfl_cpu_add(dfl_be *be, void *y, const void *x, int64_t n);
+int dfl_cpu_attn_varlen(dfl_be *be, const dfl_attn_varlen *a);
+
+/* be_cpu_train.c */
+int dfl_cpu_rmsnorm_bwd(dfl_be *be, void *dx, float *dw, const void *dy, const void *x,
+                        const void *w, const float *rstd, int64_t R, int64_t n, bool accumulate_dx);
+int dfl_cpu_qknorm_rope_bwd(dfl_be *be, void *dx, int64_t ld, float *dw, const void *x_in,
+                            const void *w, const float *rstd, const int32_t *pos, int64_t R,
+                            int heads, int d, float eps, float theta);
+int dfl_cpu_swiglu_bwd(dfl_be *be, void *dgu, const void *dout, const void *gu, int64_t R, int64_t I);
+int dfl_cpu_dflash_attn(dfl_be *be, const dfl_dflash_attn *a);
+int dfl_cpu_dflash_attn_bwd(dfl_be *be, const dfl_dflash_attn *a);
+int dfl_cpu_lmce(dfl_be *be, const dfl_lmce *a);
+int dfl_cpu_sumsq(dfl_be *be, double *out, const float *x, int64_t n);
+int dfl_cpu_adamw(dfl_be *be, const dfl_adamw *a);
+
+#endif

@@ -1,0 +1,183 @@
+/* frame.h: the .dfl frame format (specified in man/dfl-frame.5, which is the contract):
+ * reader and writer, used identically on pipes and on mapped files.
+ *
+ * Summary of format version 1 (all integers little-endian):
+ *   A stream is a sequence of frames: HEADER first, then TOKENS or HIDDEN batch frames (and
+ *   skippable frames), optionally an INDEX frame, and END last. A stream without END is
+ *   truncated.
+ *   Frame = 64-byte frame header | payload (stored_len bytes) | zero padding | 8-byte trailer,
+ *   total a multiple of 64 bytes, so payloads start 64-byte aligned in the stream.
+ *   Frame header: magic 89 44 46 4C ("\x89DFL"), u8 major version (1), u8 flags, u16 type,
+ *   u64 stored_len, u64 raw_len, u64 seq (frame number, HEADER = 0), 24 reserved zero bytes,
+ *   u64 XXH3-64 of header bytes 0..55.
+ *   Trailer: XXH3-64 of every byte of the frame before it (header, payload, padding).
+ *   Flags: bit0 skippable, bit1 zstd payload, bit2 byte-shuffle width 2, bit3 width 4;
+ *   bits 4..7 reserved (a reader rejects them set).
+ *   Batch payload: 64-byte batch header, then sections each 64-aligned and zero-padded:
+ *   seq_lens u32[S], input_ids i32[T], loss_mask u8[T], then K layer arrays [T, H] of dtype. */
+#ifndef DFL_FRAME_H
+#define DFL_FRAME_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dtype.h"
+#include "err.h"
+
+#define DFL_FRAME_MAGIC "\x89" "DFL"
+#define DFL_FRAME_MAJOR 1
+#define DFL_FRAME_MINOR 0
+#define DFL_FRAME_HDR 64
+#define DFL_FRAME_ALIGN 64
+#define DFL_MAX_LAYERS 64
+
+enum dfl_frame_type {
+    DFL_FT_HEADER = 1,   /* JSON stream description; first frame */
+    DFL_FT_TOKENS = 2,   /* token batch */
+    DFL_FT_HIDDEN = 3,   /* hidden-state batch */
+    DFL_FT_INDEX = 4,    /* offsets of batch frames (skippable) */
+    DFL_FT_END = 5,      /* totals; last frame */
+    DFL_FT_NOTE = 6,     /* JSON note, informational (skippable) */
+};
+
+enum dfl_frame_flags {
+    DFL_FF_SKIPPABLE = 1u << 0,
+    DFL_FF_ZSTD = 1u << 1,
+    DFL_FF_SHUFFLE2 = 1u << 2,
+    DFL_FF_SHUFFLE4 = 1u << 3,
+    DFL_FF_RESERVED = 0xf0u,
+};
+
+enum dfl_stream_kind { DFL_KIND_TOKENS = 1, DFL_KIND_HIDDEN = 2 };
+
+/* What the HEADER frame says. */
+typedef struct dfl_stream_info {
+    int kind;                    /* DFL_KIND_TOKENS or DFL_KIND_HIDDEN */
+    int version_major, version_minor;
+    char producer[128];          /* "dfl-target 0.1.0" */
+    int64_t vocab_size;          /* 0 if unknown */
+    /* hidden streams: */
+    int64_t hidden_size;
+    int n_layers;
+    int32_t layers[DFL_MAX_LAYERS]; /* captured target layer ids, in array order */
+    dfl_dtype dtype;             /* dtype of the layer arrays */
+    char fingerprint[80];        /* target model fingerprint, "" if none */
+    json_t *meta;                /* optional free-form object ("meta" key); owned by whoever made the info */
+} dfl_stream_info;
+
+/* One batch of packed sequences. Pointers are into a mapping or into `owned`. */
+typedef struct dfl_batch {
+    uint64_t index;              /* batch number within its stream */
+    uint64_t offset;             /* stream offset of its frame (reader) */
+    uint64_t n_tokens;           /* T = sum of seq_lens */
+    uint32_t n_seqs;             /* S */
+    uint32_t max_len;            /* longest sequence */
+    uint32_t n_layers;           /* K (0 for token batches) */
+    uint32_t hidden;             /* H (0 for token batches) */
+    dfl_dtype dtype;             /* layer dtype (DFL_DT_INVALID for token batches) */
+    const uint32_t *seq_lens;    /* [S] */
+    const int32_t *input_ids;    /* [T] */
+    const uint8_t *loss_mask;    /* [T], 0 or 1 */
+    const void *layers[DFL_MAX_LAYERS]; /* K arrays, each [T, H] of dtype */
+    void *owned;                 /* heap block backing the pointers, or NULL (mapping) */
+} dfl_batch;
+
+void dfl_batch_free(dfl_batch *b);    /* frees owned; safe on a zeroed batch */
+/* Payload size of a batch frame (uncompressed), 0 on overflow. */
+uint64_t dfl_batch_payload_size(uint64_t n_tokens, uint32_t n_seqs, uint32_t n_layers,
+                                uint32_t hidden, dfl_dtype dtype);
+/* Allocates an owned batch with all sections (contents zero) and fills the pointers, so that a
+ * producer can fill it in place. Layer pointers are writable through (void *)b->layers[k]. */
+int dfl_batch_alloc(dfl_batch *b, uint64_t n_tokens, uint32_t n_seqs, uint32_t n_layers,
+                    uint32_t hidden, dfl_dtype dtype, dfl_err *e);
+
+/* Totals from the END frame. */
+typedef struct dfl_stream_end {
+    uint64_t n_batches, n_tokens, n_seqs, index_offset, n_frames;
+} dfl_stream_end;
+
+typedef struct dfl_index_entry {
+    uint64_t offset;             /* stream offset of the batch frame */
+    uint32_t n_seqs, n_tokens;
+} dfl_index_entry;
+
+/* A raw frame, for listing and checking (dfl-ckpt). */
+typedef struct dfl_frame {
+    uint64_t offset;             /* stream offset of the frame header */
+    uint64_t seq;
+    uint32_t type, flags;
+    uint64_t stored_len, raw_len;
+    uint64_t total_len;          /* header + payload + padding + trailer */
+    const uint8_t *payload;      /* raw (decompressed) payload, raw_len bytes */
+    void *owned;
+} dfl_frame;
+void dfl_frame_free(dfl_frame *f);
+
+typedef struct dfl_reader dfl_reader;
+
+typedef struct dfl_reader_opts {
+    bool no_verify;              /* skip checksum verification (default: verify) */
+    bool allow_truncated;        /* a missing END is a clean end, reported by dfl_reader_truncated */
+    uint64_t max_frame;          /* largest payload accepted; 0 = default (64 GiB) */
+} dfl_reader_opts;
+
+/* Opens path ("-" = stdin; a regular file is mapped, anything else is read) and reads and checks
+ * the HEADER frame. opts may be NULL. */
+int dfl_reader_open(dfl_reader **r, const char *path, const dfl_reader_opts *opts, dfl_err *e);
+/* Same on an open descriptor (not closed by the reader); name is used in messages. */
+int dfl_reader_open_fd(dfl_reader **r, int fd, const char *name, const dfl_reader_opts *opts, dfl_err *e);
+void dfl_reader_close(dfl_reader *r);
+const dfl_stream_info *dfl_reader_info(const dfl_reader *r);
+const char *dfl_reader_name(const dfl_reader *r);
+/* Next batch. At a verified END sets *eos = true (b untouched) and returns 0. Skippable frames
+ * of unknown type are skipped; INDEX and NOTE frames are checked and skipped. Totals in END are
+ * checked against what was read. Errors name the stream, the frame number and its offset. */
+int dfl_reader_next(dfl_reader *r, dfl_batch *b, bool *eos, dfl_err *e);
+/* Lower level: the next frame of any type, checked (checksum, structure of known types), with
+ * the payload decompressed. At the end of input after END, *eos = true. */
+int dfl_reader_next_frame(dfl_reader *r, dfl_frame *f, bool *eos, dfl_err *e);
+/* Parses a batch frame returned by dfl_reader_next_frame into b (b borrows f's memory; take
+ * f->owned into b->owned to transfer ownership). */
+int dfl_reader_parse_batch(dfl_reader *r, const dfl_frame *f, dfl_batch *b, dfl_err *e);
+/* After *eos: the END totals; truncated is true when allow_truncated let a cut stream end. */
+const dfl_stream_end *dfl_reader_end(const dfl_reader *r);
+bool dfl_reader_truncated(const dfl_reader *r);
+/* Mapped files only: the INDEX entries, found through the END frame at the end of the file
+ * without reading the batches. Returns DFL_EUNSUP when the input is not a mapped file or has no
+ * index (callers then walk the stream). *entries points into the reader. */
+int dfl_reader_index(dfl_reader *r, const dfl_index_entry **entries, uint64_t *n, dfl_err *e);
+/* Mapped files only: reads the batch frame at a stream offset (from the index). */
+int dfl_reader_batch_at(dfl_reader *r, uint64_t offset, dfl_batch *b, dfl_err *e);
+
+typedef struct dfl_writer dfl_writer;
+
+typedef struct dfl_writer_opts {
+    int zstd_level;              /* 0 = no compression (default); 1..19 */
+    bool no_index;               /* files get an INDEX frame unless set; pipes never do */
+    bool allow_tty;              /* refuse to write binary to a terminal unless set */
+} dfl_writer_opts;
+
+/* Opens path ("-" = stdout) and writes the HEADER frame. A file is written under a temporary name
+ * beside it and renamed into place by dfl_writer_close (so a cut run never leaves a file that
+ * looks complete). */
+int dfl_writer_open(dfl_writer **w, const char *path, const dfl_stream_info *info,
+                    const dfl_writer_opts *opts, dfl_err *e);
+int dfl_writer_open_fd(dfl_writer **w, int fd, const char *name, const dfl_stream_info *info,
+                       const dfl_writer_opts *opts, dfl_err *e);
+/* Writes one batch frame (TOKENS or HIDDEN according to the stream kind); b->index is assigned
+ * by the writer. Checks the batch against the stream info (layers, hidden, dtype). */
+int dfl_writer_batch(dfl_writer *w, const dfl_batch *b, dfl_err *e);
+/* Writes a skippable NOTE frame holding a JSON object. */
+int dfl_writer_note(dfl_writer *w, const json_t *note, dfl_err *e);
+/* Writes INDEX (files) and END, fsyncs and renames a file into place, frees w. */
+int dfl_writer_close(dfl_writer *w, dfl_err *e);
+/* Stops without END (the stream reads as truncated), removes a file's temporary, frees w. */
+void dfl_writer_abort(dfl_writer *w);
+/* Bytes written so far. */
+uint64_t dfl_writer_bytes(const dfl_writer *w);
+
+/* Fingerprint helper: XXH3-128 of bytes, as 32 lowercase hex digits into out[33]. */
+void dfl_fingerprint_hex(const void *data, size_t n, char out[33]);
+
+#endif

@@ -1,0 +1,80 @@
+/* safetensors.h: reading (mapped, fully checked) and writing (deterministic, atomic) safetensors
+ * files, and opening Hugging Face model directories (single file or sharded through
+ * model.safetensors.index.json). */
+#ifndef DFL_SAFETENSORS_H
+#define DFL_SAFETENSORS_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "dtype.h"
+#include "err.h"
+#include "util.h"
+
+#define DFL_MAX_DIMS 8
+#define DFL_ST_MAX_HEADER (100u << 20)   /* header size cap: 100 MB */
+
+typedef struct dfl_st_tensor {
+    const char *name;          /* owned by the file */
+    dfl_dtype dtype;
+    int ndim;
+    int64_t shape[DFL_MAX_DIMS];
+    uint64_t numel;
+    uint64_t offset;           /* byte offset of the data from the start of the file */
+    uint64_t nbytes;
+    const void *data;          /* points into the mapping */
+    const char *file;          /* path of the file holding it */
+} dfl_st_tensor;
+
+typedef struct dfl_st_file {
+    char *path;
+    dfl_map map;
+    uint64_t header_len;       /* N of the 8-byte prefix */
+    uint64_t data_start;       /* 8 + N */
+    size_t n;                  /* tensors, in offset order */
+    dfl_st_tensor *t;
+    json_t *metadata;          /* the "__metadata__" object (string values), or NULL */
+} dfl_st_file;
+
+/* Maps and checks path: 8-byte little-endian header length within the cap and the file, a JSON
+ * object header (no duplicate names), every entry with a known dtype, a shape of non-negative
+ * dims with shape x dtype size == its byte range, ranges contiguous from 0 with no holes or
+ * overlaps, and the data ending exactly at the end of the file. Errors name the file and the
+ * tensor. */
+int dfl_st_open(dfl_st_file **out, const char *path, dfl_err *e);
+void dfl_st_close(dfl_st_file *f);
+const dfl_st_tensor *dfl_st_find(const dfl_st_file *f, const char *name);
+
+/* A Hugging Face model directory (or a single .safetensors path): all tensors of all shards,
+ * sorted by name. With model.safetensors.index.json every tensor named by its weight_map must be
+ * in the shard it names and every shard tensor must be listed; names are unique across shards. */
+typedef struct dfl_st_model {
+    char *dir;
+    size_t nfiles;
+    dfl_st_file **files;
+    size_t n;
+    const dfl_st_tensor **t;   /* sorted by name */
+} dfl_st_model;
+
+int dfl_st_model_open(dfl_st_model **out, const char *path, dfl_err *e);
+void dfl_st_model_close(dfl_st_model *m);
+const dfl_st_tensor *dfl_st_model_find(const dfl_st_model *m, const char *name);
+/* Finds name and checks its dtype is a float type and its shape is exactly shape[0..ndim);
+ * errors name the tensor, expected and actual shape. */
+int dfl_st_model_get(const dfl_st_model *m, const char *name, int ndim, const int64_t *shape,
+                     const dfl_st_tensor **out, dfl_err *e);
+
+/* Deterministic writer: tensors sorted by (element size descending, name), so that every
+ * tensor is aligned to its element size; the header padded with spaces so that data starts at
+ * a multiple of 64 bytes; __metadata__ keys sorted. Written to a temporary file beside path,
+ * fsync-ed and renamed. Tensor data is borrowed until dfl_st_write returns. */
+typedef struct dfl_st_writer dfl_st_writer;
+dfl_st_writer *dfl_st_writer_new(void);
+void dfl_st_writer_free(dfl_st_writer *w);
+/* Copies name and shape; data is borrowed. Fails on a duplicate name or size overflow. */
+int dfl_st_writer_add(dfl_st_writer *w, const char *name, dfl_dtype dtype, int ndim,
+                      const int64_t *shape, const void *data, dfl_err *e);
+int dfl_st_writer_meta(dfl_st_writer *w, const char *key, const char *value, dfl_err *e);
+int dfl_st_write(dfl_st_writer *w, const char *path, dfl_err *e);
+
+#endif

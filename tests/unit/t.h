@@ -1,0 +1,119 @@
+/* t.h: a minimal unit-test harness. A test case is a function run by T_RUN; it fails if any
+ * check in it fails. Comparisons are written so that NaN fails. main() ends with
+ * `return t_done();`, which prints "<prog>: N passed, N failed, N skipped" and exits 0 when
+ * nothing failed (77 when everything was skipped). */
+#ifndef DFL_T_H
+#define DFL_T_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int t_pass_, t_fail_, t_skip_, t_case_failed_, t_case_skipped_;
+static const char *t_name_ = "test";
+
+#define T_CHECK(cond, ...)                                                               \
+    do {                                                                                 \
+        if (!(cond)) {                                                                   \
+            t_case_failed_ = 1;                                                          \
+            fprintf(stderr, "  FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);            \
+            fprintf(stderr, __VA_ARGS__);                                                \
+            fputc('\n', stderr);                                                         \
+        }                                                                                \
+    } while (0)
+
+/* |a - b| <= tol, failing on NaN */
+#define T_NEAR(a, b, tol, what)                                                          \
+    do {                                                                                 \
+        double t_a_ = (double)(a), t_b_ = (double)(b), t_t_ = (double)(tol);             \
+        if (!(fabs(t_a_ - t_b_) <= t_t_)) {                                              \
+            t_case_failed_ = 1;                                                          \
+            fprintf(stderr, "  FAIL %s:%d: %s: %.9g vs %.9g (tol %.3g)\n", __FILE__,     \
+                    __LINE__, what, t_a_, t_b_, t_t_);                                   \
+        }                                                                                \
+    } while (0)
+
+#define T_EQ_INT(a, b, what)                                                             \
+    do {                                                                                 \
+        long long t_a_ = (long long)(a), t_b_ = (long long)(b);                          \
+        if (t_a_ != t_b_) {                                                              \
+            t_case_failed_ = 1;                                                          \
+            fprintf(stderr, "  FAIL %s:%d: %s: %lld != %lld\n", __FILE__, __LINE__,      \
+                    what, t_a_, t_b_);                                                   \
+        }                                                                                \
+    } while (0)
+
+/* Inside a test case: mark it skipped and return. */
+#define T_SKIP(...)                                                                      \
+    do {                                                                                 \
+        t_case_skipped_ = 1;                                                             \
+        fprintf(stderr, "  skip: ");                                                     \
+        fprintf(stderr, __VA_ARGS__);                                                    \
+        fputc('\n', stderr);                                                             \
+        return;                                                                          \
+    } while (0)
+
+#define T_RUN(fn)                                                                        \
+    do {                                                                                 \
+        t_case_failed_ = t_case_skipped_ = 0;                                            \
+        fn();                                                                            \
+        if (t_case_failed_) {                                                            \
+            t_fail_++;                                                                   \
+            printf("not ok - %s\n", #fn);                                                \
+        } else if (t_case_skipped_) {                                                    \
+            t_skip_++;                                                                   \
+            printf("ok - %s # skip\n", #fn);                                             \
+        } else {                                                                         \
+            t_pass_++;                                                                   \
+            printf("ok - %s\n", #fn);                                                    \
+        }                                                                                \
+        fflush(stdout);                                                                  \
+    } while (0)
+
+static inline void t_init(const char *argv0)
+{
+    const char *s = strrchr(argv0, '/');
+    t_name_ = s ? s + 1 : argv0;
+}
+
+static inline int t_done(void)
+{
+    printf("# %s: %d passed, %d failed, %d skipped\n", t_name_, t_pass_, t_fail_, t_skip_);
+    if (t_fail_)
+        return 1;
+    return t_pass_ == 0 && t_skip_ > 0 ? 77 : 0;
+}
+
+/* The shared oracle directory ($DFL_ORACLE), or NULL when absent. */
+static inline const char *t_oracle(void)
+{
+    const char *o = getenv("DFL_ORACLE");
+    if (!o || !*o)
+        return NULL;
+    FILE *f;
+    char p[4096];
+    snprintf(p, sizeof p, "%s/README.md", o);
+    f = fopen(p, "r");
+    if (!f)
+        return NULL;
+    fclose(f);
+    return o;
+}
+
+/* A scratch directory for this test binary (created; removed by the runner). */
+static inline const char *t_tmpdir(void)
+{
+    static char dir[4096];
+    if (!dir[0]) {
+        const char *base = getenv("TMPDIR");
+        snprintf(dir, sizeof dir, "%s/dfl-test-XXXXXX", base && *base ? base : "/tmp");
+        if (!mkdtemp(dir)) {
+            perror("mkdtemp");
+            exit(1);
+        }
+    }
+    return dir;
+}
+
+#endif
