@@ -80,13 +80,22 @@ typedef struct dfl_batch {
     const int32_t *input_ids;    /* [T] */
     const uint8_t *loss_mask;    /* [T], 0 or 1 */
     const void *layers[DFL_MAX_LAYERS]; /* K arrays, each [T, H] of dtype */
-    void *owned;                 /* heap block backing the pointers, or NULL (mapping) */
+    void *owned;                 /* heap block backing the pointers (free()-able, 64-aligned),
+                                    or NULL when they point into a mapping or the caller's memory */
 } dfl_batch;
 
 void dfl_batch_free(dfl_batch *b);    /* frees owned; safe on a zeroed batch */
-/* Payload size of a batch frame (uncompressed), 0 on overflow. */
+/* Payload size of a batch frame (uncompressed), 0 on overflow or for a dtype without a size
+ * when n_layers > 0. */
 uint64_t dfl_batch_payload_size(uint64_t n_tokens, uint32_t n_seqs, uint32_t n_layers,
                                 uint32_t hidden, dfl_dtype dtype);
+/* Where the sections of a batch payload start (offsets from the payload start, all multiples of
+ * 64; dfl-frame(5) "Sections"). Layer k starts at layer0 + k * layer_stride. False on overflow. */
+typedef struct dfl_batch_layout {
+    uint64_t seq_lens, input_ids, loss_mask, layer0, layer_stride, size;
+} dfl_batch_layout;
+bool dfl_batch_layout_of(uint64_t n_tokens, uint32_t n_seqs, uint32_t n_layers, uint32_t hidden,
+                         dfl_dtype dtype, dfl_batch_layout *l);
 /* Allocates an owned batch with all sections (contents zero) and fills the pointers, so that a
  * producer can fill it in place. Layer pointers are writable through (void *)b->layers[k]. */
 int dfl_batch_alloc(dfl_batch *b, uint64_t n_tokens, uint32_t n_seqs, uint32_t n_layers,
@@ -130,12 +139,16 @@ int dfl_reader_open_fd(dfl_reader **r, int fd, const char *name, const dfl_reade
 void dfl_reader_close(dfl_reader *r);
 const dfl_stream_info *dfl_reader_info(const dfl_reader *r);
 const char *dfl_reader_name(const dfl_reader *r);
-/* Next batch. At a verified END sets *eos = true (b untouched) and returns 0. Skippable frames
+/* Stream offset of the next frame (bytes consumed so far; after open, the HEADER frame's size). */
+uint64_t dfl_reader_offset(const dfl_reader *r);
+/* Next batch into b (overwritten: free the previous one first). At a verified END (and end of
+ * input after it) sets *eos = true (b untouched) and returns 0. Skippable frames
  * of unknown type are skipped; INDEX and NOTE frames are checked and skipped. Totals in END are
  * checked against what was read. Errors name the stream, the frame number and its offset. */
 int dfl_reader_next(dfl_reader *r, dfl_batch *b, bool *eos, dfl_err *e);
-/* Lower level: the next frame of any type, checked (checksum, structure of known types), with
- * the payload decompressed. At the end of input after END, *eos = true. */
+/* Lower level: the next frame after HEADER, of any type (END included), checked like
+ * dfl_reader_next checks it (checksum, structure of known types, place in the stream), with the
+ * payload decompressed. After END (or a cut allowed by allow_truncated), *eos = true. */
 int dfl_reader_next_frame(dfl_reader *r, dfl_frame *f, bool *eos, dfl_err *e);
 /* Parses a batch frame returned by dfl_reader_next_frame into b (b borrows f's memory; take
  * f->owned into b->owned to transfer ownership). */
