@@ -135,7 +135,7 @@ int dfl_batch_alloc(dfl_batch *b, uint64_t n_tokens, uint32_t n_seqs, uint32_t n
     if (!dfl_batch_layout_of(n_tokens, n_seqs, n_layers, hidden, dtype, &l) || l.size > SIZE_MAX)
         return dfl_fail(e, DFL_EUSAGE, "batch of %llu tokens x %u layers x %u is too large",
                         (unsigned long long)n_tokens, n_layers, hidden);
-    uint8_t *p = block_alloc(l.size);
+    uint8_t *p = block_alloc(l.size + 64); /* every batch block has 64 bytes of headroom (recycling) */
     if (!p)
         return dfl_fail(e, DFL_ENOMEM, "out of memory for a batch of %llu bytes", (unsigned long long)l.size);
     memset(p, 0, l.size);
@@ -221,6 +221,8 @@ struct dfl_reader {
     size_t scap;
     ZSTD_DCtx *dctx;
     XXH3_state_t *xx;
+    void *spare;             /* a recycled batch block, and its capacity */
+    uint64_t spare_cap;
     /* random access */
     dfl_index_entry *index;
     uint64_t index_n;
@@ -299,6 +301,36 @@ static int grow(uint8_t **buf, size_t *cap, uint64_t need)
     *buf = p;
     *cap = (size_t)need;
     return 0;
+}
+
+/* A block of at least n bytes for a frame: the recycled one if it is large enough. */
+static void *take_block(dfl_reader *r, uint64_t n)
+{
+    if (r->spare && r->spare_cap >= n) {
+        void *p = r->spare;
+        r->spare = NULL;
+        r->spare_cap = 0;
+        return p;
+    }
+    return n <= SIZE_MAX ? block_alloc((size_t)n) : NULL;
+}
+
+void dfl_reader_recycle(dfl_reader *r, dfl_batch *b)
+{
+    if (!b)
+        return;
+    if (b->owned) {
+        /* every block behind a batch of this library holds the payload and 64 bytes more */
+        uint64_t cap = dfl_batch_payload_size(b->n_tokens, b->n_seqs, b->n_layers, b->hidden, b->dtype) + 64;
+        if (cap > 64 && cap > r->spare_cap) {
+            free(r->spare);
+            r->spare = b->owned;
+            r->spare_cap = cap;
+        } else {
+            free(b->owned);
+        }
+    }
+    memset(b, 0, sizeof *b);
 }
 
 /* Steps 2 to 6 of dfl-frame(5) "READING": everything that can be checked on the 64 header bytes.
@@ -497,7 +529,7 @@ static int decode(dfl_reader *r, const fhdr *fh, uint64_t off, const uint8_t *st
     }
     if (!r->dctx && !(r->dctx = ZSTD_createDCtx()))
         return sticky(r, dfl_fail(e, DFL_ENOMEM, "%s: out of memory for zstd", r->name), e);
-    uint8_t *raw = block_alloc(fh->raw);
+    uint8_t *raw = take_block(r, fh->raw + 64); /* headroom: see dfl_reader_recycle */
     if (!raw)
         return sticky(r, dfl_fail(e, DFL_ENOMEM, "%s: frame %llu: out of memory for %llu bytes", r->name,
                                   (unsigned long long)n, (unsigned long long)fh->raw), e);
@@ -611,19 +643,27 @@ static int read_frame(dfl_reader *r, uint64_t off, uint64_t want_seq, bool first
     f->offset = off;
     uint64_t n = want_seq != UINT64_MAX ? want_seq : 0;
     const uint8_t *h;
+    uint64_t got = 0;
     if (r->mapped) {
-        uint64_t left = off <= r->size ? r->size - off : 0;
-        if (left < 64)
-            return cut(r, n, off, left, 64, NULL, e);
+        got = off <= r->size ? r->size - off : 0;
+        got = got < 64 ? got : 64;
         h = r->base + off;
     } else {
-        size_t got;
-        int rc = read_upto(r, r->hdr, 64, &got, e);
+        size_t k;
+        int rc = read_upto(r, r->hdr, 64, &k, e);
         if (rc)
             return sticky(r, rc, e);
-        if (got < 64)
-            return cut(r, n, off, got, 64, NULL, e);
+        got = k;
         h = r->hdr;
+    }
+    if (got < 64) {
+        /* a few bytes that are not even the start of a frame are not a cut frame */
+        if (got > 0 && memcmp(h, DFL_FRAME_MAGIC, got < 4 ? got : 4) != 0) {
+            rfail(r, DFL_EDATA, n, off, "bad magic in the last %llu bytes: %s", (unsigned long long)got,
+                  first ? "not a .dfl stream" : "not a frame");
+            return copy_failed(r, e);
+        }
+        return cut(r, n, off, got, 64, NULL, e);
     }
     int rc = check_header(r, h, off, want_seq, first, fh, e);
     if (rc)
@@ -663,7 +703,7 @@ static int read_frame(dfl_reader *r, uint64_t off, uint64_t want_seq, bool first
         if (!decode_it)
             return skip_body(r, h, fh, off, e);
         uint64_t body = fh->stored + fh->pad + 8;
-        uint8_t *dst = z ? (grow(&r->zbuf, &r->zcap, body) ? NULL : r->zbuf) : block_alloc(body);
+        uint8_t *dst = z ? (grow(&r->zbuf, &r->zcap, body) ? NULL : r->zbuf) : take_block(r, body);
         if (!dst)
             return sticky(r, dfl_fail(e, DFL_ENOMEM, "%s: frame %llu: out of memory for %llu bytes", r->name,
                                       (unsigned long long)n, (unsigned long long)body), e);
@@ -815,9 +855,9 @@ static int parse_batch(dfl_reader *r, const uint8_t *p, const fhdr *fh, uint64_t
             return BFAIL("batch %llu: token batch with n_layers %u, hidden %u, dtype %u (must be 0)",
                          (unsigned long long)idx, K, H, dt);
     } else if (K != (uint32_t)in->n_layers || H != (uint64_t)in->hidden_size || dt != (uint16_t)in->dtype) {
-        return BFAIL("batch %llu: %u layers x hidden %u of dtype %u, but the HEADER says %d x %lld of %s (code %d)",
-                     (unsigned long long)idx, K, H, dt, in->n_layers, (long long)in->hidden_size,
-                     dfl_dtype_lower(in->dtype), (int)in->dtype);
+        return BFAIL("batch %llu: %u layers x hidden %u of %s (dtype code %u), but the HEADER says %d x %lld of %s",
+                     (unsigned long long)idx, K, H, dt < DFL_DT_COUNT ? dfl_dtype_lower((dfl_dtype)dt) : "?", dt,
+                     in->n_layers, (long long)in->hidden_size, dfl_dtype_lower(in->dtype));
     }
     if (ml < 1 || ml > T)
         return BFAIL("batch %llu: max_len %u is out of range [1, n_tokens]", (unsigned long long)idx, ml);
@@ -965,7 +1005,7 @@ static int check_end(dfl_reader *r, const dfl_frame *f, dfl_err *e)
     uint64_t after = f->offset + f->total_len;
     if (r->mapped) {
         if (r->size != after)
-            return EFAIL("%llu bytes after the END frame (the stream must end there)",
+            return EFAIL("the input goes on for %llu bytes after the END frame (the stream must end there)",
                          (unsigned long long)(r->size - after));
     } else {
         uint8_t c;
@@ -974,7 +1014,7 @@ static int check_end(dfl_reader *r, const dfl_frame *f, dfl_err *e)
         if (rc)
             return sticky(r, rc, e);
         if (got)
-            return EFAIL("bytes after the END frame (the stream must end there)");
+            return EFAIL("the input goes on after the END frame (the stream must end there)");
     }
     r->end = end;
     return DFL_OK;
@@ -1094,6 +1134,7 @@ void dfl_reader_close(dfl_reader *r)
     free(r->zbuf);
     free(r->sbuf);
     free(r->index);
+    free(r->spare);
     ZSTD_freeDCtx(r->dctx);
     if (r->xx)
         XXH3_freeState(r->xx);

@@ -146,6 +146,10 @@ uint64_t dfl_reader_offset(const dfl_reader *r);
  * of unknown type are skipped; INDEX and NOTE frames are checked and skipped. Totals in END are
  * checked against what was read. Errors name the stream, the frame number and its offset. */
 int dfl_reader_next(dfl_reader *r, dfl_batch *b, bool *eos, dfl_err *e);
+/* Gives a batch's memory back to the reader, which reuses it for the next frame that fits
+ * (large batches then cost no fresh pages); b is cleared. Only for batches from this reader or
+ * from dfl_batch_alloc; batches that own nothing are just cleared. */
+void dfl_reader_recycle(dfl_reader *r, dfl_batch *b);
 /* Lower level: the next frame after HEADER, of any type (END included), checked like
  * dfl_reader_next checks it (checksum, structure of known types, place in the stream), with the
  * payload decompressed. After END (or a cut allowed by allow_truncated), *eos = true. */
