@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -277,6 +278,11 @@ static int read_upto(dfl_reader *r, void *buf, size_t n, size_t *got, dfl_err *e
         if (k < 0) {
             if (errno == EINTR)
                 continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) { /* a non-blocking descriptor: wait */
+                struct pollfd pf = {.fd = r->fd, .events = POLLIN};
+                poll(&pf, 1, -1);
+                continue;
+            }
             *got = done;
             return dfl_fail_errno(e, DFL_EIO, errno, "%s: read failed", r->name);
         }

@@ -14,7 +14,12 @@
  *   Flags: bit0 skippable, bit1 zstd payload, bit2 byte-shuffle width 2, bit3 width 4;
  *   bits 4..7 reserved (a reader rejects them set).
  *   Batch payload: 64-byte batch header, then sections each 64-aligned and zero-padded:
- *   seq_lens u32[S], input_ids i32[T], loss_mask u8[T], then K layer arrays [T, H] of dtype. */
+ *   seq_lens u32[S], input_ids i32[T], loss_mask u8[T], then K layer arrays [T, H] of dtype.
+ *
+ * Errors: a stream cut anywhere is DFL_ETRUNC; bytes that are present but wrong (magic, checks,
+ * checksums, reserved fields, structure, values) are DFL_EDATA; a major version or a
+ * must-understand frame type this reader does not know is DFL_EUNSUP. Every message names the
+ * stream, the frame number and its offset. */
 #ifndef DFL_FRAME_H
 #define DFL_FRAME_H
 
@@ -123,10 +128,12 @@ typedef struct dfl_frame {
 } dfl_frame;
 void dfl_frame_free(dfl_frame *f);
 
+/* A reader or a writer is used by one thread at a time. A mapped file must not be truncated
+ * while a reader holds it (the mapping would fault); dfl writers never modify a file in place. */
 typedef struct dfl_reader dfl_reader;
 
 typedef struct dfl_reader_opts {
-    bool no_verify;              /* skip checksum verification (default: verify) */
+    bool no_verify;              /* skip the trailer checksums (header checks are always verified) */
     bool allow_truncated;        /* a missing END is a clean end, reported by dfl_reader_truncated */
     uint64_t max_frame;          /* largest payload accepted; 0 = default (64 GiB) */
 } dfl_reader_opts;
@@ -161,10 +168,14 @@ int dfl_reader_parse_batch(dfl_reader *r, const dfl_frame *f, dfl_batch *b, dfl_
 const dfl_stream_end *dfl_reader_end(const dfl_reader *r);
 bool dfl_reader_truncated(const dfl_reader *r);
 /* Mapped files only: the INDEX entries, found through the END frame at the end of the file
- * without reading the batches. Returns DFL_EUNSUP when the input is not a mapped file or has no
- * index (callers then walk the stream). *entries points into the reader. */
+ * without reading the batches (END and INDEX are checked, entries against END's totals).
+ * Returns DFL_EUNSUP when the input is not a mapped file or has no index (callers then walk the
+ * stream), DFL_ETRUNC when the file does not end with an END frame (DFL_EUNSUP with
+ * allow_truncated). *entries points into the reader. Does not disturb dfl_reader_next. */
 int dfl_reader_index(dfl_reader *r, const dfl_index_entry **entries, uint64_t *n, dfl_err *e);
-/* Mapped files only: reads the batch frame at a stream offset (from the index). */
+/* Mapped files only: reads and fully checks the batch frame at a stream offset (from the index;
+ * once dfl_reader_index has loaded it, the offset must be listed in it, and the batch index and
+ * counts must match). b points into the mapping, or owns a block if the frame is compressed. */
 int dfl_reader_batch_at(dfl_reader *r, uint64_t offset, dfl_batch *b, dfl_err *e);
 
 typedef struct dfl_writer dfl_writer;

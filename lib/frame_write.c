@@ -292,7 +292,8 @@ static int writer_start(dfl_writer **out, dfl_writer *w, const dfl_stream_info *
     }
     if (S_ISFIFO(st.st_mode))
         enlarge_pipe(w->fd);
-    w->want_index = S_ISREG(st.st_mode) && !w->opts.no_index;
+    /* an INDEX holds stream offsets: only where the stream starts the file */
+    w->want_index = S_ISREG(st.st_mode) && !w->opts.no_index && lseek(w->fd, 0, SEEK_CUR) == 0;
     w->kind = info->kind;
     w->n_layers = info->kind == DFL_KIND_HIDDEN ? info->n_layers : 0;
     w->hidden = info->kind == DFL_KIND_HIDDEN ? info->hidden_size : 0;

@@ -269,6 +269,33 @@ int main(int argc, char **argv)
     put_file(good_dir, "hidden-f32-zstd.dfl", g.p, g.n);
     fprintf(good_readme, "%-24s hidden stream, f32, 2 batches compressed (zstd 19, shuffle 4), INDEX\n", "hidden-f32-zstd.dfl");
 
+    /* the EXAMPLE of dfl-frame(5): one batch of sequences of 3 and 2 tokens */
+    {
+        dfl_stream_info ex;
+        memset(&ex, 0, sizeof ex);
+        ex.kind = DFL_KIND_TOKENS;
+        snprintf(ex.producer, sizeof ex.producer, "example");
+        ex.vocab_size = 100;
+        dfl_batch b;
+        if (dfl_batch_alloc(&b, 5, 2, 0, 0, DFL_DT_INVALID, &e))
+            die("batch", &e);
+        ((uint32_t *)b.seq_lens)[0] = 3;
+        ((uint32_t *)b.seq_lens)[1] = 2;
+        static const uint8_t mask[5] = {0, 1, 1, 0, 1};
+        for (int i = 0; i < 5; i++) {
+            ((int32_t *)b.input_ids)[i] = 5 + i;
+            ((uint8_t *)b.loss_mask)[i] = mask[i];
+        }
+        char *path = dfl_path_join(good_dir, "example.dfl");
+        dfl_writer *w;
+        if (dfl_writer_open(&w, path, &ex, NULL, &e) || dfl_writer_batch(w, &b, &e) || dfl_writer_close(w, &e))
+            die("example", &e);
+        free(path);
+        dfl_batch_free(&b);
+        n_written++;
+        fprintf(good_readme, "%-24s the EXAMPLE of dfl-frame(5), byte for byte\n", "example.dfl");
+    }
+
     /* ---- bases for the bad ones ---- */
     fc_buf t = {0}, ti = {0}, h = {0}, hz = {0}, d = {0};
     make_stream(&t, &tok, 3, 12, 0, false, -1);  /* HEADER, 3 TOKENS, END */

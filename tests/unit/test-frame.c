@@ -1015,6 +1015,72 @@ static void test_corpus(void)
     if (dp)
         closedir(dp);
     T_CHECK(good >= 3, "only %d fixtures", good);
+
+    /* the EXAMPLE of dfl-frame(5) is what the writer writes, byte for byte */
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/frame/example.dfl", root);
+    fc_buf want = {0}, got = {0};
+    T_CHECK(slurp(dir, &want) && want.n == 896, "example.dfl");
+    dfl_stream_info ex;
+    memset(&ex, 0, sizeof ex);
+    ex.kind = DFL_KIND_TOKENS;
+    snprintf(ex.producer, sizeof ex.producer, "example");
+    ex.vocab_size = 100;
+    dfl_batch b;
+    dfl_err e;
+    dfl_batch_alloc(&b, 5, 2, 0, 0, DFL_DT_INVALID, &e);
+    ((uint32_t *)b.seq_lens)[0] = 3;
+    ((uint32_t *)b.seq_lens)[1] = 2;
+    static const uint8_t mask[5] = {0, 1, 1, 0, 1};
+    for (int i = 0; i < 5; i++) {
+        ((int32_t *)b.input_ids)[i] = 5 + i;
+        ((uint8_t *)b.loss_mask)[i] = mask[i];
+    }
+    char *path = tmp_path("example.dfl");
+    dfl_writer *w;
+    T_CHECK(dfl_writer_open(&w, path, &ex, NULL, &e) == 0 && dfl_writer_batch(w, &b, &e) == 0 &&
+                dfl_writer_close(w, &e) == 0, "write the example: %s", e.msg);
+    T_CHECK(slurp(path, &got) && got.n == want.n && memcmp(got.p, want.p, want.n) == 0,
+            "the writer no longer writes the bytes of the EXAMPLE in man/dfl-frame.5");
+    dfl_batch_free(&b);
+    free(want.p);
+    free(got.p);
+}
+
+/* The hex dump in the EXAMPLE of man/dfl-frame.5 is example.dfl. */
+static void test_man_example(void)
+{
+    const char *root = src_root();
+    char path[4300];
+    snprintf(path, sizeof path, "%s/man/dfl-frame.5", root ? root : ".");
+    FILE *f = fopen(path, "r");
+    if (!f)
+        T_SKIP("no %s", path);
+    fc_buf dump = {0}, file = {0};
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+        unsigned off;
+        int pos;
+        if (sscanf(line, "%8x: %n", &off, &pos) != 1 || strlen(line) < 10 || line[8] != ':')
+            continue;
+        T_CHECK(off == dump.n, "dump line at %x, expected %zx", off, dump.n);
+        unsigned v;
+        int k;
+        const char *q = line + pos;
+        while (sscanf(q, "%2x%n", &v, &k) == 1) {
+            uint8_t c = (uint8_t)v;
+            fc_append(&dump, &c, 1);
+            q += k;
+            while (*q == ' ')
+                q++;
+        }
+    }
+    fclose(f);
+    snprintf(path, sizeof path, "%s/tests/fixtures/frame/example.dfl", root);
+    T_CHECK(slurp(path, &file), "read %s", path);
+    T_CHECK(dump.n == file.n && memcmp(dump.p, file.p, file.n) == 0,
+            "the hex dump in man/dfl-frame.5 (%zu bytes) is not example.dfl (%zu bytes)", dump.n, file.n);
+    free(dump.p);
+    free(file.p);
 }
 
 /* ---- the writer ------------------------------------------------------------------------------- */
@@ -1152,5 +1218,6 @@ int main(int argc, char **argv)
     T_RUN(test_defects);
     T_RUN(test_writer_files);
     T_RUN(test_corpus);
+    T_RUN(test_man_example);
     return t_done();
 }
