@@ -904,6 +904,13 @@ int dfl_st_write(dfl_st_writer *w, const char *path, dfl_err *e)
     }
     size_t hlen = strlen(hdr);
     size_t padded = (size_t)DFL_ALIGN_UP(8 + hlen, 64) - 8;
+    if (padded > DFL_ST_MAX_HEADER) {
+        free(hdr);
+        free(order);
+        free(begin);
+        return dfl_fail(e, DFL_EUSAGE, "%s: header of %zu bytes would be over the limit of %u that "
+                        "readers accept (too many tensors)", path, padded, DFL_ST_MAX_HEADER);
+    }
     uint8_t *head = malloc(8 + padded);
     if (!head) {
         free(hdr);

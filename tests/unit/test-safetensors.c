@@ -52,6 +52,17 @@ static int read_all(const char *path, char **buf, size_t *len)
     return dfl_read_file(path, 1u << 30, buf, len, &e);
 }
 
+/* Plain (not synced) whole-file write, for the many small files of the mutation tests. */
+static int write_plain(const char *path, const void *buf, size_t n)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -1;
+    dfl_err e;
+    int rc = dfl_write_all(fd, buf, n, path, &e);
+    return close(fd) != 0 || rc ? -1 : 0;
+}
+
 /* Number of entries in dir other than . and .. */
 static int count_entries(const char *dir)
 {
@@ -196,6 +207,24 @@ static void test_roundtrip(void)
         }
         T_EQ_INT(off, f->map.size, "data ends at the end of the file");
         dfl_st_close(f);
+    }
+    /* the same file as a model: dfl_st_model_get wants float tensors of the exact shape */
+    dfl_st_model *m = NULL;
+    T_CHECK(dfl_st_model_open(&m, path, &e) == 0 && m, "model open: %s", e.msg);
+    if (m) {
+        const dfl_st_tensor *t = NULL;
+        int64_t s23[2] = {2, 3}, s0[1] = {0};
+        rc = dfl_st_model_get(m, "i.i32", 2, s23, &t, &e);
+        T_CHECK(rc == DFL_EDATA && !t && strstr(e.msg, "'i.i32'") && strstr(e.msg, "I32") &&
+                    strstr(e.msg, "float"), "integer tensor refused: %s", e.msg);
+        T_CHECK(dfl_st_model_get(m, "scalar.f32", 0, NULL, &t, &e) == 0 && t && t->numel == 1,
+                "0-d get: %s", e.msg);
+        T_CHECK(dfl_st_model_get(m, "empty.bf16", 1, s0, &t, &e) == 0 && t && t->nbytes == 0,
+                "zero-size get: %s", e.msg);
+        rc = dfl_st_model_get(m, "scalar.f32", 1, s0, &t, &e);
+        T_CHECK(rc == DFL_EMISMATCH && strstr(e.msg, "shape []") && strstr(e.msg, "expected [0]"),
+                "0-d vs [0]: %s", e.msg);
+        dfl_st_model_close(m);
     }
     free(path);
     for (size_t i = 0; i < NSPECS; i++)
@@ -754,7 +783,7 @@ static void test_truncations(void)
     char *cut = tmp_path("cut.safetensors");
     for (size_t k = 0; k < n; k++) {
         dfl_err e;
-        T_CHECK(dfl_write_file_atomic(cut, buf, k, &e) == 0, "write");
+        T_CHECK(write_plain(cut, buf, k) == 0, "write");
         dfl_st_file *f = NULL;
         int rc = dfl_st_open(&f, cut, &e);
         T_CHECK(rc == DFL_ETRUNC, "prefix of %zu bytes: %s %s", k, dfl_code_name(rc), e.msg);
@@ -763,6 +792,58 @@ static void test_truncations(void)
             break;
     }
     free(cut);
+    free(buf);
+}
+
+/* Every byte of a small file's header set to a few values: each result is either a clean open
+ * or DFL_EDATA / DFL_ETRUNC, never a crash (run under SAN=1 to catch memory errors). */
+static void test_header_mutations(void)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/tests/fixtures/st/foreign.safetensors", src_root());
+    char *buf = NULL;
+    size_t n = 0;
+    T_CHECK(read_all(p, &buf, &n) == 0, "read %s", p);
+    if (!buf)
+        return;
+    static const uint8_t vals[] = {0x00, 0x01, ' ', '"', '-', '0', '9', '[', ']', '{', '}', ',', ':',
+                                   'e', '.', 0x7f, 0x80, 0xc3, 0xff};
+    char *mut = tmp_path("mut.safetensors");
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--)
+        hl = hl << 8 | (uint8_t)buf[i];
+    size_t ok = 0, bad = 0;
+    for (size_t i = 0; i < 8 + hl && i < n; i++) {
+        for (size_t v = 0; v < DFL_ARRAY_LEN(vals); v++) {
+            char save = buf[i];
+            if ((uint8_t)save == vals[v])
+                continue;
+            buf[i] = (char)vals[v];
+            dfl_err e;
+            dfl_st_file *f = NULL;
+            if (write_plain(mut, buf, n) != 0) {
+                buf[i] = save;
+                continue;
+            }
+            int rc = dfl_st_open(&f, mut, &e);
+            buf[i] = save;
+            if (rc == 0) {
+                ok++;
+                for (size_t k = 0; k < f->n; k++)
+                    T_CHECK(f->t[k].offset + f->t[k].nbytes <= f->map.size &&
+                                (const uint8_t *)f->t[k].data == f->map.data + f->t[k].offset,
+                            "accepted mutation at byte %zu: tensor '%s' within the file", i, f->t[k].name);
+                dfl_st_close(f);
+            } else {
+                bad++;
+                T_CHECK(rc == DFL_EDATA || rc == DFL_ETRUNC, "byte %zu = 0x%02x: %s %s", i, vals[v],
+                        dfl_code_name(rc), e.msg);
+                T_CHECK(f == NULL && strstr(e.msg, "mut.safetensors"), "message names the file: %s", e.msg);
+            }
+        }
+    }
+    T_CHECK(bad > 1000, "most mutations are rejected (%zu rejected, %zu accepted)", bad, ok);
+    free(mut);
     free(buf);
 }
 
@@ -783,5 +864,6 @@ int main(int argc, char **argv)
     T_RUN(test_fixtures);
     T_RUN(test_bad_corpus);
     T_RUN(test_truncations);
+    T_RUN(test_header_mutations);
     return t_done();
 }
