@@ -39,12 +39,15 @@ typedef struct dfl_st_file {
     dfl_st_tensor **by_name;   /* the same tensors sorted by name (for dfl_st_find) */
 } dfl_st_file;
 
-/* Maps and checks path (errors: DFL_EIO cannot open, DFL_ETRUNC shorter than its header or
- * data says, DFL_EDATA anything else wrong): 8-byte little-endian header length within the cap and the file, a JSON
- * object header (no duplicate names), every entry with a known dtype, a shape of non-negative
- * dims with shape x dtype size == its byte range, ranges contiguous from 0 with no holes or
- * overlaps, and the data ending exactly at the end of the file. Errors name the file and the
- * tensor. */
+/* Maps and checks path: 8-byte little-endian header length within the cap and the file, a JSON
+ * object header (no duplicate names; trailing space padding allowed), "__metadata__" (optional)
+ * an object of strings, every entry exactly {dtype, shape, data_offsets} with a known dtype
+ * (safetensors spelling), a shape of at most DFL_MAX_DIMS non-negative integers, integer
+ * data_offsets [begin, end] with begin <= end and numel x dtype size == end - begin (overflow
+ * checked), ranges contiguous from 0 with no holes or overlaps (zero-size tensors allowed), and
+ * the data ending exactly at the end of the file. Errors name the file and the tensor: DFL_EIO
+ * when it cannot be opened, DFL_ETRUNC when it is shorter than its header or data says,
+ * DFL_EDATA for anything else. */
 int dfl_st_open(dfl_st_file **out, const char *path, dfl_err *e);
 void dfl_st_close(dfl_st_file *f);
 /* By name (binary search); NULL if absent. */
