@@ -64,16 +64,21 @@ static const char *type_name(uint32_t t)
 
 /* ---- blocks, batches ------------------------------------------------------------------------ */
 
-/* A 64-aligned heap block; large ones 2 MiB-aligned and marked for huge pages (fewer faults). */
-static void *block_alloc(size_t n)
+/* Blocks behind batches and frames: malloc'ed (or calloc'ed: a large calloc gets fresh zero pages
+ * without touching them), so owned is free()-able, with the data at the first 64-aligned address
+ * in them (block_data). Large ones are marked for huge pages (fewer page faults). */
+static inline uint8_t *block_data(void *p) { return (uint8_t *)DFL_ALIGN_UP((uintptr_t)p, 64); }
+
+static void *block_alloc(uint64_t n, bool zero)
 {
-    size_t align = n >= (8u << 20) ? (2u << 20) : 64;
-    void *p = NULL;
-    if (posix_memalign(&p, align, n ? n : 64) != 0)
+    if (n > SIZE_MAX - 128)
         return NULL;
+    void *p = zero ? calloc(1, (size_t)n + 64) : malloc((size_t)n + 64);
 #ifdef MADV_HUGEPAGE
-    if (align > 64)
-        madvise(p, n, MADV_HUGEPAGE);
+    if (p && n >= (8u << 20)) {
+        uintptr_t a = DFL_ALIGN_UP((uintptr_t)p, 4096), end = ((uintptr_t)p + n) & ~(uintptr_t)4095;
+        madvise((void *)a, end - a, MADV_HUGEPAGE);
+    }
 #endif
     return p;
 }
@@ -136,17 +141,16 @@ int dfl_batch_alloc(dfl_batch *b, uint64_t n_tokens, uint32_t n_seqs, uint32_t n
     if (!dfl_batch_layout_of(n_tokens, n_seqs, n_layers, hidden, dtype, &l) || l.size > SIZE_MAX)
         return dfl_fail(e, DFL_EUSAGE, "batch of %llu tokens x %u layers x %u is too large",
                         (unsigned long long)n_tokens, n_layers, hidden);
-    uint8_t *p = block_alloc(l.size + 64); /* every batch block has 64 bytes of headroom (recycling) */
-    if (!p)
+    void *blk = block_alloc(l.size + 64, true); /* every batch block has 64 bytes of headroom (recycling) */
+    if (!blk)
         return dfl_fail(e, DFL_ENOMEM, "out of memory for a batch of %llu bytes", (unsigned long long)l.size);
-    memset(p, 0, l.size);
     b->n_tokens = n_tokens;
     b->n_seqs = n_seqs;
     b->n_layers = n_layers;
     b->hidden = n_layers ? hidden : 0;
     b->dtype = n_layers ? dtype : DFL_DT_INVALID;
-    batch_point(b, p, &l);
-    b->owned = p;
+    batch_point(b, block_data(blk), &l);
+    b->owned = blk;
     return DFL_OK;
 }
 
@@ -300,7 +304,7 @@ static int grow(uint8_t **buf, size_t *cap, uint64_t need)
         return 0;
     if (need > SIZE_MAX)
         return -1;
-    uint8_t *p = block_alloc((size_t)need);
+    uint8_t *p = malloc((size_t)need);
     if (!p)
         return -1;
     free(*buf);
@@ -309,7 +313,7 @@ static int grow(uint8_t **buf, size_t *cap, uint64_t need)
     return 0;
 }
 
-/* A block of at least n bytes for a frame: the recycled one if it is large enough. */
+/* A block with room for n bytes at block_data(): the recycled one if it is large enough. */
 static void *take_block(dfl_reader *r, uint64_t n)
 {
     if (r->spare && r->spare_cap >= n) {
@@ -318,7 +322,7 @@ static void *take_block(dfl_reader *r, uint64_t n)
         r->spare_cap = 0;
         return p;
     }
-    return n <= SIZE_MAX ? block_alloc((size_t)n) : NULL;
+    return block_alloc(n, false);
 }
 
 void dfl_reader_recycle(dfl_reader *r, dfl_batch *b)
@@ -326,7 +330,8 @@ void dfl_reader_recycle(dfl_reader *r, dfl_batch *b)
     if (!b)
         return;
     if (b->owned) {
-        /* every block behind a batch of this library holds the payload and 64 bytes more */
+        /* every block behind a batch of this library holds the payload and 64 bytes more at
+         * block_data() */
         uint64_t cap = dfl_batch_payload_size(b->n_tokens, b->n_seqs, b->n_layers, b->hidden, b->dtype) + 64;
         if (cap > 64 && cap > r->spare_cap) {
             free(r->spare);
@@ -512,8 +517,9 @@ static void unshuffle(uint8_t *dst, const uint8_t *src, size_t raw, unsigned w)
     }
 }
 
-/* Step 8 (first half): the raw payload of a compressed frame, into a new block (*out). */
-static int decode(dfl_reader *r, const fhdr *fh, uint64_t off, const uint8_t *stored, uint8_t **out, dfl_err *e)
+/* Step 8 (first half): the raw payload of a compressed frame, into a new block (*out, the data at
+ * block_data(*out)). */
+static int decode(dfl_reader *r, const fhdr *fh, uint64_t off, const uint8_t *stored, void **out, dfl_err *e)
 {
     uint64_t n = fh->seq;
     unsigned w = fh->flags & DFL_FF_SHUFFLE2 ? 2 : fh->flags & DFL_FF_SHUFFLE4 ? 4 : 1;
@@ -535,14 +541,15 @@ static int decode(dfl_reader *r, const fhdr *fh, uint64_t off, const uint8_t *st
     }
     if (!r->dctx && !(r->dctx = ZSTD_createDCtx()))
         return sticky(r, dfl_fail(e, DFL_ENOMEM, "%s: out of memory for zstd", r->name), e);
-    uint8_t *raw = take_block(r, fh->raw + 64); /* headroom: see dfl_reader_recycle */
-    if (!raw)
+    void *blk = take_block(r, fh->raw + 64); /* headroom: see dfl_reader_recycle */
+    uint8_t *raw = blk ? block_data(blk) : NULL;
+    if (!blk)
         return sticky(r, dfl_fail(e, DFL_ENOMEM, "%s: frame %llu: out of memory for %llu bytes", r->name,
                                   (unsigned long long)n, (unsigned long long)fh->raw), e);
     uint8_t *dst = raw;
     if (w > 1) {
         if (grow(&r->sbuf, &r->scap, fh->raw)) {
-            free(raw);
+            free(blk);
             return sticky(r, dfl_fail(e, DFL_ENOMEM, "%s: out of memory for %llu bytes", r->name,
                                       (unsigned long long)fh->raw), e);
         }
@@ -550,14 +557,14 @@ static int decode(dfl_reader *r, const fhdr *fh, uint64_t off, const uint8_t *st
     }
     size_t got = ZSTD_decompressDCtx(r->dctx, dst, fh->raw, stored, fh->stored);
     if (ZSTD_isError(got) || got != fh->raw) {
-        free(raw);
+        free(blk);
         rfail(r, DFL_EDATA, n, off, "zstd payload does not decompress: %s",
               ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short output");
         return copy_failed(r, e);
     }
     if (w > 1)
         unshuffle(raw, r->sbuf, fh->raw, w);
-    *out = raw;
+    *out = blk;
     return DFL_OK;
 }
 
@@ -709,27 +716,29 @@ static int read_frame(dfl_reader *r, uint64_t off, uint64_t want_seq, bool first
         if (!decode_it)
             return skip_body(r, h, fh, off, e);
         uint64_t body = fh->stored + fh->pad + 8;
-        uint8_t *dst = z ? (grow(&r->zbuf, &r->zcap, body) ? NULL : r->zbuf) : take_block(r, body);
+        void *blk = z ? NULL : take_block(r, body);
+        uint8_t *dst = z ? (grow(&r->zbuf, &r->zcap, body) ? NULL : r->zbuf) : blk ? block_data(blk) : NULL;
         if (!dst)
             return sticky(r, dfl_fail(e, DFL_ENOMEM, "%s: frame %llu: out of memory for %llu bytes", r->name,
                                       (unsigned long long)n, (unsigned long long)body), e);
         rc = read_body(r, h, fh, off, dst, e);
         if (rc) {
-            if (!z)
-                free(dst);
+            free(blk);
             return rc;
         }
         if (!z) {
-            f->payload = f->owned = dst;
+            f->owned = blk;
+            f->payload = dst;
             return DFL_OK;
         }
         stored = dst;
     }
-    uint8_t *raw = NULL;
-    rc = decode(r, fh, off, stored, &raw, e);
+    void *blk = NULL;
+    rc = decode(r, fh, off, stored, &blk, e);
     if (rc)
         return rc;
-    f->payload = f->owned = raw;
+    f->owned = blk;
+    f->payload = block_data(blk);
     return DFL_OK;
 }
 

@@ -530,18 +530,26 @@ int dfl_writer_batch(dfl_writer *w, const dfl_batch *b, dfl_err *e)
             flags |= sw == 2 ? DFL_FF_SHUFFLE2 : DFL_FF_SHUFFLE4;
         }
         size_t bound = ZSTD_compressBound((size_t)l.size);
-        if (grow(&w->raw, &w->rawcap, (size_t)l.size) || grow(&w->zb, &w->zcap, bound) ||
-            (!w->cctx && !(w->cctx = ZSTD_createCCtx())))
+        if (!w->cctx) {
+            /* zstd's multi-threaded mode gives the same bytes for any number of workers >= 1, so
+             * the output does not depend on the machine */
+            int workers = dfl_ncpu() < 16 ? dfl_ncpu() : 16;
+            if (!(w->cctx = ZSTD_createCCtx()))
+                return wfail(w, e, dfl_fail(e, DFL_ENOMEM, "%s: out of memory for zstd", w->name));
+            ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_compressionLevel, w->opts.zstd_level);
+            ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_contentSizeFlag, 1);
+            ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_checksumFlag, 0);
+            if (ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_nbWorkers, workers < 1 ? 1 : workers)))
+                return wfail(w, e, dfl_fail(e, DFL_EUNSUP, "%s: this zstd library has no multi-threaded mode", w->name));
+        }
+        if (grow(&w->raw, &w->rawcap, (size_t)l.size) || grow(&w->zb, &w->zcap, bound))
             return wfail(w, e, dfl_fail(e, DFL_ENOMEM, "%s: out of memory for compressing %llu bytes", w->name,
                                         (unsigned long long)l.size));
         memset(w->raw, 0, (size_t)l.size);
         for (int i = 0; i < np; i++)
             if (at[i] != UINT64_MAX)
                 scatter(w->raw, l.size / sw, pieces[i].iov_base, pieces[i].iov_len, at[i], sw);
-        ZSTD_CCtx_reset(w->cctx, ZSTD_reset_session_and_parameters);
-        ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_compressionLevel, w->opts.zstd_level);
-        ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_contentSizeFlag, 1);
-        ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_checksumFlag, 0);
+        ZSTD_CCtx_reset(w->cctx, ZSTD_reset_session_only);
         size_t zn = ZSTD_compress2(w->cctx, w->zb, bound, w->raw, (size_t)l.size);
         if (ZSTD_isError(zn))
             return wfail(w, e, dfl_fail(e, DFL_EIO, "%s: zstd compression failed: %s", w->name, ZSTD_getErrorName(zn)));

@@ -1200,6 +1200,27 @@ static void test_payload_size(void)
                 aligned64(b.layers[0]) && aligned64(b.layers[2]) && b.layers[3] == NULL, "alloc pointers");
     dfl_batch_free(&b);
     dfl_batch_free(&b); /* a zeroed batch */
+    /* contents are zero, small and large (a large block comes from fresh pages) */
+    for (int big = 0; big <= 1; big++) {
+        uint64_t T = big ? 5000 : 37;
+        if (dfl_batch_alloc(&b, T, 3, 2, 1024, DFL_BF16, &e)) {
+            T_CHECK(0, "alloc: %s", e.msg);
+            continue;
+        }
+        bool zero = true;
+        for (uint32_t i = 0; i < 3; i++)
+            zero &= b.seq_lens[i] == 0;
+        for (uint64_t i = 0; i < T; i++)
+            zero &= b.input_ids[i] == 0 && b.loss_mask[i] == 0;
+        for (int k = 0; k < 2; k++) {
+            const uint8_t *l = b.layers[k];
+            for (uint64_t i = 0; i < T * 1024 * 2; i++)
+                zero &= l[i] == 0;
+        }
+        T_CHECK(zero, "batch_alloc contents not zero (T %llu)", (unsigned long long)T);
+        T_CHECK(aligned64(b.layers[1]), "alignment");
+        dfl_batch_free(&b);
+    }
 }
 
 int main(int argc, char **argv)
