@@ -85,8 +85,9 @@ typedef struct dfl_batch {
     const int32_t *input_ids;    /* [T] */
     const uint8_t *loss_mask;    /* [T], 0 or 1 */
     const void *layers[DFL_MAX_LAYERS]; /* K arrays, each [T, H] of dtype */
-    void *owned;                 /* heap block backing the pointers (free()-able, 64-aligned),
-                                    or NULL when they point into a mapping or the caller's memory */
+    void *owned;                 /* heap block behind the pointers (free()-able; the sections
+                                    inside it are 64-aligned), or NULL when they point into a
+                                    mapping or into the caller's memory */
 } dfl_batch;
 
 void dfl_batch_free(dfl_batch *b);    /* frees owned; safe on a zeroed batch */
@@ -123,7 +124,8 @@ typedef struct dfl_frame {
     uint32_t type, flags;
     uint64_t stored_len, raw_len;
     uint64_t total_len;          /* header + payload + padding + trailer */
-    const uint8_t *payload;      /* raw (decompressed) payload, raw_len bytes */
+    const uint8_t *payload;      /* raw (decompressed) payload, raw_len bytes, 64-aligned; NULL
+                                    for a skippable frame of a type the reader does not know */
     void *owned;
 } dfl_frame;
 void dfl_frame_free(dfl_frame *f);
@@ -181,20 +183,30 @@ int dfl_reader_batch_at(dfl_reader *r, uint64_t offset, dfl_batch *b, dfl_err *e
 typedef struct dfl_writer dfl_writer;
 
 typedef struct dfl_writer_opts {
-    int zstd_level;              /* 0 = no compression (default); 1..19 */
-    bool no_index;               /* files get an INDEX frame unless set; pipes never do */
+    int zstd_level;              /* 0 = no compression (default); 1..ZSTD_maxCLevel(). Batch
+                                    frames only, HIDDEN ones byte-shuffled; a frame that does not
+                                    shrink is stored as it is */
+    bool no_index;               /* a regular file (the stream at its start) gets an INDEX frame
+                                    unless set; pipes never do */
     bool allow_tty;              /* refuse to write binary to a terminal unless set */
 } dfl_writer_opts;
 
 /* Opens path ("-" = stdout) and writes the HEADER frame. A file is written under a temporary name
  * beside it and renamed into place by dfl_writer_close (so a cut run never leaves a file that
- * looks complete). */
+ * looks complete); an existing FIFO or device is written directly. A pipe is enlarged to the
+ * system's maximum. A terminal is refused (DFL_EUSAGE) unless allow_tty. A bad info is
+ * DFL_EUSAGE. The _fd form does not close fd. */
 int dfl_writer_open(dfl_writer **w, const char *path, const dfl_stream_info *info,
                     const dfl_writer_opts *opts, dfl_err *e);
 int dfl_writer_open_fd(dfl_writer **w, int fd, const char *name, const dfl_stream_info *info,
                        const dfl_writer_opts *opts, dfl_err *e);
-/* Writes one batch frame (TOKENS or HIDDEN according to the stream kind); b->index is assigned
- * by the writer. Checks the batch against the stream info (layers, hidden, dtype). */
+/* Writes one batch frame (TOKENS or HIDDEN according to the stream kind) with writev straight
+ * from b's arrays; b->index is assigned by the writer, b->max_len is computed (0 or the right
+ * value accepted). A batch that does not fit the stream (layers, hidden, dtype: DFL_EMISMATCH),
+ * has a bad shape (DFL_EUSAGE) or bad contents (seq_lens, ids, mask: DFL_EDATA) is refused
+ * without writing anything, and the stream stays usable. A write error (DFL_EPIPE when the
+ * reader went away, DFL_EIO) fails the writer for good: close then returns it and removes a
+ * file's temporary. */
 int dfl_writer_batch(dfl_writer *w, const dfl_batch *b, dfl_err *e);
 /* Writes a skippable NOTE frame holding a JSON object. */
 int dfl_writer_note(dfl_writer *w, const json_t *note, dfl_err *e);
