@@ -95,10 +95,18 @@ template <int ROWB> __device__ __forceinline__ uint32_t swz(int r, int ch)
     return (uint32_t)(r * ROWB + ((ch ^ (r & 7)) << 4));
 }
 
+/* Address of logical chunk c (even, compile-time) for a lane whose address `base` already holds
+ * the lane's part of the swizzle in bits 4..6 (rows start at multiples of 128 bytes): XOR the
+ * chunk's low bits into those bits, add its high bits. One LOP3 and an immediate offset. */
+__device__ __forceinline__ uint32_t chunk_addr(uint32_t base, int c)
+{
+    return (base ^ (uint32_t)((c & 7) << 4)) + (uint32_t)((c >> 3) << 7);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* the tiled bf16 kernel */
 
-template <int D, int MT, int NW, int BN, bool QREG>
+template <int D, int MT, int NW, int BN, bool QREG, int MINB>
 struct AttnCfg {
     static constexpr int BM = 16 * MT * NW;
     static constexpr int THREADS = 32 * NW;
@@ -106,11 +114,11 @@ struct AttnCfg {
     static constexpr size_t SMEM = (size_t)(BM + 4 * BN) * ROWB;  /* Q + 2 stages of K and V */
 };
 
-template <int D, int MT, int NW, int BN, bool QREG>
-__global__ void __launch_bounds__(32 * NW)
+template <int D, int MT, int NW, int BN, bool QREG, int MINB>
+__global__ void __launch_bounds__(32 * NW, MINB)
 attn_fwd_bf16_kernel(const AttnParams p)
 {
-    typedef AttnCfg<D, MT, NW, BN, QREG> C;
+    typedef AttnCfg<D, MT, NW, BN, QREG, MINB> C;
     constexpr int BM = C::BM, THREADS = C::THREADS, ROWB = C::ROWB;
     constexpr int CH = D / 8;   /* 16-byte chunks per row */
     constexpr int NT = BN / 8;  /* n8 tiles of S per m16 tile */
@@ -119,8 +127,10 @@ attn_fwd_bf16_kernel(const AttnParams p)
     constexpr int KB = BN / 16; /* k16 steps of P V */
     static_assert(D % 64 == 0 && BN % 16 == 0, "tile shape");
 
-    extern __shared__ __align__(128) unsigned char smem[];
+    extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t sQ = smem_addr(smem);
+    if (sQ & 127)
+        __trap();   /* the swizzle arithmetic below needs 128-byte aligned rows */
     const uint32_t sK0 = sQ + BM * ROWB;
     const uint32_t sV0 = sK0 + 2 * BN * ROWB;
 
@@ -163,7 +173,15 @@ attn_fwd_bf16_kernel(const AttnParams p)
     const int wrow0 = m0 + wr0;              /* ... within the sequence */
     const int wrow_last = wrow0 + 16 * MT - 1;
     const bool warp_live = wrow0 < len;
-    const int g = lane >> 2, t4 = lane & 3;
+    const int g = lane >> 2, t4 = lane & 3, x7 = lane & 7;
+    /* per-lane ldmatrix bases (see chunk_addr): Q rows wr0 + (lane & 15), chunk 2kk + (lane >> 4);
+     * K rows (lane & 7) + 8 (lane >> 4), chunk 2kk + ((lane >> 3) & 1); V rows (lane & 7) +
+     * 8 ((lane >> 3) & 1), chunk 2dp + (lane >> 4). Row & 7 == lane & 7 in all three. */
+    const uint32_t q_base = sQ + (uint32_t)((wr0 + (lane & 15)) * ROWB + (((lane >> 4) ^ x7) << 4));
+    const uint32_t k_base = sK0 + (uint32_t)(((lane & 7) + ((lane >> 4) << 3)) * ROWB +
+                                             ((((lane >> 3) & 1) ^ x7) << 4));
+    const uint32_t v_base = sV0 + (uint32_t)(((lane & 7) + (((lane >> 3) & 1) << 3)) * ROWB +
+                                             (((lane >> 4) ^ x7) << 4));
 
     float o[MT][DT][4];
     float mrow[MT][2], lrow[MT][2];
@@ -181,6 +199,7 @@ attn_fwd_bf16_kernel(const AttnParams p)
         }
     }
     uint32_t qf[QREG ? MT : 1][QREG ? KD : 1][4];
+    const float sl2 = p.scale_log2;
 
     for (int it = 0; it < n_tiles; it++) {
         const int stage = it & 1;
@@ -197,12 +216,11 @@ attn_fwd_bf16_kernel(const AttnParams p)
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int kk = 0; kk < KD; kk++)
-                    ldmatrix_x4(qf[QREG ? mt : 0][QREG ? kk : 0],
-                                sQ + swz<ROWB>(wr0 + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+                    ldmatrix_x4(qf[QREG ? mt : 0][QREG ? kk : 0], chunk_addr(q_base, 2 * kk) + mt * 16 * ROWB);
         }
         const int n0 = it * BN;
         if (warp_live && n0 <= wrow_last) {
-            const uint32_t sK = sK0 + stage * BN * ROWB, sV = sV0 + stage * BN * ROWB;
+            const uint32_t kst = k_base + stage * BN * ROWB, vst = v_base + stage * BN * ROWB;
             float s[MT][NT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
@@ -222,14 +240,13 @@ attn_fwd_bf16_kernel(const AttnParams p)
                         for (int e = 0; e < 4; e++)
                             a[mt][e] = qf[QREG ? mt : 0][QREG ? kk : 0][e];
                     } else {
-                        ldmatrix_x4(a[mt], sQ + swz<ROWB>(wr0 + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+                        ldmatrix_x4(a[mt], chunk_addr(q_base, 2 * kk) + mt * 16 * ROWB);
                     }
                 }
 #pragma unroll
                 for (int np = 0; np < NT / 2; np++) {
                     uint32_t b[4];
-                    ldmatrix_x4(b, sK + swz<ROWB>(np * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                  kk * 2 + ((lane >> 3) & 1)));
+                    ldmatrix_x4(b, chunk_addr(kst, 2 * kk) + np * 16 * ROWB);
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++) {
                         mma_bf16(s[mt][2 * np], a[mt], b[0], b[1]);
@@ -237,25 +254,24 @@ attn_fwd_bf16_kernel(const AttnParams p)
                     }
                 }
             }
-            /* scale to base 2; causal mask where the tile crosses the warp's diagonal */
-            const bool need_mask = n0 + BN - 1 > wrow0;
+            /* causal mask where the tile crosses the warp's diagonal */
+            if (n0 + BN - 1 > wrow0) {
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
+                for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
+                    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float x = s[mt][nt][e] * p.scale_log2;
-                        if (need_mask) {
+                        for (int e = 0; e < 4; e++) {
                             int qi = wrow0 + mt * 16 + g + ((e >> 1) << 3);
                             int kj = n0 + nt * 8 + 2 * t4 + (e & 1);
                             if (kj > qi)
-                                x = -INFINITY;
+                                s[mt][nt][e] = -INFINITY;
                         }
-                        s[mt][nt][e] = x;
-                    }
+            }
             /* online softmax: rows g (hh = 0) and g + 8 (hh = 1) of each m16 tile; the four
-             * threads of a row (t4 = 0..3) combine through shuffles */
+             * threads of a row (t4 = 0..3) combine through shuffles. The running max is kept on
+             * raw scores; exponents are taken in base 2 as s * scale_log2 - max * scale_log2
+             * (one FFMA). */
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -267,15 +283,16 @@ attn_fwd_bf16_kernel(const AttnParams p)
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                     float mnew = fmaxf(mrow[mt][hh], mx);
-                    float muse = mnew == -INFINITY ? 0.0f : mnew;   /* row fully masked so far */
-                    float alpha = fast_exp2(mrow[mt][hh] - muse);
+                    /* a row fully masked so far has max -inf: use 0 so that no inf - inf */
+                    float mscaled = mnew == -INFINITY ? 0.0f : mnew * sl2;
+                    float alpha = fast_exp2(mrow[mt][hh] * sl2 - mscaled);
                     mrow[mt][hh] = mnew;
                     float rs = 0.0f;
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                         for (int e = 2 * hh; e < 2 * hh + 2; e++) {
-                            float pv = fast_exp2(s[mt][nt][e] - muse);
+                            float pv = fast_exp2(fmaf(s[mt][nt][e], sl2, -mscaled));
                             s[mt][nt][e] = pv;
                             rs += pv;
                         }
@@ -301,8 +318,7 @@ attn_fwd_bf16_kernel(const AttnParams p)
 #pragma unroll
                 for (int dp = 0; dp < DT / 2; dp++) {
                     uint32_t b[4];
-                    ldmatrix_x4_trans(b, sV + swz<ROWB>(kb * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
-                                                        dp * 2 + (lane >> 4)));
+                    ldmatrix_x4_trans(b, chunk_addr(vst, 2 * dp) + kb * 16 * ROWB);
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++) {
                         mma_bf16(o[mt][2 * dp], a[mt], b[0], b[1]);
@@ -323,10 +339,11 @@ attn_fwd_bf16_kernel(const AttnParams p)
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             float inv = l > 0.0f ? 1.0f / l : 0.0f;
-            int r = wr0 + mt * 16 + g + 8 * hh;
+            /* row wr0 + mt*16 + g + 8hh (row & 7 == g), columns dt*8 + 2 t4, +1 */
+            const uint32_t o_base = (uint32_t)((wr0 + g) * ROWB + (g << 4) + 4 * t4);
 #pragma unroll
             for (int dt = 0; dt < DT; dt++)
-                *reinterpret_cast<uint32_t *>(smem + swz<ROWB>(r, dt) + 4 * t4) =
+                *reinterpret_cast<uint32_t *>(smem + chunk_addr(o_base, dt) + (mt * 16 + 8 * hh) * ROWB) =
                     pack_bf16x2(o[mt][dt][2 * hh] * inv, o[mt][dt][2 * hh + 1] * inv);
         }
     __syncwarp();
@@ -351,28 +368,29 @@ struct AttnVariant {
     size_t smem;
 };
 
-#define VARIANT(NAME, D, MT, NW, BN, QREG)                                                    \
-    { NAME, attn_fwd_bf16_kernel<D, MT, NW, BN, QREG>, AttnCfg<D, MT, NW, BN, QREG>::BM,        \
-      AttnCfg<D, MT, NW, BN, QREG>::THREADS, AttnCfg<D, MT, NW, BN, QREG>::SMEM }
+#define VARIANT(NAME, D, MT, NW, BN, QREG, MINB)                                              \
+    { NAME, attn_fwd_bf16_kernel<D, MT, NW, BN, QREG, MINB>,                                   \
+      AttnCfg<D, MT, NW, BN, QREG, MINB>::BM, AttnCfg<D, MT, NW, BN, QREG, MINB>::THREADS,      \
+      AttnCfg<D, MT, NW, BN, QREG, MINB>::SMEM }
 
-/* Variant 0 of each head dimension is the default. "Q in registers": Q fragments held for the
- * whole CTA; else re-read from shared memory every key tile (frees registers for 32 rows per
- * warp). */
+/* Variant 0 of each head dimension is the default. "Q regs": Q fragments held in registers for
+ * the whole CTA; "Q smem": re-read from shared memory every key tile (frees registers for 32
+ * rows per warp). */
 static const AttnVariant variants64[] = {
-    VARIANT("d64 BM64 BN64 4 warps x 16 rows, Q in registers", 64, 1, 4, 64, true),
-    VARIANT("d64 BM128 BN64 8 warps x 16 rows, Q in registers", 64, 1, 8, 64, true),
-    VARIANT("d64 BM128 BN64 4 warps x 32 rows, Q in registers", 64, 2, 4, 64, true),
+    VARIANT("d64 BM128 BN64 4 warps x 32 rows, Q regs", 64, 2, 4, 64, true, 0),
+    VARIANT("d64 BM64 BN64 4 warps x 16 rows, Q regs", 64, 1, 4, 64, true, 0),
+    VARIANT("d64 BM128 BN64 8 warps x 16 rows, Q regs", 64, 1, 8, 64, true, 0),
 };
 static const AttnVariant variants128[] = {
-    VARIANT("d128 BM64 BN64 4 warps x 16 rows, Q in registers", 128, 1, 4, 64, true),
-    VARIANT("d128 BM128 BN64 8 warps x 16 rows, Q in registers", 128, 1, 8, 64, true),
-    VARIANT("d128 BM128 BN32 4 warps x 32 rows, Q in smem", 128, 2, 4, 32, false),
-    VARIANT("d128 BM128 BN64 4 warps x 32 rows, Q in smem", 128, 2, 4, 64, false),
+    VARIANT("d128 BM128 BN32 4 warps x 32 rows, Q smem", 128, 2, 4, 32, false, 0),
+    VARIANT("d128 BM64 BN64 4 warps x 16 rows, Q regs", 128, 1, 4, 64, true, 0),
+    VARIANT("d128 BM128 BN64 8 warps x 16 rows, Q regs", 128, 1, 8, 64, true, 0),
+    VARIANT("d128 BM64 BN32 4 warps x 16 rows, Q regs, 3 CTAs/SM", 128, 1, 4, 32, true, 3),
 };
 static const AttnVariant variants256[] = {
-    VARIANT("d256 BM64 BN32 4 warps x 16 rows, Q in smem", 256, 1, 4, 32, false),
-    VARIANT("d256 BM128 BN32 8 warps x 16 rows, Q in smem", 256, 1, 8, 32, false),
-    VARIANT("d256 BM64 BN64 4 warps x 16 rows, Q in smem", 256, 1, 4, 64, false),
+    VARIANT("d256 BM64 BN32 4 warps x 16 rows, Q smem", 256, 1, 4, 32, false, 0),
+    VARIANT("d256 BM128 BN32 8 warps x 16 rows, Q smem", 256, 1, 8, 32, false, 0),
+    VARIANT("d256 BM64 BN64 4 warps x 16 rows, Q smem", 256, 1, 4, 64, false, 0),
 };
 
 static const AttnVariant *variants_for(int d, int *n)

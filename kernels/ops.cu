@@ -432,32 +432,33 @@ template <typename T, int VEC>
 __global__ void swiglu_kernel(T *out, const T *gu, int64_t R, int64_t I)
 {
     typedef Pack<T, VEC> P;
-    int64_t iv = I / VEC, n = R * iv;
-    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < n;
-         k += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = k / iv, c = k - r * iv;
-        const T *g = gu + r * 2 * I;
-        P a = ((const P *)g)[c], b = ((const P *)(g + I))[c], o;
+    int64_t iv = I / VEC;
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+        const P *g = (const P *)(gu + r * 2 * I), *u = (const P *)(gu + r * 2 * I + I);
+        P *o = (P *)(out + r * I);
+        for (int64_t c = threadIdx.x; c < iv; c += blockDim.x) {
+            P a = g[c], b = u[c], y;
 #pragma unroll
-        for (int j = 0; j < VEC; j++) {
-            float gv = to_f32(a.v[j]);
-            o.v[j] = from_f32<T>(gv / (1.0f + expf(-gv)) * to_f32(b.v[j]));
+            for (int j = 0; j < VEC; j++) {
+                float gv = to_f32(a.v[j]);
+                y.v[j] = from_f32<T>(gv / (1.0f + expf(-gv)) * to_f32(b.v[j]));
+            }
+            o[c] = y;
         }
-        ((P *)(out + r * I))[c] = o;
     }
 }
 
+/* one block per row (grid-stride over rows) */
 template <typename T>
 static int launch_swiglu(dfl_be *be, void *out, const void *gu, int64_t R, int64_t I)
 {
     constexpr int V = 16 / sizeof(T);
     cudaStream_t s = cuda_of(be)->stream;
+    unsigned blocks = (unsigned)(R < max_blocks(be) ? R : max_blocks(be));
     if (I % V == 0 && is_aligned(out, 16) && is_aligned(gu, 16))
-        swiglu_kernel<T, V><<<grid_for(R * I / V, EW_THREADS, max_blocks(be)), EW_THREADS, 0, s>>>(
-            (T *)out, (const T *)gu, R, I);
+        swiglu_kernel<T, V><<<blocks, row_threads(I / V), 0, s>>>((T *)out, (const T *)gu, R, I);
     else
-        swiglu_kernel<T, 1><<<grid_for(R * I, EW_THREADS, max_blocks(be)), EW_THREADS, 0, s>>>(
-            (T *)out, (const T *)gu, R, I);
+        swiglu_kernel<T, 1><<<blocks, row_threads(I), 0, s>>>((T *)out, (const T *)gu, R, I);
     return cuda_launch_check(be, "swiglu");
 }
 
