@@ -8,7 +8,15 @@
  * Every function that takes a dfl_be takes one opened by dfl_be_cuda_open (be->kind ==
  * DFL_BE_CUDA); the ones that can fail return 0 or a DFL_E* code and fill e (which may be NULL).
  * Each makes the backend's device current on the calling thread first, so they may be called
- * from a writer thread. */
+ * from a writer thread.
+ *
+ * How the backend.h ops behave on CUDA: every op is enqueued on the compute stream and returns
+ * at once; an op that fails returns its code and keeps its message, which the next ops->sync
+ * reports (sync also reports errors of kernels that failed while running). ops->upload returns
+ * when the source may be reused (it waits only for pinned sources); ops->download returns when
+ * the data is in dst (it waits for the compute stream); memset0 and copy are asynchronous.
+ * be->act == be->wdt == bf16 (default) or f32. The bf16 ops compute in f32 and round once per
+ * output; the drafter ops (rmsnorm_bwd, ..., adamw) are NULL for now. */
 #ifndef DFL_CUDA_H
 #define DFL_CUDA_H
 
