@@ -65,7 +65,7 @@ static const char *fmtb(size_t bytes, char *buf, size_t n) { return dfl_fmt_byte
 static void *cu_alloc(dfl_be *be, size_t bytes, dfl_err *e)
 {
     cuda_impl *im = cuda_of(be);
-    char b1[32], b2[32], b3[32];
+    char b1[32], b2[32], b3[32], b4[32];
     if (im->frozen) {
         dfl_fail(e, DFL_ENOMEM, "%s: allocation of %s after device memory was frozen (the steady "
                  "state must not allocate: allocate every buffer before dfl_cuda_freeze)",
@@ -98,7 +98,7 @@ static void *cu_alloc(dfl_be *be, size_t bytes, dfl_err *e)
         dfl_fail(e, DFL_ENOMEM, "%s: cannot allocate %s of device memory (%s free of %s; %s held "
                  "by this backend): %s", be->name, fmtb(bytes, b1, sizeof b1),
                  fmtb(fr, b2, sizeof b2), fmtb(tot, b3, sizeof b3),
-                 fmtb(im->allocated + im->ws_bytes, b1, sizeof b1), cudaGetErrorString(err));
+                 fmtb(im->allocated + im->ws_bytes, b4, sizeof b4), cudaGetErrorString(err));
         return NULL;
     }
     im->recs[im->n_recs].p = p;
