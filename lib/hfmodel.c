@@ -6,8 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
-#include "frame.h"
 #include "json.h"
 #include "util.h"
 
@@ -197,6 +197,24 @@ int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, d
     if (!(c->rope_theta > 1 && c->rope_theta < 1e30))
         return dfl_fail(e, DFL_EDATA, "%s: rope_theta = %g is out of range", what, c->rope_theta);
 
+    /* The load dtype: transformers casts the RoPE inv_freq buffer to it (see dfl_be.rope_dtype). */
+    const char *dts[] = {"dtype", "torch_dtype"};
+    for (size_t i = 0; i < DFL_ARRAY_LEN(dts) && !c->dtype; i++) {
+        const char *v = NULL;
+        json_t *j = json_object_get(cfg, dts[i]);
+        if (!j || !json_is_string(j))
+            continue; /* absent, null, or an object (per-module dtypes): ignored */
+        v = json_string_value(j);
+        if (strcmp(v, "bfloat16") == 0)
+            c->dtype = DFL_BF16;
+        else if (strcmp(v, "float16") == 0)
+            c->dtype = DFL_F16;
+        else if (strcmp(v, "float32") == 0)
+            c->dtype = DFL_F32;
+        else if (strcmp(v, "auto") != 0)
+            return dfl_fail(e, DFL_EUNSUP, "%s: %s '%s' is not supported (bfloat16, float16 or "
+                            "float32)", what, dts[i], v);
+    }
     if ((rc = dfl_json_bool(cfg, "tie_word_embeddings", false, &c->tie_word_embeddings, what, e)))
         return rc;
     bool attn_bias = false, mlp_bias = false;
@@ -298,7 +316,11 @@ int dfl_hf_fingerprint_of(const json_t *cfg, const dfl_st_model *m, char out[33]
         free(b.p);
         return dfl_fail(e, DFL_ENOMEM, "fingerprint: out of memory");
     }
-    dfl_fingerprint_hex(b.p, b.n, out);
+    /* XXH3-128 in its canonical (big-endian) form, as xxh128sum prints it */
+    XXH128_canonical_t cano;
+    XXH128_canonicalFromHash(&cano, XXH3_128bits(b.p, b.n));
+    for (int i = 0; i < 16; i++)
+        snprintf(out + 2 * i, 3, "%02x", cano.digest[i]);
     free(b.p);
     return DFL_OK;
 }

@@ -26,6 +26,8 @@ typedef struct dfl_hf_config {
     int64_t vocab_size;          /* V */
     double rms_norm_eps;         /* default 1e-6 */
     double rope_theta;           /* rope_theta or rope_parameters.rope_theta; default 10000 */
+    dfl_dtype dtype;             /* "dtype" (transformers 5) or "torch_dtype": the dtype the
+                                  * model is loaded in by default; DFL_DT_INVALID if absent */
     bool tie_word_embeddings;
     bool qk_norm;                /* per-head q/k RMSNorm (qwen3) */
     bool qkv_bias;               /* q/k/v projections have biases (qwen2; attention_bias) */

@@ -208,6 +208,8 @@ int dfl_target_open(dfl_target **out, dfl_be *be, const char *dir, int n_load, d
     for (int64_t l = 0; l < c->n_layers; l++)
         if ((rc = find_layer(m, c, l, &src, e)))
             goto fail;
+    /* RoPE as transformers runs the checkpoint: inv_freq rounded to the load dtype. */
+    t->rope_dtype = c->dtype ? c->dtype : emb->dtype;
     if ((rc = dfl_hf_fingerprint_of(cfg, m, t->fingerprint, e)))
         goto fail;
 
@@ -473,6 +475,7 @@ int dfl_target_forward(dfl_target *t, dfl_target_ws *ws, const dfl_batch *b, int
         if ((rc = (call)))                                                                \
             goto fail;                                                                    \
     } while (0)
+    be->rope_dtype = t->rope_dtype;
     CK(ops->upload(be, ws->ids, b->input_ids, (size_t)T * 4));
     CK(ops->upload(be, ws->pos, ws->pos_host, (size_t)T * 4));
     CK(ops->upload(be, ws->cu, ws->cu_host, (size_t)(S + 1) * 4));

@@ -38,6 +38,7 @@ typedef struct dfl_target {
     dfl_be *be;
     dfl_hf_config cfg;
     char fingerprint[33];  /* dfl_hf_fingerprint of the directory */
+    dfl_dtype rope_dtype;  /* inv_freq rounding: config dtype, else the weights' dtype */
     int n_loaded;          /* layers 0 .. n_loaded-1 are on the backend */
     void *embed;           /* [V, H] w */
     dfl_target_layer *layers; /* [n_loaded] */
