@@ -15,8 +15,10 @@ Needs python3, torch and transformers (made with transformers 5.17). Writes into
                                        (0-based), before the final norm (a forward hook on
                                        model.model.layers[k])
 The reference runs in float32 (eager attention, no TF32) on the same bf16 values, on the model
-reloaded from OUTDIR with from_pretrained (so the files written are the files checked), each
-sequence on its own with positions from 0.
+reloaded from OUTDIR with from_pretrained in bf16 and then cast to float32 (so the files written are
+the files checked, and the RoPE inv_freq buffer carries the bf16 rounding that transformers gives a
+model loaded in bf16, as in the shared qwen3 oracle), each sequence on its own with positions
+from 0.
 
 qwen2 only: config.json is then rewritten in the spelling of real Qwen2 checkpoints (top-level
 rope_theta instead of transformers 5's rope_parameters, and an unused sliding_window with
@@ -120,16 +122,32 @@ def main():
         sys.exit(f"{cfg_path}: rope theta is {saved_theta}, expected {theta}")
     del model
 
-    # The reference: the shipped files, reloaded, in float32.
+    # The reference: the shipped files, reloaded as transformers loads a bf16 checkpoint, then
+    # run in float32 (weights are exact in float32; the RoPE inv_freq buffer keeps the bf16
+    # rounding that loading in bf16 gave it, as in the qwen3 oracle and in bf16 inference).
     ref_model = transformers.AutoModelForCausalLM.from_pretrained(
-        args.outdir, dtype=torch.float32, attn_implementation="eager").to(args.device).eval()
+        args.outdir, dtype=torch.bfloat16, attn_implementation="eager")
+    ref_model = ref_model.float().to(args.device).eval()
     layers = ref_model.model.layers
-    # The reloaded model must use the intended RoPE base (both config spellings).
     head_dim = cfg.hidden_size // cfg.num_attention_heads
-    inv_freq = ref_model.model.rotary_emb.inv_freq.float().cpu()
-    want = 1.0 / (theta ** (2.0 / head_dim))
-    if abs(float(inv_freq[1]) - want) > 1e-6 * want:
-        sys.exit(f"reloaded model uses inv_freq[1] = {float(inv_freq[1])}, expected {want}")
+    rot = ref_model.model.rotary_emb
+    exact = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    want = exact.to(torch.bfloat16).float()
+    rope_note = "inv_freq rounded to bf16 by transformers (model loaded in bf16)"
+    have = rot.inv_freq.float().cpu()
+    if not torch.equal(have, want):
+        if torch.allclose(have, exact, rtol=1e-6, atol=0):
+            # this transformers kept inv_freq in float32: apply the bf16 rounding that loading
+            # in bf16 gives (dfl rounds inv_freq to the checkpoint dtype: dfl_be.rope_dtype)
+            with torch.no_grad():
+                rot.inv_freq.copy_(want.to(rot.inv_freq.device))
+            if hasattr(rot, "original_inv_freq"):
+                rot.original_inv_freq = rot.inv_freq.clone()
+            rope_note = "inv_freq computed in float32 by transformers, rounded to bf16 here"
+        else:
+            sys.exit(f"reloaded model has inv_freq {have[:4].tolist()}, expected "
+                     f"{want[:4].tolist()} (rope theta {theta})")
+    print(f"{args.outdir}: {rope_note}", file=sys.stderr)
     captured = {}
 
     def hook(k):
@@ -164,6 +182,7 @@ def main():
         "lens": json.dumps(LENS),
         "weights": "model.safetensors holds bf16 weights; reference ran in float32 on the same "
                    "values (eager attention, no TF32)",
+        "rope": rope_note,
         "generator": "tests/oracle-gen/make_ref.py %s --seed %d" % (args.kind, args.seed),
     }
     save_file(out, os.path.join(args.outdir, "ref.safetensors"), metadata=meta)
