@@ -170,9 +170,12 @@ static int fit(dfl_target *t, buffers *bf, const dfl_target_run_opts *o, const d
 {
     int64_t T = (int64_t)b->n_tokens, S = b->n_seqs;
     if (!bf->ws) {
-        int64_t mt = o->max_tokens > T ? o->max_tokens : T;
-        int64_t ms = o->max_tokens > S ? o->max_tokens : S;
-        return buffers_new(t, bf, o, mt, ms, e);
+        /* --max-tokens sizes them (a first batch larger than that is handled below); without
+         * it, the first batch does */
+        int rc = o->max_tokens > 0 ? buffers_new(t, bf, o, o->max_tokens, o->max_tokens, e)
+                                   : buffers_new(t, bf, o, T, S, e);
+        if (rc)
+            return rc;
     }
     if (T <= bf->ws->max_tokens && S <= bf->ws->max_seqs)
         return DFL_OK;
@@ -182,8 +185,12 @@ static int fit(dfl_target *t, buffers *bf, const dfl_target_run_opts *o, const d
                         "--max-tokens %lld or more", (unsigned long long)b->index,
                         (long long)T, (long long)S, (long long)bf->ws->max_tokens,
                         (long long)bf->ws->max_seqs, (long long)(T > S ? T : S));
-    int64_t mt = T > bf->ws->max_tokens ? T : bf->ws->max_tokens;
-    int64_t ms = S > bf->ws->max_seqs ? S : bf->ws->max_seqs;
+    /* grow by half at least, so that slowly rising sizes do not reallocate at every batch */
+    int64_t mt = bf->ws->max_tokens, ms = bf->ws->max_seqs;
+    if (T > mt)
+        mt = T > mt + mt / 2 ? T : mt + mt / 2;
+    if (S > ms)
+        ms = S > ms + ms / 2 ? S : ms + ms / 2;
     dfl_verbose("%s: batch %llu has %lld tokens in %lld sequences: growing the buffers",
                 name, (unsigned long long)b->index, (long long)T, (long long)S);
     return buffers_new(t, bf, o, mt, ms, e);
@@ -279,6 +286,10 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
             bool eos = false;
             if ((rc = dfl_reader_next(r, &b, &eos, e)) || eos)
                 break;
+            if (o->stop && *o->stop) { /* arrived while waiting for input: do not start it */
+                dfl_batch_free(&b);
+                continue;
+            }
             dfl_batch *ob = NULL;
             if ((rc = fit(t, &bf, o, &b, name, e)) ||
                 (rc = dfl_target_forward(t, bf.ws, &b, o->n_caps, o->layers, o->dtype, bf.caps, e)) ||
