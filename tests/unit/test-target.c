@@ -123,6 +123,14 @@ static void test_config_spellings(void)
     T_CHECK(c.qkv_bias && c.o_bias && c.mlp_bias && c.tie_word_embeddings, "llama biases, tied");
     T_EQ_INT(c.head_dim, 32, "explicit head_dim");
     T_EQ_INT(c.n_kv_heads, 2, "kv heads");
+    T_CHECK(c.dtype == DFL_DT_INVALID, "no dtype key");
+    T_CHECK(parse_cfg("{\"model_type\": \"qwen3\", " BASE_CFG ", \"torch_dtype\": \"float16\"}", &c, m,
+                      sizeof m) == 0 && c.dtype == DFL_F16, "torch_dtype: %s", m);
+    T_CHECK(parse_cfg("{\"model_type\": \"qwen3\", " BASE_CFG ", \"dtype\": \"bfloat16\", "
+                      "\"torch_dtype\": \"float32\"}", &c, m, sizeof m) == 0 && c.dtype == DFL_BF16,
+            "dtype wins over torch_dtype: %s", m);
+    T_CHECK(parse_cfg("{\"model_type\": \"qwen3\", " BASE_CFG ", \"dtype\": \"float8_e4m3fn\"}", &c,
+                      m, sizeof m) == DFL_EUNSUP && strstr(m, "dtype 'float8_e4m3fn'"), "fp8: %s", m);
     T_CHECK(parse_cfg("{\"model_type\": \"qwen3\", " BASE_CFG ", \"attention_bias\": true, "
                       "\"layer_types\": [\"full_attention\"]}", &c, m, sizeof m) == 0 &&
                 c.qkv_bias && c.o_bias && c.qk_norm, "qwen3 attention_bias: %s", m);
