@@ -117,6 +117,14 @@ def main():
         rewrite_qwen2_config(cfg_path, theta)
     with open(cfg_path) as f:
         saved = json.load(f)
+    # The checkpoint's dtype must say bf16: dfl rounds RoPE inv_freq to it, as transformers does
+    # to a model loaded in bf16 (which the reference below is).
+    if saved.get("dtype", saved.get("torch_dtype")) != "bfloat16":
+        saved.pop("torch_dtype", None)
+        saved["dtype"] = "bfloat16"
+        with open(cfg_path, "w") as f:
+            json.dump(saved, f, indent=2, sort_keys=True)
+            f.write("\n")
     saved_theta = saved.get("rope_theta", (saved.get("rope_parameters") or {}).get("rope_theta"))
     if saved_theta != theta:
         sys.exit(f"{cfg_path}: rope theta is {saved_theta}, expected {theta}")
