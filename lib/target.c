@@ -606,3 +606,36 @@ fail:
     return dfl_fail(e, rc, "batch %llu: forward on %s failed (%s)", (unsigned long long)index,
                     be->name, dfl_code_name(rc));
 }
+
+int dfl_target_gemms(const dfl_target *t, const dfl_target_ws *ws, int64_t T, dfl_mm out[4])
+{
+    const dfl_hf_config *c = &t->cfg;
+    dfl_be *be = t->be;
+    if (t->n_loaded < 1 || T < 1 || T > ws->max_tokens)
+        return DFL_EUSAGE;
+    const dfl_target_layer *w = &t->layers[0];
+    int64_t H = c->hidden_size, d = c->head_dim, I = c->intermediate_size;
+    int64_t nq = c->n_heads * d, nqkv = nq + 2 * c->n_kv_heads * d;
+    bool f = t->fuse_residual;
+    struct {
+        void *C;
+        const void *A, *W;
+        const float *bias;
+        int64_t N, K;
+        bool acc;
+    } g[4] = {
+        {ws->big1, ws->x, w->wqkv, w->bqkv, nqkv, H, false},
+        {f ? ws->h : ws->delta, ws->big2, w->wo, w->bo, H, nq, f},
+        {ws->big1, ws->x, w->wgu, w->bgu, 2 * I, H, false},
+        {f ? ws->h : ws->delta, ws->big2, w->wdown, w->bdown, H, I, f},
+    };
+    for (int i = 0; i < 4; i++)
+        out[i] = (dfl_mm){
+            .M = T, .N = g[i].N, .K = g[i].K,
+            .A = g[i].A, .adt = be->act, .lda = g[i].K, .ta = false,
+            .B = g[i].W, .bdt = be->wdt, .ldb = g[i].K, .tb = true,
+            .C = g[i].C, .cdt = be->act, .ldc = g[i].N,
+            .alpha = 1.0f, .beta = g[i].acc ? 1.0f : 0.0f, .bias = g[i].bias,
+        };
+    return DFL_OK;
+}

@@ -121,6 +121,11 @@ int dfl_target_forward_staged(dfl_target *t, dfl_target_ws *ws, uint64_t index, 
                               int64_t S, int32_t max_len, int n_caps, const int32_t *layers,
                               dfl_dtype cap_dt, void *const *caps, dfl_err *e);
 
+/* The four GEMMs of a layer as dfl_target_forward_staged issues them for a batch of T tokens on
+ * ws (qkv_proj, o_proj, gate_up_proj, down_proj; layer 0's weights, the same shapes for every
+ * layer), so that a driver can tune them before its first batch. */
+int dfl_target_gemms(const dfl_target *t, const dfl_target_ws *ws, int64_t T, dfl_mm out[4]);
+
 /* The driver of dfl-target: reads token-batch streams and writes one hidden-state stream. */
 typedef struct dfl_target_run_opts {
     const char *const *inputs;   /* token streams ("-" = stdin) */
@@ -129,16 +134,33 @@ typedef struct dfl_target_run_opts {
     int n_caps;
     const int32_t *layers;       /* captured layer ids */
     dfl_dtype dtype;             /* stream dtype: DFL_BF16 or DFL_F32 */
-    int64_t max_tokens;          /* buffer size; 0 = from the first batch */
+    int64_t max_tokens;          /* buffer size; 0 = from a manifest, the inputs' warm-up shapes
+                                    or index, or the first batch */
+    const char *manifest;        /* dfl-bucket's manifest.json: its warm-up shapes size the
+                                    buffers (NULL: none) */
     bool grow;                   /* a larger batch grows the buffers (else: error) */
+    int inflight;                /* output slots: batches between the forward and the writer
+                                    (0 = default, 2) */
+    int profile;                 /* print stage times every `profile` batches (0 = off) */
+    int file_io;                 /* -o FILE: DFL_FILE_IO_* */
+    bool tune;                   /* CUDA: time cuBLASLt's candidate algorithms for the largest
+                                    batch's GEMMs before the first batch */
     dfl_writer_opts wopts;
     volatile sig_atomic_t *stop; /* set by a signal handler: stop at the next batch boundary */
 } dfl_target_run_opts;
+
+/* How a file output (-o FILE) is written: from host buffers with write(2); through a mapping of
+ * the file (the CPU forward writes straight into it; a GPU's copies land in pinned buffers and are
+ * copied into it); or, CUDA only, with the mapping registered with the GPU so that its copies
+ * land in the file's pages (falls back to DFL_FILE_IO_MAP when registration is refused). Pipes
+ * are always written with write(2) (or vmsplice). */
+enum { DFL_FILE_IO_WRITE = 0, DFL_FILE_IO_MAP = 1, DFL_FILE_IO_REGISTER = 2 };
 
 /* Totals of a run, filled as it goes (also on failure). */
 typedef struct dfl_target_stats {
     uint64_t batches, seqs, tokens;
     double seconds;              /* from the first batch read to the end */
+    double setup_seconds;        /* sizing, buffers, warm-up (before the first batch) */
 } dfl_target_stats;
 
 /* Runs the whole stream. On a signal (opts->stop set) returns DFL_EINTR without an END frame;
