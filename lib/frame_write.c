@@ -843,13 +843,9 @@ int dfl_writer_commit(dfl_writer *w, dfl_frame_res *f, const dfl_batch *b, dfl_e
         return rc;
     }
     dfl_batch c = *b;
+    bool elsewhere = false;
     for (int k = 0; k < w->n_layers; k++) {
-        if (c.layers[k] && c.layers[k] != f->layers[k]) {
-            rc = dfl_fail(e, DFL_EUSAGE, "%s: batch %llu: layer %d is not in the reserved frame", w->name,
-                          (unsigned long long)f->index, k);
-            dfl_writer_unreserve(w, f);
-            return wfail(w, e, rc);
-        }
+        elsewhere |= c.layers[k] && c.layers[k] != f->layers[k];
         c.layers[k] = f->layers[k];
     }
     uint32_t max_len = 0;
@@ -861,6 +857,9 @@ int dfl_writer_commit(dfl_writer *w, dfl_frame_res *f, const dfl_batch *b, dfl_e
         rc = dfl_fail(e, DFL_EUSAGE, "%s: batch %llu has %llu tokens in %u sequences, reserved for %llu in %u",
                       w->name, (unsigned long long)f->index, (unsigned long long)b->n_tokens, b->n_seqs,
                       (unsigned long long)f->n_tokens, f->n_seqs);
+    else if (elsewhere)
+        rc = dfl_fail(e, DFL_EUSAGE, "%s: batch %llu: its layers are not in the reserved frame", w->name,
+                      (unsigned long long)f->index);
     else
         rc = check_batch(w, &c, &max_len, e);
     if (rc) {
