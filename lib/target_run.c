@@ -301,6 +301,7 @@ typedef struct prof {
 } prof;
 
 typedef struct slot {
+    uint64_t in_index;         /* the batch's number within its input (for messages) */
     uint64_t T;
     uint32_t S;
     uint32_t max_len;
@@ -750,8 +751,9 @@ static bool shape_of_reader(dfl_reader *r, shape *sh)
     dfl_err e = {0};
     if (dfl_reader_index(r, &ent, &n, &e) != 0)
         return false;
-    for (uint64_t i = 0; i < n; i++)
-        shape_max(sh, ent[i].n_tokens, ent[i].n_seqs, ent[i].n_tokens);
+    for (uint64_t i = 0; i < n; i++) /* the index has no longest sequence: assume even ones */
+        shape_max(sh, ent[i].n_tokens, ent[i].n_seqs,
+                  ((int64_t)ent[i].n_tokens + ent[i].n_seqs - 1) / (ent[i].n_seqs ? ent[i].n_seqs : 1));
     return true;
 }
 
@@ -961,6 +963,7 @@ static int size_buffers(pipeline *p, int64_t mt, int64_t ms, const shape *sh, df
 /* Copies the staged batch into slot s (what the frame needs, and the inputs to upload). */
 static void slot_fill(slot *s, const in_item *it)
 {
+    s->in_index = it->index;
     s->T = it->n_tokens;
     s->S = it->n_seqs;
     s->max_len = (uint32_t)it->max_len;
@@ -1019,9 +1022,10 @@ static int submit(pipeline *p, uint64_t i, dfl_err *e)
         if ((rc = be->ops->upload(be, p->ws->ids, s->ids, (size_t)T * 4)) ||
             (rc = be->ops->upload(be, p->ws->pos, s->pos, (size_t)T * 4)) ||
             (rc = be->ops->upload(be, p->ws->cu, s->cu, (size_t)(S + 1) * 4)))
-            return dfl_fail(e, rc, "batch %llu: staging its inputs failed", (unsigned long long)i);
-        rc = dfl_target_forward_staged(t, p->ws, i, T, S, (int32_t)s->max_len, p->K, p->o->layers,
-                                       p->o->dtype, caps, e);
+            return dfl_fail(e, rc, "batch %llu: staging its inputs failed",
+                            (unsigned long long)s->in_index);
+        rc = dfl_target_forward_staged(t, p->ws, s->in_index, T, S, (int32_t)s->max_len, p->K,
+                                       p->o->layers, p->o->dtype, caps, e);
         s->pf.forward = dfl_now() - t0;
         return rc;
     }
@@ -1035,22 +1039,22 @@ static int submit(pipeline *p, uint64_t i, dfl_err *e)
         (rc = dfl_cuda_upload_async(be, p->ws->pos, s->pos, (size_t)T * 4, cs, e)) ||
         (rc = dfl_cuda_upload_async(be, p->ws->cu, s->cu, (size_t)(S + 1) * 4, cs, e)) ||
         (p->set_used[set] && (rc = dfl_cuda_stream_wait_event(be, cs, p->set_free[set], e))))
-        return dfl_err_prefix(e, "batch %llu: ", (unsigned long long)i);
-    if ((rc = dfl_target_forward_staged(t, p->ws, i, T, S, (int32_t)s->max_len, p->K, p->o->layers,
-                                        p->o->dtype, p->sets[set], e)))
+        return dfl_err_prefix(e, "batch %llu: ", (unsigned long long)s->in_index);
+    if ((rc = dfl_target_forward_staged(t, p->ws, s->in_index, T, S, (int32_t)s->max_len, p->K,
+                                        p->o->layers, p->o->dtype, p->sets[set], e)))
         return op_error(p, rc, e);
     if ((rc = dfl_cuda_event_record(be, s->ev_done, cs, e)) ||
         (rc = dfl_cuda_stream_wait_event(be, xs, s->ev_done, e)))
-        return dfl_err_prefix(e, "batch %llu: ", (unsigned long long)i);
+        return dfl_err_prefix(e, "batch %llu: ", (unsigned long long)s->in_index);
     for (int k = 0; k < p->K; k++) {
         void *dst = s->registered ? s->res.layers[k] : s->host[k];
         if ((rc = dfl_cuda_download_async(be, dst, p->sets[set][k], lb, xs, e)))
-            return dfl_err_prefix(e, "batch %llu: copying layer %d: ", (unsigned long long)i,
-                                  p->o->layers[k]);
+            return dfl_err_prefix(e, "batch %llu: copying layer %d: ",
+                                  (unsigned long long)s->in_index, p->o->layers[k]);
     }
     if ((rc = dfl_cuda_event_record(be, s->ev_copied, xs, e)) ||
         (rc = dfl_cuda_event_record(be, p->set_free[set], xs, e)))
-        return dfl_err_prefix(e, "batch %llu: ", (unsigned long long)i);
+        return dfl_err_prefix(e, "batch %llu: ", (unsigned long long)s->in_index);
     p->set_used[set] = true;
     return DFL_OK;
 #else
@@ -1231,11 +1235,10 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
         double t1 = dfl_now();
         slot *s = slot_of(p, i);
         slot_fill(s, it);
-        uint64_t in_index = it->index;
         in_release(q);
         memset(&s->pf, 0, sizeof s->pf);
         if ((rc = submit(p, i, e))) {
-            dfl_err_prefix(e, "%s: batch %llu: ", name, (unsigned long long)in_index);
+            dfl_err_prefix(e, "%s: ", name);
             break;
         }
         s->pf.in_wait = in_wait;

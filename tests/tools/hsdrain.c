@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "frame.h"
+#include "log.h"
 #include "util.h"
 
 int main(int argc, char **argv)
