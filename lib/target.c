@@ -424,6 +424,11 @@ int dfl_target_ws_new_ex(const dfl_target *t, int64_t max_tokens, int64_t max_se
 
 int dfl_target_check_batch(const dfl_target *t, const dfl_batch *b, dfl_err *e)
 {
+    return dfl_target_check_vocab(t->cfg.vocab_size, b, e);
+}
+
+int dfl_target_check_vocab(int64_t V, const dfl_batch *b, dfl_err *e)
+{
     uint64_t sum = 0;
     for (uint32_t s = 0; s < b->n_seqs; s++)
         sum += b->seq_lens[s];
@@ -431,7 +436,6 @@ int dfl_target_check_batch(const dfl_target *t, const dfl_batch *b, dfl_err *e)
         return dfl_fail(e, DFL_EDATA, "batch %llu: sequence lengths add up to %llu, not %llu tokens",
                         (unsigned long long)b->index, (unsigned long long)sum,
                         (unsigned long long)b->n_tokens);
-    int64_t V = t->cfg.vocab_size;
     uint64_t row = 0;
     for (uint32_t s = 0; s < b->n_seqs; s++) {
         for (uint32_t j = 0; j < b->seq_lens[s]; j++, row++) {

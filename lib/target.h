@@ -99,6 +99,8 @@ void dfl_target_ws_free(const dfl_target *t, dfl_target_ws *ws);
 /* Token ids of b against the vocabulary: DFL_EDATA naming the batch, sequence and position of
  * the first id out of range. Also checks that seq_lens add up to n_tokens. */
 int dfl_target_check_batch(const dfl_target *t, const dfl_batch *b, dfl_err *e);
+/* The same against a vocabulary size (for a thread that must not hold the model). */
+int dfl_target_check_vocab(int64_t vocab_size, const dfl_batch *b, dfl_err *e);
 
 /* Enqueues the forward of token batch b (checked with dfl_target_check_batch) on the backend:
  * positions restart at 0 for each sequence, attention is causal within each sequence, and the

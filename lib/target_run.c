@@ -114,13 +114,16 @@ typedef struct inq {
     int rc;
     dfl_err err;
     bool quit;                 /* asked to stop */
-    const dfl_target *t;
-    const char *const *inputs;
+    bool exited;               /* the thread is about to return */
+    bool abandoned;            /* the caller has gone: the thread frees this on its way out */
+    int64_t vocab;             /* the model's vocabulary size (the thread never holds the model) */
+    const char *const *inputs; /* the caller's strings, valid for the process's life */
     int n_inputs;
     dfl_reader *first;         /* inputs[0], opened by the caller (checked before any output) */
-    dfl_reader *cur;           /* the reader in use (closed by the caller after a cancel) */
     char (*names)[256];        /* [n_inputs] reader names, for messages */
 } inq;
+
+static void in_free(inq *q);
 
 static int item_fill(in_item *it, const dfl_batch *b, int input)
 {
@@ -142,42 +145,36 @@ static int item_fill(in_item *it, const dfl_batch *b, int input)
     return DFL_OK;
 }
 
-/* Cancellation is enabled only around the calls that block on input (open and read); the thread
- * holds no lock there. The caller closes q->cur after a cancel. */
+/* The thread may be blocked reading an input (a pipe, a FIFO) when the run stops; the caller then
+ * leaves it (in_stop), and it frees its state itself once its read returns. So it touches nothing
+ * of the caller's but q, and the strings in q->inputs. */
 static void *reader_main(void *arg)
 {
     inq *q = arg;
-    int old, rc = DFL_OK;
+    int rc = DFL_OK;
     dfl_err err = {0};
-    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
-    for (int in = 0; in < q->n_inputs && !rc; in++) {
+    bool quit = false;
+    for (int in = 0; in < q->n_inputs && !rc && !quit; in++) {
         dfl_reader *r = NULL;
         if (in == 0) {
+            pthread_mutex_lock(&q->mu);
             r = q->first;
-        } else {
-            pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &old);
-            rc = open_input(q->inputs[in], &r, &err);
-            pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
-            if (rc)
-                break;
+            q->first = NULL;
+            pthread_mutex_unlock(&q->mu);
+        } else if ((rc = open_input(q->inputs[in], &r, &err))) {
+            break;
         }
         const char *name = dfl_reader_name(r);
         pthread_mutex_lock(&q->mu);
-        q->cur = r;
-        if (in == 0)
-            q->first = NULL;
         snprintf(q->names[in], sizeof q->names[in], "%s", name);
         pthread_mutex_unlock(&q->mu);
         for (;;) {
             dfl_batch b;
             memset(&b, 0, sizeof b);
             bool eos = false;
-            pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &old);
-            rc = dfl_reader_next(r, &b, &eos, &err);
-            pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
-            if (rc || eos)
+            if ((rc = dfl_reader_next(r, &b, &eos, &err)) || eos)
                 break;
-            if ((rc = dfl_target_check_batch(q->t, &b, &err))) {
+            if ((rc = dfl_target_check_vocab(q->vocab, &b, &err))) {
                 dfl_err_prefix(&err, "%s: ", name);
                 dfl_reader_recycle(r, &b);
                 break;
@@ -185,12 +182,12 @@ static void *reader_main(void *arg)
             pthread_mutex_lock(&q->mu);
             while (q->count == IN_DEPTH && !q->quit)
                 pthread_cond_wait(&q->cv, &q->mu);
-            bool quit = q->quit;
+            quit = q->quit;
             in_item *it = &q->items[(q->head + q->count) % IN_DEPTH];
             pthread_mutex_unlock(&q->mu);
             if (quit) {
                 dfl_reader_recycle(r, &b);
-                goto out;
+                break;
             }
             /* the item is the consumer's only after count++ below */
             rc = item_fill(it, &b, in);
@@ -204,18 +201,18 @@ static void *reader_main(void *arg)
             pthread_cond_broadcast(&q->cv);
             pthread_mutex_unlock(&q->mu);
         }
-        pthread_mutex_lock(&q->mu);
-        q->cur = NULL;
-        pthread_mutex_unlock(&q->mu);
         dfl_reader_close(r);
     }
-out:
     pthread_mutex_lock(&q->mu);
     q->eof = true;
     q->rc = rc;
     q->err = err;
+    q->exited = true;
+    bool abandoned = q->abandoned;
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
+    if (abandoned)
+        in_free(q);
     return NULL;
 }
 
@@ -256,17 +253,27 @@ static void in_release(inq *q)
     pthread_mutex_unlock(&q->mu);
 }
 
-static void in_stop(inq *q, pthread_t th)
+/* Stops the reader thread. Returns true when it has ended (the caller frees q); false when it is
+ * still blocked on its input after a short wait: it is then left to end when its read returns
+ * (at the latest when the process exits), and frees q itself. */
+static bool in_stop(inq *q, pthread_t th)
 {
     pthread_mutex_lock(&q->mu);
     q->quit = true;
     pthread_cond_broadcast(&q->cv);
+    struct timespec ts;
+    deadline_in(&ts, 4 * POLL_NS);
+    while (!q->exited && pthread_cond_timedwait(&q->cv, &q->mu, &ts) == 0)
+        ;
+    bool ended = q->exited;
+    if (!ended)
+        q->abandoned = true;
     pthread_mutex_unlock(&q->mu);
-    pthread_cancel(th); /* if blocked on input; a no-op once it has returned */
-    pthread_join(th, NULL);
-    if (q->cur)
-        dfl_reader_close(q->cur);
-    q->cur = NULL;
+    if (ended)
+        pthread_join(th, NULL);
+    else
+        pthread_detach(th);
+    return ended;
 }
 
 static void in_free(inq *q)
@@ -283,6 +290,9 @@ static void in_free(inq *q)
         free(it->cu);
     }
     free(q->names);
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+    free(q);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1129,7 +1139,7 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
     pthread_cond_init(&p->oq.cv, NULL);
     pthread_mutex_init(&q->mu, NULL);
     pthread_cond_init(&q->cv, NULL);
-    q->t = t;
+    q->vocab = t->cfg.vocab_size;
     q->inputs = o->inputs;
     q->n_inputs = o->n_inputs;
     q->names = calloc((size_t)o->n_inputs, sizeof *q->names);
@@ -1260,7 +1270,8 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
         }
     }
     if (reader_started) {
-        in_stop(q, rth);
+        if (!in_stop(q, rth))
+            q = NULL; /* the thread frees it */
         reader_started = false;
     }
     {
@@ -1282,8 +1293,8 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
     }
     st->seconds = dfl_now() - t0;
 done:
-    if (reader_started)
-        in_stop(q, rth);
+    if (reader_started && !in_stop(q, rth))
+        q = NULL;
     if (writer_started) {
         dfl_err we = {0};
         out_finish(p, wth, false, &we);
@@ -1310,7 +1321,8 @@ done:
     }
     if (p->w)
         dfl_writer_abort(p->w);
-    in_free(q);
+    if (q)
+        in_free(q);
     slots_free(p);
     dfl_target_ws_free(t, p->ws);
 #ifdef DFL_CUDA
@@ -1326,10 +1338,7 @@ done:
                  out_name, (unsigned long long)p->oq.written);
     pthread_mutex_destroy(&p->oq.mu);
     pthread_cond_destroy(&p->oq.cv);
-    pthread_mutex_destroy(&q->mu);
-    pthread_cond_destroy(&q->cv);
     free(p);
-    free(q);
     dfl_progress_end();
     return rc;
 }
