@@ -166,13 +166,18 @@ static int nthreads(int threads, size_t nchunks)
     return nt;
 }
 
-/* The chunk's elements: in place, or read into buf (DFL_SCAN_CHUNK x 8 bytes). Returns 0 or an
- * errno value (EIO for a short read). */
+/* The chunk's elements: in place, or read (copied, when unaligned) into buf (DFL_SCAN_CHUNK x 8
+ * bytes). Returns 0 or an errno value (EIO for a short read). */
 static int chunk_load(const dfl_scan_job *j, const chunk *c, void *buf, const void **out)
 {
     size_t es = dfl_dtype_size(j->dtype);
     if (j->data) {
-        *out = (const uint8_t *)j->data + c->start * es;
+        const uint8_t *p = (const uint8_t *)j->data + c->start * es;
+        if ((uintptr_t)p % es) { /* foreign files may hold unaligned tensors: copy them */
+            memcpy(buf, p, (size_t)c->n * es);
+            p = buf;
+        }
+        *out = p;
         return 0;
     }
     uint64_t off = j->offset + c->start * es;
@@ -200,8 +205,10 @@ static int run_chunks(const dfl_scan_job *jobs, const chunk *ch, size_t nch, int
                       chunk_fn fn, void *res, size_t res_size, dfl_err *e)
 {
     bool need_read = false;
-    for (size_t k = 0; k < nch && !need_read; k++)
-        need_read = jobs[ch[k].job].data == NULL;
+    for (size_t k = 0; k < nch && !need_read; k++) {
+        const dfl_scan_job *j = &jobs[ch[k].job];
+        need_read = j->data == NULL || (uintptr_t)j->data % dfl_dtype_size(j->dtype) != 0;
+    }
     int *errs = calloc(nch ? nch : 1, sizeof *errs);
     if (!errs)
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
@@ -403,15 +410,17 @@ static void make_tables(void)
 
 static double int_value(const void *p, dfl_dtype dt, size_t i)
 {
+    /* through memcpy: integer tensors of foreign files may be unaligned */
+    const uint8_t *b = (const uint8_t *)p + i * dfl_dtype_size(dt);
     switch (dt) {
-    case DFL_I8: return ((const int8_t *)p)[i];
-    case DFL_I16: return ((const int16_t *)p)[i];
-    case DFL_I32: return ((const int32_t *)p)[i];
-    case DFL_I64: return (double)((const int64_t *)p)[i];
-    case DFL_U8: case DFL_BOOL: return ((const uint8_t *)p)[i];
-    case DFL_U16: return ((const uint16_t *)p)[i];
-    case DFL_U32: return ((const uint32_t *)p)[i];
-    case DFL_U64: return (double)((const uint64_t *)p)[i];
+    case DFL_I8: { int8_t v; memcpy(&v, b, 1); return v; }
+    case DFL_I16: { int16_t v; memcpy(&v, b, 2); return v; }
+    case DFL_I32: { int32_t v; memcpy(&v, b, 4); return v; }
+    case DFL_I64: { int64_t v; memcpy(&v, b, 8); return (double)v; }
+    case DFL_U8: case DFL_BOOL: return b[0];
+    case DFL_U16: { uint16_t v; memcpy(&v, b, 2); return v; }
+    case DFL_U32: { uint32_t v; memcpy(&v, b, 4); return v; }
+    case DFL_U64: { uint64_t v; memcpy(&v, b, 8); return (double)v; }
     default: return 0;
     }
 }
@@ -559,4 +568,80 @@ int dfl_scan_stats(const void *data, dfl_dtype dt, uint64_t n, int threads, dfl_
 {
     dfl_scan_job j = {.data = data, .fd = -1, .dtype = dt, .n = n};
     return dfl_scan_stats_many(&j, 1, threads, s, e);
+}
+
+/* ---------------------------------------------------------------- differences */
+
+static double value_of(const void *p, dfl_dtype dt, size_t i)
+{
+    return dfl_dtype_is_float(dt) ? dfl_load_f64(p, dt, i) : int_value(p, dt, i);
+}
+
+int dfl_diff_many(const dfl_diff_job *jobs, size_t njobs, int threads, dfl_diff_result *out, dfl_err *e)
+{
+    pthread_once(&tables_once, make_tables);
+    uint64_t total = 0;
+    for (size_t j = 0; j < njobs; j++) {
+        if (!scannable(jobs[j].ta) || !scannable(jobs[j].tb))
+            return dfl_fail(e, DFL_EUNSUP, "cannot compare elements of an invalid dtype");
+        total += (jobs[j].n + DFL_SCAN_CHUNK - 1) / DFL_SCAN_CHUNK;
+    }
+    chunk *ch = malloc((total ? total : 1) * sizeof *ch);
+    dfl_diff_result *res = calloc(total ? total : 1, sizeof *res);
+    if (!ch || !res) {
+        free(ch);
+        free(res);
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    }
+    size_t nch = 0;
+    for (size_t j = 0; j < njobs; j++)
+        for (uint64_t s = 0; s < jobs[j].n; s += DFL_SCAN_CHUNK) {
+            ch[nch].job = j;
+            ch[nch].start = s;
+            ch[nch].n = jobs[j].n - s < DFL_SCAN_CHUNK ? jobs[j].n - s : DFL_SCAN_CHUNK;
+            nch++;
+        }
+    int nt = nthreads(threads, nch);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
+    for (size_t k = 0; k < nch; k++) {
+        const dfl_diff_job *j = &jobs[ch[k].job];
+        dfl_diff_result *r = &res[k];
+        size_t ea = dfl_dtype_size(j->ta), eb = dfl_dtype_size(j->tb);
+        const uint8_t *pa = (const uint8_t *)j->a + ch[k].start * ea;
+        const uint8_t *pb = (const uint8_t *)j->b + ch[k].start * eb;
+        r->first = DFL_SCAN_NONE;
+        if (j->ta == j->tb && memcmp(pa, pb, ch[k].n * ea) == 0)
+            continue;
+        for (size_t i = 0; i < ch[k].n; i++) {
+            if (j->ta == j->tb && memcmp(pa + i * ea, pb + i * eb, ea) == 0)
+                continue;
+            double a = value_of(pa, j->ta, i), b = value_of(pb, j->tb, i);
+            if (a == b || (isnan(a) && isnan(b)))
+                continue; /* -0 vs +0, or a NaN payload: the same value */
+            double d = fabs(a - b), m = fmax(fabs(a), fabs(b)), rel = d / m;
+            if (!isfinite(a) || !isfinite(b))
+                d = rel = INFINITY;
+            if (r->first == DFL_SCAN_NONE)
+                r->first = i;
+            r->ndiff++;
+            r->max_abs = d > r->max_abs ? d : r->max_abs;
+            r->max_rel = rel > r->max_rel ? rel : r->max_rel;
+        }
+    }
+    for (size_t j = 0; j < njobs; j++) {
+        memset(&out[j], 0, sizeof out[j]);
+        out[j].n = jobs[j].n;
+        out[j].first = DFL_SCAN_NONE;
+    }
+    for (size_t k = 0; k < nch; k++) {
+        dfl_diff_result *o = &out[ch[k].job];
+        o->ndiff += res[k].ndiff;
+        if (o->first == DFL_SCAN_NONE && res[k].first != DFL_SCAN_NONE)
+            o->first = ch[k].start + res[k].first;
+        o->max_abs = res[k].max_abs > o->max_abs ? res[k].max_abs : o->max_abs;
+        o->max_rel = res[k].max_rel > o->max_rel ? res[k].max_rel : o->max_rel;
+    }
+    free(ch);
+    free(res);
+    return DFL_OK;
 }

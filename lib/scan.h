@@ -60,6 +60,26 @@ int dfl_scan_nonfinite_many(const dfl_scan_job *jobs, size_t njobs, int threads,
                             dfl_err *e);
 int dfl_scan_stats_many(const dfl_scan_job *jobs, size_t njobs, int threads, dfl_stats *out, dfl_err *e);
 
+/* Element-wise comparison of two tensors of n elements (in memory; dtypes may differ, values are
+ * then compared as doubles). Elements are equal when their bits are (same dtype) or their values
+ * are (NaN equals NaN). */
+typedef struct dfl_diff_job {
+    const void *a, *b;
+    dfl_dtype ta, tb;
+    uint64_t n;
+} dfl_diff_job;
+
+typedef struct dfl_diff_result {
+    uint64_t n;                        /* elements compared */
+    uint64_t ndiff;                    /* elements that differ */
+    uint64_t first;                    /* flat index of the first difference, or DFL_SCAN_NONE */
+    double max_abs;                    /* max |a - b| over differing elements (Inf when one side
+                                        * is NaN or Inf and the other is not the same) */
+    double max_rel;                    /* max |a - b| / max(|a|, |b|) (0 when identical) */
+} dfl_diff_result;
+
+int dfl_diff_many(const dfl_diff_job *jobs, size_t njobs, int threads, dfl_diff_result *out, dfl_err *e);
+
 /* The fast test alone, single-threaded: does p[0..n) hold any NaN or Inf? */
 bool dfl_any_nonfinite(const void *p, dfl_dtype dt, uint64_t n);
 

@@ -1052,6 +1052,7 @@ static int add_tensor(flattener *fl, const pv *v, size_t len)
     if (!name)
         return dfl_fail(fl->e, DFL_ENOMEM, "%s: out of memory", fl->what);
     t->v.name = name;
+    t->v.fd = -1;
     f->n++; /* owns name from here on */
     t->v.dtype = r->dtype;
     t->v.ndim = r->ndim;

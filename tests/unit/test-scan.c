@@ -305,6 +305,16 @@ static void test_many(void)
         T_CHECK(memcmp(&fst[k], &st[k], sizeof st[k]) == 0,
                 "file stats %d differ", k);
     }
+    /* unaligned tensors in memory (foreign safetensors files) are scanned the same */
+    uint8_t *odd = malloc(ns[4] * 8 + 1);
+    memcpy(odd + 1, ps[4], ns[4] * 8);
+    dfl_scan_job oj = {.data = odd + 1, .fd = -1, .dtype = DFL_F64, .n = ns[4]};
+    dfl_stats ost;
+    T_CHECK(dfl_scan_nonfinite_many(&oj, 1, 2, fr, &e) == 0 && memcmp(&fr[0], &r[4], sizeof r[4]) == 0,
+            "unaligned scan");
+    T_CHECK(dfl_scan_stats_many(&oj, 1, 2, &ost, &e) == 0 && memcmp(&ost, &st[4], sizeof ost) == 0,
+            "unaligned stats");
+    free(odd);
     /* a file shorter than the tensor: a read error naming the tensor */
     close(fd);
     fd = open(path, O_RDWR);
@@ -319,6 +329,39 @@ static void test_many(void)
         free(ps[k]);
 }
 
+static void test_diff(void)
+{
+    const size_t n = DFL_SCAN_CHUNK + 11;
+    float *a = random_tensor(DFL_F32, n, 10, 0), *b = malloc(n * 4);
+    memcpy(b, a, n * 4);
+    dfl_diff_job j = {a, b, DFL_F32, DFL_F32, n};
+    dfl_diff_result r;
+    dfl_err e;
+    T_CHECK(dfl_diff_many(&j, 1, 2, &r, &e) == 0 && r.ndiff == 0 && r.first == DFL_SCAN_NONE &&
+                r.max_abs == 0 && r.max_rel == 0, "identical");
+    b[DFL_SCAN_CHUNK + 3] = a[DFL_SCAN_CHUNK + 3] + 0.5f;
+    b[7] = -0.0f;
+    a[7] = 0.0f;                   /* -0 equals +0 */
+    a[9] = b[9] = NAN;             /* NaN equals NaN */
+    dfl_diff_many(&j, 1, 0, &r, &e);
+    T_EQ_INT(r.ndiff, 1, "one difference");
+    T_EQ_INT(r.first, DFL_SCAN_CHUNK + 3, "first difference");
+    T_NEAR(r.max_abs, fabsf(b[DFL_SCAN_CHUNK + 3] - a[DFL_SCAN_CHUNK + 3]), 1e-6, "max_abs");
+    b[2] = NAN;
+    dfl_diff_many(&j, 1, 1, &r, &e);
+    T_CHECK(r.ndiff == 2 && r.first == 2 && isinf(r.max_abs) && isinf(r.max_rel), "NaN against a number");
+    /* mixed dtypes compare values */
+    uint16_t h[3] = {dfl_f32_to_bf16(1.5f), dfl_f32_to_bf16(-2.0f), dfl_f32_to_bf16(3.0f)};
+    float f[3] = {1.5f, -2.0f, 3.5f};
+    dfl_diff_job m = {h, f, DFL_BF16, DFL_F32, 3};
+    dfl_diff_many(&m, 1, 1, &r, &e);
+    T_CHECK(r.ndiff == 1 && r.first == 2, "mixed dtypes");
+    T_NEAR(r.max_abs, 0.5, 0, "mixed max_abs");
+    T_NEAR(r.max_rel, 0.5 / 3.5, 1e-15, "mixed max_rel");
+    free(a);
+    free(b);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -327,5 +370,6 @@ int main(int argc, char **argv)
     T_RUN(test_all_patterns);
     T_RUN(test_stats);
     T_RUN(test_many);
+    T_RUN(test_diff);
     return t_done();
 }
