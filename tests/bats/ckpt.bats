@@ -448,3 +448,22 @@ rejects() {
     assert_line "$TORCH/real/state_dict_p4.pt: nan: 2 non-finite (1 NaN, 1 +Inf, 0 -Inf), first at flat index 3"
     [ "${#lines[@]}" -eq 2 ]
 }
+
+@test "a sharded model directory: every shard is scanned, each tensor from its own file" {
+    mkdir m
+    gen st m/model-00001-of-00002.safetensors f32 2 1000
+    gen stream s.dfl 1 bf16 batch0.layer9:17:inf
+    dfl-ckpt --to-safetensors m/model-00002-of-00002.safetensors s.dfl
+    {
+        echo '{"metadata": {}, "weight_map": {'
+        echo '"t0": "model-00001-of-00002.safetensors", "t1": "model-00001-of-00002.safetensors",'
+        for f in input_ids seq_lens loss_mask layer1 layer9; do
+            echo "\"batch0.$f\": \"model-00002-of-00002.safetensors\","
+        done
+        echo '"batch0.layer17": "model-00002-of-00002.safetensors"}}'
+    } > m/model.safetensors.index.json
+    run -2 --separate-stderr dfl-ckpt --check-nan m
+    assert_output "m: batch0.layer9: 1 non-finite (0 NaN, 1 +Inf, 0 -Inf), first at flat index 17"
+    run -0 --separate-stderr dfl-ckpt m
+    [ "${#lines[@]}" -eq 9 ]
+}
