@@ -138,7 +138,9 @@ static const dfl_be_ops cpu_ops = {
     .dflash_attn_bwd = dfl_cpu_dflash_attn_bwd,
     .lmce = dfl_cpu_lmce,
     .sumsq = dfl_cpu_sumsq,
+    .clip_scale = dfl_cpu_clip_scale,
     .adamw = dfl_cpu_adamw,
+    .uniform_noise = dfl_cpu_uniform_noise,
 };
 
 int dfl_be_cpu_open(dfl_be **out, int threads, dfl_err *e)
