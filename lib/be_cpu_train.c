@@ -9,6 +9,11 @@
 
 #include "be_cpu.h"
 
+/* Run a loop on several threads only when it has enough work to pay for waking them (many
+ * small ops in a row otherwise spend more time in barriers than in arithmetic, badly so on a
+ * loaded machine). */
+#define PAR(work) ((int64_t)(work) >= ((int64_t)1 << 16))
+
 #define ATTN_TILE 64     /* keys per tile in the attention ops (stack scratch) */
 #define MAX_HEAD_DIM 512
 
@@ -33,7 +38,7 @@ int dfl_cpu_rmsnorm_bwd(dfl_be *be, void *dxv, float *dw, const void *dyv, const
     if (dw) {
         const int64_t cb = 16;
         int64_t nb = (n + cb - 1) / cb;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR(R * n))
         for (int64_t b = 0; b < nb; b++) {
             double acc[16] = {0};
             int64_t i0 = b * cb, i1 = i0 + cb < n ? i0 + cb : n;
@@ -48,7 +53,7 @@ int dfl_cpu_rmsnorm_bwd(dfl_be *be, void *dxv, float *dw, const void *dyv, const
         }
     }
     /* dx = rstd * (w*dy - xhat * mean(w*dy*xhat)), xhat = x*rstd */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR(R * n))
     for (int64_t r = 0; r < R; r++) {
         const float *dyr = dy + r * n, *xr = x + r * n;
         float *dxr = dx + r * n;
@@ -89,7 +94,7 @@ int dfl_cpu_qknorm_rope_bwd(dfl_be *be, void *dxv, int64_t ld, float *dw, const 
      * g[i] = dx[i] c + dx[i+half] s, g[i+half] = -dx[i] s + dx[i+half] c. */
     if (w && dw) {
         /* dw[i] += sum over rows and heads of g[i] * xhat[i]; one thread per column */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR(R * heads * d))
         for (int i = 0; i < d; i++) {
             int i1 = i < half ? i : i - half;
             double acc = 0;
@@ -107,7 +112,7 @@ int dfl_cpu_qknorm_rope_bwd(dfl_be *be, void *dxv, int64_t ld, float *dw, const 
             dw[i] += (float)acc;
         }
     }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR(R * heads * d))
     for (int64_t r = 0; r < R; r++) {
         float c[MAX_HEAD_DIM / 2], s[MAX_HEAD_DIM / 2], g[MAX_HEAD_DIM];
         for (int i = 0; i < half; i++) {
@@ -145,7 +150,7 @@ int dfl_cpu_swiglu_bwd(dfl_be *be, void *dguv, const void *doutv, const void *gu
     float *dgu = dguv;          /* [R, 2I] */
     const float *dout = doutv;  /* [R, I] */
     const float *gu = guv;      /* [R, 2I] */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR(R * I))
     for (int64_t r = 0; r < R; r++) {
         const float *g = gu + r * 2 * I, *u = g + I, *dr = dout + r * I;
         float *dg = dgu + r * 2 * I, *du = dg + I;
@@ -185,7 +190,7 @@ int dfl_cpu_dflash_attn(dfl_be *be, const dfl_dflash_attn *a)
     const int64_t ldq = (int64_t)nh * d, ldk = (int64_t)a->n_kv * d;
     if (d > MAX_HEAD_DIM)
         return DFL_EUNSUP;
-#pragma omp parallel for schedule(dynamic, 1) collapse(2)
+#pragma omp parallel for schedule(dynamic, 1) collapse(2) if (PAR(a->n_blocks * (int64_t)nh * bs * (a->max_anchor + bs) * d))
     for (int64_t b = 0; b < a->n_blocks; b++) {
         for (int h = 0; h < nh; h++) {
             const int32_t cs = a->ctx_start[b], an = a->anchor[b];
@@ -264,7 +269,7 @@ int dfl_cpu_dflash_attn_bwd(dfl_be *be, const dfl_dflash_attn *a)
         return DFL_EUNSUP;
 
     /* pass 1 */
-#pragma omp parallel for schedule(dynamic, 1) collapse(2)
+#pragma omp parallel for schedule(dynamic, 1) collapse(2) if (PAR(a->n_blocks * (int64_t)nh * bs * (a->max_anchor + bs) * d))
     for (int64_t b = 0; b < a->n_blocks; b++) {
         for (int g = 0; g < nkv; g++) {
             const int32_t cs = a->ctx_start[b], an = a->anchor[b];
@@ -310,7 +315,7 @@ int dfl_cpu_dflash_attn_bwd(dfl_be *be, const dfl_dflash_attn *a)
     }
 
     /* pass 2 */
-#pragma omp parallel for schedule(dynamic, 4) collapse(2)
+#pragma omp parallel for schedule(dynamic, 4) collapse(2) if (PAR(a->T_ctx * (int64_t)nh * bs * d))
     for (int64_t c = 0; c < a->T_ctx; c++) {
         for (int g = 0; g < nkv; g++) {
             const int64_t koff = (int64_t)g * d;
@@ -364,7 +369,7 @@ int dfl_cpu_lmce(dfl_be *be, const dfl_lmce *a)
         int rc = be->ops->matmul(be, &mm);
         if (rc)
             return rc;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR(nr * V))
         for (int64_t r = 0; r < nr; r++) {
             float *lr = logits + r * V;
             const int64_t q = r0 + r;
@@ -443,7 +448,7 @@ int dfl_cpu_sumsq(dfl_be *be, double *out, const float *x, int64_t n)
     if (cs < 4096)
         cs = 4096;
     int64_t nc = (n + cs - 1) / cs;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR(n))
     for (int64_t c = 0; c < nc; c++) {
         int64_t i0 = c * cs, i1 = i0 + cs < n ? i0 + cs : n;
         double s = 0;
@@ -489,7 +494,7 @@ int dfl_cpu_adamw(dfl_be *be, const dfl_adamw *a)
     const float b1w = 1.0f - a->beta1, b2 = a->beta2, b2w = 1.0f - a->beta2, eps = a->eps;
     float *p = a->p, *m = a->m, *v = a->v;
     const float *g = a->g;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR(a->n))
     for (int64_t i = 0; i < a->n; i++) {
         float gi = g[i] * gs;
         float pi = p[i] * decay;
@@ -509,7 +514,7 @@ int dfl_cpu_adamw(dfl_be *be, const dfl_adamw *a)
 int dfl_cpu_uniform_noise(dfl_be *be, void *xv, int64_t n, float amp, uint64_t seed)
 {
     float *x = xv;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR(n))
     for (int64_t i = 0; i < n; i++)
         x[i] += amp * (2.0f * dfl_noise_u01(seed, (uint64_t)i) - 1.0f);
     return 0;

@@ -145,6 +145,9 @@ int dfl_draft_config_check(const dfl_draft_config *c, dfl_err *e)
 static int json_i(const json_t *j, const char *k, int64_t lo, int64_t hi, int64_t *out,
                   const char *what, dfl_err *e)
 {
+    const json_t *x = json_object_get(j, k);
+    if (!x || json_is_null(x))
+        return DFL_OK;
     int64_t v = *out;
     int rc = dfl_json_int(j, k, false, &v, what, e);
     if (rc)
