@@ -139,6 +139,7 @@ static const dfl_be_ops cpu_ops = {
     .lmce = dfl_cpu_lmce,
     .sumsq = dfl_cpu_sumsq,
     .clip_scale = dfl_cpu_clip_scale,
+    .block_metrics = dfl_cpu_block_metrics,
     .adamw = dfl_cpu_adamw,
     .uniform_noise = dfl_cpu_uniform_noise,
 };
