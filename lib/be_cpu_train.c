@@ -481,6 +481,27 @@ int dfl_cpu_clip_scale(dfl_be *be, float *out, int32_t *skip, const double *sums
     return 0;
 }
 
+int dfl_cpu_block_metrics(dfl_be *be, double *out, const uint8_t *correct, const float *weight,
+                          int64_t n_blocks, int bs)
+{
+    for (int64_t b = 0; b < n_blocks; b++) {
+        const float *w = weight + b * bs;
+        const uint8_t *ok = correct + b * bs;
+        for (int j = 0; j < bs; j++) {
+            out[j] += w[j] > 0;
+            out[bs + j] += ok[j];
+        }
+        if (bs > 1 && w[1] > 0) {
+            int n = 0;
+            while (n + 1 < bs && ok[n + 1])
+                n++;
+            out[2 * bs] += 1 + n;
+            out[2 * bs + 1] += 1;
+        }
+    }
+    return 0;
+}
+
 int dfl_cpu_adamw(dfl_be *be, const dfl_adamw *a)
 {
     if (a->skip && *a->skip)
