@@ -72,12 +72,6 @@ int dfl_cpu_rmsnorm_bwd(dfl_be *be, void *dxv, float *dw, const void *dyv, const
 
 /* ---- per-head RMSNorm + RoPE backward ------------------------------------------------------ */
 
-static void rope_inv_freq(float *inv, int d, float theta)
-{
-    for (int i = 0; i < d / 2; i++)
-        inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)d);
-}
-
 int dfl_cpu_qknorm_rope_bwd(dfl_be *be, void *dxv, int64_t ld, float *dw, const void *x_inv,
                             const void *wv, const float *rstd, const int32_t *pos, int64_t R,
                             int heads, int d, float eps, float theta)
@@ -88,7 +82,7 @@ int dfl_cpu_qknorm_rope_bwd(dfl_be *be, void *dxv, int64_t ld, float *dw, const 
     if (d > MAX_HEAD_DIM || d % 2)
         return DFL_EUNSUP;
     float inv[MAX_HEAD_DIM / 2];
-    rope_inv_freq(inv, d, theta);
+    dfl_rope_inv_freq(inv, d, theta, be->rope_dtype);   /* exactly the forward's */
     const int half = d / 2;
     /* The gradient of the norm's output (before RoPE) is the inverse rotation of dx:
      * g[i] = dx[i] c + dx[i+half] s, g[i+half] = -dx[i] s + dx[i+half] c. */

@@ -144,10 +144,10 @@ static void qk_fwd(const qk_ctx *c, double *out)
             for (int i = 0; i < c->d; i++)
                 y[i] = (c->w ? c->w[i] : 1) * v[i] * s;
             double *o = out + r * c->ld + (int64_t)h * c->d;
+            float inv[32];
+            dfl_rope_inv_freq(inv, c->d, (float)c->theta, be->rope_dtype);
             for (int i = 0; i < half; i++) {
-                /* angles as the f32 op computes them */
-                float inv = 1.0f / powf((float)c->theta, (float)(2 * i) / (float)c->d);
-                float ang = (float)c->pos[r] * inv;
+                float ang = (float)c->pos[r] * inv[i];   /* angles as the f32 op computes them */
                 double co = cosf(ang), si = sinf(ang);
                 o[i] = y[i] * co - y[i + half] * si;
                 o[i + half] = y[i + half] * co + y[i] * si;
@@ -223,6 +223,9 @@ static void test_qknorm_rope_bwd(void)
     qk_case(true, true);
     qk_case(true, false);
     qk_case(false, false);
+    be->rope_dtype = DFL_BF16;   /* inverse frequencies rounded as for a bf16 target */
+    qk_case(true, true);
+    be->rope_dtype = DFL_DT_INVALID;
 }
 
 /* ---- swiglu --------------------------------------------------------------------------------- */
