@@ -285,8 +285,9 @@ losses() { grep -o '"loss":[^,]*' "$1"; }
                 for (i = 0; i < 24; i++) { line = line (i ? " " : "") (i < 2 ? "!" : "") t; t = (5 * t + 3) % 63 }
                 print line } } }' | "$DFL_TOOLS/mktokens" --vocab 64 -o "$T/tok.dfl"
     dfl-target --model "$TGT" --layers 1,2 "$T/tok.dfl" > "$T/hs.dfl"
-    run dfl-draft "${A[@]}" --out "$T/r" --epochs 20 --lr 3e-3 --log-every 20 --save-every 0 "$T/hs.dfl"
+    run dfl-draft "${A[@]}" --out "$T/r" --epochs 20 --lr 1e-2 --log-every 20 --save-every 0 "$T/hs.dfl"
     [ "$status" -eq 0 ]
     last=$(tail -1 "$T/r/metrics.jsonl" | grep -o '"tau":[0-9.]*' | cut -d: -f2)
-    awk -v b="$last" 'BEGIN { exit !(b > 2.0) }'
+    # chance is tau ~ 1.02; 160 steps reach about 4.5 (threshold 3)
+    awk -v b="$last" 'BEGIN { exit !(b > 3.0) }'
 }
