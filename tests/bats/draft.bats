@@ -291,3 +291,13 @@ losses() { grep -o '"loss":[^,]*' "$1"; }
     # chance is tau ~ 1.02; 160 steps reach about 4.5 (threshold 3)
     awk -v b="$last" 'BEGIN { exit !(b > 3.0) }'
 }
+
+@test "--noise-std perturbs the features, the same way for the same seed" {
+    data "$T/a.dfl"
+    dfl-draft "${A[@]}" --out "$T/n1" --noise-std 0.5 "$T/a.dfl"
+    dfl-draft "${A[@]}" --out "$T/n2" --noise-std 0.5 "$T/a.dfl"
+    dfl-draft "${A[@]}" --out "$T/n0" "$T/a.dfl"
+    cmp "$T/n1/latest/optimizer.safetensors" "$T/n2/latest/optimizer.safetensors"
+    ! cmp -s "$T/n1/latest/optimizer.safetensors" "$T/n0/latest/optimizer.safetensors"
+    run -1 dfl-draft "${A[@]}" --out "$T/n3" --noise-std -1 "$T/a.dfl"
+}
