@@ -643,6 +643,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < nt; i++)
         free(mm_[i]), free(vv_[i]);
     free(mm_), free(vv_);
+    free(p.lens), free(p.nanch), free(p.ids), free(p.mask), free(p.hidden), free(p.bseq);
+    free(p.banchor);
     dfl_draft_close(m);
     dfl_be_close(be);
     dfl_st_close(f);
