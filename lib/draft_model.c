@@ -352,6 +352,12 @@ int dfl_draft_open(dfl_draft **out, dfl_be *be, const dfl_draft_config *c, dfl_e
     int rc = dfl_draft_config_check(c, e);
     if (rc)
         return rc;
+    const dfl_be_ops *o = be->ops;
+    if (!o->rmsnorm_bwd || !o->qknorm_rope_bwd || !o->swiglu_bwd || !o->dflash_attn ||
+        !o->dflash_attn_bwd || !o->lmce || !o->sumsq || !o->clip_scale || !o->block_metrics ||
+        !o->adamw || !o->uniform_noise)
+        return dfl_fail(e, DFL_EUNSUP, "the %s backend has no drafter training ops yet (use "
+                        "--device cpu)", be->name);
     dfl_draft *m = calloc(1, sizeof *m);
     if (!m)
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
