@@ -6,6 +6,10 @@
 
 #include "backend.h"
 
+/* Run a loop on several threads only when it has enough work: on small shapes spinning up (and
+ * spinning) OpenMP threads costs more than the work itself. */
+#define PAR(work) ((int64_t)(work) >= ((int64_t)1 << 16))
+
 /* be_cpu_ops.c */
 int dfl_cpu_embedding(dfl_be *be, void *out, const int32_t *ids, const void *E, int64_t T, int64_t H);
 int dfl_cpu_rmsnorm(dfl_be *be, void *y, float *rstd, const void *x, const void *w, int64_t R,

@@ -12,7 +12,6 @@
 /* Run a loop on several threads only when it has enough work to pay for waking them (many
  * small ops in a row otherwise spend more time in barriers than in arithmetic, badly so on a
  * loaded machine). */
-#define PAR(work) ((int64_t)(work) >= ((int64_t)1 << 16))
 
 #define ATTN_TILE 64     /* keys per tile in the attention ops (stack scratch) */
 #define MAX_HEAD_DIM 512
