@@ -397,7 +397,7 @@ struct dfl_bucket_run {
     uint32_t len_min, len_max;
     bool planned;
     /* timing and progress */
-    double t0, t_scan, t_write, t_last;
+    double t0, t_scan, t_plan, t_write, t_last;
     uint64_t out_bytes;
 };
 
@@ -824,13 +824,24 @@ static void chunk_scan(const dfl_bucket_run *r, bk_chunk *c, dfl_sample *s)
 {
     const char *p = c->data, *end = c->data + c->size;
     while (p < end) {
-        const char *nl = memchr(p, '\n', (size_t)(end - p));
-        const char *le = nl ? nl : end;
+        const char *le;
+        bool blank = false;
+        dfl_err e;
+        int rc = dfl_sample_parse_fast_eol(s, p, end, &le);
+        if (rc == 1) {
+            rc = DFL_OK;
+        } else if (rc < 0) {
+            rc = dfl_fail(&e, DFL_ENOMEM, "out of memory");
+            le = end;
+        } else { /* declined: find the line, and let the full parser decide */
+            le = memchr(p, '\n', (size_t)(end - p));
+            if (!le)
+                le = end;
+            rc = dfl_sample_parse(s, p, (size_t)(le - p), &blank, &e);
+        }
+        const char *nl = le < end ? le : NULL;
         size_t len = (size_t)(le - p);
         c->lines++;
-        bool blank;
-        dfl_err e;
-        int rc = dfl_sample_parse(s, p, len, &blank, &e);
         if (rc == DFL_OK && !blank && r->o.vocab_size)
             rc = check_vocab(s, r->o.vocab_size, &e);
         if (rc == DFL_OK && !blank && !chunk_keep(r, c, s, p, len))
@@ -1385,6 +1396,7 @@ int dfl_bucket_plan(dfl_bucket_run *r, dfl_err *e)
         free(fill);
     }
     r->planned = true;
+    r->t_plan = dfl_now();
 out:
     free(lens);
     free(order);
@@ -1838,6 +1850,8 @@ int dfl_bucket_write(dfl_bucket_run *r, dfl_err *e)
         return rc;
     r->complete = true;
     r->t_write = dfl_now();
+    dfl_verbose("timing: read %.2f s, plan %.2f s, write %.2f s", r->t_scan - r->t0, r->t_plan - r->t_scan,
+                r->t_write - r->t_plan);
     return DFL_OK;
 }
 

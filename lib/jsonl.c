@@ -84,7 +84,9 @@ typedef struct key_span {
     size_t n;
 } key_span;
 
-static inline bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+/* JSON whitespace except '\n': a line never holds one, so the scanner can run on a buffer of many
+ * lines and stop at the end of the first. */
+static inline bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\r'; }
 static inline bool is_digit(char c) { return (unsigned char)(c - '0') < 10; }
 
 static inline const char *ws(const char *p, const char *end)
@@ -545,9 +547,9 @@ static inline bool key_is(const key_span *k, const char *name, size_t n)
     return k->n == n && memcmp(k->p, name, n) == 0;
 }
 
-int dfl_sample_parse_fast(dfl_sample *s, const char *line, size_t n)
+int dfl_sample_parse_fast_eol(dfl_sample *s, const char *line, const char *end, const char **eol)
 {
-    const char *p = line, *end = line + n;
+    const char *p = line;
     s->has_ids = s->has_mask = s->has_lab = false;
     s->n = s->n_mask = s->n_lab = 0;
     p = ws(p, end);
@@ -600,12 +602,21 @@ int dfl_sample_parse_fast(dfl_sample *s, const char *line, size_t n)
         }
         return 0;
     }
-    if (ws(p, end) != end || !s->has_ids)
+    p = ws(p, end);
+    if ((p != end && *p != '\n') || !s->has_ids)
         return 0;
     int rc = finish(s, NULL);
     if (rc == DFL_ENOMEM)
         return -1;
+    *eol = p;
     return rc == DFL_OK ? 1 : 0;
+}
+
+int dfl_sample_parse_fast(dfl_sample *s, const char *line, size_t n)
+{
+    const char *eol;
+    int r = dfl_sample_parse_fast_eol(s, line, line + n, &eol);
+    return r == 1 && eol != line + n ? 0 : r; /* a '\n' inside: not one line */
 }
 
 /* ---- the jansson path ---- */
@@ -756,7 +767,10 @@ int dfl_sample_parse(dfl_sample *s, const char *line, size_t n, bool *blank, dfl
         return DFL_OK;
     if (r < 0)
         return dfl_fail(e, DFL_ENOMEM, "out of memory for a sample");
-    if (ws(line, line + n) == line + n) {
+    const char *q = line;
+    while (q < line + n && (is_ws(*q) || *q == '\n'))
+        q++;
+    if (q == line + n) {
         *blank = true;
         return DFL_OK;
     }

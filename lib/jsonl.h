@@ -56,6 +56,9 @@ int dfl_sample_parse(dfl_sample *s, const char *line, size_t n, bool *blank, dfl
  * when out of memory. dfl_sample_parse_json is the jansson path. */
 int dfl_sample_parse_fast(dfl_sample *s, const char *line, size_t n);
 int dfl_sample_parse_json(dfl_sample *s, const char *line, size_t n, dfl_err *e);
+/* The fast path on the line that starts at `line` and ends at the first '\n' or at `end`, so that
+ * a caller need not find the line end first: on success (1) *eol is that end. */
+int dfl_sample_parse_fast_eol(dfl_sample *s, const char *line, const char *end, const char **eol);
 
 /* ---- inputs ---- */
 
