@@ -203,6 +203,8 @@ int main(int argc, char **argv)
     }
     dfl_bucket_close(r);
     free(bounds);
+    if (rc && stop_flag) /* a signal can also surface as a failed read */
+        dfl_fail(&e, DFL_EINTR, "interrupted");
     if (rc)
         return dfl_cli_report(&e);
     return 0;

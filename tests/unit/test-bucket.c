@@ -294,6 +294,247 @@ static void test_mutations(void)
     T_CHECK(agree_fast * 10 >= total * 8, "fast path took %d of %d good mutations", agree_fast, total);
 }
 
+/* ---- planning ---- */
+
+static void test_rng(void)
+{
+    /* xoshiro256** seeded through splitmix64, as published (values from an independent
+     * implementation) */
+    static const uint64_t want0[] = {0x99ec5f36cb75f2b4ull, 0xbf6e1f784956452aull, 0x1a5f849d4933e6e0ull};
+    static const uint64_t want42[] = {0x15780b2e0c2ec716ull, 0x6104d9866d113a7eull, 0xae17533239e499a1ull};
+    dfl_rng r;
+    dfl_rng_seed(&r, 0);
+    for (int i = 0; i < 3; i++)
+        T_CHECK(dfl_rng_next(&r) == want0[i], "seed 0 draw %d", i);
+    dfl_rng_seed(&r, 42);
+    for (int i = 0; i < 3; i++)
+        T_CHECK(dfl_rng_next(&r) == want42[i], "seed 42 draw %d", i);
+    static const uint64_t ns[] = {1, 2, 3, 7, 1000, (1ull << 63) + 1, UINT64_MAX};
+    for (size_t k = 0; k < DFL_ARRAY_LEN(ns); k++)
+        for (int i = 0; i < 1000; i++) {
+            uint64_t v = dfl_rng_below(&r, ns[k]);
+            if (v >= ns[k]) {
+                T_CHECK(v < ns[k], "below(%llu) gave %llu", (unsigned long long)ns[k], (unsigned long long)v);
+                break;
+            }
+        }
+    /* a shuffle is a permutation, the same for the same seed, different for another */
+    uint32_t a[100], b[100], c[100];
+    for (int i = 0; i < 100; i++)
+        a[i] = b[i] = c[i] = (uint32_t)i;
+    dfl_rng_seed(&r, 7);
+    dfl_rng_shuffle_u32(&r, a, 100);
+    dfl_rng_seed(&r, 7);
+    dfl_rng_shuffle_u32(&r, b, 100);
+    dfl_rng_seed(&r, 8);
+    dfl_rng_shuffle_u32(&r, c, 100);
+    T_CHECK(memcmp(a, b, sizeof a) == 0, "same seed, same shuffle");
+    T_CHECK(memcmp(a, c, sizeof a) != 0, "another seed, another shuffle");
+    int seen[100] = {0}, moved = 0;
+    for (int i = 0; i < 100; i++) {
+        seen[a[i]]++;
+        moved += a[i] != (uint32_t)i;
+    }
+    for (int i = 0; i < 100; i++)
+        T_CHECK(seen[i] == 1, "value %d appears %d times", i, seen[i]);
+    T_CHECK(moved > 80, "only %d of 100 moved", moved);
+}
+
+static void test_spec(void)
+{
+    dfl_err e;
+    uint32_t *b, k;
+    size_t n;
+    T_CHECK(dfl_bucket_parse_spec("512,1024,2048", &b, &n, &k, &e) == 0 && n == 3 && k == 0 && b[0] == 512 &&
+                b[2] == 2048, "list");
+    free(b);
+    T_CHECK(dfl_bucket_parse_spec("auto:6", &b, &n, &k, &e) == 0 && k == 6 && !b, "auto");
+    T_CHECK(dfl_bucket_parse_spec("1024,512", &b, &n, &k, &e) == DFL_EUSAGE && strstr(e.msg, "increase"),
+            "decreasing: %s", e.msg);
+    T_CHECK(dfl_bucket_parse_spec("512,512", &b, &n, &k, &e) == DFL_EUSAGE, "equal");
+    T_CHECK(dfl_bucket_parse_spec("0,512", &b, &n, &k, &e) == DFL_EUSAGE, "zero");
+    T_CHECK(dfl_bucket_parse_spec("auto:0", &b, &n, &k, &e) == DFL_EUSAGE, "auto:0");
+    T_CHECK(dfl_bucket_parse_spec("auto:x", &b, &n, &k, &e) == DFL_EUSAGE, "auto:x");
+    T_CHECK(dfl_bucket_parse_spec("big", &b, &n, &k, &e) == DFL_EUSAGE, "words");
+}
+
+static void test_auto_bounds(void)
+{
+    dfl_err e;
+    uint32_t lens[100], bounds[8];
+    size_t nb;
+    for (int i = 0; i < 100; i++)
+        lens[i] = (uint32_t)((i * 37) % 100 + 1); /* 1..100 in a scrambled order */
+    T_CHECK(dfl_bucket_auto_bounds(lens, 100, 4, bounds, &nb, &e) == 0 && nb == 4 && bounds[0] == 25 &&
+                bounds[1] == 50 && bounds[2] == 75 && bounds[3] == 100, "quartiles of 1..100: %zu", nb);
+    T_CHECK(dfl_bucket_auto_bounds(lens, 100, 3, bounds, &nb, &e) == 0 && nb == 3 && bounds[0] == 34 &&
+                bounds[1] == 67 && bounds[2] == 100, "thirds of 1..100 (ceil(j*100/3)): %u %u %u", bounds[0],
+            bounds[1], bounds[2]);
+    for (int i = 0; i < 10; i++)
+        lens[i] = 7;
+    T_CHECK(dfl_bucket_auto_bounds(lens, 10, 3, bounds, &nb, &e) == 0 && nb == 1 && bounds[0] == 7,
+            "equal lengths collapse");
+    lens[0] = 9;
+    lens[1] = 3;
+    T_CHECK(dfl_bucket_auto_bounds(lens, 2, 5, bounds, &nb, &e) == 0 && nb == 2 && bounds[0] == 3 &&
+                bounds[1] == 9, "more buckets than samples");
+    T_CHECK(dfl_bucket_auto_bounds(lens, 0, 5, bounds, &nb, &e) != 0, "no lengths");
+    static const uint32_t b2[] = {512, 1024};
+    T_EQ_INT(dfl_bucket_find(b2, 2, 1), 0, "1");
+    T_EQ_INT(dfl_bucket_find(b2, 2, 512), 0, "512");
+    T_EQ_INT(dfl_bucket_find(b2, 2, 513), 1, "513");
+    T_EQ_INT(dfl_bucket_find(b2, 2, 1024), 1, "1024");
+    T_EQ_INT(dfl_bucket_find(b2, 2, 1025), 2, "1025");
+}
+
+typedef struct packed {
+    dfl_bk_batch *b;
+    size_t nb, cb;
+    uint32_t *m;
+    size_t nm, cm;
+} packed;
+
+static void pack_free(packed *p)
+{
+    free(p->b);
+    free(p->m);
+    memset(p, 0, sizeof *p);
+}
+
+static void test_pack_rules(void)
+{
+    dfl_err e;
+    packed p = {0};
+    /* first fit: 6 opens a batch, 5 does not fit it, 4 fills it (room 0 < min_len 1: closed),
+     * 3 joins 5 */
+    uint32_t lens[] = {6, 5, 4, 3};
+    uint32_t order[] = {0, 1, 2, 3};
+    T_CHECK(dfl_bucket_pack(order, 4, lens, 1, 10, 3, &p.b, &p.nb, &p.cb, &p.m, &p.nm, &p.cm, &e) == 0, "pack");
+    T_EQ_INT(p.nb, 2, "batches");
+    if (p.nb == 2) {
+        T_CHECK(p.b[0].n_seqs == 2 && p.m[p.b[0].first] == 0 && p.m[p.b[0].first + 1] == 2 &&
+                    p.b[0].n_tokens == 10 && p.b[0].max_len == 6 && p.b[0].bucket == 3, "first batch: 0 and 2");
+        T_CHECK(p.b[1].n_seqs == 2 && p.m[p.b[1].first] == 1 && p.m[p.b[1].first + 1] == 3 &&
+                    p.b[1].n_tokens == 8, "second batch: 1 and 3");
+    }
+    pack_free(&p);
+    /* room below the bucket's shortest length closes a batch: bucket (5, 10], budget 12 */
+    uint32_t l2[] = {7, 6, 8};
+    T_CHECK(dfl_bucket_pack(order, 3, l2, 6, 12, 0, &p.b, &p.nb, &p.cb, &p.m, &p.nm, &p.cm, &e) == 0, "pack");
+    /* 7 leaves room 5 < 6: closed at once; 6 stays open (room 6); 8 does not fit it and leaves
+     * room 4: closed at once; 6 is closed at the end */
+    T_EQ_INT(p.nb, 3, "three batches");
+    if (p.nb == 3)
+        T_CHECK(p.m[p.b[0].first] == 0 && p.m[p.b[1].first] == 2 && p.m[p.b[2].first] == 1,
+                "closing order 0, 2, 1");
+    pack_free(&p);
+    /* at most DFL_BUCKET_OPEN open batches: the oldest is closed first */
+    uint32_t l3[20], o3[20];
+    for (int i = 0; i < 20; i++) {
+        l3[i] = 6;
+        o3[i] = (uint32_t)i;
+    }
+    T_CHECK(dfl_bucket_pack(o3, 20, l3, 1, 10, 0, &p.b, &p.nb, &p.cb, &p.m, &p.nm, &p.cm, &e) == 0, "pack");
+    T_EQ_INT(p.nb, 20, "one each");
+    for (size_t i = 0; i < p.nb; i++)
+        T_CHECK(p.m[p.b[i].first] == i, "batch %zu holds %u", i, p.m[p.b[i].first]);
+    pack_free(&p);
+    /* longer than the budget: a batch of its own, right away */
+    uint32_t l4[] = {3, 25, 3};
+    T_CHECK(dfl_bucket_pack(order, 3, l4, 1, 10, 0, &p.b, &p.nb, &p.cb, &p.m, &p.nm, &p.cm, &e) == 0, "pack");
+    T_CHECK(p.nb == 2 && p.b[0].n_seqs == 1 && p.b[0].n_tokens == 25 && p.b[1].n_seqs == 2 &&
+                p.b[1].n_tokens == 6, "oversize alone");
+    pack_free(&p);
+}
+
+/* Random buckets: every sample exactly once, budgets kept, shapes right. */
+static void test_pack_random(void)
+{
+    dfl_err e;
+    dfl_rng r;
+    dfl_rng_seed(&r, 99);
+    for (int it = 0; it < 50; it++) {
+        size_t n = 1 + (size_t)dfl_rng_below(&r, 2000);
+        uint32_t lo = 1 + (uint32_t)dfl_rng_below(&r, 500), hi = lo + (uint32_t)dfl_rng_below(&r, 2000);
+        uint64_t budget = 1 + dfl_rng_below(&r, 8192);
+        uint32_t *lens = malloc(n * 4), *order = malloc(n * 4);
+        int *seen = calloc(n, sizeof *seen);
+        for (size_t i = 0; i < n; i++) {
+            lens[i] = lo + (uint32_t)dfl_rng_below(&r, hi - lo + 1);
+            order[i] = (uint32_t)i;
+        }
+        dfl_rng_shuffle_u32(&r, order, n);
+        packed p = {0};
+        T_CHECK(dfl_bucket_pack(order, n, lens, lo, budget, 1, &p.b, &p.nb, &p.cb, &p.m, &p.nm, &p.cm, &e) == 0,
+                "pack");
+        T_EQ_INT(p.nm, n, "members");
+        size_t next = 0;
+        for (size_t b = 0; b < p.nb; b++) {
+            const dfl_bk_batch *bt = &p.b[b];
+            T_CHECK(bt->first == next && bt->n_seqs >= 1, "batch %zu layout", b);
+            next += bt->n_seqs;
+            uint64_t tok = 0;
+            uint32_t mx = 0;
+            for (uint32_t k = 0; k < bt->n_seqs; k++) {
+                uint32_t s = p.m[bt->first + k];
+                seen[s]++;
+                tok += lens[s];
+                mx = lens[s] > mx ? lens[s] : mx;
+            }
+            T_CHECK(tok == bt->n_tokens && mx == bt->max_len, "batch %zu totals", b);
+            T_CHECK(tok <= budget || bt->n_seqs == 1, "batch %zu: %llu tokens over %llu", b,
+                    (unsigned long long)tok, (unsigned long long)budget);
+        }
+        for (size_t i = 0; i < n; i++)
+            if (seen[i] != 1) {
+                T_CHECK(seen[i] == 1, "sample %zu packed %d times", i, seen[i]);
+                break;
+            }
+        pack_free(&p);
+        free(lens);
+        free(order);
+        free(seen);
+        if (t_case_failed_)
+            return;
+    }
+}
+
+/* Dealing matches the rule: each batch to the shard with the fewest tokens, ties lowest index. */
+static void test_deal(void)
+{
+    dfl_rng r;
+    dfl_rng_seed(&r, 5);
+    for (int it = 0; it < 200; it++) {
+        size_t n = (size_t)dfl_rng_below(&r, 300);
+        uint32_t shards = 1 + (uint32_t)dfl_rng_below(&r, 9);
+        dfl_bk_batch *b = calloc(n + 1, sizeof *b);
+        uint32_t *order = malloc((n + 1) * 4);
+        for (size_t i = 0; i < n; i++) {
+            b[i].n_tokens = 1 + dfl_rng_below(&r, it % 2 ? 4 : 20000); /* small values: many ties */
+            order[i] = (uint32_t)i;
+        }
+        dfl_rng_shuffle_u32(&r, order, n);
+        dfl_bucket_deal(b, order, n, shards);
+        uint64_t tok[16] = {0};
+        for (size_t i = 0; i < n; i++) {
+            const dfl_bk_batch *bt = &b[order[i]];
+            uint32_t best = 0;
+            for (uint32_t s = 1; s < shards; s++)
+                if (tok[s] < tok[best])
+                    best = s;
+            if (bt->shard != best) {
+                T_CHECK(bt->shard == best, "iteration %d, batch %zu: shard %u, expected %u", it, i, bt->shard, best);
+                break;
+            }
+            tok[best] += bt->n_tokens;
+        }
+        free(b);
+        free(order);
+        if (t_case_failed_)
+            return;
+    }
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -302,5 +543,11 @@ int main(int argc, char **argv)
     T_RUN(test_depth);
     T_RUN(test_messages);
     T_RUN(test_mutations);
+    T_RUN(test_rng);
+    T_RUN(test_spec);
+    T_RUN(test_auto_bounds);
+    T_RUN(test_pack_rules);
+    T_RUN(test_pack_random);
+    T_RUN(test_deal);
     return t_done();
 }
