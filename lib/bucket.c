@@ -1422,7 +1422,7 @@ char *dfl_bucket_report(const dfl_bucket_run *r)
     if (!f)
         return NULL;
     char a[16];
-    fprintf(f, "inputs: %zu (%zu files or members), %llu lines, %s\n", r->n_in, r->n_parts,
+    fprintf(f, "inputs: %zu (%zu files or archive members), %llu lines, %s\n", r->n_in, r->n_parts,
             (unsigned long long)r->lines, dfl_fmt_bytes((double)r->bytes, a, sizeof a));
     fprintf(f, "samples: %zu kept; %llu skipped (bad), %llu dropped (longer than %u), %llu dropped (no trained "
             "token), %llu truncated to %u, %llu blank lines\n", r->n_samples, (unsigned long long)r->skipped,
@@ -1479,11 +1479,11 @@ void dfl_bucket_summary(const dfl_bucket_run *r, char *buf, size_t n)
     double dt = (r->t_write > 0 ? r->t_write : r->t_scan) - r->t0;
     if (dt <= 0)
         dt = 1e-9;
-    snprintf(buf, n, "%zu samples, %llu tokens from %s in %.2f s (%s/s, %.0f samples/s) -> %zu batches in %u "
+    snprintf(buf, n, "%zu samples, %llu tokens from %s in %.2f s (%s/s, %.0f samples/s) -> %zu batch%s in %u "
              "shard%s; dropped %llu too long + %llu without a trained token, truncated %llu, skipped %llu",
              r->n_samples, (unsigned long long)r->tokens, dfl_fmt_bytes((double)r->bytes, a, sizeof a), dt,
              dfl_fmt_bytes((double)r->bytes / dt, b, sizeof b), (double)(r->n_samples + r->drop_long +
-             r->drop_masked) / dt, r->n_batches, r->o.shards, r->o.shards == 1 ? "" : "s",
+             r->drop_masked) / dt, r->n_batches, r->n_batches == 1 ? "" : "es", r->o.shards, r->o.shards == 1 ? "" : "s",
              (unsigned long long)r->drop_long, (unsigned long long)r->drop_masked,
              (unsigned long long)r->truncated, (unsigned long long)r->skipped);
 }
