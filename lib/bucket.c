@@ -563,7 +563,7 @@ int dfl_bucket_open(dfl_bucket_run **out, const dfl_bucket_opts *o, dfl_err *e)
     if (!r->in || !r->in_st)
         rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
     for (size_t i = 0; i < o->n_inputs && !rc; i++) {
-        rc = dfl_input_open(&r->in[i], o->inputs[i], e);
+        rc = dfl_input_open(&r->in[i], o->inputs[i], o->stop, e);
         if (!rc) {
             r->n_in = i + 1;
             r->total_size += dfl_input_size(r->in[i]);

@@ -6,6 +6,8 @@
 #include <archive_entry.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -792,7 +794,43 @@ struct dfl_input {
     struct archive *inner; /* decompressing reader over a compressed archive member, or NULL */
     bool inner_eof;
     dfl_map map;
+    bool regular;        /* a regular file (libarchive opens it, and may seek in it) */
+    int fd;              /* stdin, or a pipe or device named by path: read by fd_read */
+    uint8_t *rbuf;
+    volatile sig_atomic_t *stop;
 };
+
+#define RBUF_SIZE (1u << 20)
+
+/* libarchive's read callback for stdin, pipes and devices: waits with poll() so that a stop
+ * requested by a signal is seen even while no data comes (a plain read() would be restarted). */
+static la_ssize_t fd_read(struct archive *a, void *ctx, const void **buf)
+{
+    dfl_input *in = ctx;
+    for (;;) {
+        if (in->stop && *in->stop) {
+            archive_set_error(a, EINTR, "interrupted");
+            return -1;
+        }
+        struct pollfd pfd = {.fd = in->fd, .events = POLLIN};
+        int pr = poll(&pfd, 1, 200);
+        if (pr < 0 && errno != EINTR) {
+            archive_set_error(a, errno, "poll failed");
+            return -1;
+        }
+        if (pr <= 0)
+            continue;
+        ssize_t n = read(in->fd, in->rbuf, RBUF_SIZE);
+        if (n < 0) {
+            if (errno == EINTR || errno == EAGAIN)
+                continue;
+            archive_set_error(a, errno, "read failed");
+            return -1;
+        }
+        *buf = in->rbuf;
+        return (la_ssize_t)n;
+    }
+}
 
 /* Names in messages: bytes below 0x20 and DEL become '?'. */
 static char *sanitize(const char *s)
@@ -838,13 +876,15 @@ static bool compressed_name(const char *name)
     return false;
 }
 
-int dfl_input_open(dfl_input **out, const char *path, dfl_err *e)
+int dfl_input_open(dfl_input **out, const char *path, volatile sig_atomic_t *stop, dfl_err *e)
 {
     *out = NULL;
     dfl_input *in = calloc(1, sizeof *in);
     if (!in)
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
     in->map.fd = -1;
+    in->fd = -1;
+    in->stop = stop;
     in->is_stdin = strcmp(path, "-") == 0;
     in->path = dfl_strdup(path);
     in->disp = sanitize(in->is_stdin ? "(stdin)" : path);
@@ -863,8 +903,10 @@ int dfl_input_open(dfl_input **out, const char *path, dfl_err *e)
             dfl_input_close(in);
             return dfl_fail(e, DFL_EIO, "%s: is a directory", path);
         }
-        if (S_ISREG(st.st_mode))
+        if (S_ISREG(st.st_mode)) {
             in->size = (uint64_t)st.st_size;
+            in->regular = true;
+        }
     } else {
         struct stat st;
         if (fstat(0, &st) == 0 && S_ISREG(st.st_mode))
@@ -877,7 +919,8 @@ int dfl_input_open(dfl_input **out, const char *path, dfl_err *e)
 static int arch_fail(dfl_input *in, struct archive *a, const char *name, dfl_err *e)
 {
     const char *m = archive_error_string(a);
-    (void)in;
+    if (in->stop && *in->stop)
+        return dfl_fail(e, DFL_EINTR, "interrupted");
     return dfl_fail(e, DFL_EDATA, "%s: cannot read: %s", name, m ? m : "unknown libarchive error");
 }
 
@@ -1000,8 +1043,20 @@ int dfl_input_next_part(dfl_input *in, dfl_part *p, bool *eof, dfl_err *e)
         archive_read_support_format_raw(in->a);
         archive_read_support_format_tar(in->a);
         archive_read_support_format_zip(in->a);
-        int r = in->is_stdin ? archive_read_open_fd(in->a, 0, 1 << 20)
-                             : archive_read_open_filename(in->a, in->path, 1 << 20);
+        int r;
+        if (in->regular) {
+            r = archive_read_open_filename(in->a, in->path, 1 << 20);
+        } else {
+            in->fd = in->is_stdin ? 0 : open(in->path, O_RDONLY | O_CLOEXEC);
+            if (in->fd < 0)
+                return dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot open", in->disp);
+            in->rbuf = malloc(RBUF_SIZE);
+            if (!in->rbuf)
+                return dfl_fail(e, DFL_ENOMEM, "out of memory");
+            r = archive_read_open(in->a, in, NULL, fd_read, NULL);
+        }
+        if (in->stop && *in->stop)
+            return dfl_fail(e, DFL_EINTR, "interrupted");
         if (r != ARCHIVE_OK)
             return arch_fail(in, in->a, in->disp, e);
         r = archive_read_next_header(in->a, &ent);
@@ -1099,6 +1154,9 @@ void dfl_input_close(dfl_input *in)
         archive_read_free(in->a);
     if (in->map.fd >= 0 || in->map.data)
         dfl_map_close(&in->map);
+    if (in->fd > 0)
+        close(in->fd);
+    free(in->rbuf);
     free(in->path);
     free(in->disp);
     free(in->part_name);

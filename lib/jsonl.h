@@ -22,6 +22,7 @@
 #ifndef DFL_JSONL_H
 #define DFL_JSONL_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -71,8 +72,9 @@ typedef struct dfl_part {
     size_t size;
 } dfl_part;
 
-/* Opens path ("-" = stdin). Nothing is read yet. */
-int dfl_input_open(dfl_input **in, const char *path, dfl_err *e);
+/* Opens path ("-" = stdin). Nothing is read yet. stop (may be NULL): when a signal handler sets
+ * it, a read waiting for data on stdin or a pipe fails with DFL_EINTR. */
+int dfl_input_open(dfl_input **in, const char *path, volatile sig_atomic_t *stop, dfl_err *e);
 /* The next part of the input; *eof at the end. The previous part of a stream input is finished
  * (its unread data is skipped). Mapped parts stay mapped until dfl_input_close. */
 int dfl_input_next_part(dfl_input *in, dfl_part *p, bool *eof, dfl_err *e);

@@ -392,15 +392,21 @@ assert_bad() {
 
 @test "an interrupt leaves nothing behind" {
     mkfifo in.fifo
-    dfl-bucket -o out - < in.fifo 2> err.txt &
+    dfl-bucket -o out - < in.fifo 2> err.txt 3>&- &
     pid=$!
-    exec 3> in.fifo
-    cat "$FIX/mixed.jsonl" >&3
+    exec 7> in.fifo
+    cat "$FIX/mixed.jsonl" >&7
     for i in $(seq 50); do [ -d out ] && break; sleep 0.1; done
     kill -TERM "$pid"
+    # it must stop although no data comes and stdin stays open (at most 10 s here)
+    for i in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    alive=0
+    kill -0 "$pid" 2>/dev/null && alive=1
+    exec 7>&-
+    [ "$alive" = 0 ] || kill -KILL "$pid"
     rc=0
     wait "$pid" || rc=$?
-    exec 3>&-
+    [ "$alive" = 0 ]
     [ "$rc" = 1 ]
     grep -q "interrupted" err.txt
     assert_no_output out
