@@ -102,23 +102,26 @@ static double f8_e5m2_to_f64(uint8_t b)
     return dfl_f16_to_f32(h);
 }
 
+/* Loads go through memcpy: tensors of files written by other tools may be unaligned. */
+#define LOAD(type, p, i) ({ type v_; memcpy(&v_, (const char *)(p) + (i) * sizeof(type), sizeof v_); v_; })
+
 double dfl_load_f64(const void *p, dfl_dtype t, size_t i)
 {
     switch (t) {
-    case DFL_BF16: return dfl_bf16_to_f32(((const uint16_t *)p)[i]);
-    case DFL_F16: return dfl_f16_to_f32(((const uint16_t *)p)[i]);
-    case DFL_F32: return ((const float *)p)[i];
-    case DFL_F64: return ((const double *)p)[i];
+    case DFL_BF16: return dfl_bf16_to_f32(LOAD(uint16_t, p, i));
+    case DFL_F16: return dfl_f16_to_f32(LOAD(uint16_t, p, i));
+    case DFL_F32: return LOAD(float, p, i);
+    case DFL_F64: return LOAD(double, p, i);
     case DFL_F8_E4M3: return f8_e4m3_to_f64(((const uint8_t *)p)[i]);
     case DFL_F8_E5M2: return f8_e5m2_to_f64(((const uint8_t *)p)[i]);
     case DFL_I8: return ((const int8_t *)p)[i];
-    case DFL_I16: return ((const int16_t *)p)[i];
-    case DFL_I32: return ((const int32_t *)p)[i];
-    case DFL_I64: return (double)((const int64_t *)p)[i];
+    case DFL_I16: return LOAD(int16_t, p, i);
+    case DFL_I32: return LOAD(int32_t, p, i);
+    case DFL_I64: return (double)LOAD(int64_t, p, i);
     case DFL_U8: case DFL_BOOL: return ((const uint8_t *)p)[i];
-    case DFL_U16: return ((const uint16_t *)p)[i];
-    case DFL_U32: return ((const uint32_t *)p)[i];
-    case DFL_U64: return (double)((const uint64_t *)p)[i];
+    case DFL_U16: return LOAD(uint16_t, p, i);
+    case DFL_U32: return LOAD(uint32_t, p, i);
+    case DFL_U64: return (double)LOAD(uint64_t, p, i);
     default: return NAN;
     }
 }
@@ -134,7 +137,7 @@ bool dfl_convert(void *dst, dfl_dtype dt, const void *src, dfl_dtype st, size_t 
     switch (dt) {
     case DFL_F32: {
         float *d = dst;
-        if (st == DFL_BF16) {
+        if (st == DFL_BF16 && ((uintptr_t)src & 1) == 0) {
             const uint16_t *s = src;
             for (size_t i = 0; i < n; i++)
                 d[i] = dfl_bf16_to_f32(s[i]);
@@ -152,7 +155,7 @@ bool dfl_convert(void *dst, dfl_dtype dt, const void *src, dfl_dtype st, size_t 
     }
     case DFL_BF16: {
         uint16_t *d = dst;
-        if (st == DFL_F32) {
+        if (st == DFL_F32 && ((uintptr_t)src & 3) == 0) {
             const float *s = src;
             for (size_t i = 0; i < n; i++)
                 d[i] = dfl_f32_to_bf16(s[i]);

@@ -14,7 +14,12 @@
  *   Flags: bit0 skippable, bit1 zstd payload, bit2 byte-shuffle width 2, bit3 width 4;
  *   bits 4..7 reserved (a reader rejects them set).
  *   Batch payload: 64-byte batch header, then sections each 64-aligned and zero-padded:
- *   seq_lens u32[S], input_ids i32[T], loss_mask u8[T], then K layer arrays [T, H] of dtype. */
+ *   seq_lens u32[S], input_ids i32[T], loss_mask u8[T], then K layer arrays [T, H] of dtype.
+ *
+ * Errors: a stream cut anywhere is DFL_ETRUNC; bytes that are present but wrong (magic, checks,
+ * checksums, reserved fields, structure, values) are DFL_EDATA; a major version or a
+ * must-understand frame type this reader does not know is DFL_EUNSUP. Every message names the
+ * stream, the frame number and its offset. */
 #ifndef DFL_FRAME_H
 #define DFL_FRAME_H
 
@@ -80,13 +85,23 @@ typedef struct dfl_batch {
     const int32_t *input_ids;    /* [T] */
     const uint8_t *loss_mask;    /* [T], 0 or 1 */
     const void *layers[DFL_MAX_LAYERS]; /* K arrays, each [T, H] of dtype */
-    void *owned;                 /* heap block backing the pointers, or NULL (mapping) */
+    void *owned;                 /* heap block behind the pointers (free()-able; the sections
+                                    inside it are 64-aligned), or NULL when they point into a
+                                    mapping or into the caller's memory */
 } dfl_batch;
 
 void dfl_batch_free(dfl_batch *b);    /* frees owned; safe on a zeroed batch */
-/* Payload size of a batch frame (uncompressed), 0 on overflow. */
+/* Payload size of a batch frame (uncompressed), 0 on overflow or for a dtype without a size
+ * when n_layers > 0. */
 uint64_t dfl_batch_payload_size(uint64_t n_tokens, uint32_t n_seqs, uint32_t n_layers,
                                 uint32_t hidden, dfl_dtype dtype);
+/* Where the sections of a batch payload start (offsets from the payload start, all multiples of
+ * 64; dfl-frame(5) "Sections"). Layer k starts at layer0 + k * layer_stride. False on overflow. */
+typedef struct dfl_batch_layout {
+    uint64_t seq_lens, input_ids, loss_mask, layer0, layer_stride, size;
+} dfl_batch_layout;
+bool dfl_batch_layout_of(uint64_t n_tokens, uint32_t n_seqs, uint32_t n_layers, uint32_t hidden,
+                         dfl_dtype dtype, dfl_batch_layout *l);
 /* Allocates an owned batch with all sections (contents zero) and fills the pointers, so that a
  * producer can fill it in place. Layer pointers are writable through (void *)b->layers[k]. */
 int dfl_batch_alloc(dfl_batch *b, uint64_t n_tokens, uint32_t n_seqs, uint32_t n_layers,
@@ -109,15 +124,18 @@ typedef struct dfl_frame {
     uint32_t type, flags;
     uint64_t stored_len, raw_len;
     uint64_t total_len;          /* header + payload + padding + trailer */
-    const uint8_t *payload;      /* raw (decompressed) payload, raw_len bytes */
+    const uint8_t *payload;      /* raw (decompressed) payload, raw_len bytes, 64-aligned; NULL
+                                    for a skippable frame of a type the reader does not know */
     void *owned;
 } dfl_frame;
 void dfl_frame_free(dfl_frame *f);
 
+/* A reader or a writer is used by one thread at a time. A mapped file must not be truncated
+ * while a reader holds it (the mapping would fault); dfl writers never modify a file in place. */
 typedef struct dfl_reader dfl_reader;
 
 typedef struct dfl_reader_opts {
-    bool no_verify;              /* skip checksum verification (default: verify) */
+    bool no_verify;              /* skip the trailer checksums (header checks are always verified) */
     bool allow_truncated;        /* a missing END is a clean end, reported by dfl_reader_truncated */
     uint64_t max_frame;          /* largest payload accepted; 0 = default (64 GiB) */
 } dfl_reader_opts;
@@ -130,12 +148,20 @@ int dfl_reader_open_fd(dfl_reader **r, int fd, const char *name, const dfl_reade
 void dfl_reader_close(dfl_reader *r);
 const dfl_stream_info *dfl_reader_info(const dfl_reader *r);
 const char *dfl_reader_name(const dfl_reader *r);
-/* Next batch. At a verified END sets *eos = true (b untouched) and returns 0. Skippable frames
+/* Stream offset of the next frame (bytes consumed so far; after open, the HEADER frame's size). */
+uint64_t dfl_reader_offset(const dfl_reader *r);
+/* Next batch into b (overwritten: free the previous one first). At a verified END (and end of
+ * input after it) sets *eos = true (b untouched) and returns 0. Skippable frames
  * of unknown type are skipped; INDEX and NOTE frames are checked and skipped. Totals in END are
  * checked against what was read. Errors name the stream, the frame number and its offset. */
 int dfl_reader_next(dfl_reader *r, dfl_batch *b, bool *eos, dfl_err *e);
-/* Lower level: the next frame of any type, checked (checksum, structure of known types), with
- * the payload decompressed. At the end of input after END, *eos = true. */
+/* Gives a batch's memory back to the reader, which reuses it for the next frame that fits
+ * (large batches then cost no fresh pages); b is cleared. Only for batches from this reader or
+ * from dfl_batch_alloc; batches that own nothing are just cleared. */
+void dfl_reader_recycle(dfl_reader *r, dfl_batch *b);
+/* Lower level: the next frame after HEADER, of any type (END included), checked like
+ * dfl_reader_next checks it (checksum, structure of known types, place in the stream), with the
+ * payload decompressed. After END (or a cut allowed by allow_truncated), *eos = true. */
 int dfl_reader_next_frame(dfl_reader *r, dfl_frame *f, bool *eos, dfl_err *e);
 /* Parses a batch frame returned by dfl_reader_next_frame into b (b borrows f's memory; take
  * f->owned into b->owned to transfer ownership). */
@@ -144,29 +170,43 @@ int dfl_reader_parse_batch(dfl_reader *r, const dfl_frame *f, dfl_batch *b, dfl_
 const dfl_stream_end *dfl_reader_end(const dfl_reader *r);
 bool dfl_reader_truncated(const dfl_reader *r);
 /* Mapped files only: the INDEX entries, found through the END frame at the end of the file
- * without reading the batches. Returns DFL_EUNSUP when the input is not a mapped file or has no
- * index (callers then walk the stream). *entries points into the reader. */
+ * without reading the batches (END and INDEX are checked, entries against END's totals).
+ * Returns DFL_EUNSUP when the input is not a mapped file or has no index (callers then walk the
+ * stream), DFL_ETRUNC when the file does not end with an END frame (DFL_EUNSUP with
+ * allow_truncated). *entries points into the reader. Does not disturb dfl_reader_next. */
 int dfl_reader_index(dfl_reader *r, const dfl_index_entry **entries, uint64_t *n, dfl_err *e);
-/* Mapped files only: reads the batch frame at a stream offset (from the index). */
+/* Mapped files only: reads and fully checks the batch frame at a stream offset (from the index;
+ * once dfl_reader_index has loaded it, the offset must be listed in it, and the batch index and
+ * counts must match). b points into the mapping, or owns a block if the frame is compressed. */
 int dfl_reader_batch_at(dfl_reader *r, uint64_t offset, dfl_batch *b, dfl_err *e);
 
 typedef struct dfl_writer dfl_writer;
 
 typedef struct dfl_writer_opts {
-    int zstd_level;              /* 0 = no compression (default); 1..19 */
-    bool no_index;               /* files get an INDEX frame unless set; pipes never do */
+    int zstd_level;              /* 0 = no compression (default); 1..ZSTD_maxCLevel(). Batch
+                                    frames only, HIDDEN ones byte-shuffled; a frame that does not
+                                    shrink is stored as it is */
+    bool no_index;               /* a regular file (the stream at its start) gets an INDEX frame
+                                    unless set; pipes never do */
     bool allow_tty;              /* refuse to write binary to a terminal unless set */
 } dfl_writer_opts;
 
 /* Opens path ("-" = stdout) and writes the HEADER frame. A file is written under a temporary name
  * beside it and renamed into place by dfl_writer_close (so a cut run never leaves a file that
- * looks complete). */
+ * looks complete); an existing FIFO or device is written directly. A pipe is enlarged to the
+ * system's maximum. A terminal is refused (DFL_EUSAGE) unless allow_tty. A bad info is
+ * DFL_EUSAGE. The _fd form does not close fd. */
 int dfl_writer_open(dfl_writer **w, const char *path, const dfl_stream_info *info,
                     const dfl_writer_opts *opts, dfl_err *e);
 int dfl_writer_open_fd(dfl_writer **w, int fd, const char *name, const dfl_stream_info *info,
                        const dfl_writer_opts *opts, dfl_err *e);
-/* Writes one batch frame (TOKENS or HIDDEN according to the stream kind); b->index is assigned
- * by the writer. Checks the batch against the stream info (layers, hidden, dtype). */
+/* Writes one batch frame (TOKENS or HIDDEN according to the stream kind) with writev straight
+ * from b's arrays; b->index is assigned by the writer, b->max_len is computed (0 or the right
+ * value accepted). A batch that does not fit the stream (layers, hidden, dtype: DFL_EMISMATCH),
+ * has a bad shape (DFL_EUSAGE) or bad contents (seq_lens, ids, mask: DFL_EDATA) is refused
+ * without writing anything, and the stream stays usable. A write error (DFL_EPIPE when the
+ * reader went away, DFL_EIO) fails the writer for good: close then returns it and removes a
+ * file's temporary. */
 int dfl_writer_batch(dfl_writer *w, const dfl_batch *b, dfl_err *e);
 /* Writes a skippable NOTE frame holding a JSON object. */
 int dfl_writer_note(dfl_writer *w, const json_t *note, dfl_err *e);

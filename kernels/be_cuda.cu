@@ -1,0 +1,1007 @@
+/* be_cuda.cu: the CUDA backend: construction, device memory (tracked cudaMalloc with a freeze),
+ * copies, error reporting, matmul through cuBLASLt (plans cached per shape, optional timing of
+ * candidate algorithms), the op table, and the C API of kernels/cuda.h. The elementwise ops are
+ * in ops.cu, attention in attn.cu. Every op is enqueued on the backend's compute stream; an op
+ * that fails records its message, which the next sync reports. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "be_cuda.cuh"
+
+extern "C" {
+#include "util.h"
+}
+
+#define WORKSPACE_BYTES ((size_t)32 << 20)   /* cuBLASLt workspace (Hopper wants 32 MiB) */
+
+/* ------------------------------------------------------------------------------------------ */
+/* errors */
+
+int cuda_op_fail(dfl_be *be, int code, const char *fmt, ...)
+{
+    cuda_impl *im = cuda_of(be);
+    if (im->err_code == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = snprintf(im->err_msg, sizeof im->err_msg, "%s: ", be->name);
+        if (n < 0 || (size_t)n >= sizeof im->err_msg)
+            n = 0;
+        vsnprintf(im->err_msg + n, sizeof im->err_msg - (size_t)n, fmt, ap);
+        va_end(ap);
+        im->err_code = code;
+    }
+    return code;
+}
+
+int cuda_launch_check(dfl_be *be, const char *op)
+{
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess)
+        return cuda_op_fail(be, DFL_EDEVICE, "%s: kernel launch failed: %s", op,
+                            cudaGetErrorString(err));
+    return 0;
+}
+
+int cuda_enter(dfl_be *be)
+{
+    cudaError_t err = cudaSetDevice(cuda_of(be)->device);
+    if (err != cudaSuccess)
+        return cuda_op_fail(be, DFL_EDEVICE, "cudaSetDevice: %s", cudaGetErrorString(err));
+    return 0;
+}
+
+static int cuda_fail_err(dfl_err *e, cudaError_t err, const char *what, const char *name)
+{
+    return dfl_fail(e, DFL_EDEVICE, "%s: %s: %s", name, what, cudaGetErrorString(err));
+}
+
+static const char *fmtb(size_t bytes, char *buf, size_t n) { return dfl_fmt_bytes((double)bytes, buf, n); }
+
+/* ------------------------------------------------------------------------------------------ */
+/* memory */
+
+static void *cu_alloc(dfl_be *be, size_t bytes, dfl_err *e)
+{
+    cuda_impl *im = cuda_of(be);
+    char b1[32], b2[32], b3[32], b4[32];
+    if (im->frozen) {
+        dfl_fail(e, DFL_ENOMEM, "%s: allocation of %s after device memory was frozen (the steady "
+                 "state must not allocate: allocate every buffer before dfl_cuda_freeze)",
+                 be->name, fmtb(bytes, b1, sizeof b1));
+        return NULL;
+    }
+    cudaError_t err = cudaSetDevice(im->device);
+    if (err != cudaSuccess) {
+        cuda_fail_err(e, err, "cudaSetDevice", be->name);
+        return NULL;
+    }
+    if (im->n_recs == im->cap_recs) {
+        size_t cap = im->cap_recs ? 2 * im->cap_recs : 256;
+        cuda_alloc_rec *r = (cuda_alloc_rec *)realloc(im->recs, cap * sizeof *r);
+        if (!r) {
+            dfl_fail(e, DFL_ENOMEM, "%s: out of host memory", be->name);
+            return NULL;
+        }
+        im->recs = r;
+        im->cap_recs = cap;
+    }
+    size_t n = bytes ? bytes : 1;
+    void *p = NULL;
+    err = cudaMalloc(&p, n);
+    if (err != cudaSuccess || !p) {
+        cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        cudaGetLastError();
+        dfl_fail(e, DFL_ENOMEM, "%s: cannot allocate %s of device memory (%s free of %s; %s held "
+                 "by this backend): %s", be->name, fmtb(bytes, b1, sizeof b1),
+                 fmtb(fr, b2, sizeof b2), fmtb(tot, b3, sizeof b3),
+                 fmtb(im->allocated + im->ws_bytes, b4, sizeof b4), cudaGetErrorString(err));
+        return NULL;
+    }
+    im->recs[im->n_recs].p = p;
+    im->recs[im->n_recs].bytes = n;
+    im->n_recs++;
+    im->allocated += n;
+    if (im->allocated > im->peak)
+        im->peak = im->allocated;
+    return p;
+}
+
+static void cu_free(dfl_be *be, void *p)
+{
+    cuda_impl *im = cuda_of(be);
+    if (!p)
+        return;
+    for (size_t i = im->n_recs; i-- > 0;) {
+        if (im->recs[i].p == p) {
+            im->allocated -= im->recs[i].bytes;
+            im->recs[i] = im->recs[--im->n_recs];
+            cudaSetDevice(im->device);
+            cudaError_t err = cudaFree(p);
+            if (err != cudaSuccess)
+                cuda_op_fail(be, DFL_EDEVICE, "cudaFree: %s", cudaGetErrorString(err));
+            return;
+        }
+    }
+    cuda_op_fail(be, DFL_EDEVICE, "free of %p, which this backend did not allocate", p);
+}
+
+/* Host -> device. Returns when src may be reused: pageable sources are staged by the driver
+ * before cudaMemcpyAsync returns; pinned ones are copied by DMA later, so we wait for them. */
+static int cu_upload(dfl_be *be, void *dst, const void *src, size_t n)
+{
+    cuda_impl *im = cuda_of(be);
+    if (n == 0)
+        return 0;
+    int rc = cuda_enter(be);
+    if (rc)
+        return rc;
+    cudaError_t err = cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, im->stream);
+    if (err != cudaSuccess)
+        return cuda_op_fail(be, DFL_EDEVICE, "upload of %zu bytes: %s", n, cudaGetErrorString(err));
+    cudaPointerAttributes at;
+    err = cudaPointerGetAttributes(&at, src);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        at.type = cudaMemoryTypeHost;   /* unknown: be safe */
+    }
+    if (at.type == cudaMemoryTypeHost) {
+        err = cudaStreamSynchronize(im->stream);
+        if (err != cudaSuccess)
+            return cuda_op_fail(be, DFL_EDEVICE, "upload of %zu bytes: %s", n,
+                                cudaGetErrorString(err));
+    }
+    return 0;
+}
+
+/* Device -> host, synchronous: the data is in dst on return (the pipeline uses
+ * dfl_cuda_download_async for overlapped copies). */
+static int cu_download(dfl_be *be, void *dst, const void *src, size_t n)
+{
+    cuda_impl *im = cuda_of(be);
+    if (n == 0)
+        return 0;
+    int rc = cuda_enter(be);
+    if (rc)
+        return rc;
+    cudaError_t err = cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, im->stream);
+    if (err == cudaSuccess)
+        err = cudaStreamSynchronize(im->stream);
+    if (err != cudaSuccess)
+        return cuda_op_fail(be, DFL_EDEVICE, "download of %zu bytes: %s", n, cudaGetErrorString(err));
+    return 0;
+}
+
+static int cu_memset0(dfl_be *be, void *dst, size_t n)
+{
+    if (n == 0)
+        return 0;
+    int rc = cuda_enter(be);
+    if (rc)
+        return rc;
+    cudaError_t err = cudaMemsetAsync(dst, 0, n, cuda_of(be)->stream);
+    if (err != cudaSuccess)
+        return cuda_op_fail(be, DFL_EDEVICE, "memset of %zu bytes: %s", n, cudaGetErrorString(err));
+    return 0;
+}
+
+static int cu_copy(dfl_be *be, void *dst, const void *src, size_t n)
+{
+    if (n == 0 || dst == src)
+        return 0;
+    uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+    if (d < s + n && s < d + n)
+        return cuda_op_fail(be, DFL_EUNSUP, "copy of %zu bytes between overlapping buffers", n);
+    int rc = cuda_enter(be);
+    if (rc)
+        return rc;
+    cudaError_t err = cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, cuda_of(be)->stream);
+    if (err != cudaSuccess)
+        return cuda_op_fail(be, DFL_EDEVICE, "copy of %zu bytes: %s", n, cudaGetErrorString(err));
+    return 0;
+}
+
+static int cu_sync(dfl_be *be, dfl_err *e)
+{
+    cuda_impl *im = cuda_of(be);
+    cudaError_t err = cudaSetDevice(im->device);
+    if (err == cudaSuccess)
+        err = cudaStreamSynchronize(im->stream);
+    if (im->err_code) {
+        int code = im->err_code;
+        dfl_fail(e, code, "%s", im->err_msg);
+        im->err_code = 0;
+        im->err_msg[0] = 0;
+        return code;
+    }
+    if (err != cudaSuccess)
+        return dfl_fail(e, DFL_EDEVICE, "%s: CUDA error while running queued work: %s (an "
+                        "earlier kernel failed; compute-sanitizer finds which)", be->name,
+                        cudaGetErrorString(err));
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* matmul: row-major C = A B is column-major C^T = B^T A^T, so cuBLASLt's A is our B and its B is
+ * our A, with m = N, n = M. */
+
+static bool mm_cuda_type(dfl_dtype t, cudaDataType_t *ct)
+{
+    *ct = CUDA_R_32F;
+    switch (t) {
+    case DFL_BF16: *ct = CUDA_R_16BF; return true;
+    case DFL_F16: *ct = CUDA_R_16F; return true;
+    case DFL_F32: *ct = CUDA_R_32F; return true;
+    default: return false;
+    }
+}
+
+/* Alignment (power of two, at most 256) of every column start of a matrix at p with leading
+ * dimension ld elements of es bytes. */
+static int32_t mm_align(const void *p, int64_t ld, size_t es)
+{
+    uint64_t a = (uint64_t)(uintptr_t)p | ((uint64_t)ld * es) | 256;
+    return (int32_t)(a & (~a + 1));
+}
+
+static void mm_plan_release(cuda_mm_plan *pl)
+{
+    if (pl->desc)
+        cublasLtMatmulDescDestroy(pl->desc);
+    if (pl->la)
+        cublasLtMatrixLayoutDestroy(pl->la);
+    if (pl->lb)
+        cublasLtMatrixLayoutDestroy(pl->lb);
+    if (pl->lc)
+        cublasLtMatrixLayoutDestroy(pl->lc);
+    memset(pl, 0, sizeof *pl);
+}
+
+#define LT_TRY(call)                                                                          \
+    do {                                                                                      \
+        cublasStatus_t st_ = (call);                                                          \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                     \
+            return cuda_op_fail(be, DFL_EDEVICE, "matmul %lldx%lldx%lld: %s: %s",             \
+                                (long long)m->M, (long long)m->N, (long long)m->K, #call,     \
+                                cublasLtGetStatusString(st_));                                \
+    } while (0)
+
+static int mm_preference(dfl_be *be, const dfl_mm *m, const cuda_mm_key *k,
+                         cublasLtMatmulPreference_t *pref)
+{
+    cuda_impl *im = cuda_of(be);
+    uint64_t ws = im->ws_bytes;
+    uint32_t aa = (uint32_t)k->align_b, ab = (uint32_t)k->align_a, ac = (uint32_t)k->align_c;
+    LT_TRY(cublasLtMatmulPreferenceCreate(pref));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac));
+    return 0;
+}
+
+/* Candidate algorithms for the plan's current descriptor (best first); *n_out may be 0. */
+static int mm_heuristics(dfl_be *be, const dfl_mm *m, cuda_mm_plan *pl,
+                         cublasLtMatmulHeuristicResult_t *res, int max, int *n_out)
+{
+    cuda_impl *im = cuda_of(be);
+    cublasLtMatmulPreference_t pref = NULL;
+    *n_out = 0;
+    int rc = mm_preference(be, m, &pl->key, &pref);
+    if (rc) {
+        if (pref)
+            cublasLtMatmulPreferenceDestroy(pref);
+        return rc;
+    }
+    int n = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(im->lt, pl->desc, pl->la, pl->lb, pl->lc,
+                                                       pl->lc, pref, max, res, &n);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
+        return cuda_op_fail(be, DFL_EDEVICE, "matmul %lldx%lldx%lld: cublasLtMatmulAlgoGetHeuristic: %s",
+                            (long long)m->M, (long long)m->N, (long long)m->K,
+                            cublasLtGetStatusString(st));
+    int good = 0;
+    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < n; i++)
+        if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= im->ws_bytes)
+            res[good++] = res[i];
+    *n_out = good;
+    return 0;
+}
+
+static int mm_set_epilogue(dfl_be *be, const dfl_mm *m, cuda_mm_plan *pl, bool bias)
+{
+    cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    LT_TRY(cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    if (bias) {
+        int32_t bt = CUDA_R_32F;
+        const void *bp = m->bias;
+        LT_TRY(cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+        LT_TRY(cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
+    }
+    pl->bias_fused = bias;
+    return 0;
+}
+
+static int mm_plan_build(dfl_be *be, const dfl_mm *m, cuda_mm_plan *pl)
+{
+    cudaDataType_t at, bt, ct;
+    mm_cuda_type(m->adt, &at);
+    mm_cuda_type(m->bdt, &bt);
+    mm_cuda_type(m->cdt, &ct);
+    cublasOperation_t opa = m->tb ? CUBLAS_OP_T : CUBLAS_OP_N;   /* Lt's A = our B */
+    cublasOperation_t opb = m->ta ? CUBLAS_OP_T : CUBLAS_OP_N;   /* Lt's B = our A */
+    LT_TRY(cublasLtMatmulDescCreate(&pl->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_TRY(cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    LT_TRY(cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    /* stored column-major shapes: our B [K,N] row-major is N x K column-major (op N), our B^T
+     * stored [N,K] is K x N (op T); likewise for A with M. */
+    LT_TRY(cublasLtMatrixLayoutCreate(&pl->la, bt, (uint64_t)(m->tb ? m->K : m->N),
+                                      (uint64_t)(m->tb ? m->N : m->K), m->ldb));
+    LT_TRY(cublasLtMatrixLayoutCreate(&pl->lb, at, (uint64_t)(m->ta ? m->M : m->K),
+                                      (uint64_t)(m->ta ? m->K : m->M), m->lda));
+    LT_TRY(cublasLtMatrixLayoutCreate(&pl->lc, ct, (uint64_t)m->N, (uint64_t)m->M, m->ldc));
+
+    /* The bias epilogue takes a bias of D's type: fuse only for f32 output (our bias is f32),
+     * with a 16-byte aligned bias; otherwise a separate kernel adds it. */
+    bool fuse = m->bias && m->cdt == DFL_F32 && is_aligned(m->bias, 16);
+    cublasLtMatmulHeuristicResult_t res[1];
+    int n = 0, rc;
+    if ((rc = mm_set_epilogue(be, m, pl, fuse)))
+        return rc;
+    if ((rc = mm_heuristics(be, m, pl, res, 1, &n)))
+        return rc;
+    if (n == 0 && fuse) {
+        if ((rc = mm_set_epilogue(be, m, pl, false)) || (rc = mm_heuristics(be, m, pl, res, 1, &n)))
+            return rc;
+    }
+    pl->use_lt = n > 0;
+    if (n > 0)
+        pl->algo = res[0].algo;
+    return 0;
+}
+
+static void mm_make_key(const dfl_mm *m, cuda_mm_key *k)
+{
+    memset(k, 0, sizeof *k);
+    k->M = m->M; k->N = m->N; k->K = m->K;
+    k->lda = m->lda; k->ldb = m->ldb; k->ldc = m->ldc;
+    k->adt = m->adt; k->bdt = m->bdt; k->cdt = m->cdt;
+    k->ta = m->ta; k->tb = m->tb;
+    k->beta_nonzero = m->beta != 0.0f;
+    k->has_bias = m->bias != NULL;
+    k->align_a = mm_align(m->A, m->lda, dfl_dtype_size(m->adt));
+    k->align_b = mm_align(m->B, m->ldb, dfl_dtype_size(m->bdt));
+    k->align_c = mm_align(m->C, m->ldc, dfl_dtype_size(m->cdt));
+    k->align_bias = m->bias ? mm_align(m->bias, 0, 4) : 0;
+}
+
+/* The plan for m's shape: cached, or built (evicting the least recently used). */
+static int mm_get_plan(dfl_be *be, const dfl_mm *m, cuda_mm_plan **out)
+{
+    cuda_impl *im = cuda_of(be);
+    cuda_mm_key k;
+    mm_make_key(m, &k);
+    cuda_mm_plan *victim = NULL;
+    for (int i = 0; i < CUDA_MM_PLANS; i++) {
+        cuda_mm_plan *pl = &im->plans[i];
+        if (pl->used && memcmp(&pl->key, &k, sizeof k) == 0) {
+            pl->last_use = ++im->plan_clock;
+            *out = pl;
+            return 0;
+        }
+        if (!pl->used) {
+            if (!victim || victim->used)
+                victim = pl;   /* a free slot first */
+        } else if (!victim || (victim->used && pl->last_use < victim->last_use)) {
+            victim = pl;       /* else the least recently used */
+        }
+    }
+    mm_plan_release(victim);
+    victim->key = k;
+    int rc = mm_plan_build(be, m, victim);
+    if (rc) {
+        mm_plan_release(victim);
+        return rc;
+    }
+    victim->used = true;
+    victim->last_use = ++im->plan_clock;
+    *out = victim;
+    return 0;
+}
+
+static int mm_run(dfl_be *be, const dfl_mm *m, cuda_mm_plan *pl, const cublasLtMatmulAlgo_t *algo)
+{
+    cuda_impl *im = cuda_of(be);
+    if (pl->use_lt) {
+        if (pl->bias_fused) {
+            const void *bp = m->bias;
+            LT_TRY(cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
+        }
+        LT_TRY(cublasLtMatmul(im->lt, pl->desc, &m->alpha, m->B, pl->la, m->A, pl->lb, &m->beta,
+                              m->C, pl->lc, m->C, pl->lc, algo ? algo : &pl->algo, im->ws,
+                              im->ws_bytes, im->stream));
+    } else {
+        cudaDataType_t at, bt, ct;
+        mm_cuda_type(m->adt, &at);
+        mm_cuda_type(m->bdt, &bt);
+        mm_cuda_type(m->cdt, &ct);
+        cublasStatus_t st = cublasGemmEx(im->blas, m->tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                         m->ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)m->N, (int)m->M,
+                                         (int)m->K, &m->alpha, m->B, bt, (int)m->ldb, m->A, at,
+                                         (int)m->lda, &m->beta, m->C, ct, (int)m->ldc,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            return cuda_op_fail(be, DFL_EDEVICE, "matmul %lldx%lldx%lld: cublasGemmEx: %s",
+                                (long long)m->M, (long long)m->N, (long long)m->K,
+                                cublasGetStatusString(st));
+    }
+    if (m->bias && !pl->bias_fused)
+        return cuda_scale_bias(be, m->C, m->cdt, m->ldc, m->M, m->N, 1.0f, m->bias);
+    return 0;
+}
+
+static int mm_check(dfl_be *be, const dfl_mm *m)
+{
+    cudaDataType_t t;
+    bool ok = m->adt == m->bdt && mm_cuda_type(m->adt, &t) && mm_cuda_type(m->cdt, &t) &&
+              (m->cdt == m->adt || m->cdt == DFL_F32);
+    if (!ok)
+        return cuda_op_fail(be, DFL_EUNSUP, "matmul: unsupported types %s x %s -> %s (supported: "
+                            "bf16 or f16 -> same or f32, f32 -> f32)", dfl_dtype_lower(m->adt),
+                            dfl_dtype_lower(m->bdt), dfl_dtype_lower(m->cdt));
+    bool lds = m->ldc >= m->N && m->lda >= (m->ta ? m->M : m->K) && m->ldb >= (m->tb ? m->K : m->N) &&
+               m->lda >= 1 && m->ldb >= 1;
+    if (!lds || m->K < 0)
+        return cuda_op_fail(be, DFL_EUSAGE, "matmul %lldx%lldx%lld: bad leading dimensions "
+                            "(lda %lld, ldb %lld, ldc %lld, ta %d, tb %d)", (long long)m->M,
+                            (long long)m->N, (long long)m->K, (long long)m->lda, (long long)m->ldb,
+                            (long long)m->ldc, m->ta, m->tb);
+    if ((m->M > INT32_MAX || m->N > INT32_MAX || m->K > INT32_MAX))
+        return cuda_op_fail(be, DFL_EUNSUP, "matmul %lldx%lldx%lld: dimension too large",
+                            (long long)m->M, (long long)m->N, (long long)m->K);
+    return 0;
+}
+
+static int cu_matmul(dfl_be *be, const dfl_mm *m)
+{
+    if (m->M <= 0 || m->N <= 0)
+        return 0;
+    int rc = mm_check(be, m);
+    if (rc || (rc = cuda_enter(be)))
+        return rc;
+    if (m->K == 0)
+        return cuda_scale_bias(be, m->C, m->cdt, m->ldc, m->M, m->N, m->beta, m->bias);
+    cuda_mm_plan *pl;
+    if ((rc = mm_get_plan(be, m, &pl)))
+        return rc;
+    return mm_run(be, m, pl, NULL);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* construction */
+
+static __global__ void probe_kernel(int *p)
+{
+    if (p)
+        *p = 1;
+}
+
+static dfl_be_ops cuda_ops;
+
+static void cuda_ops_fill(void)
+{
+    memset(&cuda_ops, 0, sizeof cuda_ops);
+    cuda_ops.alloc = cu_alloc;
+    cuda_ops.free = cu_free;
+    cuda_ops.upload = cu_upload;
+    cuda_ops.download = cu_download;
+    cuda_ops.memset0 = cu_memset0;
+    cuda_ops.copy = cu_copy;
+    cuda_ops.sync = cu_sync;
+    cuda_ops.convert = cuda_convert;
+    cuda_ops.matmul = cu_matmul;
+    cuda_ops.embedding = cuda_embedding;
+    cuda_ops.rmsnorm = cuda_rmsnorm;
+    cuda_ops.add_rmsnorm = cuda_add_rmsnorm;
+    cuda_ops.qknorm_rope = cuda_qknorm_rope;
+    cuda_ops.swiglu = cuda_swiglu;
+    cuda_ops.add = cuda_add;
+    cuda_ops.attn_varlen = cuda_attn_varlen;
+    /* drafter ops (rmsnorm_bwd, qknorm_rope_bwd, swiglu_bwd, dflash_attn(_bwd), lmce, sumsq,
+     * adamw): not yet on the GPU; NULL */
+}
+
+extern "C" int dfl_be_cuda_count(void)
+{
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+extern "C" void dfl_be_cuda_destroy(dfl_be *be)
+{
+    if (!be)
+        return;
+    cuda_impl *im = cuda_of(be);
+    if (im) {
+        cudaSetDevice(im->device);
+        if (im->stream)
+            cudaStreamSynchronize(im->stream);
+        if (im->copy_stream)
+            cudaStreamSynchronize(im->copy_stream);
+        for (int i = 0; i < CUDA_MM_PLANS; i++)
+            mm_plan_release(&im->plans[i]);
+        for (size_t i = 0; i < im->n_recs; i++)
+            cudaFree(im->recs[i].p);
+        free(im->recs);
+        if (im->ws)
+            cudaFree(im->ws);
+        if (im->rope_tab)
+            cudaFree(im->rope_tab);
+        if (im->blas)
+            cublasDestroy(im->blas);
+        if (im->lt)
+            cublasLtDestroy(im->lt);
+        if (im->copy_stream)
+            cudaStreamDestroy(im->copy_stream);
+        if (im->stream)
+            cudaStreamDestroy(im->stream);
+        cudaGetLastError();
+        free(im);
+    }
+    free(be);
+}
+
+extern "C" int dfl_be_cuda_open(dfl_be **out, int device, dfl_dtype act, dfl_err *e)
+{
+    *out = NULL;
+    if (act == DFL_DT_INVALID)
+        act = DFL_BF16;
+    if (act != DFL_BF16 && act != DFL_F32)
+        return dfl_fail(e, DFL_EUSAGE, "--device cuda computes in bf16 or f32 (asked for %s)",
+                        dfl_dtype_lower(act));
+    int n = dfl_be_cuda_count();
+    if (n <= 0)
+        return dfl_fail(e, DFL_EDEVICE, "cuda:%d: no CUDA GPU found (use --device cpu)", device);
+    if (device < 0 || device >= n)
+        return dfl_fail(e, DFL_EDEVICE, "cuda:%d: only %d CUDA GPU%s found", device, n,
+                        n == 1 ? "" : "s");
+    char name[32];
+    snprintf(name, sizeof name, "cuda:%d", device);
+    cudaError_t err = cudaSetDevice(device);
+    if (err != cudaSuccess)
+        return cuda_fail_err(e, err, "cudaSetDevice", name);
+    cudaDeviceProp prop;
+    err = cudaGetDeviceProperties(&prop, device);
+    if (err != cudaSuccess)
+        return cuda_fail_err(e, err, "cudaGetDeviceProperties", name);
+    if (prop.major < 8)
+        return dfl_fail(e, DFL_EDEVICE, "%s (%s) has compute capability %d.%d; dfl's kernels need "
+                        "8.0 or newer (and this build targets 9.0)", name, prop.name, prop.major,
+                        prop.minor);
+
+    dfl_be *be = (dfl_be *)calloc(1, sizeof *be);
+    cuda_impl *im = (cuda_impl *)calloc(1, sizeof *im);
+    if (!be || !im) {
+        free(be);
+        free(im);
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    }
+    be->kind = DFL_BE_CUDA;
+    snprintf(be->name, sizeof be->name, "%s", name);
+    be->act = act;
+    be->wdt = act;
+    be->threads = 1;
+    be->impl = im;
+    im->device = device;
+    im->sm_count = prop.multiProcessorCount;
+    im->smem_optin = prop.sharedMemPerBlockOptin;
+    int rc = 0;
+    cublasStatus_t st;
+    if ((err = cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (err = cudaStreamCreateWithFlags(&im->copy_stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        rc = cuda_fail_err(e, err, "cannot create streams", name);
+        goto fail;
+    }
+    if ((err = cudaMalloc(&im->ws, WORKSPACE_BYTES)) != cudaSuccess) {
+        rc = cuda_fail_err(e, err, "cannot allocate the cuBLAS workspace", name);
+        goto fail;
+    }
+    im->ws_bytes = WORKSPACE_BYTES;
+    if ((err = cudaMalloc(&im->rope_tab, sizeof im->rope_host)) != cudaSuccess) {
+        rc = cuda_fail_err(e, err, "cannot allocate the RoPE table", name);
+        goto fail;
+    }
+    if ((st = cublasLtCreate(&im->lt)) != CUBLAS_STATUS_SUCCESS) {
+        rc = dfl_fail(e, DFL_EDEVICE, "%s: cublasLtCreate: %s", name, cublasLtGetStatusString(st));
+        goto fail;
+    }
+    if ((st = cublasCreate(&im->blas)) != CUBLAS_STATUS_SUCCESS ||
+        (st = cublasSetStream(im->blas, im->stream)) != CUBLAS_STATUS_SUCCESS ||
+        (st = cublasSetWorkspace(im->blas, im->ws, im->ws_bytes)) != CUBLAS_STATUS_SUCCESS) {
+        rc = dfl_fail(e, DFL_EDEVICE, "%s: cuBLAS setup: %s", name, cublasGetStatusString(st));
+        goto fail;
+    }
+    /* Can this device run this build's kernels at all? */
+    probe_kernel<<<1, 1, 0, im->stream>>>(NULL);
+    err = cudaGetLastError();
+    if (err == cudaSuccess)
+        err = cudaStreamSynchronize(im->stream);
+    if (err != cudaSuccess) {
+        rc = dfl_fail(e, DFL_EDEVICE, "%s (%s, compute capability %d.%d) cannot run this build's "
+                      "kernels (built for sm_90): %s", name, prop.name, prop.major, prop.minor,
+                      cudaGetErrorString(err));
+        goto fail;
+    }
+    if ((rc = cuda_attn_init(be, e)))
+        goto fail;
+    static bool ops_ready;
+    if (!ops_ready) {
+        cuda_ops_fill();
+        ops_ready = true;
+    }
+    be->ops = &cuda_ops;
+    *out = be;
+    return 0;
+fail:
+    cudaGetLastError();
+    dfl_be_cuda_destroy(be);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* kernels/cuda.h */
+
+static inline cudaStream_t to_stream(dfl_cuda_stream s) { return reinterpret_cast<cudaStream_t>(s); }
+static inline cudaEvent_t to_event(dfl_cuda_event ev) { return reinterpret_cast<cudaEvent_t>(ev); }
+
+/* Make the device current; on failure fill e. */
+static int api_enter(dfl_be *be, dfl_err *e)
+{
+    cudaError_t err = cudaSetDevice(cuda_of(be)->device);
+    return err == cudaSuccess ? 0 : cuda_fail_err(e, err, "cudaSetDevice", be->name);
+}
+
+#define API_TRY(call, what)                                                                   \
+    do {                                                                                      \
+        cudaError_t err_ = (call);                                                            \
+        if (err_ != cudaSuccess)                                                              \
+            return cuda_fail_err(e, err_, what, be->name);                                    \
+    } while (0)
+
+extern "C" int dfl_cuda_device_props(int device, dfl_cuda_props *p, dfl_err *e)
+{
+    memset(p, 0, sizeof *p);
+    char name[32];
+    snprintf(name, sizeof name, "cuda:%d", device);
+    int n = dfl_be_cuda_count();
+    if (device < 0 || device >= n)
+        return dfl_fail(e, DFL_EDEVICE, "%s: no such CUDA GPU (%d found)", name, n);
+    cudaDeviceProp prop;
+    cudaError_t err = cudaGetDeviceProperties(&prop, device);
+    if (err != cudaSuccess)
+        return cuda_fail_err(e, err, "cudaGetDeviceProperties", name);
+    snprintf(p->name, sizeof p->name, "%s", prop.name);
+    p->device = device;
+    p->cc_major = prop.major;
+    p->cc_minor = prop.minor;
+    p->sm_count = prop.multiProcessorCount;
+    p->mem_total = prop.totalGlobalMem;
+    p->smem_per_block_optin = prop.sharedMemPerBlockOptin;
+    p->l2_bytes = (size_t)prop.l2CacheSize;
+    int cur = 0;
+    cudaGetDevice(&cur);
+    if ((err = cudaSetDevice(device)) == cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        err = cudaMemGetInfo(&fr, &tot);
+        p->mem_free = fr;
+        cudaSetDevice(cur);
+    }
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return cuda_fail_err(e, err, "cudaMemGetInfo", name);
+    }
+    return 0;
+}
+
+extern "C" dfl_cuda_stream dfl_cuda_compute_stream(dfl_be *be)
+{
+    return reinterpret_cast<dfl_cuda_stream>(cuda_of(be)->stream);
+}
+
+extern "C" dfl_cuda_stream dfl_cuda_copy_stream(dfl_be *be)
+{
+    return reinterpret_cast<dfl_cuda_stream>(cuda_of(be)->copy_stream);
+}
+
+extern "C" int dfl_cuda_stream_sync(dfl_be *be, dfl_cuda_stream s, dfl_err *e)
+{
+    int rc = api_enter(be, e);
+    if (rc)
+        return rc;
+    API_TRY(cudaStreamSynchronize(to_stream(s)), "CUDA error while running queued work");
+    return 0;
+}
+
+extern "C" int dfl_cuda_event_create(dfl_be *be, dfl_cuda_event *ev, bool timing, dfl_err *e)
+{
+    *ev = NULL;
+    int rc = api_enter(be, e);
+    if (rc)
+        return rc;
+    cudaEvent_t x;
+    API_TRY(cudaEventCreateWithFlags(&x, timing ? cudaEventDefault : cudaEventDisableTiming),
+            "cudaEventCreate");
+    *ev = reinterpret_cast<dfl_cuda_event>(x);
+    return 0;
+}
+
+extern "C" void dfl_cuda_event_destroy(dfl_be *be, dfl_cuda_event ev)
+{
+    if (!ev)
+        return;
+    cudaSetDevice(cuda_of(be)->device);
+    cudaEventDestroy(to_event(ev));
+}
+
+extern "C" int dfl_cuda_event_record(dfl_be *be, dfl_cuda_event ev, dfl_cuda_stream s, dfl_err *e)
+{
+    int rc = api_enter(be, e);
+    if (rc)
+        return rc;
+    API_TRY(cudaEventRecord(to_event(ev), to_stream(s)), "cudaEventRecord");
+    return 0;
+}
+
+extern "C" int dfl_cuda_stream_wait_event(dfl_be *be, dfl_cuda_stream s, dfl_cuda_event ev, dfl_err *e)
+{
+    int rc = api_enter(be, e);
+    if (rc)
+        return rc;
+    API_TRY(cudaStreamWaitEvent(to_stream(s), to_event(ev), 0), "cudaStreamWaitEvent");
+    return 0;
+}
+
+extern "C" int dfl_cuda_event_query(dfl_be *be, dfl_cuda_event ev, bool *done, dfl_err *e)
+{
+    *done = false;
+    int rc = api_enter(be, e);
+    if (rc)
+        return rc;
+    cudaError_t err = cudaEventQuery(to_event(ev));
+    if (err == cudaErrorNotReady) {
+        cudaGetLastError();
+        return 0;
+    }
+    if (err != cudaSuccess)
+        return cuda_fail_err(e, err, "CUDA error while running queued work", be->name);
+    *done = true;
+    return 0;
+}
+
+extern "C" int dfl_cuda_event_sync(dfl_be *be, dfl_cuda_event ev, dfl_err *e)
+{
+    int rc = api_enter(be, e);
+    if (rc)
+        return rc;
+    API_TRY(cudaEventSynchronize(to_event(ev)), "CUDA error while running queued work");
+    return 0;
+}
+
+extern "C" int dfl_cuda_event_elapsed(dfl_be *be, dfl_cuda_event start, dfl_cuda_event end,
+                                      float *ms, dfl_err *e)
+{
+    *ms = 0;
+    int rc = api_enter(be, e);
+    if (rc)
+        return rc;
+    API_TRY(cudaEventElapsedTime(ms, to_event(start), to_event(end)), "cudaEventElapsedTime");
+    return 0;
+}
+
+extern "C" void *dfl_cuda_host_alloc(dfl_be *be, size_t bytes, dfl_err *e)
+{
+    char b[32];
+    if (api_enter(be, e))
+        return NULL;
+    void *p = NULL;
+    cudaError_t err = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable);
+    if (err != cudaSuccess || !p) {
+        cudaGetLastError();
+        dfl_fail(e, DFL_ENOMEM, "%s: cannot allocate %s of pinned host memory: %s", be->name,
+                 fmtb(bytes, b, sizeof b), cudaGetErrorString(err));
+        return NULL;
+    }
+    return p;
+}
+
+extern "C" void dfl_cuda_host_free(dfl_be *be, void *p)
+{
+    if (!p)
+        return;
+    cudaSetDevice(cuda_of(be)->device);
+    cudaFreeHost(p);
+}
+
+extern "C" int dfl_cuda_host_register(dfl_be *be, void *p, size_t bytes, bool read_only, dfl_err *e)
+{
+    char b[32];
+    int rc = api_enter(be, e);
+    if (rc)
+        return rc;
+    unsigned flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0);
+    cudaError_t err = cudaHostRegister(p, bytes, flags);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return dfl_fail(e, DFL_EDEVICE, "%s: cannot page-lock %s of host memory: %s", be->name,
+                        fmtb(bytes, b, sizeof b), cudaGetErrorString(err));
+    }
+    return 0;
+}
+
+extern "C" int dfl_cuda_host_unregister(dfl_be *be, void *p, dfl_err *e)
+{
+    int rc = api_enter(be, e);
+    if (rc)
+        return rc;
+    cudaError_t err = cudaHostUnregister(p);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return cuda_fail_err(e, err, "cudaHostUnregister", be->name);
+    }
+    return 0;
+}
+
+extern "C" int dfl_cuda_download_async(dfl_be *be, void *dst_host, const void *src_dev, size_t bytes,
+                                       dfl_cuda_stream s, dfl_err *e)
+{
+    if (bytes == 0)
+        return 0;
+    int rc = api_enter(be, e);
+    if (rc)
+        return rc;
+    API_TRY(cudaMemcpyAsync(dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, to_stream(s)),
+            "asynchronous download");
+    return 0;
+}
+
+extern "C" int dfl_cuda_upload_async(dfl_be *be, void *dst_dev, const void *src_host, size_t bytes,
+                                     dfl_cuda_stream s, dfl_err *e)
+{
+    if (bytes == 0)
+        return 0;
+    int rc = api_enter(be, e);
+    if (rc)
+        return rc;
+    API_TRY(cudaMemcpyAsync(dst_dev, src_host, bytes, cudaMemcpyHostToDevice, to_stream(s)),
+            "asynchronous upload");
+    return 0;
+}
+
+extern "C" void dfl_cuda_freeze(dfl_be *be, bool frozen) { cuda_of(be)->frozen = frozen; }
+extern "C" bool dfl_cuda_frozen(dfl_be *be) { return cuda_of(be)->frozen; }
+
+extern "C" void dfl_cuda_mem_stats(dfl_be *be, dfl_cuda_mem *m)
+{
+    cuda_impl *im = cuda_of(be);
+    m->allocated = im->allocated;
+    m->peak = im->peak;
+    m->n_allocs = im->n_recs;
+    m->backend_bytes = im->ws_bytes + sizeof im->rope_host;
+}
+
+/* Take the op's recorded error (if any) into e. */
+static int take_op_error(dfl_be *be, int rc, dfl_err *e)
+{
+    cuda_impl *im = cuda_of(be);
+    if (im->err_code) {
+        rc = im->err_code;
+        dfl_fail(e, rc, "%s", im->err_msg);
+        im->err_code = 0;
+        im->err_msg[0] = 0;
+    } else if (rc) {
+        dfl_fail(e, rc, "%s: failed", be->name);
+    }
+    return rc;
+}
+
+extern "C" int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, int iters,
+                                    float *best_ms, float *heuristic_ms, dfl_err *e)
+{
+    cuda_impl *im = cuda_of(be);
+    if (best_ms)
+        *best_ms = 0;
+    if (heuristic_ms)
+        *heuristic_ms = 0;
+    if (m->M <= 0 || m->N <= 0 || m->K <= 0)
+        return 0;
+    if (max_algos < 1)
+        max_algos = 1;
+    if (max_algos > 32)
+        max_algos = 32;
+    if (iters < 1)
+        iters = 1;
+    int rc = mm_check(be, m);
+    if (rc || (rc = cuda_enter(be)))
+        return take_op_error(be, rc, e);
+    /* finish pending work so that it does not count */
+    if ((rc = cu_sync(be, e)))
+        return rc;
+    cuda_mm_plan *pl;
+    if ((rc = mm_get_plan(be, m, &pl)))
+        return take_op_error(be, rc, e);
+    if (!pl->use_lt)
+        return 0;   /* cublasGemmEx fallback: nothing to choose */
+    cublasLtMatmulHeuristicResult_t res[32];
+    int n = 0;
+    if ((rc = mm_heuristics(be, m, pl, res, max_algos, &n)))
+        return take_op_error(be, rc, e);
+    cudaEvent_t t0 = NULL, t1 = NULL;
+    API_TRY(cudaEventCreate(&t0), "cudaEventCreate");
+    if (cudaEventCreate(&t1) != cudaSuccess) {
+        cudaEventDestroy(t0);
+        return dfl_fail(e, DFL_EDEVICE, "%s: cudaEventCreate failed", be->name);
+    }
+    float best = -1, first = -1;
+    int best_i = -1;
+    for (int i = 0; i < n; i++) {
+        /* warm-up run; an algorithm that fails here is skipped */
+        cublasStatus_t st = cublasLtMatmul(im->lt, pl->desc, &m->alpha, m->B, pl->la, m->A, pl->lb,
+                                           &m->beta, m->C, pl->lc, m->C, pl->lc, &res[i].algo,
+                                           im->ws, im->ws_bytes, im->stream);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            continue;
+        cudaEventRecord(t0, im->stream);
+        for (int it = 0; it < iters; it++)
+            cublasLtMatmul(im->lt, pl->desc, &m->alpha, m->B, pl->la, m->A, pl->lb, &m->beta, m->C,
+                           pl->lc, m->C, pl->lc, &res[i].algo, im->ws, im->ws_bytes, im->stream);
+        cudaEventRecord(t1, im->stream);
+        cudaError_t err = cudaEventSynchronize(t1);
+        float ms = 0;
+        if (err == cudaSuccess)
+            err = cudaEventElapsedTime(&ms, t0, t1);
+        if (err != cudaSuccess) {
+            cudaEventDestroy(t0);
+            cudaEventDestroy(t1);
+            return cuda_fail_err(e, err, "while timing matmul algorithms", be->name);
+        }
+        ms /= (float)iters;
+        if (i == 0)
+            first = ms;
+        if (best < 0 || ms < best) {
+            best = ms;
+            best_i = i;
+        }
+    }
+    cudaEventDestroy(t0);
+    cudaEventDestroy(t1);
+    if (best_i >= 0)
+        pl->algo = res[best_i].algo;
+    if (best_ms)
+        *best_ms = best;
+    if (heuristic_ms)
+        *heuristic_ms = first;
+    return 0;
+}
+
+extern "C" int dfl_cuda_attn_set_variant(dfl_be *be, int d, int v, dfl_err *e)
+{
+    int di = cuda_attn_dim_index(d);
+    if (di < 0)
+        return dfl_fail(e, DFL_EUSAGE, "attention head dimension %d has no tiled kernel (64, 128, "
+                        "256)", d);
+    if (v < 0 || v >= cuda_attn_n_variants(d))
+        return dfl_fail(e, DFL_EUSAGE, "attention variant %d out of range for head dimension %d "
+                        "(0..%d)", v, d, cuda_attn_n_variants(d) - 1);
+    cuda_of(be)->attn_variant[di] = v;
+    return 0;
+}

@@ -1,0 +1,137 @@
+/* be_cuda.cuh: internal to the CUDA backend (the .cu files of kernels/): the backend state, error recording,
+ * element-type helpers shared by the kernels, and the op entry points each .cu file provides. */
+#ifndef DFL_BE_CUDA_CUH
+#define DFL_BE_CUDA_CUH
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "backend.h"
+#include "dtype.h"
+#include "err.h"
+}
+#include "cuda.h"
+
+typedef __nv_bfloat16 bf16;
+
+/* One cached matmul configuration (see be_cuda.cu). */
+struct cuda_mm_key {
+    int64_t M, N, K, lda, ldb, ldc;
+    int32_t adt, bdt, cdt;
+    int32_t ta, tb, beta_nonzero, has_bias;
+    int32_t align_a, align_b, align_c, align_bias;
+};
+
+struct cuda_mm_plan {
+    cuda_mm_key key;
+    bool used;
+    bool use_lt;            /* false: cublasGemmEx fallback (no Lt algorithm found) */
+    bool bias_fused;        /* bias added by the Lt epilogue (else by a separate kernel) */
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;   /* Lt's A (our B), Lt's B (our A), C/D */
+    cublasLtMatmulAlgo_t algo;
+    uint64_t last_use;
+};
+
+#define CUDA_MM_PLANS 96
+#define CUDA_ATTN_DIMS 3       /* head dims 64, 128, 256 */
+#define CUDA_ROPE_SLOTS 8
+#define CUDA_ROPE_MAXHALF 512  /* head dim up to 1024 */
+
+struct cuda_alloc_rec {
+    void *p;
+    size_t bytes;
+};
+
+struct cuda_impl {
+    int device;
+    cudaStream_t stream;       /* compute: every op runs here */
+    cudaStream_t copy_stream;
+    cublasLtHandle_t lt;
+    cublasHandle_t blas;
+    void *ws;                  /* cuBLAS(Lt) workspace */
+    size_t ws_bytes;
+    int sm_count;
+    size_t smem_optin;
+    /* allocations */
+    bool frozen;
+    size_t allocated, peak;
+    cuda_alloc_rec *recs;
+    size_t n_recs, cap_recs;
+    /* matmul plans */
+    cuda_mm_plan plans[CUDA_MM_PLANS];
+    uint64_t plan_clock;
+    /* RoPE inverse frequencies per (theta, d), computed on the host like the CPU op */
+    float *rope_tab;           /* device [CUDA_ROPE_SLOTS][CUDA_ROPE_MAXHALF] */
+    float rope_theta[CUDA_ROPE_SLOTS];
+    int rope_d[CUDA_ROPE_SLOTS];
+    dfl_dtype rope_dt[CUDA_ROPE_SLOTS]; /* the be->rope_dtype it was rounded for */
+    int rope_next;
+    float rope_host[CUDA_ROPE_SLOTS][CUDA_ROPE_MAXHALF];
+    /* attention tile configuration per head dim (index into the variant table) */
+    int attn_variant[CUDA_ATTN_DIMS];
+    /* first error since the last sync */
+    int err_code;
+    char err_msg[768];
+};
+
+static inline cuda_impl *cuda_of(dfl_be *be) { return (cuda_impl *)be->impl; }
+
+/* Record an op failure (kept until the next sync reports it); returns code. */
+int cuda_op_fail(dfl_be *be, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* After a kernel launch: 0, or DFL_EDEVICE recorded with the op's name. */
+int cuda_launch_check(dfl_be *be, const char *op);
+/* Device of the backend made current on this thread. */
+int cuda_enter(dfl_be *be);
+
+/* ---- element helpers for kernels ---- */
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+/* N elements of T loaded / stored as one access (16 bytes when N * sizeof(T) == 16). */
+template <typename T, int N> struct alignas(sizeof(T) * N) Pack {
+    T v[N];
+};
+
+static inline bool is_aligned(const void *p, size_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
+
+/* Blocks for a grid-stride loop over n items with `threads` per block. */
+static inline unsigned grid_for(int64_t n, int threads, int max_blocks)
+{
+    int64_t b = (n + threads - 1) / threads;
+    if (b > max_blocks)
+        b = max_blocks;
+    return (unsigned)(b < 1 ? 1 : b);
+}
+
+/* ---- entry points (ops.cu, attn.cu, be_cuda.cu) ---- */
+int cuda_convert(dfl_be *be, void *y, dfl_dtype dt, const void *x, dfl_dtype st, int64_t n);
+int cuda_embedding(dfl_be *be, void *out, const int32_t *ids, const void *E, int64_t T, int64_t H);
+int cuda_rmsnorm(dfl_be *be, void *y, float *rstd, const void *x, const void *w, int64_t R,
+                 int64_t n, float eps);
+int cuda_add_rmsnorm(dfl_be *be, void *h, const void *d, void *y, float *rstd, const void *w,
+                     int64_t R, int64_t n, float eps);
+int cuda_qknorm_rope(dfl_be *be, void *x, int64_t ld, float *rstd, const void *w,
+                     const int32_t *pos, int64_t R, int heads, int d, float eps, float theta);
+int cuda_swiglu(dfl_be *be, void *out, const void *gu, int64_t R, int64_t I);
+int cuda_add(dfl_be *be, void *y, const void *x, int64_t n);
+/* C[M,N] (ldc, cdt) = beta * C + bias[N] (bias may be NULL; beta == 0 writes without reading) */
+int cuda_scale_bias(dfl_be *be, void *C, dfl_dtype cdt, int64_t ldc, int64_t M, int64_t N,
+                    float beta, const float *bias);
+int cuda_attn_varlen(dfl_be *be, const dfl_attn_varlen *a);
+/* attn.cu: raise shared-memory limits of the attention kernels (once, at open). */
+int cuda_attn_init(dfl_be *be, dfl_err *e);
+int cuda_attn_dim_index(int d);   /* 0, 1, 2 for 64, 128, 256; -1 otherwise */
+int cuda_attn_n_variants(int d);
+
+#endif

@@ -1,0 +1,128 @@
+/* cuda.h: the CUDA backend's C API beyond the op table of backend.h, for the GPU pipeline
+ * (dfl-target) and the GPU tests and benchmarks: the backend's streams, events, pinned host
+ * memory, asynchronous copies, the allocation freeze that guarantees no allocation in the steady
+ * state, device properties, and matmul / attention tuning. Compiled by gcc (lib/, bin/, tests/)
+ * when DFL_CUDA is defined; implemented in kernels/be_cuda.cu. Handles are opaque: no CUDA
+ * header is needed to use this one.
+ *
+ * Every function that takes a dfl_be takes one opened by dfl_be_cuda_open (be->kind ==
+ * DFL_BE_CUDA); the ones that can fail return 0 or a DFL_E* code and fill e (which may be NULL).
+ * Each makes the backend's device current on the calling thread first, so they may be called
+ * from a writer thread.
+ *
+ * How the backend.h ops behave on CUDA: every op is enqueued on the compute stream and returns
+ * at once; an op that fails returns its code and keeps its message, which the next ops->sync
+ * reports (sync also reports errors of kernels that failed while running). ops->upload returns
+ * when the source may be reused (it waits only for pinned sources); ops->download returns when
+ * the data is in dst (it waits for the compute stream); memset0 and copy are asynchronous.
+ * be->act == be->wdt == bf16 (default) or f32. The bf16 ops compute in f32 and round once per
+ * output; the drafter ops (rmsnorm_bwd, ..., adamw) are NULL for now. */
+#ifndef DFL_CUDA_H
+#define DFL_CUDA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "backend.h"
+#include "err.h"
+
+typedef struct dfl_cuda_stream_s *dfl_cuda_stream;  /* a cudaStream_t */
+typedef struct dfl_cuda_event_s *dfl_cuda_event;    /* a cudaEvent_t */
+
+/* ---- device ---- */
+typedef struct dfl_cuda_props {
+    char name[256];        /* "NVIDIA H200" */
+    int device;
+    int cc_major, cc_minor;
+    int sm_count;
+    size_t mem_total;      /* bytes */
+    size_t mem_free;       /* bytes free now (cudaMemGetInfo) */
+    size_t smem_per_block_optin;
+    size_t l2_bytes;
+} dfl_cuda_props;
+
+/* Properties of device `device` (creates its context if needed, for mem_free). */
+int dfl_cuda_device_props(int device, dfl_cuda_props *p, dfl_err *e);
+
+/* ---- streams ----
+ * The compute stream is the one every op of the backend is enqueued on. The copy stream is a
+ * second non-blocking stream of the same device for device->host copies that overlap compute;
+ * order it against the compute stream with events (record on one, wait on the other). */
+dfl_cuda_stream dfl_cuda_compute_stream(dfl_be *be);
+dfl_cuda_stream dfl_cuda_copy_stream(dfl_be *be);
+/* Wait on the host until everything enqueued on s has run; reports asynchronous errors. */
+int dfl_cuda_stream_sync(dfl_be *be, dfl_cuda_stream s, dfl_err *e);
+
+/* ---- events ----
+ * timing: create with timing enabled (for dfl_cuda_event_elapsed); otherwise the cheaper
+ * synchronization-only kind. */
+int dfl_cuda_event_create(dfl_be *be, dfl_cuda_event *ev, bool timing, dfl_err *e);
+void dfl_cuda_event_destroy(dfl_be *be, dfl_cuda_event ev);
+/* Capture the work enqueued on s so far. */
+int dfl_cuda_event_record(dfl_be *be, dfl_cuda_event ev, dfl_cuda_stream s, dfl_err *e);
+/* Make future work on s wait until ev has completed (no host wait). */
+int dfl_cuda_stream_wait_event(dfl_be *be, dfl_cuda_stream s, dfl_cuda_event ev, dfl_err *e);
+/* *done = whether ev has completed (never blocks). */
+int dfl_cuda_event_query(dfl_be *be, dfl_cuda_event ev, bool *done, dfl_err *e);
+/* Wait on the host until ev has completed. */
+int dfl_cuda_event_sync(dfl_be *be, dfl_cuda_event ev, dfl_err *e);
+/* Milliseconds between two completed timing events. */
+int dfl_cuda_event_elapsed(dfl_be *be, dfl_cuda_event start, dfl_cuda_event end, float *ms,
+                           dfl_err *e);
+
+/* ---- pinned host memory ---- */
+/* Page-locked host memory (cudaHostAlloc, portable); NULL with e filled on failure. */
+void *dfl_cuda_host_alloc(dfl_be *be, size_t bytes, dfl_err *e);
+void dfl_cuda_host_free(dfl_be *be, void *p);
+/* Page-lock an existing mapping (e.g. an mmap-ed file) so that copies from it run at full
+ * speed and asynchronously. read_only: the mapping is not writable (PROT_READ). */
+int dfl_cuda_host_register(dfl_be *be, void *p, size_t bytes, bool read_only, dfl_err *e);
+int dfl_cuda_host_unregister(dfl_be *be, void *p, dfl_err *e);
+
+/* ---- asynchronous copies on a given stream ----
+ * Truly asynchronous only with pinned (or registered) host memory: the host buffer must stay
+ * valid and unchanged (upload) / unread (download) until an event recorded after the copy has
+ * completed. */
+int dfl_cuda_download_async(dfl_be *be, void *dst_host, const void *src_dev, size_t bytes,
+                            dfl_cuda_stream s, dfl_err *e);
+int dfl_cuda_upload_async(dfl_be *be, void *dst_dev, const void *src_host, size_t bytes,
+                          dfl_cuda_stream s, dfl_err *e);
+
+/* ---- allocations ----
+ * be_alloc is a plain cudaMalloc, tracked. After dfl_cuda_freeze(be, true) every allocation
+ * fails with DFL_ENOMEM and a message saying so: set up every buffer first, freeze, then run
+ * the steady state. dfl_cuda_freeze(be, false) allows allocation again (teardown, tests). */
+void dfl_cuda_freeze(dfl_be *be, bool frozen);
+bool dfl_cuda_frozen(dfl_be *be);
+typedef struct dfl_cuda_mem {
+    size_t allocated;      /* bytes held now through be_alloc (not counting the backend's own) */
+    size_t peak;           /* most ever held at once */
+    size_t n_allocs;       /* live allocations */
+    size_t backend_bytes;  /* the backend's own buffers (cuBLASLt workspace) */
+} dfl_cuda_mem;
+void dfl_cuda_mem_stats(dfl_be *be, dfl_cuda_mem *m);
+
+/* ---- tuning ----
+ * Time up to max_algos of cuBLASLt's candidate algorithms for this matmul shape (each `iters`
+ * times, on the given buffers: C is overwritten, so pass scratch when beta != 0) and keep the
+ * fastest for every later call with the same shape, types, transposes, leading dimensions and
+ * alignments. best_ms / heuristic_ms (may be NULL): time per call of the chosen algorithm and of
+ * cuBLASLt's first choice. */
+int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, int iters, float *best_ms,
+                         float *heuristic_ms, dfl_err *e);
+
+/* The bf16 attention kernel has a few tile configurations per head dimension. Name of variant
+ * v for head dimension d (NULL when v is out of range), and choose the one attn_varlen uses. */
+const char *dfl_cuda_attn_variant_name(int d, int v);
+int dfl_cuda_attn_set_variant(dfl_be *be, int d, int v, dfl_err *e);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,672 @@
+/* frame_write.c: the .dfl frame writer (dfl-frame(5)). Frames are written front to back with
+ * writev(2) straight from the caller's arrays (header, sections, padding, trailer), hashed with
+ * streaming XXH3 in cache-sized pieces just before each piece is written: no copy of the layer
+ * data unless the frame is compressed. A file is written under a temporary name beside it and
+ * renamed into place after END; pipes are enlarged. */
+#include "frame.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+#include <zstd.h>
+
+#include "json.h"
+#include "util.h"
+
+#define WRITE_CHUNK (4u << 20) /* hash this much, then write it while it is in cache */
+#define GROUP_IOV 64
+
+static const uint8_t zeros[64];
+
+static inline void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+struct dfl_writer {
+    char *name;
+    int fd;
+    bool own_fd;
+    bool atomic;
+    dfl_atomic at;
+    bool want_index;
+    dfl_writer_opts opts;
+    int kind;
+    int n_layers;
+    int64_t hidden, vocab;
+    dfl_dtype dtype;
+    uint64_t bytes, seq, n_batches, n_tokens, n_seqs;
+    dfl_index_entry *entries;
+    size_t cap;
+    XXH3_state_t *xx;
+    ZSTD_CCtx *cctx;
+    uint8_t *raw;     /* gathered (and shuffled) payload, for compression */
+    size_t rawcap;
+    uint8_t *zb;      /* compressed payload */
+    size_t zcap;
+    int failed;
+    char failed_msg[sizeof(((dfl_err *)0)->msg)];
+};
+
+static int wfail(dfl_writer *w, dfl_err *e, int rc)
+{
+    w->failed = rc;
+    memcpy(w->failed_msg, e->msg, sizeof w->failed_msg);
+    return rc;
+}
+
+/* writev of the whole list, through short writes, EINTR and EAGAIN. */
+static int writev_all(dfl_writer *w, struct iovec *iov, int n, dfl_err *e)
+{
+    while (n > 0) {
+        ssize_t k = writev(w->fd, iov, n);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                struct pollfd p = {.fd = w->fd, .events = POLLOUT};
+                poll(&p, 1, -1);
+                continue;
+            }
+            if (errno == EPIPE)
+                return dfl_fail(e, DFL_EPIPE, "%s: the reader went away (broken pipe)", w->name);
+            return dfl_fail_errno(e, DFL_EIO, errno, "%s: write failed", w->name);
+        }
+        size_t done = (size_t)k;
+        while (n > 0 && done >= iov->iov_len) {
+            done -= iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + done;
+            iov->iov_len -= done;
+        }
+    }
+    return DFL_OK;
+}
+
+/* Writes one frame whose payload is the concatenation of pieces (stored_len bytes in all):
+ * frame header, pieces, padding, trailer. Pieces are hashed and written in groups of about
+ * WRITE_CHUNK bytes. */
+static int write_frame(dfl_writer *w, uint32_t type, uint32_t flags, const struct iovec *pieces, int npieces,
+                       uint64_t stored_len, uint64_t raw_len, dfl_err *e)
+{
+    uint8_t hdr[64], trailer[8];
+    memset(hdr, 0, sizeof hdr);
+    memcpy(hdr, DFL_FRAME_MAGIC, 4);
+    hdr[4] = DFL_FRAME_MAJOR;
+    hdr[5] = (uint8_t)flags;
+    put16(hdr + 6, (uint16_t)type);
+    put64(hdr + 8, stored_len);
+    put64(hdr + 16, raw_len);
+    put64(hdr + 24, w->seq);
+    put64(hdr + 56, XXH3_64bits(hdr, 56));
+    uint64_t pad = (64 - (stored_len + 8) % 64) % 64;
+
+    XXH3_64bits_reset(w->xx);
+    struct iovec g[GROUP_IOV + 1];
+    int gn = 0;
+    size_t gbytes = 0;
+    int rc;
+    /* all pieces in order: header, payload pieces, padding */
+    for (int k = -1; k <= npieces; k++) {
+        const uint8_t *base;
+        size_t len;
+        if (k < 0)
+            base = hdr, len = 64;
+        else if (k == npieces)
+            base = zeros, len = (size_t)pad;
+        else
+            base = pieces[k].iov_base, len = pieces[k].iov_len;
+        size_t off = 0;
+        while (off < len) {
+            size_t take = len - off;
+            if (take > WRITE_CHUNK - gbytes)
+                take = WRITE_CHUNK - gbytes;
+            XXH3_64bits_update(w->xx, base + off, take);
+            g[gn].iov_base = (void *)(base + off);
+            g[gn].iov_len = take;
+            gn++;
+            gbytes += take;
+            off += take;
+            if (gbytes == WRITE_CHUNK || gn == GROUP_IOV) {
+                if ((rc = writev_all(w, g, gn, e)))
+                    return rc;
+                gn = 0;
+                gbytes = 0;
+            }
+        }
+    }
+    put64(trailer, XXH3_64bits_digest(w->xx));
+    g[gn].iov_base = trailer;
+    g[gn].iov_len = 8;
+    gn++;
+    if ((rc = writev_all(w, g, gn, e)))
+        return rc;
+    w->bytes += 64 + stored_len + pad + 8;
+    w->seq++;
+    return DFL_OK;
+}
+
+/* ---- opening ---------------------------------------------------------------------------------- */
+
+static int check_info(const dfl_stream_info *in, const char *name, dfl_err *e)
+{
+    if (in->kind != DFL_KIND_TOKENS && in->kind != DFL_KIND_HIDDEN)
+        return dfl_fail(e, DFL_EUSAGE, "%s: stream kind %d is neither tokens nor hidden", name, in->kind);
+    if (memchr(in->producer, 0, sizeof in->producer) == NULL || memchr(in->fingerprint, 0, sizeof in->fingerprint) == NULL)
+        return dfl_fail(e, DFL_EUSAGE, "%s: producer or fingerprint is not a terminated string", name);
+    if (in->vocab_size < 0 || in->vocab_size > INT32_MAX)
+        return dfl_fail(e, DFL_EUSAGE, "%s: vocab_size %lld is out of range", name, (long long)in->vocab_size);
+    if (in->meta && !json_is_object(in->meta))
+        return dfl_fail(e, DFL_EUSAGE, "%s: meta must be a JSON object", name);
+    if (in->kind == DFL_KIND_TOKENS)
+        return DFL_OK;
+    if (in->n_layers < 1 || in->n_layers > DFL_MAX_LAYERS)
+        return dfl_fail(e, DFL_EUSAGE, "%s: %d layers: a hidden stream has 1 to %d", name, in->n_layers, DFL_MAX_LAYERS);
+    if (in->hidden_size < 1 || in->hidden_size > INT32_MAX)
+        return dfl_fail(e, DFL_EUSAGE, "%s: hidden_size %lld is out of range", name, (long long)in->hidden_size);
+    if (in->dtype != DFL_BF16 && in->dtype != DFL_F16 && in->dtype != DFL_F32)
+        return dfl_fail(e, DFL_EUSAGE, "%s: dtype %s: a hidden stream holds bf16, f16 or f32", name,
+                        dfl_dtype_lower(in->dtype));
+    for (int k = 0; k < in->n_layers; k++) {
+        if (in->layers[k] < 0)
+            return dfl_fail(e, DFL_EUSAGE, "%s: layer id %d is negative", name, in->layers[k]);
+        for (int i = 0; i < k; i++)
+            if (in->layers[i] == in->layers[k])
+                return dfl_fail(e, DFL_EUSAGE, "%s: layer %d is listed twice", name, in->layers[k]);
+    }
+    return DFL_OK;
+}
+
+static const char *dtype_key(dfl_dtype t)
+{
+    return t == DFL_BF16 ? "bf16" : t == DFL_F16 ? "f16" : "f32";
+}
+
+static int write_header(dfl_writer *w, const dfl_stream_info *in, dfl_err *e)
+{
+    json_t *j = json_object();
+    if (!j)
+        return dfl_fail(e, DFL_ENOMEM, "%s: out of memory", w->name);
+    json_object_set_new(j, "format", json_string("dfl"));
+    json_object_set_new(j, "version", json_pack("[ii]", DFL_FRAME_MAJOR, DFL_FRAME_MINOR));
+    json_object_set_new(j, "kind", json_string(in->kind == DFL_KIND_TOKENS ? "tokens" : "hidden"));
+    json_object_set_new(j, "producer", json_string(in->producer));
+    if (in->vocab_size > 0)
+        json_object_set_new(j, "vocab_size", json_integer(in->vocab_size));
+    if (in->fingerprint[0])
+        json_object_set_new(j, "fingerprint", json_string(in->fingerprint));
+    if (in->meta)
+        json_object_set(j, "meta", in->meta);
+    if (in->kind == DFL_KIND_HIDDEN) {
+        json_object_set_new(j, "hidden_size", json_integer(in->hidden_size));
+        json_object_set_new(j, "dtype", json_string(dtype_key(in->dtype)));
+        json_t *ly = json_array();
+        for (int k = 0; k < in->n_layers; k++)
+            json_array_append_new(ly, json_integer(in->layers[k]));
+        json_object_set_new(j, "layers", ly);
+    }
+    char *text = dfl_json_dump(j, 0);
+    json_decref(j);
+    if (!text)
+        return dfl_fail(e, DFL_EUSAGE, "%s: cannot serialize the stream description (producer or meta not valid UTF-8?)",
+                        w->name);
+    size_t n = strlen(text);
+    struct iovec iov = {text, n};
+    int rc = n > (16u << 20) ? dfl_fail(e, DFL_EUSAGE, "%s: stream description of %zu bytes is over 16 MiB", w->name, n)
+                             : write_frame(w, DFL_FT_HEADER, 0, &iov, 1, n, n, e);
+    free(text);
+    return rc;
+}
+
+static void writer_free(dfl_writer *w)
+{
+    if (!w)
+        return;
+    free(w->name);
+    free(w->entries);
+    free(w->raw);
+    free(w->zb);
+    ZSTD_freeCCtx(w->cctx);
+    if (w->xx)
+        XXH3_freeState(w->xx);
+    free(w);
+}
+
+/* Enlarges a pipe to the system's maximum (fewer wake-ups per batch); failure is harmless. */
+static void enlarge_pipe(int fd)
+{
+    long max = 1 << 20;
+    FILE *f = fopen("/proc/sys/fs/pipe-max-size", "r");
+    if (f) {
+        if (fscanf(f, "%ld", &max) != 1)
+            max = 1 << 20;
+        fclose(f);
+    }
+    int cur = fcntl(fd, F_GETPIPE_SZ);
+    if (cur >= 0 && cur < max && max <= INT_MAX)
+        (void)fcntl(fd, F_SETPIPE_SZ, (int)max);
+}
+
+static int writer_start(dfl_writer **out, dfl_writer *w, const dfl_stream_info *info, const dfl_writer_opts *opts,
+                        dfl_err *e)
+{
+    int rc;
+    if (opts)
+        w->opts = *opts;
+    if (w->opts.zstd_level < 0 || w->opts.zstd_level > ZSTD_maxCLevel()) {
+        rc = dfl_fail(e, DFL_EUSAGE, "%s: zstd level %d is out of range [0, %d]", w->name, w->opts.zstd_level,
+                      ZSTD_maxCLevel());
+        goto fail;
+    }
+    if ((rc = check_info(info, w->name, e)))
+        goto fail;
+    if (!w->opts.allow_tty && isatty(w->fd)) {
+        rc = dfl_fail(e, DFL_EUSAGE, "%s: refusing to write binary data to a terminal (redirect it to a file or a pipe)",
+                      w->name);
+        goto fail;
+    }
+    struct stat st;
+    if (fstat(w->fd, &st) != 0) {
+        rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot stat", w->name);
+        goto fail;
+    }
+    if (S_ISFIFO(st.st_mode))
+        enlarge_pipe(w->fd);
+    /* an INDEX holds stream offsets: only where the stream starts the file */
+    w->want_index = S_ISREG(st.st_mode) && !w->opts.no_index && lseek(w->fd, 0, SEEK_CUR) == 0;
+    w->kind = info->kind;
+    w->n_layers = info->kind == DFL_KIND_HIDDEN ? info->n_layers : 0;
+    w->hidden = info->kind == DFL_KIND_HIDDEN ? info->hidden_size : 0;
+    w->dtype = info->kind == DFL_KIND_HIDDEN ? info->dtype : DFL_DT_INVALID;
+    w->vocab = info->vocab_size;
+    w->xx = XXH3_createState();
+    if (!w->xx) {
+        rc = dfl_fail(e, DFL_ENOMEM, "%s: out of memory", w->name);
+        goto fail;
+    }
+    if ((rc = write_header(w, info, e)))
+        goto fail;
+    *out = w;
+    return DFL_OK;
+fail:
+    dfl_writer_abort(w);
+    return rc;
+}
+
+int dfl_writer_open_fd(dfl_writer **out, int fd, const char *name, const dfl_stream_info *info,
+                       const dfl_writer_opts *opts, dfl_err *e)
+{
+    *out = NULL;
+    dfl_writer *w = calloc(1, sizeof *w);
+    if (!w || !(w->name = dfl_strdup(name))) {
+        free(w);
+        return dfl_fail(e, DFL_ENOMEM, "%s: out of memory", name);
+    }
+    w->fd = fd;
+    return writer_start(out, w, info, opts, e);
+}
+
+int dfl_writer_open(dfl_writer **out, const char *path, const dfl_stream_info *info, const dfl_writer_opts *opts,
+                    dfl_err *e)
+{
+    *out = NULL;
+    if (strcmp(path, "-") == 0)
+        return dfl_writer_open_fd(out, 1, "stdout", info, opts, e);
+    dfl_writer *w = calloc(1, sizeof *w);
+    if (!w || !(w->name = dfl_strdup(path))) {
+        free(w);
+        return dfl_fail(e, DFL_ENOMEM, "%s: out of memory", path);
+    }
+    w->fd = -1;
+    struct stat st;
+    int rc;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        /* a FIFO or a device: written directly, there is nothing to rename */
+        if (S_ISDIR(st.st_mode)) {
+            rc = dfl_fail(e, DFL_EUSAGE, "%s: is a directory", path);
+            writer_free(w);
+            return rc;
+        }
+        w->fd = open(path, O_WRONLY | O_CLOEXEC);
+        if (w->fd < 0) {
+            rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot open for writing", path);
+            writer_free(w);
+            return rc;
+        }
+        w->own_fd = true;
+    } else {
+        if ((rc = dfl_atomic_open(&w->at, path, e))) {
+            writer_free(w);
+            return rc;
+        }
+        w->atomic = true;
+        w->fd = w->at.fd;
+    }
+    return writer_start(out, w, info, opts, e);
+}
+
+/* ---- batches ---------------------------------------------------------------------------------- */
+
+static int check_batch(dfl_writer *w, const dfl_batch *b, uint32_t *max_len, dfl_err *e)
+{
+    uint64_t idx = w->n_batches, T = b->n_tokens;
+    uint32_t S = b->n_seqs;
+    if (T < 1 || T > UINT32_MAX || S < 1 || S > T)
+        return dfl_fail(e, DFL_EUSAGE, "%s: batch %llu: %llu tokens in %u sequences (need 1 <= sequences <= tokens < 2^32)",
+                        w->name, (unsigned long long)idx, (unsigned long long)T, S);
+    if (!b->seq_lens || !b->input_ids || !b->loss_mask)
+        return dfl_fail(e, DFL_EUSAGE, "%s: batch %llu: missing seq_lens, input_ids or loss_mask", w->name,
+                        (unsigned long long)idx);
+    if (w->kind == DFL_KIND_TOKENS) {
+        if (b->n_layers != 0)
+            return dfl_fail(e, DFL_EUSAGE, "%s: batch %llu has %u layers, but this is a tokens stream", w->name,
+                            (unsigned long long)idx, b->n_layers);
+    } else {
+        if (b->n_layers != (uint32_t)w->n_layers || b->hidden != (uint64_t)w->hidden || b->dtype != w->dtype)
+            return dfl_fail(e, DFL_EMISMATCH, "%s: batch %llu is %u layers x %u of %s, the stream is %d x %lld of %s",
+                            w->name, (unsigned long long)idx, b->n_layers, b->hidden, dfl_dtype_lower(b->dtype),
+                            w->n_layers, (long long)w->hidden, dfl_dtype_lower(w->dtype));
+        for (uint32_t k = 0; k < b->n_layers; k++)
+            if (!b->layers[k])
+                return dfl_fail(e, DFL_EUSAGE, "%s: batch %llu: layer array %u is missing", w->name,
+                                (unsigned long long)idx, k);
+    }
+    uint64_t sum = 0;
+    uint32_t mx = 0, zero = 0;
+    for (uint32_t i = 0; i < S; i++) {
+        uint32_t s = b->seq_lens[i];
+        sum += s;
+        mx = s > mx ? s : mx;
+        zero |= s == 0;
+    }
+    if (zero || sum != T)
+        return dfl_fail(e, DFL_EDATA, "%s: batch %llu: seq_lens %s (sum %llu, n_tokens %llu)", w->name,
+                        (unsigned long long)idx, zero ? "include a 0" : "do not sum to n_tokens",
+                        (unsigned long long)sum, (unsigned long long)T);
+    if (b->max_len && b->max_len != mx)
+        return dfl_fail(e, DFL_EDATA, "%s: batch %llu: max_len %u, but the longest sequence is %u", w->name,
+                        (unsigned long long)idx, b->max_len, mx);
+    uint32_t lim = w->vocab > 0 ? (uint32_t)w->vocab : 0x80000000u, bad = 0;
+    const uint32_t *ids = (const uint32_t *)b->input_ids;
+    for (uint64_t i = 0; i < T; i++)
+        bad |= ids[i] >= lim;
+    if (bad)
+        for (uint64_t i = 0; i < T; i++)
+            if (ids[i] >= lim)
+                return dfl_fail(e, DFL_EDATA, "%s: batch %llu: token %llu has id %d, outside [0, %u)", w->name,
+                                (unsigned long long)idx, (unsigned long long)i, b->input_ids[i], lim);
+    uint8_t mbad = 0;
+    for (uint64_t i = 0; i < T; i++)
+        mbad |= b->loss_mask[i] & 0xfe;
+    if (mbad)
+        for (uint64_t i = 0; i < T; i++)
+            if (b->loss_mask[i] > 1)
+                return dfl_fail(e, DFL_EDATA, "%s: batch %llu: loss_mask[%llu] is %u (must be 0 or 1)", w->name,
+                                (unsigned long long)idx, (unsigned long long)i, b->loss_mask[i]);
+    *max_len = mx;
+    return DFL_OK;
+}
+
+/* Copies a piece of the payload at offset off into the (zeroed) buffer, byte-shuffled with width
+ * sw (1: plain copy); n = raw_len / sw elements in all. off is a multiple of 64. */
+static void scatter(uint8_t *dst, uint64_t n, const uint8_t *src, size_t len, uint64_t off, unsigned sw)
+{
+    if (sw == 1) {
+        memcpy(dst + off, src, len);
+        return;
+    }
+    size_t m = len / sw, i0 = (size_t)(off / sw);
+    if (sw == 2) {
+        uint8_t *d0 = dst + i0, *d1 = dst + n + i0;
+        for (size_t i = 0; i < m; i++) {
+            d0[i] = src[2 * i];
+            d1[i] = src[2 * i + 1];
+        }
+    } else {
+        uint8_t *d0 = dst + i0, *d1 = dst + n + i0, *d2 = dst + 2 * n + i0, *d3 = dst + 3 * n + i0;
+        for (size_t i = 0; i < m; i++) {
+            d0[i] = src[4 * i];
+            d1[i] = src[4 * i + 1];
+            d2[i] = src[4 * i + 2];
+            d3[i] = src[4 * i + 3];
+        }
+    }
+    for (size_t j = 0; j < len % sw; j++) /* a partial last element: the rest of it is padding */
+        dst[j * n + i0 + m] = src[m * sw + j];
+}
+
+static int grow(uint8_t **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return 0;
+    uint8_t *p = NULL;
+    if (posix_memalign((void **)&p, 64, need) != 0)
+        return -1;
+    free(*buf);
+    *buf = p;
+    *cap = need;
+    return 0;
+}
+
+int dfl_writer_batch(dfl_writer *w, const dfl_batch *b, dfl_err *e)
+{
+    if (w->failed)
+        return dfl_fail(e, w->failed, "%s", w->failed_msg);
+    uint32_t max_len = 0;
+    int rc = check_batch(w, b, &max_len, e);
+    if (rc)
+        return rc; /* nothing written: the stream is still good */
+    uint64_t T = b->n_tokens;
+    uint32_t S = b->n_seqs, K = b->n_layers, H = b->hidden;
+    dfl_batch_layout l;
+    if (!dfl_batch_layout_of(T, S, K, H, b->dtype, &l) || l.size > SIZE_MAX / 2)
+        return dfl_fail(e, DFL_EUSAGE, "%s: batch %llu is too large", w->name, (unsigned long long)w->n_batches);
+    uint8_t bh[64];
+    memset(bh, 0, sizeof bh);
+    put64(bh, w->n_batches);
+    put64(bh + 8, T);
+    put32(bh + 16, S);
+    put32(bh + 20, K);
+    put32(bh + 24, H);
+    put16(bh + 28, (uint16_t)(K ? b->dtype : 0));
+    put32(bh + 32, max_len);
+
+    /* the payload as pieces, each followed by its padding */
+    struct iovec pieces[2 * (4 + DFL_MAX_LAYERS)];
+    uint64_t at[2 * (4 + DFL_MAX_LAYERS)];
+    int np = 0;
+    uint64_t off = 0;
+#define PIECE(ptr, len)                                                                                \
+    do {                                                                                               \
+        pieces[np].iov_base = (void *)(ptr);                                                           \
+        pieces[np].iov_len = (size_t)(len);                                                            \
+        at[np++] = off;                                                                                \
+        off += (len);                                                                                  \
+        if (off % 64) {                                                                                \
+            uint64_t p_ = 64 - off % 64;                                                               \
+            pieces[np].iov_base = (void *)zeros;                                                       \
+            pieces[np].iov_len = (size_t)p_;                                                           \
+            at[np++] = UINT64_MAX; /* padding: already zero in a gathered buffer */                    \
+            off += p_;                                                                                 \
+        }                                                                                              \
+    } while (0)
+    PIECE(bh, 64);
+    PIECE(b->seq_lens, 4ull * S);
+    PIECE(b->input_ids, 4 * T);
+    PIECE(b->loss_mask, T);
+    uint64_t layer_bytes = T * H * (K ? dfl_dtype_size(b->dtype) : 0);
+    for (uint32_t k = 0; k < K; k++)
+        PIECE(b->layers[k], layer_bytes);
+#undef PIECE
+    uint32_t type = w->kind == DFL_KIND_TOKENS ? DFL_FT_TOKENS : DFL_FT_HIDDEN;
+    uint64_t frame_off = w->bytes;
+
+    bool compressed = false;
+    if (w->opts.zstd_level > 0) {
+        unsigned sw = 1;
+        uint32_t flags = DFL_FF_ZSTD;
+        if (K) {
+            sw = (unsigned)dfl_dtype_size(b->dtype);
+            flags |= sw == 2 ? DFL_FF_SHUFFLE2 : DFL_FF_SHUFFLE4;
+        }
+        size_t bound = ZSTD_compressBound((size_t)l.size);
+        if (!w->cctx) {
+            /* zstd's multi-threaded mode gives the same bytes for any number of workers >= 1, so
+             * the output does not depend on the machine */
+            int workers = dfl_ncpu() < 16 ? dfl_ncpu() : 16;
+            if (!(w->cctx = ZSTD_createCCtx()))
+                return wfail(w, e, dfl_fail(e, DFL_ENOMEM, "%s: out of memory for zstd", w->name));
+            ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_compressionLevel, w->opts.zstd_level);
+            ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_contentSizeFlag, 1);
+            ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_checksumFlag, 0);
+            if (ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_nbWorkers, workers < 1 ? 1 : workers)))
+                return wfail(w, e, dfl_fail(e, DFL_EUNSUP, "%s: this zstd library has no multi-threaded mode", w->name));
+        }
+        if (grow(&w->raw, &w->rawcap, (size_t)l.size) || grow(&w->zb, &w->zcap, bound))
+            return wfail(w, e, dfl_fail(e, DFL_ENOMEM, "%s: out of memory for compressing %llu bytes", w->name,
+                                        (unsigned long long)l.size));
+        memset(w->raw, 0, (size_t)l.size);
+        for (int i = 0; i < np; i++)
+            if (at[i] != UINT64_MAX)
+                scatter(w->raw, l.size / sw, pieces[i].iov_base, pieces[i].iov_len, at[i], sw);
+        ZSTD_CCtx_reset(w->cctx, ZSTD_reset_session_only);
+        size_t zn = ZSTD_compress2(w->cctx, w->zb, bound, w->raw, (size_t)l.size);
+        if (ZSTD_isError(zn))
+            return wfail(w, e, dfl_fail(e, DFL_EIO, "%s: zstd compression failed: %s", w->name, ZSTD_getErrorName(zn)));
+        if (zn < l.size) {
+            struct iovec z = {w->zb, zn};
+            rc = write_frame(w, type, flags, &z, 1, zn, l.size, e);
+            compressed = true;
+        }
+    }
+    if (!compressed)
+        rc = write_frame(w, type, 0, pieces, np, l.size, l.size, e);
+    if (rc)
+        return wfail(w, e, rc);
+    if (w->want_index) {
+        if (w->n_batches == w->cap) {
+            size_t cap = w->cap ? w->cap * 2 : 256;
+            dfl_index_entry *p = realloc(w->entries, cap * sizeof *p);
+            if (!p)
+                return wfail(w, e, dfl_fail(e, DFL_ENOMEM, "%s: out of memory", w->name));
+            w->entries = p;
+            w->cap = cap;
+        }
+        w->entries[w->n_batches] = (dfl_index_entry){frame_off, S, (uint32_t)T};
+    }
+    w->n_batches++;
+    w->n_tokens += T;
+    w->n_seqs += S;
+    return DFL_OK;
+}
+
+int dfl_writer_note(dfl_writer *w, const json_t *note, dfl_err *e)
+{
+    if (w->failed)
+        return dfl_fail(e, w->failed, "%s", w->failed_msg);
+    if (!json_is_object(note))
+        return dfl_fail(e, DFL_EUSAGE, "%s: a NOTE is a JSON object", w->name);
+    char *text = dfl_json_dump(note, 0);
+    if (!text)
+        return dfl_fail(e, DFL_EUSAGE, "%s: cannot serialize the NOTE", w->name);
+    size_t n = strlen(text);
+    struct iovec iov = {text, n};
+    int rc = n > (16u << 20) ? dfl_fail(e, DFL_EUSAGE, "%s: NOTE of %zu bytes is over 16 MiB", w->name, n)
+                             : write_frame(w, DFL_FT_NOTE, DFL_FF_SKIPPABLE, &iov, 1, n, n, e);
+    free(text);
+    if (rc && rc != DFL_EUSAGE)
+        wfail(w, e, rc);
+    return rc;
+}
+
+uint64_t dfl_writer_bytes(const dfl_writer *w) { return w->bytes; }
+
+int dfl_writer_close(dfl_writer *w, dfl_err *e)
+{
+    if (!w)
+        return DFL_OK;
+    int rc = DFL_OK;
+    if (w->failed) {
+        rc = dfl_fail(e, w->failed, "%s", w->failed_msg);
+        dfl_writer_abort(w);
+        return rc;
+    }
+    uint64_t index_off = 0;
+    if (w->want_index) {
+        uint64_t n = w->n_batches, len = 16 + 16 * n;
+        uint8_t *p = malloc((size_t)len);
+        if (!p) {
+            rc = dfl_fail(e, DFL_ENOMEM, "%s: out of memory for the index", w->name);
+            dfl_writer_abort(w);
+            return rc;
+        }
+        put64(p, n);
+        put64(p + 8, 0);
+        for (uint64_t i = 0; i < n; i++) {
+            put64(p + 16 + 16 * i, w->entries[i].offset);
+            put32(p + 24 + 16 * i, w->entries[i].n_seqs);
+            put32(p + 28 + 16 * i, w->entries[i].n_tokens);
+        }
+        index_off = w->bytes;
+        struct iovec iov = {p, (size_t)len};
+        rc = write_frame(w, DFL_FT_INDEX, DFL_FF_SKIPPABLE, &iov, 1, len, len, e);
+        free(p);
+        if (rc) {
+            dfl_writer_abort(w);
+            return rc;
+        }
+    }
+    uint8_t end[64];
+    memset(end, 0, sizeof end);
+    put64(end, w->n_batches);
+    put64(end + 8, w->n_tokens);
+    put64(end + 16, w->n_seqs);
+    put64(end + 24, index_off);
+    put64(end + 32, w->seq);
+    struct iovec iov = {end, 64};
+    if ((rc = write_frame(w, DFL_FT_END, 0, &iov, 1, 64, 64, e))) {
+        dfl_writer_abort(w);
+        return rc;
+    }
+    if (w->atomic) {
+        rc = dfl_atomic_commit(&w->at, e);
+        w->atomic = false;
+    } else if (w->own_fd) {
+        if (close(w->fd) != 0)
+            rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: close failed", w->name);
+        w->own_fd = false;
+    }
+    writer_free(w);
+    return rc;
+}
+
+void dfl_writer_abort(dfl_writer *w)
+{
+    if (!w)
+        return;
+    if (w->atomic)
+        dfl_atomic_abort(&w->at);
+    else if (w->own_fd && w->fd >= 0)
+        close(w->fd);
+    writer_free(w);
+}

@@ -1,0 +1,358 @@
+/* bench-ops.c: timings of the CUDA backend's ops on the Qwen3-8B layer shapes (T = 16384 tokens
+ * as 8 sequences of 2048; hidden 4096, 32 query / 8 kv heads of 128, intermediate 12288),
+ * against the ceilings measured in the same run: the cuBLAS rate of an 8192^3 bf16 GEMM and the
+ * device-to-device copy bandwidth. Prints TFLOP/s or GB/s per op, every attention tile variant,
+ * and a projection of the 36-layer forward in tokens/s. Not a test: run by hand on a GPU
+ * machine (build/tests/bench-ops); exits 77 without a GPU.
+ *   bench-ops [--quick]   (--quick: fewer iterations) */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "dtype.h"
+#include "err.h"
+
+#ifdef DFL_CUDA
+#include "../../kernels/cuda.h"
+
+static dfl_be *be;
+static dfl_cuda_event ev0, ev1;
+static int iters = 20;
+
+static void die(const char *what, const dfl_err *e)
+{
+    fprintf(stderr, "bench-ops: %s: %s\n", what, e ? e->msg : "failed");
+    exit(1);
+}
+
+static void *dalloc(size_t bytes)
+{
+    dfl_err e = {0};
+    void *p = be_alloc(be, bytes, &e);
+    if (!p)
+        die("alloc", &e);
+    return p;
+}
+
+/* fill n bf16 values ~ U(-a, a) on the device (through a host buffer) */
+static void fill_bf16(void *dev, size_t n, float a, uint64_t seed)
+{
+    const size_t chunk = (size_t)1 << 24;
+    uint16_t *h = malloc(chunk * sizeof *h);
+    if (!h)
+        die("malloc", NULL);
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (size_t off = 0; off < n; off += chunk) {
+        size_t m = n - off < chunk ? n - off : chunk;
+        for (size_t i = 0; i < m; i++) {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            float u = (float)((x * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f;
+            h[i] = dfl_f32_to_bf16(a * (2 * u - 1));
+        }
+        if (be->ops->upload(be, (uint16_t *)dev + off, h, m * 2))
+            die("upload", NULL);
+    }
+    free(h);
+}
+
+static void check_sync(const char *what)
+{
+    dfl_err e = {0};
+    if (be->ops->sync(be, &e))
+        die(what, &e);
+}
+
+/* Milliseconds per call of fn(arg), averaged over `n` calls after one warm-up call. */
+static double time_ms(void (*fn)(void *), void *arg, int n)
+{
+    dfl_err e = {0};
+    dfl_cuda_stream s = dfl_cuda_compute_stream(be);
+    fn(arg);
+    check_sync("warm-up");
+    if (dfl_cuda_event_record(be, ev0, s, &e))
+        die("event", &e);
+    for (int i = 0; i < n; i++)
+        fn(arg);
+    if (dfl_cuda_event_record(be, ev1, s, &e) || dfl_cuda_event_sync(be, ev1, &e))
+        die("event", &e);
+    check_sync("timed runs");
+    float ms = 0;
+    if (dfl_cuda_event_elapsed(be, ev0, ev1, &ms, &e))
+        die("elapsed", &e);
+    return ms / n;
+}
+
+/* ---- GEMM ---- */
+
+static void run_mm(void *arg)
+{
+    if (be->ops->matmul(be, (const dfl_mm *)arg))
+        check_sync("matmul");
+}
+
+/* y[M,N] = x[M,K] W[N,K]^T, the nn.Linear layout; returns the tuned ms per call */
+static double bench_gemm(const char *name, int64_t M, int64_t N, int64_t K, double peak_tflops,
+                         void *x, void *w, void *y)
+{
+    dfl_err e = {0};
+    dfl_mm m = {.M = M, .N = N, .K = K, .A = x, .adt = DFL_BF16, .lda = K, .B = w, .bdt = DFL_BF16,
+                .ldb = K, .tb = true, .C = y, .cdt = DFL_BF16, .ldc = N, .alpha = 1, .beta = 0};
+    double flop = 2.0 * M * N * K;
+    double t_heur = time_ms(run_mm, &m, iters);
+    float best = 0, first = 0;
+    if (dfl_cuda_matmul_tune(be, &m, 16, 5, &best, &first, &e))
+        die("tune", &e);
+    double t_tuned = time_ms(run_mm, &m, iters);
+    double tf_h = flop / t_heur / 1e9, tf_t = flop / t_tuned / 1e9;
+    printf("gemm %-28s %6lldx%-6lldx%-6lld heuristic %7.3f ms %6.1f TFLOP/s | tuned %7.3f ms %6.1f TFLOP/s",
+           name, (long long)M, (long long)N, (long long)K, t_heur, tf_h, t_tuned, tf_t);
+    if (peak_tflops > 0)
+        printf(" (%3.0f%% of peak)", 100.0 * (tf_t > tf_h ? tf_t : tf_h) / peak_tflops);
+    printf("\n");
+    return t_tuned < t_heur ? t_tuned : t_heur;
+}
+
+/* ---- attention ---- */
+
+struct attn_arg {
+    dfl_attn_varlen a;
+};
+
+static void run_attn(void *arg)
+{
+    if (be->ops->attn_varlen(be, &((struct attn_arg *)arg)->a))
+        check_sync("attention");
+}
+
+/* returns the best ms of the variants (and leaves the best one selected) */
+static double bench_attn(int d, int nh, int nkv, const int *lens, int nseq, const char *label)
+{
+    dfl_err e = {0};
+    int64_t T = 0;
+    int max_len = 0;
+    double flop = 0;
+    int32_t *cu = malloc(((size_t)nseq + 1) * sizeof *cu);
+    cu[0] = 0;
+    for (int s = 0; s < nseq; s++) {
+        cu[s + 1] = cu[s] + lens[s];
+        T += lens[s];
+        if (lens[s] > max_len)
+            max_len = lens[s];
+        flop += 4.0 * (double)lens[s] * lens[s] / 2 * d * nh;   /* causal: half of 4 S^2 d */
+    }
+    int64_t ld = (int64_t)(nh + 2 * nkv) * d;
+    void *qkv = dalloc((size_t)T * ld * 2), *o = dalloc((size_t)T * nh * d * 2);
+    int32_t *dcu = dalloc(((size_t)nseq + 1) * 4);
+    fill_bf16(qkv, (size_t)T * ld, 2.0f, (uint64_t)d * 7 + (uint64_t)nseq);
+    if (be->ops->upload(be, dcu, cu, ((size_t)nseq + 1) * 4))
+        die("upload", NULL);
+    struct attn_arg arg = {{.q = qkv, .ldq = ld, .k = (uint16_t *)qkv + (int64_t)nh * d, .ldk = ld,
+                            .v = (uint16_t *)qkv + (int64_t)(nh + nkv) * d, .ldv = ld, .o = o,
+                            .ldo = (int64_t)nh * d, .cu_seqlens = dcu, .n_seqs = nseq,
+                            .max_len = max_len, .T = T, .n_heads = nh, .n_kv = nkv, .d = d,
+                            .scale = 1.0f / sqrtf((float)d)}};
+    double best = 1e30;
+    int best_v = 0;
+    for (int v = 0; dfl_cuda_attn_variant_name(d, v); v++) {
+        if (dfl_cuda_attn_set_variant(be, d, v, &e))
+            die("variant", &e);
+        double ms = time_ms(run_attn, &arg, iters);
+        printf("attn %-22s d%-3d heads %2d/%-2d T %-6lld %-52s %7.3f ms %6.1f TFLOP/s\n", label, d, nh,
+               nkv, (long long)T, dfl_cuda_attn_variant_name(d, v), ms, flop / ms / 1e9);
+        if (ms < best) {
+            best = ms;
+            best_v = v;
+        }
+    }
+    if (dfl_cuda_attn_set_variant(be, d, best_v, &e))
+        die("variant", &e);
+    printf("attn %-22s d%-3d best: %s\n", label, d, dfl_cuda_attn_variant_name(d, best_v));
+    be->ops->free(be, qkv);
+    be->ops->free(be, o);
+    be->ops->free(be, dcu);
+    free(cu);
+    return best;
+}
+
+/* ---- elementwise ---- */
+
+struct ew {
+    int kind;
+    void *a, *b, *c, *w;
+    float *rstd;
+    int32_t *ids, *pos;
+    int64_t T, H, I;
+};
+
+static void run_ew(void *arg)
+{
+    struct ew *x = arg;
+    int rc = 0;
+    switch (x->kind) {
+    case 0: rc = be->ops->rmsnorm(be, x->c, x->rstd, x->a, x->w, x->T, x->H, 1e-6f); break;
+    case 1: rc = be->ops->add_rmsnorm(be, x->a, x->b, x->c, NULL, x->w, x->T, x->H, 1e-6f); break;
+    case 2: rc = be->ops->swiglu(be, x->c, x->a, x->T, x->I); break;
+    case 3:   /* q and k heads of a fused QKV row [T, 6144] */
+        rc = be->ops->qknorm_rope(be, x->a, 6144, NULL, x->w, x->pos, x->T, 32, 128, 1e-6f, 1e6f);
+        if (!rc)
+            rc = be->ops->qknorm_rope(be, (uint16_t *)x->a + 4096, 6144, NULL, x->w, x->pos, x->T, 8,
+                                      128, 1e-6f, 1e6f);
+        break;
+    case 4: rc = be->ops->add(be, x->a, x->b, x->T * x->H); break;
+    case 5: rc = be->ops->embedding(be, x->c, x->ids, x->a, x->T, x->H); break;
+    }
+    if (rc)
+        check_sync("elementwise op");
+}
+
+static void run_copy(void *arg)
+{
+    struct ew *x = arg;
+    if (be->ops->copy(be, x->b, x->a, (size_t)x->T * x->H * 2))
+        check_sync("copy");
+}
+
+static double bench_ew(const char *name, struct ew *x, double bytes, double copy_gbs)
+{
+    double ms = time_ms(run_ew, x, iters);
+    double gbs = bytes / ms / 1e6;
+    printf("op   %-28s %8.3f ms %7.0f GB/s (%3.0f%% of copy bandwidth)\n", name, ms, gbs,
+           100 * gbs / copy_gbs);
+    return ms;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "--quick") == 0)
+        iters = 5;
+    if (dfl_be_cuda_count() <= 0) {
+        printf("skip: no CUDA GPU\n");
+        return 77;
+    }
+    dfl_err e = {0};
+    if (dfl_be_cuda_open(&be, 0, DFL_BF16, &e))
+        die("open", &e);
+    if (dfl_cuda_event_create(be, &ev0, true, &e) || dfl_cuda_event_create(be, &ev1, true, &e))
+        die("event", &e);
+    dfl_cuda_props pr;
+    if (dfl_cuda_device_props(0, &pr, &e))
+        die("props", &e);
+    printf("device: %s, %d SMs, %.0f GB (%.0f GB free)\n", pr.name, pr.sm_count, pr.mem_total / 1e9,
+           pr.mem_free / 1e9);
+
+    /* ceilings */
+    const int64_t P = 8192;
+    void *pa = dalloc((size_t)P * P * 2), *pb = dalloc((size_t)P * P * 2), *pc = dalloc((size_t)P * P * 2);
+    fill_bf16(pa, (size_t)P * P, 1, 1);
+    fill_bf16(pb, (size_t)P * P, 1, 2);
+    double t_peak = bench_gemm("peak 8192^3", P, P, P, 0, pa, pb, pc);
+    double peak = 2.0 * P * P * P / t_peak / 1e9;
+    printf("ceiling: cuBLAS bf16 GEMM %.1f TFLOP/s\n", peak);
+    be->ops->free(be, pa);
+    be->ops->free(be, pb);
+    be->ops->free(be, pc);
+
+    const int64_t T = 16384, H = 4096, I = 12288, QKV = 6144;
+    struct ew cp = {.a = dalloc((size_t)T * H * 2 * 4), .b = dalloc((size_t)T * H * 2 * 4), .T = T, .H = H * 4};
+    double t_copy = time_ms(run_copy, &cp, iters);
+    double copy_gbs = 2.0 * T * H * 4 * 2 / t_copy / 1e6;
+    printf("ceiling: device-to-device copy %.0f GB/s (read + write)\n", copy_gbs);
+    be->ops->free(be, cp.a);
+    be->ops->free(be, cp.b);
+
+    /* the layer's GEMMs */
+    void *x = dalloc((size_t)T * I * 2), *w = dalloc((size_t)2 * I * H * 2), *y = dalloc((size_t)T * 2 * I * 2);
+    fill_bf16(x, (size_t)T * I, 1, 3);
+    fill_bf16(w, (size_t)2 * I * H, 0.02f, 4);
+    double t_gemm = 0;
+    t_gemm += bench_gemm("qkv_proj", T, QKV, H, peak, x, w, y);
+    t_gemm += bench_gemm("o_proj", T, H, H, peak, x, w, y);
+    t_gemm += bench_gemm("gate_up_proj", T, 2 * I, H, peak, x, w, y);
+    t_gemm += bench_gemm("down_proj", T, H, I, peak, x, w, y);
+    double layer_flop = 2.0 * T * H * (QKV + H + 2 * I + I);
+    printf("gemm layer total %.3f ms, %.1f TFLOP/s (%.0f%% of peak)\n", t_gemm, layer_flop / t_gemm / 1e9,
+           100 * layer_flop / t_gemm / 1e9 / peak);
+
+    /* elementwise ops of the layer (x, y reused as scratch) */
+    double copy_ref = copy_gbs;
+    void *wn = dalloc((size_t)H * 2);
+    fill_bf16(wn, (size_t)H, 1, 5);
+    int32_t *pos = dalloc((size_t)T * 4), *ids = dalloc((size_t)T * 4);
+    int32_t *hp = malloc((size_t)T * 4);
+    for (int64_t t = 0; t < T; t++)
+        hp[t] = (int32_t)(t % 2048);
+    be->ops->upload(be, pos, hp, (size_t)T * 4);
+    for (int64_t t = 0; t < T; t++)
+        hp[t] = (int32_t)((t * 7919) % 151936);
+    be->ops->upload(be, ids, hp, (size_t)T * 4);
+    free(hp);
+    void *emb = dalloc((size_t)151936 * H * 2);
+    double t_ew = 0;
+    struct ew r0 = {.kind = 0, .a = x, .c = y, .w = wn, .T = T, .H = H};
+    bench_ew("rmsnorm [16384,4096]", &r0, 2.0 * T * H * 2, copy_ref);
+    struct ew r1 = {.kind = 1, .a = x, .b = (uint16_t *)x + T * H, .c = y, .w = wn, .T = T, .H = H};
+    t_ew += 2 * bench_ew("add_rmsnorm [16384,4096]", &r1, 4.0 * T * H * 2, copy_ref);
+    struct ew r2 = {.kind = 2, .a = y, .c = x, .T = T, .I = I};
+    t_ew += bench_ew("swiglu [16384,2*12288]", &r2, 3.0 * T * I * 2, copy_ref);
+    struct ew r3 = {.kind = 3, .a = y, .w = wn, .pos = pos, .T = T};
+    t_ew += bench_ew("qknorm_rope q+k [16384,6144]", &r3, 2.0 * T * (QKV - 1024) * 2, copy_ref);
+    struct ew r4 = {.kind = 4, .a = x, .b = y, .T = T, .H = H};
+    bench_ew("add [16384*4096]", &r4, 3.0 * T * H * 2, copy_ref);
+    struct ew r5 = {.kind = 5, .a = emb, .c = x, .ids = ids, .T = T, .H = H};
+    bench_ew("embedding [16384,4096]", &r5, 2.0 * T * H * 2, copy_ref);
+    be->ops->free(be, x);
+    be->ops->free(be, y);
+    be->ops->free(be, w);
+    be->ops->free(be, emb);
+
+    /* attention */
+    int lens8[8], lensmix[64];
+    for (int i = 0; i < 8; i++)
+        lens8[i] = 2048;
+    int nmix = 0, tot = 0;
+    uint64_t r = 12345;
+    while (tot < 16384 - 64 && nmix < 64) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        int L = 1 + (int)((r >> 33) % 4096);
+        if (tot + L > 16384)
+            L = 16384 - tot;
+        lensmix[nmix++] = L;
+        tot += L;
+    }
+    double t_attn = bench_attn(128, 32, 8, lens8, 8, "8 x 2048");
+    bench_attn(128, 32, 8, lensmix, nmix, "mixed 1..4096");
+    int lens1[1] = {16384};
+    bench_attn(128, 32, 8, lens1, 1, "1 x 16384");
+    bench_attn(64, 32, 8, lens8, 8, "8 x 2048");
+    bench_attn(256, 16, 4, lens8, 8, "8 x 2048");
+
+    /* projection: 36 layers of the measured pieces (per layer: 4 GEMMs, attention, two
+     * add_rmsnorm, qknorm_rope of q and k, swiglu) */
+    double layer = t_gemm + t_attn + t_ew;
+    printf("layer estimate: gemm %.3f + attention %.3f + elementwise %.3f = %.3f ms; 36 layers: "
+           "%.0f tokens/s (goal: 1.35 x HF ~ 40000)\n", t_gemm, t_attn, t_ew, layer,
+           T / (36 * layer / 1e3));
+
+    dfl_cuda_event_destroy(be, ev0);
+    dfl_cuda_event_destroy(be, ev1);
+    be->ops->free(be, wn);
+    be->ops->free(be, pos);
+    be->ops->free(be, ids);
+    dfl_be_close(be);
+    return 0;
+}
+
+#else
+
+int main(void)
+{
+    printf("skip: no CUDA GPU (this build has no CUDA support)\n");
+    return 77;
+}
+
+#endif
