@@ -23,6 +23,32 @@ mj() {
     python3 -c 'import json, sys; m = json.load(open(sys.argv[1] + "/manifest.json")); print(eval(sys.argv[2]))' "$1" "$2"
 }
 
+# expect FILE MAXLEN: every sample of a JSON Lines file as the shards must hold it, "ids|mask",
+# computed independently with Python's json (truncated to MAXLEN, untrained samples dropped).
+expect() {
+    python3 -c '
+import json, sys
+for line in open(sys.argv[1], encoding="utf-8"):
+    if not line.strip():
+        continue
+    o = json.loads(line)
+    ids = o["input_ids"]
+    if o.get("loss_mask") is not None:
+        m = [int(x) for x in o["loss_mask"]]
+    elif o.get("labels") is not None:
+        m = [0 if x == -100 else 1 for x in o["labels"]]
+    else:
+        m = [1] * len(ids)
+    ids, m = ids[:int(sys.argv[2])], m[:int(sys.argv[2])]
+    if any(m):
+        print(" ".join(map(str, ids)) + "|" + "".join(map(str, m)))' "$1" "$2" | LC_ALL=C sort
+}
+
+# dump DIR: every sequence of DIR's shards, "ids|mask", sorted.
+dump() {
+    "$DFL_TOOLS/bucket-dump" "$1"/shard-*.dfl | LC_ALL=C sort
+}
+
 # nothing of a run is left in (or as) DIR
 assert_no_output() {
     if [ -e "$1" ]; then
@@ -418,4 +444,59 @@ assert_bad() {
     run -2 dfl-bucket -o out noise.jsonl
     assert_output --partial "noise.jsonl"
     assert_no_output out
+}
+
+@test "round trip: every token and mask value of the fixture is in the shards exactly once" {
+    run -0 dfl-bucket --shards 3 --max-tokens 8 -o out "$FIX/mixed.jsonl"
+    dump out > got
+    LC_ALL=C sort "$FIX/mixed.expect" > want
+    diff want got
+}
+
+@test "round trip on generated data, with truncation, from a plain file" {
+    gen data.jsonl 400 --min-len 1
+    run -0 dfl-bucket --shards 3 --max-len 1000 --buckets 64,256,1000 --max-tokens 3000 -o out data.jsonl
+    expect data.jsonl 1000 > want
+    dump out > got
+    [ "$(wc -l < want)" -gt 390 ]
+    diff want got
+}
+
+@test "round trip from a compressed stream (the spill path)" {
+    gen data.jsonl 300 --min-len 1
+    zstd -q data.jsonl
+    run -0 dfl-bucket --shards 2 --max-len 700 --buckets auto:3 --max-tokens 2000 -o out - < data.jsonl.zst
+    expect data.jsonl 700 > want
+    dump out > got
+    diff want got
+}
+
+@test "every batch holds one bucket and keeps the token budget" {
+    gen data.jsonl 400 --min-len 1
+    run -0 dfl-bucket --shards 2 --buckets 100,500,2000,3000 --max-tokens 4000 -o out data.jsonl
+    "$DFL_TOOLS/bucket-dump" --batches out/shard-*.dfl > batches
+    [ "$(wc -l < batches)" = "$(mj out 'm["counts"]["batches"]')" ]
+    # fields: file index seqs tokens max_len min_len
+    awk 'function bucket(l) { return l <= 100 ? 0 : l <= 500 ? 1 : l <= 2000 ? 2 : 3 }
+         { if (bucket($5) != bucket($6)) { print "mixed buckets: " $0; bad = 1 }
+           if ($4 > 4000 && $3 > 1) { print "over budget: " $0; bad = 1 } }
+         END { exit bad }' batches
+}
+
+@test "each shard header carries the plan and its warm-up shapes" {
+    gen data.jsonl 300
+    run -0 dfl-bucket --shards 2 --seed 5 -o out data.jsonl
+    "$DFL_TOOLS/bucket-dump" --meta out/shard-00001.dfl > meta
+    python3 -c '
+import json, sys
+meta = json.load(open(sys.argv[1]))
+m = json.load(open(sys.argv[2] + "/manifest.json"))
+assert meta["shard"] == 1 and meta["shards"] == 2 and meta["seed"] == 5, meta
+assert meta["buckets"] == [b["bound"] for b in m["buckets"]], meta
+assert meta["batches"] == m["shards"][1]["batches"] and meta["tokens"] == m["shards"][1]["tokens"], meta
+glob = {w["bucket"]: w for w in m["warmup"]}
+for w in meta["warmup"]:
+    g = glob[w["bucket"]]
+    assert w["seqs"] <= g["seqs"] and w["tokens"] <= g["tokens"] and w["max_len"] <= g["max_len"], (w, g)
+' meta out
 }
