@@ -399,6 +399,65 @@ static inline int next_elem(const char **pp, const char *end)
     return -1;
 }
 
+/* Number of leading ASCII digits in the 8 bytes of x (first byte lowest), and in *v their value
+ * (when 1 to 8 digits). Bytes after the first non-digit do not matter. */
+static inline __attribute__((always_inline)) int swar_digits(uint64_t x, uint64_t *v)
+{
+    uint64_t hi = x & 0xF0F0F0F0F0F0F0F0ull;
+    uint64_t p6 = (x + 0x0606060606060606ull) & 0xF0F0F0F0F0F0F0F0ull; /* '0'-'9' keep 0x3_ */
+    uint64_t bad = (hi ^ 0x3030303030303030ull) | (p6 ^ 0x3030303030303030ull);
+    int nd = bad ? __builtin_ctzll(bad) >> 3 : 8;
+    if (nd == 0)
+        return 0;
+    uint64_t d = (x - 0x3030303030303030ull) << (8 * (8 - nd)); /* digits in the top nd bytes */
+    d = (d * 10 + (d >> 8)) & 0x00FF00FF00FF00FFull;
+    d = (d * 100 + (d >> 16)) & 0x0000FFFF0000FFFFull;
+    d = (d * 10000 + (d >> 32)) & 0xFFFFFFFFull;
+    *v = d;
+    return nd;
+}
+
+/* An unsigned JSON integer (no sign, no fraction, no exponent) at *pp, at most max: true with
+ * *v, *pp after it; false to decline. */
+static inline __attribute__((always_inline)) bool fast_uint(const char **pp, const char *end, uint64_t max, uint64_t *v)
+{
+    const char *p = *pp;
+    if (p >= end)
+        return false;
+    int nd = 0;
+    if (end - p >= 8) { /* up to 8 digits at once */
+        uint64_t x;
+        memcpy(&x, p, 8);
+        nd = swar_digits(x, v);
+        if (nd == 0 || (nd > 1 && *p == '0'))
+            return false;
+        p += nd;
+    }
+    if (nd == 0 || nd == 8) { /* near the end of the buffer, or a long number */
+        unsigned d;
+        if (nd == 0) {
+            d = (unsigned char)*p - '0';
+            if (d > 9)
+                return false;
+            *v = d;
+            p++;
+            if (d == 0 && p < end && is_digit(*p))
+                return false;
+        }
+        if (*v != 0)
+            while (p < end && (d = (unsigned char)*p - '0') <= 9) {
+                *v = *v * 10 + d;
+                if (*v > max)
+                    return false;
+                p++;
+            }
+    }
+    if (*v > max || (p < end && (*p == '.' || *p == 'e' || *p == 'E')))
+        return false;
+    *pp = p;
+    return true;
+}
+
 /* input_ids: a list of integers in [0, INT32_MAX]. Returns 1 parsed, 0 declined, -1 no memory. */
 static int fast_ids(dfl_sample *s, const char **pp, const char *end)
 {
@@ -411,29 +470,16 @@ static int fast_ids(dfl_sample *s, const char **pp, const char *end)
         p++;
     } else {
         for (;;) {
-            if (p >= end)
-                return 0;
-            unsigned d = (unsigned char)*p - '0';
-            if (d > 9)
-                return 0;
-            uint64_t v = d;
-            p++;
-            if (d == 0) {
-                if (p < end && is_digit(*p))
-                    return 0;
-            } else {
-                while (p < end && (d = (unsigned char)*p - '0') <= 9) {
-                    v = v * 10 + d;
-                    if (v > INT32_MAX)
-                        return 0;
-                    p++;
-                }
-            }
-            if (p < end && (*p == '.' || *p == 'e' || *p == 'E'))
+            uint64_t v;
+            if (!fast_uint(&p, end, INT32_MAX, &v))
                 return 0;
             if (n == s->ids_cap && !GROW(s->ids, s->ids_cap, n + 1))
                 return -1;
             s->ids[n++] = (int32_t)v;
+            if (end - p >= 3 && p[0] == ',' && p[1] == ' ' && is_digit(p[2])) {
+                p += 2; /* the usual ", " */
+                continue;
+            }
             int r = next_elem(&p, end);
             if (r < 0)
                 return 0;
@@ -480,6 +526,10 @@ static int fast_mask(dfl_sample *s, const char **pp, const char *end)
             if (n == s->mask_cap && !GROW(s->mask, s->mask_cap, n + 1))
                 return -1;
             s->mask[n++] = v;
+            if (end - p >= 3 && p[0] == ',' && p[1] == ' ' && (p[2] == '0' || p[2] == '1')) {
+                p += 2; /* the usual ", " */
+                continue;
+            }
             int r = next_elem(&p, end);
             if (r < 0)
                 return 0;
@@ -506,32 +556,19 @@ static int fast_labels(dfl_sample *s, const char **pp, const char *end)
         for (;;) {
             if (p >= end)
                 return 0;
-            bool neg = false;
-            if (*p == '-') {
-                neg = true;
-                p++;
-            }
-            if (p >= end || !is_digit(*p))
-                return 0;
-            const char *dg = p;
-            uint64_t v = 0;
-            if (*p == '0') {
-                p++;
-                if (p < end && is_digit(*p))
-                    return 0;
-            } else {
-                while (p < end && is_digit(*p)) {
-                    v = v * 10 + (uint64_t)(*p - '0');
-                    p++;
-                }
-            }
-            if (p - dg > 18) /* beyond what we check exactly: let jansson decide */
-                return 0;
-            if (p < end && (*p == '.' || *p == 'e' || *p == 'E'))
+            bool neg = *p == '-';
+            p += neg;
+            uint64_t v;
+            /* beyond 18 digits (not exactly checked here): let jansson decide */
+            if (!fast_uint(&p, end, 999999999999999999ull, &v))
                 return 0;
             if (n == s->lab_cap && !GROW(s->lab, s->lab_cap, n + 1))
                 return -1;
             s->lab[n++] = !(neg && v == 100);
+            if (end - p >= 3 && p[0] == ',' && p[1] == ' ' && (is_digit(p[2]) || p[2] == '-')) {
+                p += 2; /* the usual ", " */
+                continue;
+            }
             int r = next_elem(&p, end);
             if (r < 0)
                 return 0;
