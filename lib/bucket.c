@@ -101,10 +101,11 @@ int dfl_bucket_parse_spec(const char *s, uint32_t **bounds, size_t *n_bounds, ui
     }
     for (size_t i = 0; i < n; i++) {
         if (i > 0 && v[i] <= v[i - 1]) {
+            rc = dfl_fail(e, DFL_EUSAGE, "--buckets: bounds must increase (%lld after %lld)", (long long)v[i],
+                          (long long)v[i - 1]);
             free(v);
             free(b);
-            return dfl_fail(e, DFL_EUSAGE, "--buckets: bounds must increase (%lld after %lld)",
-                            (long long)v[i], (long long)v[i - 1]);
+            return rc;
         }
         b[i] = (uint32_t)v[i];
     }
@@ -1046,7 +1047,8 @@ static int feed_stream(dfl_bucket_run *r, feeder *fd, dfl_input *in, bk_chunk *c
     int rc = buf_reserve(&c->buf, &c->buf_cap, fd->carry_n + CHUNK, e);
     if (rc)
         return rc;
-    memcpy(c->buf, fd->carry, fd->carry_n);
+    if (fd->carry_n)
+        memcpy(c->buf, fd->carry, fd->carry_n);
     size_t n = fd->carry_n, want = CHUNK, done;
     fd->carry_n = 0;
     for (;;) {

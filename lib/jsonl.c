@@ -1118,6 +1118,10 @@ int dfl_input_next_part(dfl_input *in, dfl_part *p, bool *eof, dfl_err *e)
                 int rc = dfl_map_open(&in->map, in->path, e);
                 if (rc)
                     return rc;
+                if (in->map.fd >= 0) { /* the mapping outlives it: do not hold a descriptor per input */
+                    close(in->map.fd);
+                    in->map.fd = -1;
+                }
                 in->state = IN_DONE;
                 p->mapped = true;
                 p->data = in->map.data;

@@ -500,3 +500,28 @@ for w in meta["warmup"]:
     assert w["seqs"] <= g["seqs"] and w["tokens"] <= g["tokens"] and w["max_len"] <= g["max_len"], (w, g)
 ' meta out
 }
+
+@test "more plain inputs than open descriptors allow" {
+    for i in $(seq 1 300); do printf '{"input_ids": [%d, 1]}\n' "$i" > "in-$i.jsonl"; done
+    run -0 bash -c 'ulimit -n 64 && dfl-bucket -o out in-*.jsonl'
+    [ "$(mj out 'm["counts"]["samples"]')" = 300 ]
+    [ "$(mj out 'len(m["inputs"])')" = 300 ]
+}
+
+@test "-q prints nothing on success; by default a summary line" {
+    run -0 --separate-stderr dfl-bucket -q -o a "$FIX/mixed.jsonl"
+    [ -z "$stderr" ]
+    [ -z "$output" ]
+    run -0 --separate-stderr dfl-bucket -o b "$FIX/mixed.jsonl"
+    [ -z "$output" ]
+    [[ "$stderr" == *"8 samples, 24 tokens"* ]]
+}
+
+@test "-v also prints timings and skipped archive members" {
+    echo hello > notes.txt
+    cp "$FIX/mixed.jsonl" .
+    tar cf d.tar notes.txt mixed.jsonl
+    run -0 --separate-stderr dfl-bucket -v -o out d.tar
+    [[ "$stderr" == *"skipping member 'notes.txt'"* ]]
+    [[ "$stderr" == *"timing: read"* ]]
+}
