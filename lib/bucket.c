@@ -848,15 +848,13 @@ static void chunk_scan(const dfl_bucket_run *r, bk_chunk *c, dfl_sample *s)
         if (rc == DFL_OK && !blank && !chunk_keep(r, c, s, p, len))
             rc = dfl_fail(&e, DFL_ENOMEM, "out of memory");
         if (rc) {
-            if (!c->bad_line) {
+            bool fatal = !r->o.skip_bad || rc == DFL_ENOMEM;
+            if (!c->bad_line || fatal) { /* the first skipped record, or the one that stops */
                 c->bad_line = c->lines;
                 c->bad_code = rc;
                 snprintf(c->bad_msg, sizeof c->bad_msg, "%s", e.msg);
             }
-            if (!r->o.skip_bad || rc == DFL_ENOMEM) {
-                c->bad_line = c->lines;
-                c->bad_code = rc;
-                snprintf(c->bad_msg, sizeof c->bad_msg, "%s", e.msg);
+            if (fatal) {
                 c->failed = true;
                 return;
             }
