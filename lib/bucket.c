@@ -20,48 +20,7 @@
 #include "log.h"
 #include "util.h"
 
-/* ---- random numbers ---- */
-
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-void dfl_rng_seed(dfl_rng *r, uint64_t seed)
-{
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++)
-        r->s[i] = splitmix64(&x);
-}
-
-static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-uint64_t dfl_rng_next(dfl_rng *r)
-{
-    uint64_t *s = r->s;
-    uint64_t out = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return out;
-}
-
-uint64_t dfl_rng_below(dfl_rng *r, uint64_t n)
-{
-    uint64_t threshold = (0 - n) % n; /* 2^64 mod n: draws below it would bias the result */
-    for (;;) {
-        uint64_t x = dfl_rng_next(r);
-        if (x >= threshold)
-            return x % n;
-    }
-}
+/* ---- shuffles ---- */
 
 void dfl_rng_shuffle_u32(dfl_rng *r, uint32_t *a, size_t n)
 {

@@ -27,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "draft_rng.h"
 #include "err.h"
 
 #define DFL_BUCKET_OPEN 8          /* open batches per bucket while packing */
@@ -34,14 +35,7 @@
 #define DFL_BUCKET_MAX_SHARDS 100000
 #define DFL_BUCKET_MAX_LEN 0x7fffffffu
 
-/* ---- deterministic random numbers (xoshiro256**, seeded through splitmix64) ---- */
-typedef struct dfl_rng {
-    uint64_t s[4];
-} dfl_rng;
-void dfl_rng_seed(dfl_rng *r, uint64_t seed);
-uint64_t dfl_rng_next(dfl_rng *r);
-/* Uniform in [0, n), n >= 1, without modulo bias (rejection). */
-uint64_t dfl_rng_below(dfl_rng *r, uint64_t n);
+/* ---- deterministic shuffles (dfl_rng: xoshiro256** seeded through splitmix64, draft_rng.h) ---- */
 /* Fisher-Yates: for i = n-1 down to 1, swap a[i] with a[below(i+1)]. */
 void dfl_rng_shuffle_u32(dfl_rng *r, uint32_t *a, size_t n);
 
