@@ -17,8 +17,9 @@
  *  - Shards: batches in shuffled order, each to the shard with the fewest tokens so far, ties to
  *    the lowest shard index. A shard keeps the shuffled order.
  *
- * Memory: per sample an index entry of 16 bytes plus 8 bytes of plan; samples are re-read when
- * the shards are written (plain files by offset; streams from a spill file of their tokens). */
+ * Memory: per sample an index entry of 16 bytes and 4 bytes of plan (8 more while planning);
+ * samples are re-read when the shards are written (plain files by offset, through a mapping;
+ * streams from a spill file of their tokens in the output directory). */
 #ifndef DFL_BUCKET_H
 #define DFL_BUCKET_H
 
