@@ -70,6 +70,7 @@ struct cuda_impl {
     float *rope_tab;           /* device [CUDA_ROPE_SLOTS][CUDA_ROPE_MAXHALF] */
     float rope_theta[CUDA_ROPE_SLOTS];
     int rope_d[CUDA_ROPE_SLOTS];
+    dfl_dtype rope_dt[CUDA_ROPE_SLOTS]; /* the be->rope_dtype it was rounded for */
     int rope_next;
     float rope_host[CUDA_ROPE_SLOTS][CUDA_ROPE_MAXHALF];
     /* attention tile configuration per head dim (index into the variant table) */

@@ -355,13 +355,15 @@ static void launch_qk(cudaStream_t s, unsigned blocks, int maxj, T *x, int64_t l
 #undef QK_CASE
 }
 
-/* Device table of inv_freq for (theta, d), uploaded the first time they are seen. Computed on
- * the host with the same expression as the CPU op, so both use identical frequencies. */
+/* Device table of inv_freq for (theta, d, be->rope_dtype), uploaded the first time they are
+ * seen. Computed on the host by dfl_rope_inv_freq, as the CPU op does, so both use identical
+ * frequencies. */
 int cuda_rope_table(dfl_be *be, float theta, int d, const float **out)
 {
     cuda_impl *im = cuda_of(be);
+    dfl_dtype rdt = be->rope_dtype == DFL_BF16 || be->rope_dtype == DFL_F16 ? be->rope_dtype : DFL_F32;
     for (int i = 0; i < CUDA_ROPE_SLOTS; i++) {
-        if (im->rope_d[i] == d && im->rope_theta[i] == theta) {
+        if (im->rope_d[i] == d && im->rope_theta[i] == theta && im->rope_dt[i] == rdt) {
             *out = im->rope_tab + (size_t)i * CUDA_ROPE_MAXHALF;
             return 0;
         }
@@ -369,8 +371,7 @@ int cuda_rope_table(dfl_be *be, float theta, int d, const float **out)
     int slot = im->rope_next;
     im->rope_next = (slot + 1) % CUDA_ROPE_SLOTS;
     float *hst = im->rope_host[slot];
-    for (int i = 0; i < d / 2; i++)
-        hst[i] = 1.0f / powf(theta, (float)(2 * i) / (float)d);
+    dfl_rope_inv_freq(hst, d, theta, rdt);
     float *dev = im->rope_tab + (size_t)slot * CUDA_ROPE_MAXHALF;
     /* pageable source: staged by the driver before this returns; stream-ordered after any
      * earlier kernel that still reads the slot */
@@ -381,6 +382,7 @@ int cuda_rope_table(dfl_be *be, float theta, int d, const float **out)
                             cudaGetErrorString(err));
     im->rope_d[slot] = d;
     im->rope_theta[slot] = theta;
+    im->rope_dt[slot] = rdt;
     *out = dev;
     return 0;
 }

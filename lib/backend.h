@@ -15,6 +15,7 @@
 #ifndef DFL_BACKEND_H
 #define DFL_BACKEND_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -181,7 +182,8 @@ typedef struct dfl_be_ops {
                        const void *w, const float *rstd, int64_t R, int64_t n, bool accumulate_dx);
     /* In place on x [R, ld] (heads at columns [h*d, (h+1)*d) for h < heads): per-head RMSNorm
      * with w [d] (skipped when w == NULL; rstd [R*heads] f32 saved if non-NULL), then RoPE
-     * rotate-half with position pos[r] and base theta (inv_freq computed in f32). */
+     * rotate-half with position pos[r] and base theta (inv_freq computed in f32, then rounded
+     * to be->rope_dtype when that is DFL_BF16 or DFL_F16). */
     int (*qknorm_rope)(dfl_be *be, void *x, int64_t ld, float *rstd, const void *w,
                        const int32_t *pos, int64_t R, int heads, int d, float eps, float theta);
     /* Backward of qknorm_rope: dx [R, ld] holds the gradient of the output and is replaced by the
@@ -224,6 +226,11 @@ struct dfl_be {
     dfl_dtype act;          /* activation storage: F32 on CPU, BF16 (or F32) on CUDA */
     dfl_dtype wdt;          /* compute-weight storage: F32 on CPU, BF16 (or F32) on CUDA */
     int threads;            /* CPU threads */
+    /* RoPE inverse frequencies 1/theta^(2i/d) are computed in f32 and then rounded to this dtype
+     * when it is DFL_BF16 or DFL_F16 (anything else: kept in f32). Transformers does this to a
+     * model loaded in bf16 (the inv_freq buffer is cast with the model), so the target forward
+     * sets it to its checkpoint's dtype to match; the drafter leaves it 0 (f32, DFLASH.md). */
+    dfl_dtype rope_dtype;
     const dfl_be_ops *ops;
     void *impl;             /* backend state */
 };
@@ -240,6 +247,20 @@ int dfl_be_cpu_open(dfl_be **be, int threads, dfl_err *e);
 int dfl_be_cuda_open(dfl_be **be, int device, dfl_dtype act, dfl_err *e);
 int dfl_be_cuda_count(void);
 #endif
+
+/* RoPE inverse frequencies as both backends compute them (host code): inv[i] = 1 / theta^(2i/d)
+ * in f32, as transformers computes them, then rounded to round_to when it is DFL_BF16 or DFL_F16
+ * (see dfl_be.rope_dtype). inv has d/2 entries. */
+static inline void dfl_rope_inv_freq(float *inv, int d, float theta, dfl_dtype round_to)
+{
+    for (int i = 0; i < d / 2; i++) {
+        inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)d);
+        if (round_to == DFL_BF16)
+            inv[i] = dfl_bf16_to_f32(dfl_f32_to_bf16(inv[i]));
+        else if (round_to == DFL_F16)
+            inv[i] = dfl_f16_to_f32(dfl_f32_to_f16(inv[i]));
+    }
+}
 
 /* Helpers over ops, for readable model code. */
 static inline void *be_alloc(dfl_be *be, size_t bytes, dfl_err *e) { return be->ops->alloc(be, bytes, e); }

@@ -100,6 +100,7 @@ static int cpu_matmul(dfl_be *be, const dfl_mm *m)
                 C[i * m->ldc + j] = m->beta == 0.0f ? 0.0f : m->beta * C[i * m->ldc + j];
     }
     if (m->bias)
+#pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < m->M; i++)
             for (int64_t j = 0; j < m->N; j++)
                 C[i * m->ldc + j] += m->bias[j];

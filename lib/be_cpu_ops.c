@@ -63,13 +63,6 @@ int dfl_cpu_add_rmsnorm(dfl_be *be, void *hv, const void *dv, void *yv, float *r
     return 0;
 }
 
-/* inv_freq_i = 1 / theta^(2i/d) in f32, as transformers computes it. */
-static void rope_inv_freq(float *inv, int d, float theta)
-{
-    for (int i = 0; i < d / 2; i++)
-        inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)d);
-}
-
 int dfl_cpu_qknorm_rope(dfl_be *be, void *xv, int64_t ld, float *rstd, const void *wv,
                         const int32_t *pos, int64_t R, int heads, int d, float eps, float theta)
 {
@@ -78,7 +71,7 @@ int dfl_cpu_qknorm_rope(dfl_be *be, void *xv, int64_t ld, float *rstd, const voi
     float inv[512];
     if (d > 1024 || d % 2)
         return DFL_EUNSUP;
-    rope_inv_freq(inv, d, theta);
+    dfl_rope_inv_freq(inv, d, theta, be->rope_dtype);
     int half = d / 2;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < R; r++) {

@@ -1,0 +1,232 @@
+/* dfl-target: runs a frozen target model (Hugging Face qwen3 / llama / qwen2) over token-batch
+ * streams and writes the hidden states of chosen layers as a hidden-state stream. Options here;
+ * the model is lib/target.c, the read-forward-write loop lib/target_run.c. */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "cli.h"
+#include "hfmodel.h"
+#include "json.h"
+#include "log.h"
+#include "target.h"
+#include "util.h"
+
+static volatile sig_atomic_t stop_signal;
+
+static void on_signal(int sig) { stop_signal = sig; }
+
+static void usage(void)
+{
+    printf("Usage: %s --model DIR [OPTION]... [INPUT]...\n"
+           "Run a target model over token-batch streams (files or stdin) and write the hidden\n"
+           "states of the captured layers as one hidden-state stream.\n"
+           "\n"
+           "  -m, --model DIR       Hugging Face model directory (config.json, safetensors)\n"
+           "  -l, --layers SPEC     captured layers: auto, auto:K or L1,L2,... (default auto:5)\n"
+           "  -d, --device DEV      cpu, cuda or cuda:N (default cpu)\n"
+           "      --dtype TYPE      dtype of the hidden states written: bf16 or f32 (default bf16)\n"
+           "      --max-tokens N    size the buffers for batches of N tokens (default: the\n"
+           "                        first batch; on the CPU larger batches grow them)\n"
+           "  -o, --output FILE     write to FILE (with an index frame) instead of stdout\n"
+           "      --zstd LEVEL      compress frames with zstd at LEVEL (1..19; default off)\n"
+           "      --no-index        do not end an output file with an index frame\n"
+           "      --info            print the model summary and the captured layers as JSON, exit\n"
+           "  -q, --quiet           only errors on stderr\n"
+           "  -v, --verbose         more detail on stderr\n"
+           "      --help            show this help and exit\n"
+           "      --version         show the version and exit\n"
+           "\n"
+           "Exit status: 0 ok; 1 usage or runtime error, interrupted, or the consumer went away;\n"
+           "2 invalid data (bad model, unsupported config, bad stream, token id out of range).\n"
+           "See dfl-target(1).\n",
+           dfl_progname);
+}
+
+enum { OPT_DTYPE = 256, OPT_MAX_TOKENS, OPT_ZSTD, OPT_NO_INDEX, OPT_INFO, OPT_HELP, OPT_VERSION };
+
+static const struct option long_opts[] = {
+    {"model", required_argument, NULL, 'm'},
+    {"layers", required_argument, NULL, 'l'},
+    {"device", required_argument, NULL, 'd'},
+    {"dtype", required_argument, NULL, OPT_DTYPE},
+    {"max-tokens", required_argument, NULL, OPT_MAX_TOKENS},
+    {"output", required_argument, NULL, 'o'},
+    {"zstd", required_argument, NULL, OPT_ZSTD},
+    {"no-index", no_argument, NULL, OPT_NO_INDEX},
+    {"info", no_argument, NULL, OPT_INFO},
+    {"quiet", no_argument, NULL, 'q'},
+    {"verbose", no_argument, NULL, 'v'},
+    {"help", no_argument, NULL, OPT_HELP},
+    {"version", no_argument, NULL, OPT_VERSION},
+    {NULL, 0, NULL, 0},
+};
+
+static void print_layers(char *buf, size_t n, const int32_t *layers, int k)
+{
+    size_t used = 0;
+    buf[0] = 0;
+    for (int i = 0; i < k && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, "%s%d", i ? "," : "", layers[i]);
+}
+
+/* --info: the model summary as JSON on stdout, without loading the weights. */
+static int print_info(const char *dir, const dfl_hf_config *c, const int32_t *layers, int k,
+                      dfl_err *e)
+{
+    char fp[33];
+    int rc = dfl_hf_fingerprint(dir, fp, e);
+    if (rc)
+        return rc;
+    json_t *ls = json_array();
+    for (int i = 0; i < k; i++)
+        json_array_append_new(ls, json_integer(layers[i]));
+    json_t *v = json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:b,s:o,s:s}",
+                          "model_type", c->model_type, "num_hidden_layers", (json_int_t)c->n_layers,
+                          "hidden_size", (json_int_t)c->hidden_size,
+                          "num_attention_heads", (json_int_t)c->n_heads,
+                          "num_key_value_heads", (json_int_t)c->n_kv_heads,
+                          "head_dim", (json_int_t)c->head_dim,
+                          "intermediate_size", (json_int_t)c->intermediate_size,
+                          "vocab_size", (json_int_t)c->vocab_size, "rms_norm_eps", c->rms_norm_eps,
+                          "rope_theta", c->rope_theta, "tie_word_embeddings", c->tie_word_embeddings,
+                          "layers", ls, "fingerprint", fp);
+    char *s = v ? dfl_json_dump(v, 2) : NULL;
+    json_decref(v);
+    if (!s)
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    printf("%s\n", s);
+    free(s);
+    return fflush(stdout) == 0 ? DFL_OK : dfl_fail(e, DFL_EIO, "stdout: write failed");
+}
+
+int main(int argc, char **argv)
+{
+    dfl_cli_init(argv[0]);
+    const char *model = NULL, *layers_spec = "auto", *device = "cpu", *output = "-";
+    dfl_dtype dtype = DFL_BF16;
+    int64_t max_tokens = 0;
+    bool info_only = false;
+    dfl_writer_opts wopts = {0};
+    dfl_err e = {0};
+    int c;
+    while ((c = getopt_long(argc, argv, "m:l:d:o:qv", long_opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'l': layers_spec = optarg; break;
+        case 'd': device = optarg; break;
+        case 'o': output = optarg; break;
+        case OPT_DTYPE:
+            dtype = dfl_dtype_from_name(optarg);
+            if (dtype != DFL_BF16 && dtype != DFL_F32)
+                return dfl_cli_usage_error("--dtype: '%s' is not bf16 or f32", optarg);
+            break;
+        case OPT_MAX_TOKENS: {
+            uint64_t v;
+            if (dfl_parse_size(optarg, &v, "--max-tokens", &e) || v < 1 || v > INT32_MAX)
+                return dfl_cli_usage_error("--max-tokens: '%s' is not a token count in [1, %d]",
+                                           optarg, INT32_MAX);
+            max_tokens = (int64_t)v;
+            break;
+        }
+        case OPT_ZSTD: {
+            int64_t v;
+            if (dfl_parse_i64(optarg, 1, 19, &v, "--zstd", &e))
+                return dfl_cli_usage_error("%s", e.msg);
+            wopts.zstd_level = (int)v;
+            break;
+        }
+        case OPT_NO_INDEX: wopts.no_index = true; break;
+        case OPT_INFO: info_only = true; break;
+        case 'q': dfl_log_level = DFL_LOG_ERROR; break;
+        case 'v': dfl_log_level = dfl_log_level < DFL_LOG_VERBOSE ? DFL_LOG_VERBOSE : DFL_LOG_DEBUG; break;
+        case OPT_HELP: usage(); return 0;
+        case OPT_VERSION: return dfl_cli_version();
+        default: return dfl_cli_usage_error("unknown or incomplete option");
+        }
+    }
+    if (!model)
+        return dfl_cli_usage_error("--model DIR is required");
+    const char *stdin_only[] = {"-"};
+    const char *const *inputs = optind < argc ? (const char *const *)argv + optind : stdin_only;
+    int n_inputs = optind < argc ? argc - optind : 1;
+
+    /* What can be checked cheaply is checked before the (slow) weight loading. */
+    if (!info_only && strcmp(output, "-") == 0 && dfl_is_tty(1))
+        return dfl_cli_usage_error("refusing to write binary hidden states to a terminal "
+                                   "(redirect stdout or use -o FILE)");
+    for (int i = 0; i < n_inputs && !info_only; i++)
+        if (strcmp(inputs[i], "-") != 0 && access(inputs[i], R_OK) != 0) {
+            dfl_fail_errno(&e, DFL_EIO, errno, "%s", inputs[i]);
+            return dfl_cli_report(&e);
+        }
+    dfl_hf_config cfg;
+    if (dfl_hf_config_load(model, &cfg, NULL, &e))
+        return dfl_cli_report(&e);
+    int32_t layers[DFL_MAX_LAYERS];
+    int n_layers = 0;
+    if (dfl_target_parse_layers(layers_spec, cfg.n_layers, layers, &n_layers, &e))
+        return dfl_cli_report(&e);
+    char lbuf[DFL_MAX_LAYERS * 12];
+    print_layers(lbuf, sizeof lbuf, layers, n_layers);
+    if (strncmp(layers_spec, "auto", 4) == 0) {
+        int64_t k = 5;
+        if (layers_spec[4] == ':')
+            dfl_parse_i64(layers_spec + 5, 1, DFL_MAX_LAYERS, &k, "--layers", &e);
+        if (n_layers < k)
+            dfl_info("%s: %lld layers is too few for %lld captured layers: capturing %d",
+                     model, (long long)cfg.n_layers, (long long)k, n_layers);
+    }
+    if (info_only) {
+        if (print_info(model, &cfg, layers, n_layers, &e))
+            return dfl_cli_report(&e);
+        return 0;
+    }
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESETHAND | SA_RESTART; /* a second signal ends the program at once */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    dfl_be *be = NULL;
+    dfl_target *t = NULL;
+    int rc = dfl_be_open(&be, device, DFL_DT_INVALID, &e);
+    if (!rc) {
+        double t0 = dfl_now();
+        rc = dfl_target_open(&t, be, model, layers[n_layers - 1] + 1, &e);
+        if (!rc) {
+            char b[32];
+            dfl_info("%s: %s, %lld layers (%d loaded), hidden %lld, %s of weights on %s in %.1f s; "
+                     "capturing layers %s as %s", model, cfg.model_type, (long long)cfg.n_layers,
+                     t->n_loaded, (long long)cfg.hidden_size,
+                     dfl_fmt_bytes((double)t->weight_bytes, b, sizeof b), be->name,
+                     dfl_now() - t0, lbuf, dfl_dtype_lower(dtype));
+        }
+    }
+    if (!rc) {
+        dfl_target_run_opts o = {
+            .inputs = inputs, .n_inputs = n_inputs, .output = output,
+            .n_caps = n_layers, .layers = layers, .dtype = dtype,
+            .max_tokens = max_tokens, .grow = be->kind == DFL_BE_CPU,
+            .wopts = wopts, .stop = &stop_signal,
+        };
+        dfl_target_stats st;
+        rc = dfl_target_run(t, &o, &st, &e);
+        if (!rc)
+            dfl_info("%llu batches, %llu sequences, %llu tokens in %.2f s (%.0f tokens/s)",
+                     (unsigned long long)st.batches, (unsigned long long)st.seqs,
+                     (unsigned long long)st.tokens, st.seconds,
+                     st.tokens / (st.seconds > 0 ? st.seconds : 1e-9));
+    }
+    dfl_target_close(t);
+    dfl_be_close(be);
+    return rc ? dfl_cli_report(&e) : 0;
+}

@@ -1,0 +1,375 @@
+/* hfmodel.c: config.json parsing for qwen3 / llama / qwen2 targets, the model fingerprint, and
+ * the default choice of captured layers (see hfmodel.h). */
+#include "hfmodel.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "json.h"
+#include "util.h"
+
+/* A positive integer key within [1, max]. */
+static int get_dim(const json_t *cfg, const char *key, bool required, int64_t max, int64_t *out,
+                   const char *what, dfl_err *e)
+{
+    int64_t v = 0;
+    bool present = json_object_get(cfg, key) && !json_is_null(json_object_get(cfg, key));
+    int rc = dfl_json_int(cfg, key, required, &v, what, e);
+    if (rc)
+        return rc;
+    if (!present)
+        return DFL_OK;
+    if (v < 1 || v > max)
+        return dfl_fail(e, DFL_EDATA, "%s: %s = %lld is out of range [1, %lld]", what, key,
+                        (long long)v, (long long)max);
+    *out = v;
+    return DFL_OK;
+}
+
+/* Keys whose presence with a non-zero value means a mixture-of-experts model. */
+static const char *const moe_keys[] = {"num_experts", "num_local_experts", "n_routed_experts",
+                                       "num_experts_per_tok", "moe_intermediate_size",
+                                       "n_shared_experts"};
+
+static int check_rope_type(const json_t *obj, const char *where, const char *what, dfl_err *e)
+{
+    const char *keys[] = {"rope_type", "type"};
+    for (size_t i = 0; i < DFL_ARRAY_LEN(keys); i++) {
+        json_t *t = json_object_get(obj, keys[i]);
+        if (!t || json_is_null(t))
+            continue;
+        if (!json_is_string(t))
+            return dfl_fail(e, DFL_EDATA, "%s: %s.%s must be a string", what, where, keys[i]);
+        if (strcmp(json_string_value(t), "default") != 0)
+            return dfl_fail(e, DFL_EUNSUP, "%s: %s.%s is '%s': rope scaling is not supported "
+                            "(only rope_type 'default')", what, where, keys[i], json_string_value(t));
+    }
+    json_t *f = json_object_get(obj, "partial_rotary_factor");
+    if (f && !json_is_null(f) && !(json_is_number(f) && json_number_value(f) == 1.0))
+        return dfl_fail(e, DFL_EUNSUP, "%s: %s.partial_rotary_factor is not supported (only 1.0)",
+                        what, where);
+    return DFL_OK;
+}
+
+int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, dfl_err *e)
+{
+    memset(c, 0, sizeof *c);
+    if (!json_is_object(cfg))
+        return dfl_fail(e, DFL_EDATA, "%s: expected a JSON object", what);
+    int rc;
+    const char *mt = NULL;
+    if ((rc = dfl_json_str(cfg, "model_type", true, &mt, what, e)))
+        return rc;
+    if (strcmp(mt, "qwen3") == 0)
+        c->arch = DFL_HF_QWEN3;
+    else if (strcmp(mt, "llama") == 0)
+        c->arch = DFL_HF_LLAMA;
+    else if (strcmp(mt, "qwen2") == 0)
+        c->arch = DFL_HF_QWEN2;
+    else
+        return dfl_fail(e, DFL_EUNSUP, "%s: model_type '%s' is not supported (supported: qwen3, "
+                        "llama, qwen2)", what, mt);
+    snprintf(c->model_type, sizeof c->model_type, "%s", mt);
+
+    /* Features we do not implement: refuse them by name rather than compute something else. */
+    if (json_object_get(cfg, "quantization_config") &&
+        !json_is_null(json_object_get(cfg, "quantization_config")))
+        return dfl_fail(e, DFL_EUNSUP, "%s: quantization_config is set: quantized weights are not "
+                        "supported (use bf16, f16 or f32 weights)", what);
+    for (size_t i = 0; i < DFL_ARRAY_LEN(moe_keys); i++) {
+        json_t *v = json_object_get(cfg, moe_keys[i]);
+        if (v && !json_is_null(v) && !(json_is_number(v) && json_number_value(v) == 0))
+            return dfl_fail(e, DFL_EUNSUP, "%s: %s is set: mixture-of-experts models are not "
+                            "supported (dense models only)", what, moe_keys[i]);
+    }
+    const char *act = "silu";
+    if ((rc = dfl_json_str(cfg, "hidden_act", false, &act, what, e)))
+        return rc;
+    if (strcmp(act, "silu") != 0 && strcmp(act, "swish") != 0)
+        return dfl_fail(e, DFL_EUNSUP, "%s: hidden_act '%s' is not supported (only silu)", what, act);
+    json_t *rs = json_object_get(cfg, "rope_scaling");
+    if (rs && !json_is_null(rs)) {
+        if (!json_is_object(rs))
+            return dfl_fail(e, DFL_EUNSUP, "%s: rope_scaling is set: rope scaling is not supported",
+                            what);
+        if (!json_object_get(rs, "rope_type") && !json_object_get(rs, "type"))
+            return dfl_fail(e, DFL_EUNSUP, "%s: rope_scaling is set without a rope_type: rope "
+                            "scaling is not supported", what);
+        if ((rc = check_rope_type(rs, "rope_scaling", what, e)))
+            return rc;
+    }
+    json_t *prf = json_object_get(cfg, "partial_rotary_factor");
+    if (prf && !json_is_null(prf) && !(json_is_number(prf) && json_number_value(prf) == 1.0))
+        return dfl_fail(e, DFL_EUNSUP, "%s: partial_rotary_factor is not supported (only 1.0)", what);
+    bool use_sw = false;
+    if ((rc = dfl_json_bool(cfg, "use_sliding_window", false, &use_sw, what, e)))
+        return rc;
+    json_t *sw = json_object_get(cfg, "sliding_window");
+    if (use_sw && sw && !json_is_null(sw))
+        return dfl_fail(e, DFL_EUNSUP, "%s: sliding_window is set and use_sliding_window is true: "
+                        "sliding-window attention is not supported", what);
+    json_t *lt = json_object_get(cfg, "layer_types");
+    if (lt && !json_is_null(lt)) {
+        if (!json_is_array(lt))
+            return dfl_fail(e, DFL_EDATA, "%s: layer_types must be an array", what);
+        for (size_t i = 0; i < json_array_size(lt); i++) {
+            json_t *v = json_array_get(lt, i);
+            if (!json_is_string(v) || strcmp(json_string_value(v), "full_attention") != 0)
+                return dfl_fail(e, DFL_EUNSUP, "%s: layer_types[%zu] is %s%s%s: only "
+                                "full_attention layers are supported", what, i,
+                                json_is_string(v) ? "'" : "",
+                                json_is_string(v) ? json_string_value(v) : "not a string",
+                                json_is_string(v) ? "'" : "");
+        }
+    }
+
+    /* Sizes. */
+    if ((rc = get_dim(cfg, "hidden_size", true, 1 << 20, &c->hidden_size, what, e)) ||
+        (rc = get_dim(cfg, "num_hidden_layers", true, 4096, &c->n_layers, what, e)) ||
+        (rc = get_dim(cfg, "num_attention_heads", true, 4096, &c->n_heads, what, e)) ||
+        (rc = get_dim(cfg, "intermediate_size", true, 1 << 22, &c->intermediate_size, what, e)) ||
+        (rc = get_dim(cfg, "vocab_size", true, INT32_MAX, &c->vocab_size, what, e)))
+        return rc;
+    c->n_kv_heads = c->n_heads;
+    if ((rc = get_dim(cfg, "num_key_value_heads", false, 4096, &c->n_kv_heads, what, e)))
+        return rc;
+    if (c->n_heads % c->n_kv_heads)
+        return dfl_fail(e, DFL_EDATA, "%s: num_attention_heads = %lld is not a multiple of "
+                        "num_key_value_heads = %lld", what, (long long)c->n_heads,
+                        (long long)c->n_kv_heads);
+    c->head_dim = 0;
+    if ((rc = get_dim(cfg, "head_dim", false, 1024, &c->head_dim, what, e)))
+        return rc;
+    if (!c->head_dim) {
+        if (c->hidden_size % c->n_heads)
+            return dfl_fail(e, DFL_EDATA, "%s: hidden_size = %lld is not a multiple of "
+                            "num_attention_heads = %lld and head_dim is not given", what,
+                            (long long)c->hidden_size, (long long)c->n_heads);
+        c->head_dim = c->hidden_size / c->n_heads;
+    }
+    if (c->head_dim % 2 || c->head_dim > 1024)
+        return dfl_fail(e, DFL_EUNSUP, "%s: head_dim = %lld is not supported (even, at most 1024)",
+                        what, (long long)c->head_dim);
+
+    c->rms_norm_eps = 1e-6;
+    if ((rc = dfl_json_num(cfg, "rms_norm_eps", false, &c->rms_norm_eps, what, e)))
+        return rc;
+    if (!(c->rms_norm_eps > 0 && c->rms_norm_eps < 1))
+        return dfl_fail(e, DFL_EDATA, "%s: rms_norm_eps = %g is out of range (0, 1)", what,
+                        c->rms_norm_eps);
+
+    /* RoPE base: top-level rope_theta (transformers 4 and real checkpoints) or
+     * rope_parameters.rope_theta (transformers 5). */
+    c->rope_theta = 10000.0;
+    bool have_theta = false;
+    json_t *rp = json_object_get(cfg, "rope_parameters");
+    if (rp && !json_is_null(rp)) {
+        if (!json_is_object(rp))
+            return dfl_fail(e, DFL_EDATA, "%s: rope_parameters must be an object", what);
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)rp, k, v) {
+            if (json_is_object(v))
+                return dfl_fail(e, DFL_EUNSUP, "%s: rope_parameters.%s: per-layer-type rope "
+                                "parameters are not supported", what, k);
+        }
+        if ((rc = check_rope_type(rp, "rope_parameters", what, e)))
+            return rc;
+        if (json_object_get(rp, "rope_theta") && !json_is_null(json_object_get(rp, "rope_theta"))) {
+            if ((rc = dfl_json_num(rp, "rope_theta", true, &c->rope_theta, what, e)))
+                return rc;
+            have_theta = true;
+        }
+    }
+    json_t *rt = json_object_get(cfg, "rope_theta");
+    if (rt && !json_is_null(rt)) {
+        double t;
+        if ((rc = dfl_json_num(cfg, "rope_theta", true, &t, what, e)))
+            return rc;
+        if (have_theta && t != c->rope_theta)
+            return dfl_fail(e, DFL_EDATA, "%s: rope_theta = %g and rope_parameters.rope_theta = %g "
+                            "disagree", what, t, c->rope_theta);
+        c->rope_theta = t;
+    }
+    if (!(c->rope_theta > 1 && c->rope_theta < 1e30))
+        return dfl_fail(e, DFL_EDATA, "%s: rope_theta = %g is out of range", what, c->rope_theta);
+
+    /* The load dtype: transformers casts the RoPE inv_freq buffer to it (see dfl_be.rope_dtype). */
+    const char *dts[] = {"dtype", "torch_dtype"};
+    for (size_t i = 0; i < DFL_ARRAY_LEN(dts) && !c->dtype; i++) {
+        const char *v = NULL;
+        json_t *j = json_object_get(cfg, dts[i]);
+        if (!j || !json_is_string(j))
+            continue; /* absent, null, or an object (per-module dtypes): ignored */
+        v = json_string_value(j);
+        if (strcmp(v, "bfloat16") == 0)
+            c->dtype = DFL_BF16;
+        else if (strcmp(v, "float16") == 0)
+            c->dtype = DFL_F16;
+        else if (strcmp(v, "float32") == 0)
+            c->dtype = DFL_F32;
+        else if (strcmp(v, "auto") != 0)
+            return dfl_fail(e, DFL_EUNSUP, "%s: %s '%s' is not supported (bfloat16, float16 or "
+                            "float32)", what, dts[i], v);
+    }
+    if ((rc = dfl_json_bool(cfg, "tie_word_embeddings", false, &c->tie_word_embeddings, what, e)))
+        return rc;
+    bool attn_bias = false, mlp_bias = false;
+    if ((rc = dfl_json_bool(cfg, "attention_bias", false, &attn_bias, what, e)))
+        return rc;
+    if ((rc = dfl_json_bool(cfg, "mlp_bias", false, &mlp_bias, what, e)))
+        return rc;
+    /* As transformers builds the layers: qwen2 always has q/k/v biases and no o_proj bias;
+     * llama and qwen3 put attention_bias on q/k/v/o; only llama reads mlp_bias. */
+    switch (c->arch) {
+    case DFL_HF_QWEN3:
+        c->qk_norm = true;
+        c->qkv_bias = c->o_bias = attn_bias;
+        break;
+    case DFL_HF_LLAMA:
+        c->qkv_bias = c->o_bias = attn_bias;
+        c->mlp_bias = mlp_bias;
+        break;
+    case DFL_HF_QWEN2:
+        c->qkv_bias = true;
+        break;
+    }
+    return DFL_OK;
+}
+
+int dfl_hf_config_load(const char *dir, dfl_hf_config *c, json_t **json, dfl_err *e)
+{
+    if (json)
+        *json = NULL;
+    char *path = dfl_path_join(dir, "config.json");
+    if (!path)
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    json_t *cfg = NULL;
+    int rc = dfl_json_load_file(path, &cfg, e);
+    if (!rc)
+        rc = dfl_hf_config_parse(cfg, path, c, e);
+    free(path);
+    if (!rc && json)
+        *json = cfg;
+    else
+        json_decref(cfg);
+    return rc;
+}
+
+/* A growing byte buffer for the fingerprint's input. */
+typedef struct fbuf {
+    char *p;
+    size_t n, cap;
+    bool oom;
+} fbuf;
+
+static void fb_put(fbuf *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q) {
+            b->oom = true;
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+}
+
+static void fb_str(fbuf *b, const char *s) { fb_put(b, s, strlen(s)); }
+
+int dfl_hf_fingerprint_of(const json_t *cfg, const dfl_st_model *m, char out[33], dfl_err *e)
+{
+    out[0] = 0;
+    char *js = dfl_json_dump(cfg, 0);
+    if (!js)
+        return dfl_fail(e, DFL_ENOMEM, "fingerprint: cannot serialize config.json");
+    fbuf b = {0};
+    fb_str(&b, "dfl model fingerprint v1\nconfig ");
+    fb_str(&b, js);
+    fb_str(&b, "\n");
+    free(js);
+    for (size_t i = 0; i < m->n; i++) {
+        const dfl_st_tensor *t = m->t[i];
+        char line[128];
+        fb_str(&b, "tensor ");
+        fb_str(&b, t->name);
+        snprintf(line, sizeof line, " %s [", dfl_dtype_name(t->dtype));
+        fb_str(&b, line);
+        for (int d = 0; d < t->ndim; d++) {
+            snprintf(line, sizeof line, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+            fb_str(&b, line);
+        }
+        fb_str(&b, "]\n");
+    }
+    if (b.oom) {
+        free(b.p);
+        return dfl_fail(e, DFL_ENOMEM, "fingerprint: out of memory");
+    }
+    /* XXH3-128 in its canonical (big-endian) form, as xxh128sum prints it */
+    XXH128_canonical_t cano;
+    XXH128_canonicalFromHash(&cano, XXH3_128bits(b.p, b.n));
+    for (int i = 0; i < 16; i++)
+        snprintf(out + 2 * i, 3, "%02x", cano.digest[i]);
+    free(b.p);
+    return DFL_OK;
+}
+
+int dfl_hf_fingerprint(const char *dir, char out[33], dfl_err *e)
+{
+    dfl_hf_config c;
+    json_t *cfg = NULL;
+    int rc = dfl_hf_config_load(dir, &c, &cfg, e);
+    if (rc)
+        return rc;
+    dfl_st_model *m = NULL;
+    rc = dfl_st_model_open(&m, dir, e);
+    if (!rc)
+        rc = dfl_hf_fingerprint_of(cfg, m, out, e);
+    dfl_st_model_close(m);
+    json_decref(cfg);
+    return rc;
+}
+
+int dfl_hf_auto_layers(int64_t n_layers, int k, int32_t *out, int *n, dfl_err *e)
+{
+    *n = 0;
+    if (n_layers < 1)
+        return dfl_fail(e, DFL_EDATA, "auto layers: the model has no layers");
+    if (k < 1)
+        return dfl_fail(e, DFL_EUSAGE, "auto layers: K = %d must be at least 1", k);
+    int64_t kk = k;
+    if (kk > n_layers - 3)
+        kk = n_layers - 3;
+    if (kk < 1)
+        kk = 1;
+    if (kk == 1) {
+        out[0] = (int32_t)(n_layers / 2);
+        *n = 1;
+        return DFL_OK;
+    }
+    int64_t den = kk - 1, span = n_layers - 4;
+    for (int64_t i = 0; i < kk; i++) {
+        int64_t num = den + i * span; /* 1 + i*span/den = num/den, num >= 0 */
+        int64_t q = num / den, r = num % den;
+        if (2 * r > den || (2 * r == den && (q & 1)))
+            q++;
+        out[i] = (int32_t)q;
+    }
+    for (int64_t i = 0; i < kk; i++)
+        if (out[i] < 0 || out[i] >= n_layers || (i && out[i] <= out[i - 1]))
+            return dfl_fail(e, DFL_EDATA, "auto layers: internal error for N = %lld, K = %d",
+                            (long long)n_layers, k);
+    *n = (int)kk;
+    return DFL_OK;
+}

@@ -1,0 +1,61 @@
+/* hfmodel.h: Hugging Face model directories for the target: config.json parsing for the dense
+ * decoder families we run (qwen3, llama, qwen2) into one struct, with a clear error naming any
+ * configuration feature we do not implement, and the model fingerprint (config + tensor table)
+ * that ties a hidden-state stream to the target that produced it. */
+#ifndef DFL_HFMODEL_H
+#define DFL_HFMODEL_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "safetensors.h"
+
+typedef enum dfl_hf_arch { DFL_HF_QWEN3 = 1, DFL_HF_LLAMA = 2, DFL_HF_QWEN2 = 3 } dfl_hf_arch;
+
+typedef struct dfl_hf_config {
+    dfl_hf_arch arch;
+    char model_type[16];         /* "qwen3", "llama", "qwen2" */
+    int64_t hidden_size;         /* H */
+    int64_t n_layers;            /* num_hidden_layers */
+    int64_t n_heads;             /* num_attention_heads */
+    int64_t n_kv_heads;          /* num_key_value_heads (default n_heads) */
+    int64_t head_dim;            /* d (default H / n_heads) */
+    int64_t intermediate_size;   /* I */
+    int64_t vocab_size;          /* V */
+    double rms_norm_eps;         /* default 1e-6 */
+    double rope_theta;           /* rope_theta or rope_parameters.rope_theta; default 10000 */
+    dfl_dtype dtype;             /* "dtype" (transformers 5) or "torch_dtype": the dtype the
+                                  * model is loaded in by default; DFL_DT_INVALID if absent */
+    bool tie_word_embeddings;
+    bool qk_norm;                /* per-head q/k RMSNorm (qwen3) */
+    bool qkv_bias;               /* q/k/v projections have biases (qwen2; attention_bias) */
+    bool o_bias;                 /* o_proj has a bias (llama/qwen3 attention_bias) */
+    bool mlp_bias;               /* gate/up/down have biases (llama mlp_bias) */
+} dfl_hf_config;
+
+/* Parses a config.json object. what names it in messages (the file path). Unsupported features
+ * (rope scaling, sliding window in use, non-full-attention layer types, MoE, activations other
+ * than silu, quantized weights) are DFL_EUNSUP naming the key; missing or invalid values are
+ * DFL_EDATA naming the key. */
+int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, dfl_err *e);
+/* Loads DIR/config.json (*json receives the parsed object if json is non-NULL; caller frees with
+ * json_decref) and parses it. */
+int dfl_hf_config_load(const char *dir, dfl_hf_config *c, json_t **json, dfl_err *e);
+
+/* Model fingerprint: XXH3-128 (32 lowercase hex digits) over a version tag, the canonical config
+ * JSON (sorted keys, compact) and the tensor table (tensors sorted by name, each with dtype and
+ * shape). Tensor data is not read. */
+int dfl_hf_fingerprint_of(const json_t *cfg, const dfl_st_model *m, char out[33], dfl_err *e);
+/* Same, opening DIR (config.json and the safetensors weights) itself. */
+int dfl_hf_fingerprint(const char *dir, char out[33], dfl_err *e);
+
+/* Default captured layers for an N-layer target (DESIGN.md, SpecForge's rule):
+ * K' = min(K, N - 3), at least 1; K' = 1 gives N / 2 (integer division); otherwise
+ * layer i = round(1 + i (N - 4) / (K' - 1)), i = 0..K'-1, rounding halves to even (exact
+ * rational arithmetic, as Python's round). The result is ascending, distinct and < N.
+ * out has room for K entries; *n receives K'. */
+int dfl_hf_auto_layers(int64_t n_layers, int k, int32_t *out, int *n, dfl_err *e);
+
+#endif

@@ -1,0 +1,532 @@
+/* target.c: the target model on a backend: loading (checked tensor table, host conversion to
+ * the backend's weight dtype, fused q|k|v and gate|up matrices), activation buffers, and the
+ * packed variable-length prefill forward that captures chosen layers (see target.h). */
+#include "target.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json.h"
+#include "log.h"
+#include "safetensors.h"
+#include "util.h"
+
+/* ---- loading ---- */
+
+#define STAGE_ELEMS ((size_t)1 << 22) /* host staging for conversion: 4M elements */
+
+typedef struct loader {
+    dfl_target *t;
+    const dfl_st_model *m;
+    void *stage;           /* [STAGE_ELEMS] of max(wdt, f32) */
+} loader;
+
+/* Backend buffer of n elements of dt, counted in t->weight_bytes. */
+static void *walloc(dfl_target *t, uint64_t n, dfl_dtype dt, const char *what, dfl_err *e)
+{
+    size_t bytes = (size_t)n * dfl_dtype_size(dt);
+    void *p = t->be->ops->alloc(t->be, bytes, e);
+    if (!p) {
+        dfl_err_prefix(e, "%s: ", what);
+        return NULL;
+    }
+    t->weight_bytes += bytes;
+    return p;
+}
+
+/* Converts tensor src to dt on the host, chunk by chunk, and uploads it to dst starting at
+ * element dst_off. */
+static int put(loader *L, void *dst, uint64_t dst_off, dfl_dtype dt, const dfl_st_tensor *src,
+               dfl_err *e)
+{
+    dfl_be *be = L->t->be;
+    size_t ds = dfl_dtype_size(dt), ss = dfl_dtype_size(src->dtype);
+    for (uint64_t i = 0; i < src->numel; i += STAGE_ELEMS) {
+        size_t m = (size_t)(src->numel - i < STAGE_ELEMS ? src->numel - i : STAGE_ELEMS);
+        if (!dfl_convert(L->stage, dt, (const char *)src->data + i * ss, src->dtype, m))
+            return dfl_fail(e, DFL_EUNSUP, "%s: tensor %s: cannot convert %s to %s", src->file,
+                            src->name, dfl_dtype_lower(src->dtype), dfl_dtype_lower(dt));
+        int rc = be->ops->upload(be, (char *)dst + (dst_off + i) * ds, L->stage, m * ds);
+        if (!rc)
+            rc = be->ops->sync(be, e); /* the staging buffer is reused next */
+        if (rc)
+            return dfl_fail(e, rc, "%s: uploading tensor %s to %s failed", src->file, src->name,
+                            be->name);
+    }
+    return DFL_OK;
+}
+
+/* Looks up (and checks) tensor model.layers.L.SUFFIX of shape [d0] or [d0, d1]. */
+static int get(const dfl_st_model *m, const dfl_st_tensor **out, int ndim, int64_t d0, int64_t d1,
+               dfl_err *e, int64_t l, const char *suffix)
+{
+    char name[256];
+    snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l, suffix);
+    int64_t shape[2] = {d0, d1};
+    return dfl_st_model_get(m, name, ndim, shape, out, e);
+}
+
+/* The tensors of one layer, checked. */
+typedef struct layer_src {
+    const dfl_st_tensor *ln1, *ln2, *q, *k, *v, *o, *qn, *kn, *gate, *up, *down;
+    const dfl_st_tensor *bq, *bk, *bv, *bo, *bgate, *bup, *bdown;
+} layer_src;
+
+static int find_layer(const dfl_st_model *m, const dfl_hf_config *c, int64_t l, layer_src *s,
+                      dfl_err *e)
+{
+    int64_t H = c->hidden_size, d = c->head_dim, nq = c->n_heads * d, nkv = c->n_kv_heads * d;
+    int64_t I = c->intermediate_size;
+#define GET(dst, nd, a, b, suffix)                                                        \
+    do {                                                                                  \
+        int rc_ = get(m, &(dst), nd, a, b, e, l, suffix);                                 \
+        if (rc_)                                                                          \
+            return rc_;                                                                   \
+    } while (0)
+    memset(s, 0, sizeof *s);
+    GET(s->ln1, 1, H, 0, "input_layernorm.weight");
+    GET(s->ln2, 1, H, 0, "post_attention_layernorm.weight");
+    GET(s->q, 2, nq, H, "self_attn.q_proj.weight");
+    GET(s->k, 2, nkv, H, "self_attn.k_proj.weight");
+    GET(s->v, 2, nkv, H, "self_attn.v_proj.weight");
+    GET(s->o, 2, H, nq, "self_attn.o_proj.weight");
+    if (c->qk_norm) {
+        GET(s->qn, 1, d, 0, "self_attn.q_norm.weight");
+        GET(s->kn, 1, d, 0, "self_attn.k_norm.weight");
+    }
+    if (c->qkv_bias) {
+        GET(s->bq, 1, nq, 0, "self_attn.q_proj.bias");
+        GET(s->bk, 1, nkv, 0, "self_attn.k_proj.bias");
+        GET(s->bv, 1, nkv, 0, "self_attn.v_proj.bias");
+    }
+    if (c->o_bias)
+        GET(s->bo, 1, H, 0, "self_attn.o_proj.bias");
+    GET(s->gate, 2, I, H, "mlp.gate_proj.weight");
+    GET(s->up, 2, I, H, "mlp.up_proj.weight");
+    GET(s->down, 2, H, I, "mlp.down_proj.weight");
+    if (c->mlp_bias) {
+        GET(s->bgate, 1, I, 0, "mlp.gate_proj.bias");
+        GET(s->bup, 1, I, 0, "mlp.up_proj.bias");
+        GET(s->bdown, 1, H, 0, "mlp.down_proj.bias");
+    }
+#undef GET
+    return DFL_OK;
+}
+
+static int load_layer(loader *L, const layer_src *s, dfl_target_layer *w, int64_t l, dfl_err *e)
+{
+    dfl_target *t = L->t;
+    const dfl_hf_config *c = &t->cfg;
+    dfl_dtype wdt = t->be->wdt;
+    int64_t H = c->hidden_size, d = c->head_dim, nq = c->n_heads * d, nkv = c->n_kv_heads * d;
+    int64_t I = c->intermediate_size, nqkv = nq + 2 * nkv;
+    char what[64];
+    snprintf(what, sizeof what, "layer %lld", (long long)l);
+    int rc = 0;
+#define ALLOC(dst, n, dt)                                                                 \
+    do {                                                                                  \
+        if (!((dst) = walloc(t, (uint64_t)(n), dt, what, e)))                             \
+            return e->code;                                                               \
+    } while (0)
+#define PUT(dst, off, dt, src)                                                            \
+    do {                                                                                  \
+        if ((rc = put(L, dst, (uint64_t)(off), dt, src, e)))                              \
+            return rc;                                                                    \
+    } while (0)
+    ALLOC(w->ln1, H, wdt);
+    PUT(w->ln1, 0, wdt, s->ln1);
+    ALLOC(w->ln2, H, wdt);
+    PUT(w->ln2, 0, wdt, s->ln2);
+    ALLOC(w->wqkv, nqkv * H, wdt);
+    PUT(w->wqkv, 0, wdt, s->q);
+    PUT(w->wqkv, nq * H, wdt, s->k);
+    PUT(w->wqkv, (nq + nkv) * H, wdt, s->v);
+    if (s->bq) {
+        ALLOC(w->bqkv, nqkv, DFL_F32);
+        PUT(w->bqkv, 0, DFL_F32, s->bq);
+        PUT(w->bqkv, nq, DFL_F32, s->bk);
+        PUT(w->bqkv, nq + nkv, DFL_F32, s->bv);
+    }
+    if (s->qn) {
+        ALLOC(w->q_norm, d, wdt);
+        PUT(w->q_norm, 0, wdt, s->qn);
+        ALLOC(w->k_norm, d, wdt);
+        PUT(w->k_norm, 0, wdt, s->kn);
+    }
+    ALLOC(w->wo, H * nq, wdt);
+    PUT(w->wo, 0, wdt, s->o);
+    if (s->bo) {
+        ALLOC(w->bo, H, DFL_F32);
+        PUT(w->bo, 0, DFL_F32, s->bo);
+    }
+    ALLOC(w->wgu, 2 * I * H, wdt);
+    PUT(w->wgu, 0, wdt, s->gate);
+    PUT(w->wgu, I * H, wdt, s->up);
+    if (s->bgate) {
+        ALLOC(w->bgu, 2 * I, DFL_F32);
+        PUT(w->bgu, 0, DFL_F32, s->bgate);
+        PUT(w->bgu, I, DFL_F32, s->bup);
+    }
+    ALLOC(w->wdown, H * I, wdt);
+    PUT(w->wdown, 0, wdt, s->down);
+    if (s->bdown) {
+        ALLOC(w->bdown, H, DFL_F32);
+        PUT(w->bdown, 0, DFL_F32, s->bdown);
+    }
+#undef ALLOC
+#undef PUT
+    return DFL_OK;
+}
+
+int dfl_target_open(dfl_target **out, dfl_be *be, const char *dir, int n_load, dfl_err *e)
+{
+    *out = NULL;
+    dfl_target *t = calloc(1, sizeof *t);
+    if (!t)
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    t->be = be;
+    json_t *cfg = NULL;
+    dfl_st_model *m = NULL;
+    loader L = {.t = t};
+    layer_src src;
+    int rc = dfl_hf_config_load(dir, &t->cfg, &cfg, e);
+    if (rc)
+        goto fail;
+    const dfl_hf_config *c = &t->cfg;
+    if ((rc = dfl_st_model_open(&m, dir, e)))
+        goto fail;
+    L.m = m;
+    /* Check the whole tensor table first, so that a broken model fails before any upload. */
+    const dfl_st_tensor *emb, *norm;
+    int64_t shape[2] = {c->vocab_size, c->hidden_size};
+    if ((rc = dfl_st_model_get(m, "model.embed_tokens.weight", 2, shape, &emb, e)))
+        goto fail;
+    if ((rc = dfl_st_model_get(m, "model.norm.weight", 1, &c->hidden_size, &norm, e)))
+        goto fail;
+    for (int64_t l = 0; l < c->n_layers; l++)
+        if ((rc = find_layer(m, c, l, &src, e)))
+            goto fail;
+    /* RoPE as transformers runs the checkpoint: inv_freq rounded to the load dtype. */
+    t->rope_dtype = c->dtype ? c->dtype : emb->dtype;
+    if ((rc = dfl_hf_fingerprint_of(cfg, m, t->fingerprint, e)))
+        goto fail;
+
+    t->n_loaded = n_load <= 0 || n_load > c->n_layers ? (int)c->n_layers : n_load;
+    t->layers = calloc((size_t)t->n_loaded, sizeof *t->layers);
+    L.stage = malloc(STAGE_ELEMS * 4);
+    if (!t->layers || !L.stage) {
+        rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
+        goto fail;
+    }
+    if (!(t->embed = walloc(t, (uint64_t)(c->vocab_size * c->hidden_size), be->wdt, "embedding", e))) {
+        rc = e->code;
+        goto fail;
+    }
+    if ((rc = put(&L, t->embed, 0, be->wdt, emb, e)))
+        goto fail;
+    for (int l = 0; l < t->n_loaded; l++) {
+        if ((rc = find_layer(m, c, l, &src, e)) || (rc = load_layer(&L, &src, &t->layers[l], l, e)))
+            goto fail;
+    }
+    free(L.stage);
+    dfl_st_model_close(m);
+    json_decref(cfg);
+    *out = t;
+    return DFL_OK;
+fail:
+    free(L.stage);
+    dfl_st_model_close(m);
+    json_decref(cfg);
+    dfl_target_close(t);
+    return rc;
+}
+
+void dfl_target_close(dfl_target *t)
+{
+    if (!t)
+        return;
+    dfl_be *be = t->be;
+#define FREE(p)                                                                           \
+    do {                                                                                  \
+        if (p)                                                                            \
+            be->ops->free(be, (void *)(p));                                               \
+    } while (0)
+    if (t->layers) {
+        for (int l = 0; l < t->n_loaded; l++) {
+            dfl_target_layer *w = &t->layers[l];
+            FREE(w->ln1); FREE(w->ln2); FREE(w->wqkv); FREE(w->bqkv); FREE(w->q_norm);
+            FREE(w->k_norm); FREE(w->wo); FREE(w->bo); FREE(w->wgu); FREE(w->bgu);
+            FREE(w->wdown); FREE(w->bdown);
+        }
+        free(t->layers);
+    }
+    FREE(t->embed);
+#undef FREE
+    free(t);
+}
+
+/* ---- captured layers ---- */
+
+int dfl_target_parse_layers(const char *spec, int64_t n_layers, int32_t *out, int *n, dfl_err *e)
+{
+    *n = 0;
+    if (!spec || strcmp(spec, "auto") == 0)
+        return dfl_hf_auto_layers(n_layers, 5, out, n, e);
+    if (strncmp(spec, "auto:", 5) == 0) {
+        int64_t k;
+        int rc = dfl_parse_i64(spec + 5, 1, DFL_MAX_LAYERS, &k, "--layers auto:K", e);
+        if (rc)
+            return rc;
+        return dfl_hf_auto_layers(n_layers, (int)k, out, n, e);
+    }
+    int64_t *v = NULL;
+    size_t k = 0;
+    int rc = dfl_parse_i64_list(spec, 0, INT32_MAX, DFL_MAX_LAYERS, &v, &k, "--layers", e);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < k; i++) {
+        if (v[i] >= n_layers) {
+            rc = dfl_fail(e, DFL_EUSAGE, "--layers: layer %lld does not exist (the model has %lld "
+                          "layers, 0..%lld)", (long long)v[i], (long long)n_layers,
+                          (long long)n_layers - 1);
+            break;
+        }
+        if (i && v[i] <= v[i - 1]) {
+            rc = dfl_fail(e, DFL_EUSAGE, "--layers: '%s': layer ids must be ascending and distinct",
+                          spec);
+            break;
+        }
+        out[i] = (int32_t)v[i];
+    }
+    free(v);
+    if (!rc)
+        *n = (int)k;
+    return rc;
+}
+
+/* ---- activation buffers ---- */
+
+void dfl_target_ws_free(const dfl_target *t, dfl_target_ws *ws)
+{
+    if (!ws)
+        return;
+    dfl_be *be = t->be;
+    void *bufs[] = {ws->h, ws->x, ws->delta, ws->big1, ws->big2, ws->ids, ws->pos, ws->cu};
+    for (size_t i = 0; i < DFL_ARRAY_LEN(bufs); i++)
+        if (bufs[i])
+            be->ops->free(be, bufs[i]);
+    free(ws->pos_host);
+    free(ws->cu_host);
+    free(ws);
+}
+
+int dfl_target_ws_new(const dfl_target *t, int64_t max_tokens, int64_t max_seqs,
+                      dfl_target_ws **out, dfl_err *e)
+{
+    *out = NULL;
+    const dfl_hf_config *c = &t->cfg;
+    dfl_be *be = t->be;
+    if (max_tokens < 1)
+        max_tokens = 1;
+    if (max_seqs < 1)
+        max_seqs = 1;
+    if (max_tokens > INT32_MAX || max_seqs > INT32_MAX)
+        return dfl_fail(e, DFL_EUSAGE, "batch of %lld tokens, %lld sequences: too large",
+                        (long long)max_tokens, (long long)max_seqs);
+    dfl_target_ws *ws = calloc(1, sizeof *ws);
+    if (!ws)
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    ws->max_tokens = max_tokens;
+    ws->max_seqs = max_seqs;
+    int64_t H = c->hidden_size, d = c->head_dim, I = c->intermediate_size;
+    int64_t nq = c->n_heads * d, nqkv = nq + 2 * c->n_kv_heads * d;
+    int64_t w1 = nqkv > 2 * I ? nqkv : 2 * I, w2 = nq > I ? nq : I;
+    size_t as = dfl_dtype_size(be->act);
+    struct {
+        void **p;
+        uint64_t elems;
+        size_t size;
+    } plan[] = {
+        {&ws->h, (uint64_t)(max_tokens * H), as},
+        {&ws->x, (uint64_t)(max_tokens * H), as},
+        {&ws->delta, (uint64_t)(max_tokens * H), as},
+        {&ws->big1, (uint64_t)(max_tokens * w1), as},
+        {&ws->big2, (uint64_t)(max_tokens * w2), as},
+        {(void **)&ws->ids, (uint64_t)max_tokens, 4},
+        {(void **)&ws->pos, (uint64_t)max_tokens, 4},
+        {(void **)&ws->cu, (uint64_t)max_seqs + 1, 4},
+    };
+    for (size_t i = 0; i < DFL_ARRAY_LEN(plan); i++) {
+        uint64_t bytes;
+        if (!dfl_mul_u64(plan[i].elems, plan[i].size, &bytes) || bytes > SIZE_MAX) {
+            dfl_target_ws_free(t, ws);
+            return dfl_fail(e, DFL_ENOMEM, "activation buffers for %lld tokens: size overflow",
+                            (long long)max_tokens);
+        }
+        if (!(*plan[i].p = be->ops->alloc(be, (size_t)bytes, e))) {
+            char b[32];
+            dfl_err_prefix(e, "activation buffers for %lld tokens (%s in all so far): ",
+                           (long long)max_tokens, dfl_fmt_bytes((double)(ws->bytes + bytes), b, sizeof b));
+            dfl_target_ws_free(t, ws);
+            return e->code;
+        }
+        ws->bytes += bytes;
+    }
+    ws->pos_host = malloc((size_t)max_tokens * sizeof *ws->pos_host);
+    ws->cu_host = malloc((size_t)(max_seqs + 1) * sizeof *ws->cu_host);
+    if (!ws->pos_host || !ws->cu_host) {
+        dfl_target_ws_free(t, ws);
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    }
+    *out = ws;
+    return DFL_OK;
+}
+
+/* ---- forward ---- */
+
+int dfl_target_check_batch(const dfl_target *t, const dfl_batch *b, dfl_err *e)
+{
+    uint64_t sum = 0;
+    for (uint32_t s = 0; s < b->n_seqs; s++)
+        sum += b->seq_lens[s];
+    if (sum != b->n_tokens)
+        return dfl_fail(e, DFL_EDATA, "batch %llu: sequence lengths add up to %llu, not %llu tokens",
+                        (unsigned long long)b->index, (unsigned long long)sum,
+                        (unsigned long long)b->n_tokens);
+    int64_t V = t->cfg.vocab_size;
+    uint64_t row = 0;
+    for (uint32_t s = 0; s < b->n_seqs; s++) {
+        for (uint32_t j = 0; j < b->seq_lens[s]; j++, row++) {
+            int32_t id = b->input_ids[row];
+            if (id < 0 || id >= V)
+                return dfl_fail(e, DFL_EDATA, "batch %llu, sequence %u, position %u: token id %d is "
+                                "out of range for the model's vocab_size %lld",
+                                (unsigned long long)b->index, s, j, id, (long long)V);
+        }
+    }
+    return DFL_OK;
+}
+
+/* Element pointer arithmetic on act buffers. */
+static inline void *at(const void *p, int64_t elems, dfl_dtype dt)
+{
+    return (char *)p + (size_t)elems * dfl_dtype_size(dt);
+}
+
+/* C [T, N] (act) = A [T, K] (act) W^T (+ bias), W [N, K] (w). */
+static int linear(dfl_be *be, void *C, const void *A, const void *W, const float *bias, int64_t T,
+                  int64_t N, int64_t K)
+{
+    dfl_mm m = {
+        .M = T, .N = N, .K = K,
+        .A = A, .adt = be->act, .lda = K, .ta = false,
+        .B = W, .bdt = be->wdt, .ldb = K, .tb = true,
+        .C = C, .cdt = be->act, .ldc = N,
+        .alpha = 1.0f, .beta = 0.0f, .bias = bias,
+    };
+    return be->ops->matmul(be, &m);
+}
+
+int dfl_target_forward(dfl_target *t, dfl_target_ws *ws, const dfl_batch *b, int n_caps,
+                       const int32_t *layers, dfl_dtype cap_dt, void *const *caps, dfl_err *e)
+{
+    dfl_be *be = t->be;
+    const dfl_be_ops *ops = be->ops;
+    const dfl_hf_config *c = &t->cfg;
+    int64_t T = (int64_t)b->n_tokens, S = b->n_seqs;
+    if (n_caps < 1 || n_caps > DFL_MAX_LAYERS)
+        return dfl_fail(e, DFL_EUSAGE, "forward: %d captured layers (1..%d)", n_caps, DFL_MAX_LAYERS);
+    for (int k = 0; k < n_caps; k++)
+        if (layers[k] < 0 || layers[k] >= t->n_loaded || (k && layers[k] <= layers[k - 1]))
+            return dfl_fail(e, DFL_EUSAGE, "forward: captured layer %d is not ascending or not "
+                            "loaded (%d layers loaded)", layers[k], t->n_loaded);
+    if (T > ws->max_tokens || S > ws->max_seqs)
+        return dfl_fail(e, DFL_EUSAGE, "batch %llu: %lld tokens in %lld sequences is more than the "
+                        "buffers hold (%lld tokens, %lld sequences)", (unsigned long long)b->index,
+                        (long long)T, (long long)S, (long long)ws->max_tokens,
+                        (long long)ws->max_seqs);
+    int rc = dfl_target_check_batch(t, b, e);
+    if (rc)
+        return rc;
+    if (T == 0)
+        return DFL_OK;
+
+    /* Positions restart at 0 for each sequence; cu_seqlens delimits the sequences. */
+    int32_t max_len = 0;
+    ws->cu_host[0] = 0;
+    for (int64_t s = 0, row = 0; s < S; s++) {
+        int32_t n = (int32_t)b->seq_lens[s];
+        for (int32_t j = 0; j < n; j++)
+            ws->pos_host[row++] = j;
+        ws->cu_host[s + 1] = ws->cu_host[s] + n;
+        if (n > max_len)
+            max_len = n;
+    }
+    int64_t H = c->hidden_size, d = c->head_dim, I = c->intermediate_size;
+    int64_t nq = c->n_heads * d, nkv = c->n_kv_heads * d, nqkv = nq + 2 * nkv;
+    float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
+    dfl_dtype act = be->act;
+    int last = layers[n_caps - 1], next = 0;
+
+#define CK(call)                                                                          \
+    do {                                                                                  \
+        if ((rc = (call)))                                                                \
+            goto fail;                                                                    \
+    } while (0)
+    be->rope_dtype = t->rope_dtype;
+    CK(ops->upload(be, ws->ids, b->input_ids, (size_t)T * 4));
+    CK(ops->upload(be, ws->pos, ws->pos_host, (size_t)T * 4));
+    CK(ops->upload(be, ws->cu, ws->cu_host, (size_t)(S + 1) * 4));
+    CK(ops->embedding(be, ws->h, ws->ids, t->embed, T, H));
+    for (int l = 0; l <= last; l++) {
+        const dfl_target_layer *w = &t->layers[l];
+        if (l == 0) {
+            CK(ops->rmsnorm(be, ws->x, NULL, ws->h, w->ln1, T, H, eps));
+        } else {
+            /* h += previous MLP output: h is now the output of layer l-1 */
+            CK(ops->add_rmsnorm(be, ws->h, ws->delta, ws->x, NULL, w->ln1, T, H, eps));
+            if (next < n_caps && layers[next] == l - 1) {
+                CK(ops->convert(be, caps[next], cap_dt, ws->h, act, T * H));
+                next++;
+            }
+        }
+        /* attention */
+        void *qkv = ws->big1;   /* [T, nqkv] */
+        void *att = ws->big2;   /* [T, nq] */
+        CK(linear(be, qkv, ws->x, w->wqkv, w->bqkv, T, nqkv, H));
+        CK(ops->qknorm_rope(be, qkv, nqkv, NULL, w->q_norm, ws->pos, T, (int)c->n_heads, (int)d,
+                            eps, theta));
+        CK(ops->qknorm_rope(be, at(qkv, nq, act), nqkv, NULL, w->k_norm, ws->pos, T,
+                            (int)c->n_kv_heads, (int)d, eps, theta));
+        dfl_attn_varlen a = {
+            .q = qkv, .ldq = nqkv,
+            .k = at(qkv, nq, act), .ldk = nqkv,
+            .v = at(qkv, nq + nkv, act), .ldv = nqkv,
+            .o = att, .ldo = nq,
+            .cu_seqlens = ws->cu, .n_seqs = (int32_t)S, .max_len = max_len, .T = T,
+            .n_heads = (int)c->n_heads, .n_kv = (int)c->n_kv_heads, .d = (int)d,
+            .scale = (float)(1.0 / sqrt((double)d)),
+        };
+        CK(ops->attn_varlen(be, &a));
+        CK(linear(be, ws->delta, att, w->wo, w->bo, T, H, nq));
+        CK(ops->add_rmsnorm(be, ws->h, ws->delta, ws->x, NULL, w->ln2, T, H, eps));
+        /* MLP */
+        void *gu = ws->big1;    /* [T, 2I] */
+        void *mo = ws->big2;    /* [T, I] */
+        CK(linear(be, gu, ws->x, w->wgu, w->bgu, T, 2 * I, H));
+        CK(ops->swiglu(be, mo, gu, T, I));
+        CK(linear(be, ws->delta, mo, w->wdown, w->bdown, T, H, I));
+    }
+    CK(ops->add(be, ws->h, ws->delta, T * H));
+    if (next < n_caps && layers[next] == last) {
+        CK(ops->convert(be, caps[next], cap_dt, ws->h, act, T * H));
+        next++;
+    }
+#undef CK
+    return DFL_OK;
+fail:
+    return dfl_fail(e, rc, "batch %llu: forward on %s failed (%s)", (unsigned long long)b->index,
+                    be->name, dfl_code_name(rc));
+}

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# gen.sh: regenerates the known-bad corpus of dfl-target (models and token streams) and its
+# MANIFEST, with the tools of a build tree: tests/bad/target/gen.sh [BUILD] (default build).
+# Every case must make `dfl-target` fail with the exit status and a message containing the text
+# that MANIFEST gives, and leave no output file behind (tests/bats/target.bats checks this).
+#   model cases:  dfl-target -m CASE --layers 0 -o OUT tokens.dfl
+#   stream cases: dfl-target -m good-model -o OUT CASE
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+build=$(cd "${1:-$here/../../../build}" && pwd)
+mktarget="$build/tools/mktarget"
+mktokens="$build/tools/mktokens"
+cd "$here"
+find . -mindepth 1 -maxdepth 1 ! -name gen.sh ! -name README -exec rm -rf {} +
+
+tiny=(--hidden 16 --layers 2 --heads 2 --kv-heads 1 --intermediate 32 --vocab 64 --seed 5)
+
+# A good model (vocab 64) for the stream cases, and a good token stream for the model cases.
+"$mktarget" -o good-model "${tiny[@]}"
+printf '1 2 3 4\n5 6 7\n' | "$mktokens" --vocab 64 -o tokens.dfl
+
+# Models with broken tensor tables.
+"$mktarget" -o missing-tensor "${tiny[@]}" --omit model.layers.1.mlp.up_proj.weight
+"$mktarget" -o wrong-shape "${tiny[@]}" --wrong-shape model.layers.0.self_attn.k_proj.weight
+"$mktarget" -o qwen2-missing-bias "${tiny[@]}" --type qwen2 --omit model.layers.0.self_attn.k_proj.bias
+
+# Configurations we refuse (config.json is checked before the weights, so none are needed).
+config() { # dir, extra JSON members
+    mkdir -p "$1"
+    printf '{\n  "model_type": "%s",\n  "hidden_size": 32,\n  "num_hidden_layers": 2,\n  "num_attention_heads": 2,\n  "num_key_value_heads": 1,\n  "intermediate_size": 64,\n  "vocab_size": 64%s\n}\n' \
+        "${3:-qwen3}" "$2" >"$1/config.json"
+}
+config unknown-model-type '' mistral
+config rope-scaling-yarn ',
+  "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}'
+config rope-type-llama3 ',
+  "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0}' llama
+config sliding-window ',
+  "sliding_window": 4096,
+  "use_sliding_window": true' qwen2
+config layer-types ',
+  "layer_types": ["full_attention", "sliding_attention"]'
+config moe ',
+  "num_experts": 8,
+  "num_experts_per_tok": 2'
+config hidden-act ',
+  "hidden_act": "gelu_pytorch_tanh"' llama
+config missing-vocab-size '' qwen3
+sed -i '/"vocab_size"/d; s/"intermediate_size": 64,/"intermediate_size": 64/' missing-vocab-size/config.json
+mkdir -p invalid-json && printf '{"model_type": "qwen3", "hidden_size": 32,\n' >invalid-json/config.json
+
+# Token streams that the good model must refuse.
+printf '1 2 3\n--\n4 5\n6 7 8 64 9\n' | "$mktokens" -o token-out-of-range.dfl
+"$build/bin/dfl-target" -q -m good-model --layers 0 -o hidden-stream.dfl tokens.dfl
+head -c "$(( $(stat -c %s tokens.dfl) - 64 ))" tokens.dfl >truncated.dfl
+
+cat >MANIFEST <<'MAN'
+# Written by gen.sh: case<TAB>exit status<TAB>text the message must contain. Do not edit; rerun gen.sh.
+missing-tensor	2	model.layers.1.mlp.up_proj.weight
+wrong-shape	2	model.layers.0.self_attn.k_proj.weight
+qwen2-missing-bias	2	model.layers.0.self_attn.k_proj.bias
+unknown-model-type	2	model_type 'mistral' is not supported
+rope-scaling-yarn	2	rope_scaling.rope_type is 'yarn'
+rope-type-llama3	2	rope_parameters.rope_type is 'llama3'
+sliding-window	2	sliding_window is set and use_sliding_window is true
+layer-types	2	layer_types[1] is 'sliding_attention'
+moe	2	num_experts is set
+hidden-act	2	hidden_act 'gelu_pytorch_tanh' is not supported
+missing-vocab-size	2	missing key 'vocab_size'
+invalid-json	2	invalid JSON
+token-out-of-range.dfl	2	batch 1, sequence 1, position 3: token id 64 is out of range
+hidden-stream.dfl	2	not a token-batch stream
+truncated.dfl	2	truncated
+MAN
+echo "tests/bad/target: $(grep -vc '^#' MANIFEST) cases"

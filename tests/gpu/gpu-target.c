@@ -1,0 +1,338 @@
+/* gpu-target.c: the target forward (lib/target.c, unchanged) on the CUDA backend against the
+ * transformers oracles (../shared/oracle/qwen3-tiny-a; tests/fixtures/target/{llama,qwen2}-tiny
+ * when present), each sequence alone and all packed in one batch, and dfl-target --device cuda
+ * end to end. Tolerances per row (oracle/README.md): bf16 activations: relative error
+ * ||gpu - ref|| / ||ref|| <= 5e-2 and cosine >= 0.999; f32 activations: relative error <= 1e-4,
+ * as on the CPU. Prints a "#" line with the worst figures of each comparison. Skips without a
+ * GPU (exit 77). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "backend.h"
+#include "frame.h"
+#include "safetensors.h"
+#include "target.h"
+#include "../unit/t.h"
+
+static char self_dir[4096];
+
+#ifdef DFL_CUDA
+static bool exists(const char *p)
+{
+    struct stat s;
+    return stat(p, &s) == 0;
+}
+
+typedef struct ref {
+    dfl_st_file *f;
+    int n_seqs, n_layers;
+    const int32_t *ids[16];
+    int64_t len[16];
+} ref;
+
+static bool ref_open(ref *r, const char *dir, dfl_err *e)
+{
+    memset(r, 0, sizeof *r);
+    char p[4200];
+    snprintf(p, sizeof p, "%s/ref.safetensors", dir);
+    if (dfl_st_open(&r->f, p, e))
+        return false;
+    for (int i = 0; i < 16; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "seq%d.input_ids", i);
+        const dfl_st_tensor *t = dfl_st_find(r->f, name);
+        if (!t)
+            break;
+        r->ids[i] = t->data;
+        r->len[i] = t->shape[0];
+        r->n_seqs = i + 1;
+    }
+    for (int k = 0; k < 256; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "seq0.layer%d", k);
+        if (!dfl_st_find(r->f, name))
+            break;
+        r->n_layers = k + 1;
+    }
+    return r->n_seqs > 0 && r->n_layers > 0;
+}
+
+static const float *ref_layer(const ref *r, int s, int k)
+{
+    char name[64];
+    snprintf(name, sizeof name, "seq%d.layer%d", s, k);
+    const dfl_st_tensor *t = dfl_st_find(r->f, name);
+    return t ? t->data : NULL;
+}
+
+/* Worst per-row relative error and cosine (NaN sticks to the error). */
+typedef struct cmp {
+    double rel, cos;
+} cmp;
+
+static void compare(cmp *c, const float *a, const float *b, int64_t rows, int64_t H)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        double num = 0, den = 0, ab = 0, aa = 0;
+        for (int64_t i = 0; i < H; i++) {
+            double x = a[r * H + i], y = b[r * H + i];
+            num += (x - y) * (x - y);
+            den += y * y;
+            ab += x * y;
+            aa += x * x;
+        }
+        double rel = sqrt(num) / (den > 0 ? sqrt(den) : 1e-30);
+        double cs = ab / (sqrt(aa) * sqrt(den) + 1e-30);
+        if (!(rel <= c->rel))
+            c->rel = rel;
+        if (!(cs >= c->cos))
+            c->cos = cs;
+    }
+}
+
+static bool within(const cmp *c, dfl_dtype act)
+{
+    if (act == DFL_F32)
+        return c->rel <= 1e-4;
+    return c->rel <= 5e-2 && c->cos >= 0.999;
+}
+
+/* The library forward on CUDA with activations act against a reference directory. */
+static void forward_vs_ref(const char *dir, dfl_dtype act)
+{
+    dfl_err e = {0};
+    ref r;
+    if (!ref_open(&r, dir, &e)) {
+        T_CHECK(0, "%s: %s", dir, e.msg);
+        return;
+    }
+    dfl_be *be = NULL;
+    dfl_target *t = NULL;
+    dfl_target_ws *ws = NULL;
+    void *caps[64] = {0};
+    float *host = NULL;
+    int32_t *ids = NULL;
+    uint8_t *mask = NULL;
+    if (dfl_be_cuda_open(&be, 0, act, &e)) {
+        T_CHECK(0, "cuda: %s", e.msg);
+        goto out;
+    }
+    if (dfl_target_open(&t, be, dir, 0, &e)) {
+        T_CHECK(0, "%s: %s", dir, e.msg);
+        goto out;
+    }
+    int64_t H = t->cfg.hidden_size, total = 0;
+    int K = r.n_layers;
+    for (int s = 0; s < r.n_seqs; s++)
+        total += r.len[s];
+    if (dfl_target_ws_new(t, total, r.n_seqs, &ws, &e)) {
+        T_CHECK(0, "%s", e.msg);
+        goto out;
+    }
+    int32_t layers[64];
+    for (int k = 0; k < K; k++) {
+        layers[k] = k;
+        if (!(caps[k] = be->ops->alloc(be, (size_t)(total * H) * 4, &e))) {
+            T_CHECK(0, "%s", e.msg);
+            goto out;
+        }
+    }
+    host = malloc((size_t)(total * H) * 4);
+    ids = malloc((size_t)total * 4);
+    mask = calloc((size_t)total, 1);
+    uint32_t lens[16];
+    cmp alone = {0, 1}, packed = {0, 1};
+    for (int s = 0; s < r.n_seqs; s++) {
+        lens[0] = (uint32_t)r.len[s];
+        dfl_batch b = {.index = (uint64_t)s, .n_tokens = (uint64_t)r.len[s], .n_seqs = 1,
+                       .seq_lens = lens, .input_ids = r.ids[s], .loss_mask = mask};
+        if (dfl_target_forward(t, ws, &b, K, layers, DFL_F32, caps, &e) || be->ops->sync(be, &e)) {
+            T_CHECK(0, "seq %d: %s", s, e.msg);
+            goto out;
+        }
+        for (int k = 0; k < K; k++) {
+            be->ops->download(be, host, caps[k], (size_t)(r.len[s] * H) * 4);
+            compare(&alone, host, ref_layer(&r, s, k), r.len[s], H);
+        }
+    }
+    int64_t off[16], row = 0;
+    for (int j = 0; j < r.n_seqs; j++) {
+        int s = r.n_seqs - 1 - j;
+        lens[j] = (uint32_t)r.len[s];
+        off[s] = row;
+        memcpy(ids + row, r.ids[s], (size_t)r.len[s] * 4);
+        row += r.len[s];
+    }
+    dfl_batch b = {.n_tokens = (uint64_t)total, .n_seqs = (uint32_t)r.n_seqs, .seq_lens = lens,
+                   .input_ids = ids, .loss_mask = mask};
+    if (dfl_target_forward(t, ws, &b, K, layers, DFL_F32, caps, &e) || be->ops->sync(be, &e)) {
+        T_CHECK(0, "packed: %s", e.msg);
+        goto out;
+    }
+    for (int k = 0; k < K; k++) {
+        be->ops->download(be, host, caps[k], (size_t)(total * H) * 4);
+        for (int s = 0; s < r.n_seqs; s++)
+            compare(&packed, host + off[s] * H, ref_layer(&r, s, k), r.len[s], H);
+    }
+    printf("# %s act %s: alone rel %.3g cos %.6f; packed rel %.3g cos %.6f\n", dir,
+           dfl_dtype_lower(act), alone.rel, alone.cos, packed.rel, packed.cos);
+    T_CHECK(within(&alone, act), "%s %s alone: rel %.3g cos %.6f", dir, dfl_dtype_lower(act),
+            alone.rel, alone.cos);
+    T_CHECK(within(&packed, act), "%s %s packed: rel %.3g cos %.6f", dir, dfl_dtype_lower(act),
+            packed.rel, packed.cos);
+out:
+    for (int k = 0; k < 64; k++)
+        if (caps[k])
+            be->ops->free(be, caps[k]);
+    free(host);
+    free(ids);
+    free(mask);
+    dfl_target_ws_free(t, ws);
+    dfl_target_close(t);
+    dfl_be_close(be);
+    dfl_st_close(r.f);
+}
+
+static const char *oracle_dir(void)
+{
+    static char d[4096];
+    const char *o = t_oracle();
+    if (!o)
+        return NULL;
+    snprintf(d, sizeof d, "%s/qwen3-tiny-a", o);
+    return d;
+}
+
+static const char *fixture(const char *name)
+{
+    static char dir[4096];
+    snprintf(dir, sizeof dir, "%s/../../tests/fixtures/target/%s", self_dir, name);
+    char p[4200];
+    snprintf(p, sizeof p, "%s/ref.safetensors", dir);
+    return exists(p) ? dir : NULL;
+}
+
+static void test_qwen3_oracle(void)
+{
+    if (!dfl_be_cuda_available())
+        T_SKIP("no CUDA GPU");
+    const char *d = oracle_dir();
+    if (!d)
+        T_SKIP("no oracle");
+    forward_vs_ref(d, DFL_BF16);
+    forward_vs_ref(d, DFL_F32);
+}
+
+static void test_fixtures(void)
+{
+    if (!dfl_be_cuda_available())
+        T_SKIP("no CUDA GPU");
+    const char *names[] = {"llama-tiny", "qwen2-tiny"};
+    int ran = 0;
+    for (int i = 0; i < 2; i++) {
+        const char *d = fixture(names[i]);
+        if (!d)
+            continue;
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", d);
+        forward_vs_ref(dir, DFL_BF16);
+        forward_vs_ref(dir, DFL_F32);
+        ran++;
+    }
+    if (!ran)
+        T_SKIP("no llama/qwen2 fixtures");
+}
+
+/* dfl-target --device cuda end to end: its f32 output against the CPU run's, batch by batch;
+ * and a batch larger than the buffers is an error on the GPU (not a silent growth). */
+static void test_program(void)
+{
+    if (!dfl_be_cuda_available())
+        T_SKIP("no CUDA GPU");
+    const char *d = oracle_dir();
+    if (!d)
+        T_SKIP("no oracle");
+    char bin[4200], tools[4200], cmd[16384], tok[4200], gpu[4200], cpu[4200];
+    const char *b = getenv("DFL_BIN"), *tl = getenv("DFL_TOOLS");
+    snprintf(bin, sizeof bin, "%s", b && *b ? b : "");
+    snprintf(tools, sizeof tools, "%s", tl && *tl ? tl : "");
+    if (!*bin)
+        snprintf(bin, sizeof bin, "%s/../bin", self_dir);
+    if (!*tools)
+        snprintf(tools, sizeof tools, "%s/../tools", self_dir);
+    snprintf(tok, sizeof tok, "%s/tok.dfl", t_tmpdir());
+    snprintf(gpu, sizeof gpu, "%s/gpu.dfl", t_tmpdir());
+    snprintf(cpu, sizeof cpu, "%s/cpu.dfl", t_tmpdir());
+    snprintf(cmd, sizeof cmd, "'%s/mktokens' --from-ref '%s/ref.safetensors' -o '%s' && "
+             "'%s/dfl-target' -q -m '%s' --device cuda --dtype f32 --max-tokens 1024 "
+             "--layers 0,1,2,3,4,5 -o '%s' '%s' && "
+             "'%s/dfl-target' -q -m '%s' --device cpu --dtype f32 --layers 0,1,2,3,4,5 -o '%s' '%s'",
+             tools, d, tok, bin, d, gpu, tok, bin, d, cpu, tok);
+    int st = system(cmd);
+    T_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: status %d", cmd, st);
+    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0))
+        return;
+    dfl_err e = {0};
+    dfl_reader *rg = NULL, *rc = NULL;
+    T_CHECK(dfl_reader_open(&rg, gpu, NULL, &e) == 0 && dfl_reader_open(&rc, cpu, NULL, &e) == 0,
+            "%s", e.msg);
+    T_CHECK(strcmp(dfl_reader_info(rg)->fingerprint, dfl_reader_info(rc)->fingerprint) == 0,
+            "same fingerprint on both devices");
+    cmp c = {0, 1};
+    int n = 0;
+    for (;;) {
+        dfl_batch bg, bc;
+        memset(&bg, 0, sizeof bg);
+        memset(&bc, 0, sizeof bc);
+        bool eg = false, ec = false;
+        if (dfl_reader_next(rg, &bg, &eg, &e) || dfl_reader_next(rc, &bc, &ec, &e)) {
+            T_CHECK(0, "%s", e.msg);
+            break;
+        }
+        T_CHECK(eg == ec, "same number of batches");
+        if (eg || ec)
+            break;
+        n++;
+        for (uint32_t k = 0; k < bg.n_layers; k++)
+            compare(&c, bg.layers[k], bc.layers[k], (int64_t)bg.n_tokens, bg.hidden);
+        dfl_batch_free(&bg);
+        dfl_batch_free(&bc);
+    }
+    printf("# dfl-target --device cuda (bf16 compute) vs --device cpu: %d batches, rel %.3g cos %.6f\n",
+           n, c.rel, c.cos);
+    T_CHECK(n == 5, "5 batches");
+    T_CHECK(within(&c, DFL_BF16), "cuda vs cpu: rel %.3g cos %.6f", c.rel, c.cos);
+    dfl_reader_close(rg);
+    dfl_reader_close(rc);
+    /* without --max-tokens the buffers fit the first batch (1 token); the next is larger */
+    remove(gpu);
+    snprintf(cmd, sizeof cmd, "'%s/dfl-target' -q -m '%s' --device cuda -o '%s' '%s' 2>'%s/err'",
+             bin, d, gpu, tok, t_tmpdir());
+    st = system(cmd);
+    T_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1, "larger batch on the GPU: status %d", st);
+    T_CHECK(!exists(gpu), "no output file left behind");
+}
+#else
+static void test_gpu_target(void) { T_SKIP("no CUDA GPU (built without CUDA)"); }
+#endif
+
+int main(int argc, char **argv)
+{
+    t_init(argv[0]);
+    char *slash = strrchr(argv[0], '/');
+    snprintf(self_dir, sizeof self_dir, "%.*s", slash ? (int)(slash - argv[0]) : 1,
+             slash ? argv[0] : ".");
+#ifdef DFL_CUDA
+    T_RUN(test_qwen3_oracle);
+    T_RUN(test_fixtures);
+    T_RUN(test_program);
+#else
+    T_RUN(test_gpu_target);
+#endif
+    return t_done();
+}
