@@ -22,6 +22,10 @@ const char *dfl_cuda_dflash_variant_name(int k, int d, int v);
 int dfl_cuda_dflash_set_variant(int k, int d, int v);
 /* Force the exact f32 kernels even for bf16 inputs (tests: compare both paths). */
 void dfl_cuda_dflash_force_simple(int on);
+/* Benchmarks only: which passes dflash_attn_bwd runs (bit 0: pass Q, with delta, dq, dk_blk,
+ * dv_blk; bit 1: the schedule and pass KV, dk_ctx and dv_ctx; default 3). Pass KV reads the
+ * delta written by pass Q. */
+void dfl_cuda_dflash_bwd_passes(int mask);
 
 #ifdef __cplusplus
 }
