@@ -490,7 +490,17 @@ inline uint32_t df_pack(float lo, float hi)
     return r;
 }
 
+/* device arithmetic intrinsics (the emulator is built with -ffp-contract=off: one rounding each) */
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return sqrtf(a); }
+
 /* element helpers of kernels/be_cuda.cuh */
+template <typename T, int N> struct alignas(sizeof(T) * N) Pack {
+    T v[N];
+};
 typedef __nv_bfloat16 bf16;
 inline float to_f32(float x) { return x; }
 inline float to_f32(bf16 x) { return __bfloat162float(x); }
