@@ -92,9 +92,9 @@ struct DfVariant {
 #define FWD_V(NAME, D, MT, NW, BN, QREG)                                                        \
     { NAME, df_fwd_kernel<D, MT, NW, BN, QREG>, FwdCfg<D, MT, NW, BN, QREG>::MMAX,               \
       FwdCfg<D, MT, NW, BN, QREG>::THREADS, FwdCfg<D, MT, NW, BN, QREG>::SMEM, BN }
-#define BWDQ_V(NAME, D, NW, BN)                                                                \
-    { NAME, df_bwd_q_kernel<D, NW, BN>, BwdQCfg<D, NW, BN>::MMAX, BwdQCfg<D, NW, BN>::THREADS,    \
-      BwdQCfg<D, NW, BN>::SMEM, BN }
+#define BWDQ_V(NAME, D, NW, BN, QREG)                                                          \
+    { NAME, df_bwd_q_kernel<D, NW, BN, QREG>, BwdQCfg<D, NW, BN, QREG>::MMAX,                      \
+      BwdQCfg<D, NW, BN, QREG>::THREADS, BwdQCfg<D, NW, BN, QREG>::SMEM, BN }
 #define BWDKV_V(NAME, D, NW, QC)                                                               \
     { NAME, df_bwd_kv_kernel<D, NW, QC>, BwdKVCfg<D, NW, QC>::BNK, BwdKVCfg<D, NW, QC>::THREADS,  \
       BwdKVCfg<D, NW, QC>::SMEM, 0 }
@@ -113,16 +113,19 @@ static const DfVariant fwd128[] = {
     FWD_V("fwd d128 64 rows (4 warps x 16) BN64 Q regs", 128, 1, 4, 64, true),
 };
 static const DfVariant bq32[] = {
-    BWDQ_V("bwd-q d32 128 rows (8 warps) BN64", 32, 8, 64),
-    BWDQ_V("bwd-q d32 64 rows (4 warps) BN64", 32, 4, 64),
+    BWDQ_V("bwd-q d32 128 rows (8 warps) BN64 Q/dO regs", 32, 8, 64, true),
+    BWDQ_V("bwd-q d32 128 rows (8 warps) BN64 Q/dO smem", 32, 8, 64, false),
+    BWDQ_V("bwd-q d32 64 rows (4 warps) BN64 Q/dO regs", 32, 4, 64, true),
 };
 static const DfVariant bq64[] = {
-    BWDQ_V("bwd-q d64 128 rows (8 warps) BN32", 64, 8, 32),
-    BWDQ_V("bwd-q d64 64 rows (4 warps) BN32", 64, 4, 32),
+    BWDQ_V("bwd-q d64 128 rows (8 warps) BN32 Q/dO regs", 64, 8, 32, true),
+    BWDQ_V("bwd-q d64 128 rows (8 warps) BN32 Q/dO smem", 64, 8, 32, false),
+    BWDQ_V("bwd-q d64 64 rows (4 warps) BN32 Q/dO regs", 64, 4, 32, true),
 };
 static const DfVariant bq128[] = {
-    BWDQ_V("bwd-q d128 128 rows (8 warps) BN32", 128, 8, 32),
-    BWDQ_V("bwd-q d128 64 rows (4 warps) BN32", 128, 4, 32),
+    BWDQ_V("bwd-q d128 128 rows (8 warps) BN32 Q/dO regs", 128, 8, 32, true),
+    BWDQ_V("bwd-q d128 128 rows (8 warps) BN32 Q/dO smem", 128, 8, 32, false),
+    BWDQ_V("bwd-q d128 64 rows (4 warps) BN32 Q/dO regs", 128, 4, 32, true),
 };
 static const DfVariant bkv32[] = {
     BWDKV_V("bwd-kv d32 64 keys (4 warps) QC64", 32, 4, 64),

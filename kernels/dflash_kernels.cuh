@@ -403,7 +403,7 @@ df_fwd_kernel(const DfP p)
 /* ------------------------------------------------------------------------------------------ */
 /* backward pass Q (bf16): one warp per 16 query rows */
 
-template <int D, int NW, int BN>
+template <int D, int NW, int BN, bool QREG>
 struct BwdQCfg {
     static constexpr int MMAX = 16 * NW;
     static constexpr int THREADS = 32 * NW;
@@ -412,11 +412,11 @@ struct BwdQCfg {
     static constexpr size_t SMEM = (size_t)(2 * MMAX + 4 * BN) * ROWB + (size_t)2 * MMAX * ROWP;
 };
 
-template <int D, int NW, int BN>
+template <int D, int NW, int BN, bool QREG>
 __global__ void __launch_bounds__(32 * NW)
 df_bwd_q_kernel(const DfP p)
 {
-    typedef BwdQCfg<D, NW, BN> C;
+    typedef BwdQCfg<D, NW, BN, QREG> C;
     constexpr int MMAX = C::MMAX, THREADS = C::THREADS, ROWB = C::ROWB, ROWP = C::ROWP;
     constexpr int CH = D / 8, NT = BN / 8, KD = D / 16, DT = D / 8, KB = BN / 16;
     static_assert(D % 32 == 0 && BN % 16 == 0, "tile shape");
@@ -503,6 +503,16 @@ df_bwd_q_kernel(const DfP p)
 #pragma unroll
         for (int e = 0; e < 4; e++)
             dq[dt][e] = 0.0f;
+    /* QREG: the warp's Q and dO fragments stay in registers (loaded once; Q and dO are in shared
+     * memory since the barrier above) */
+    uint32_t qf[QREG ? KD : 1][4], dof[QREG ? KD : 1][4];
+    if (QREG) {
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++) {
+            df_ldm(qf[QREG ? kk : 0], q_lane + kk * 32);
+            df_ldm(dof[QREG ? kk : 0], do_lane + kk * 32);
+        }
+    }
 
     for (int it = 0; it < ntiles; it++) {
         const int stage = it & 1;
@@ -538,8 +548,16 @@ df_bwd_q_kernel(const DfP p)
 #pragma unroll
             for (int kk = 0; kk < KD; kk++) {
                 uint32_t a[4], ad[4];
-                df_ldm(a, q_lane + kk * 32);
-                df_ldm(ad, do_lane + kk * 32);
+                if (QREG) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        a[e] = qf[QREG ? kk : 0][e];
+                        ad[e] = dof[QREG ? kk : 0][e];
+                    }
+                } else {
+                    df_ldm(a, q_lane + kk * 32);
+                    df_ldm(ad, do_lane + kk * 32);
+                }
 #pragma unroll
                 for (int np = 0; np < NT / 2; np++) {
                     uint32_t b[4];
@@ -861,7 +879,7 @@ df_bwd_kv_kernel(const DfP p)
         }
         __syncthreads();
         const uint32_t qst = sQ0 + stage * QC * ROWB, dost = sDO0 + stage * QC * ROWB;
-#pragma unroll
+#pragma unroll 1
         for (int sc = 0; sc < NSC; sc++) {
             float s[4][4], dp[4][4];
 #pragma unroll

@@ -220,13 +220,13 @@ static void run_fwd(DfP p)
     emu::launch(dim3((unsigned)(p.n_bg * p.nkv)), dim3(C::THREADS), C::SMEM, [&] { df_fwd_kernel<D, MT, NW, BN, QREG>(p); });
 }
 
-template <int D, int NW, int BN>
+template <int D, int NW, int BN, bool QREG>
 static void run_bwd_q(DfP p)
 {
-    typedef BwdQCfg<D, NW, BN> C;
+    typedef BwdQCfg<D, NW, BN, QREG> C;
     p.nb = std::max(1, std::min(DF_NBMAX, C::MMAX / p.rb));
     p.n_bg = (p.n_blocks + p.nb - 1) / p.nb;
-    emu::launch(dim3((unsigned)(p.n_bg * p.nkv)), dim3(C::THREADS), C::SMEM, [&] { df_bwd_q_kernel<D, NW, BN>(p); });
+    emu::launch(dim3((unsigned)(p.n_bg * p.nkv)), dim3(C::THREADS), C::SMEM, [&] { df_bwd_q_kernel<D, NW, BN, QREG>(p); });
 }
 
 template <int D, int NW, int QC>
@@ -257,12 +257,20 @@ struct Variant {
 template <int D> struct Vars;
 template <> struct Vars<32> {
     static std::vector<Variant> fwd() { return {{"fwd 4x32 BN64 Qreg", run_fwd<32, 2, 4, 64, true>, 16 * 2 * 4}, {"fwd 4x16 BN64", run_fwd<32, 1, 4, 64, true>, 16 * 1 * 4}}; }
-    static std::vector<Variant> bq() { return {{"bwd-q 8w BN64", run_bwd_q<32, 8, 64>, 16 * 8}, {"bwd-q 4w BN64", run_bwd_q<32, 4, 64>, 16 * 4}}; }
+    static std::vector<Variant> bq()
+    {
+        return {{"bwd-q 8w BN64 regs", run_bwd_q<32, 8, 64, true>, 16 * 8}, {"bwd-q 8w BN64 smem", run_bwd_q<32, 8, 64, false>, 16 * 8},
+                {"bwd-q 4w BN64 regs", run_bwd_q<32, 4, 64, true>, 16 * 4}};
+    }
     static std::vector<Variant> bkv() { return {{"bwd-kv 4w QC64", run_bwd_kv<32, 4, 64>, 1 << 30}, {"bwd-kv 8w QC64", run_bwd_kv<32, 8, 64>, 1 << 30}}; }
 };
 template <> struct Vars<64> {
     static std::vector<Variant> fwd() { return {{"fwd 4x32 BN64 Qreg", run_fwd<64, 2, 4, 64, true>, 16 * 2 * 4}, {"fwd 8x16 BN64", run_fwd<64, 1, 8, 64, true>, 16 * 1 * 8}}; }
-    static std::vector<Variant> bq() { return {{"bwd-q 8w BN32", run_bwd_q<64, 8, 32>, 16 * 8}, {"bwd-q 4w BN32", run_bwd_q<64, 4, 32>, 16 * 4}}; }
+    static std::vector<Variant> bq()
+    {
+        return {{"bwd-q 8w BN32 regs", run_bwd_q<64, 8, 32, true>, 16 * 8}, {"bwd-q 8w BN32 smem", run_bwd_q<64, 8, 32, false>, 16 * 8},
+                {"bwd-q 4w BN32 regs", run_bwd_q<64, 4, 32, true>, 16 * 4}};
+    }
     static std::vector<Variant> bkv() { return {{"bwd-kv 4w QC64", run_bwd_kv<64, 4, 64>, 1 << 30}, {"bwd-kv 8w QC64", run_bwd_kv<64, 8, 64>, 1 << 30}}; }
 };
 template <> struct Vars<128> {
@@ -271,7 +279,11 @@ template <> struct Vars<128> {
         return {{"fwd 4x32 BN32 Qsmem", run_fwd<128, 2, 4, 32, false>, 16 * 2 * 4}, {"fwd 8x16 BN64 Qreg", run_fwd<128, 1, 8, 64, true>, 16 * 1 * 8},
                 {"fwd 4x16 BN64 Qreg", run_fwd<128, 1, 4, 64, true>, 16 * 1 * 4}};
     }
-    static std::vector<Variant> bq() { return {{"bwd-q 8w BN32", run_bwd_q<128, 8, 32>, 16 * 8}, {"bwd-q 4w BN32", run_bwd_q<128, 4, 32>, 16 * 4}}; }
+    static std::vector<Variant> bq()
+    {
+        return {{"bwd-q 8w BN32 regs", run_bwd_q<128, 8, 32, true>, 16 * 8}, {"bwd-q 8w BN32 smem", run_bwd_q<128, 8, 32, false>, 16 * 8},
+                {"bwd-q 4w BN32 regs", run_bwd_q<128, 4, 32, true>, 16 * 4}};
+    }
     static std::vector<Variant> bkv()
     {
         return {{"bwd-kv 4w QC64", run_bwd_kv<128, 4, 64>, 1 << 30}, {"bwd-kv 8w QC64", run_bwd_kv<128, 8, 64>, 1 << 30},
