@@ -16,6 +16,9 @@
  *   attention forward bf16 (P rounded to bf16 for P V):               rel 1e-2,  cos 0.9999
  *   attention backward bf16 (P and dS rounded to bf16):               rel 3e-2,  cos 0.9995
  *   attention f32 (exact kernels):                                     rel 5e-5,  cos 0.999999
+ *   (attention gradients: |diff| <= rel |ref| + 4e-6 M per row, M the size of the row's terms,
+ *   for rows whose terms cancel; see cmp_grad. A tiled variant whose query rows per CTA are
+ *   fewer than group * bs falls back to the exact kernels for that case.)
  *   lse, delta:                                                        rel 1e-4 (bf16), 2e-5 (f32)
  *   lmce: ce per row |diff| <= 2e-4 + 1e-5 |ce|; loss sum rel 1e-5; weight sum, scored count
  *         exact; hits exact except rows whose top-2 logit gap is below 1e-3 (counted, allowed);
@@ -316,7 +319,7 @@ static bool cmp_grad(const char *what, const float *got, const float *ref, const
         }
         const double err = sqrt(e2), nr = sqrt(r2);
         const double bound = rtol * nr + ctol * M[r];
-        const bool well = ctol * M[r] <= 0.1 * rtol * nr;
+        const bool well = ctol * M[r] <= rtol * nr;
         const double cs = (r2 == 0 && g2 == 0) ? 1.0 : (r2 == 0 || g2 == 0) ? 0.0 : dot / sqrt(r2 * g2);
         illcond += !well;
         const double ratio = bound > 0 ? err / bound : (err > 0 ? INFINITY : 0);
@@ -1066,7 +1069,7 @@ static void df_run(const struct df_batch *bt, const struct df_host *h, struct mo
             bimg[run][i] = gb_image(bo[i]);
         if (run > 0)
             continue;
-        const double rt = bf ? 3e-2 : 5e-5, cm = bf ? 0.9995 : 0.999999, ct = 2e-5;
+        const double rt = bf ? 3e-2 : 5e-5, cm = bf ? 0.9995 : 0.999999, ct = 4e-6;
         char w2[260];
         float *x = xmalloc((size_t)((Q > T ? Q : T) * nq + 1) * sizeof *x);
         if (Q > 0) {
