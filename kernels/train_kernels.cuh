@@ -340,9 +340,8 @@ struct AdamScalars {
     float decay, b1w, b2, b2w, eps, step_size, bc2_sqrt;
 };
 
-template <typename W>
-__device__ __forceinline__ void adamw_one(float &p, float &m, float &v, float g, float gs,
-                                          const AdamScalars &c, W *pa, int64_t i)
+/* one element; returns the new p */
+__device__ __forceinline__ float adamw_one(float &p, float &m, float &v, float g, float gs, const AdamScalars &c)
 {
     float gi = __fmul_rn(g, gs);
     float pi = __fmul_rn(p, c.decay);
@@ -353,10 +352,10 @@ __device__ __forceinline__ void adamw_one(float &p, float &m, float &v, float g,
     p = pi;
     m = mi;
     v = vi;
-    if (pa)
-        pa[i] = from_f32<W>(pi);
+    return pi;
 }
 
+/* vec: p, g, m, v 16-byte aligned and pa (if any) aligned to 4 of its elements */
 template <typename W>
 __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, W *pa, int64_t n,
                              AdamScalars c, const float *gsp, const int32_t *skip, bool vec)
@@ -372,22 +371,27 @@ __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, W *pa
         for (int64_t k = k0; k < nv; k += stride) {
             float4 pp = ((float4 *)p)[k], gg = ((const float4 *)g)[k];
             float4 mm = ((float4 *)m)[k], vv = ((float4 *)v)[k];
-            adamw_one(pp.x, mm.x, vv.x, gg.x, gs, c, pa, 4 * k);
-            adamw_one(pp.y, mm.y, vv.y, gg.y, gs, c, pa, 4 * k + 1);
-            adamw_one(pp.z, mm.z, vv.z, gg.z, gs, c, pa, 4 * k + 2);
-            adamw_one(pp.w, mm.w, vv.w, gg.w, gs, c, pa, 4 * k + 3);
+            Pack<W, 4> o;
+            o.v[0] = from_f32<W>(adamw_one(pp.x, mm.x, vv.x, gg.x, gs, c));
+            o.v[1] = from_f32<W>(adamw_one(pp.y, mm.y, vv.y, gg.y, gs, c));
+            o.v[2] = from_f32<W>(adamw_one(pp.z, mm.z, vv.z, gg.z, gs, c));
+            o.v[3] = from_f32<W>(adamw_one(pp.w, mm.w, vv.w, gg.w, gs, c));
             ((float4 *)p)[k] = pp;
             ((float4 *)m)[k] = mm;
             ((float4 *)v)[k] = vv;
+            if (pa)
+                ((Pack<W, 4> *)pa)[k] = o;
         }
         done = nv * 4;
     }
     for (int64_t i = done + k0; i < n; i += stride) {
         float pp = p[i], mm = m[i], vv = v[i];
-        adamw_one(pp, mm, vv, g[i], gs, c, pa, i);
+        float pn = adamw_one(pp, mm, vv, g[i], gs, c);
         p[i] = pp;
         m[i] = mm;
         v[i] = vv;
+        if (pa)
+            pa[i] = from_f32<W>(pn);
     }
 }
 
@@ -528,21 +532,36 @@ lmce_row_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, con
         bf16 *gr = (bf16 *)lr;
         const int64_t tile = (int64_t)blockDim.x * 4;
         for (int64_t base = 0; base < V; base += tile) {
-            int64_t v0 = base + (int64_t)threadIdx.x * 4;
+            const int64_t v0 = base + (int64_t)threadIdx.x * 4;
+            const bool full = vec && v0 + 3 < V;   /* 16-byte load, 8-byte store */
             float x[4];
+            if (full) {
+                float4 a = *(const float4 *)(lr + v0);
+                x[0] = a.x;
+                x[1] = a.y;
+                x[2] = a.z;
+                x[3] = a.w;
+            } else {
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                x[j] = v0 + j < V ? lr[v0 + j] : 0.0f;
+                for (int j = 0; j < 4; j++)
+                    x[j] = v0 + j < V ? lr[v0 + j] : 0.0f;
+            }
             __syncthreads();
+            Pack<bf16, 4> o;
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                int64_t v = v0 + j;
-                if (v < V) {
-                    float g = gw * expf(x[j] - lsef);
-                    if (v == label)
-                        g -= gw;
-                    gr[v] = __float2bfloat16_rn(g);
-                }
+                float g = gw * expf(x[j] - lsef);
+                if (v0 + j == label)
+                    g -= gw;
+                o.v[j] = __float2bfloat16_rn(g);
+            }
+            if (full) {
+                *(Pack<bf16, 4> *)(gr + v0) = o;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    if (v0 + j < V)
+                        gr[v0 + j] = o.v[j];
             }
         }
     } else {

@@ -309,7 +309,8 @@ int cuda_adamw(dfl_be *be, const dfl_adamw *a)
     c.b2w = 1.0f - a->beta2;
     c.eps = a->eps;
     void *pa = a->p_act && a->p_act != (void *)a->p ? a->p_act : NULL;
-    bool vec = is_aligned(a->p, 16) && is_aligned(a->g, 16) && is_aligned(a->m, 16) && is_aligned(a->v, 16);
+    bool vec = is_aligned(a->p, 16) && is_aligned(a->g, 16) && is_aligned(a->m, 16) && is_aligned(a->v, 16) &&
+               (!pa || is_aligned(pa, 4 * dfl_dtype_size(be->wdt)));
     unsigned g = grid_for((a->n + 3) / 4, TR_THREADS, tr_max_blocks(be));
     cudaStream_t s = cuda_of(be)->stream;
     if (pa && be->wdt == DFL_BF16)

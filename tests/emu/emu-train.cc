@@ -372,6 +372,7 @@ int main()
     t_lmce<true>(cpu, 13, 64, 1000, 5, 1.0f);
     t_lmce<false>(cpu, 9, 32, 4100, 4, 0.5f);
     t_lmce<true>(cpu, 3, 32, 9000, 3, 2.0f);   /* several in-place conversion tiles per row */
+    t_lmce<true>(cpu, 4, 32, 5003, 2, 1.0f);   /* odd V: scalar loads and stores */
     printf(failures ? "FAILED: %d checks\n" : "all checks passed\n", failures);
     dfl_be_close(cpu);
     return failures ? 1 : 0;
