@@ -214,6 +214,13 @@ typedef struct dfl_be_ops {
      * Writes out[0] = coef / den (the adamw grad_scale), out[1] = norm, out[2] = coef (f32,
      * backend memory) and *skip (i32, backend memory). */
     int (*clip_scale)(dfl_be *be, float *out, int32_t *skip, const double *sums, float max_norm);
+    /* Metrics of an lmce over n_blocks blocks of bs slots (correct and weight as given to it),
+     * accumulated into out (double, backend memory, 2*bs + 2 values): out[j] += [weight > 0] and
+     * out[bs + j] += correct for slot j of every block; for every block whose slot 1 is scored,
+     * out[2*bs] += 1 + the number of leading slots from slot 1 that are correct (the acceptance
+     * length) and out[2*bs + 1] += 1. */
+    int (*block_metrics)(dfl_be *be, double *out, const uint8_t *correct, const float *weight,
+                         int64_t n_blocks, int bs);
     int (*adamw)(dfl_be *be, const dfl_adamw *a);
     /* x[i] += amp * (2 dfl_noise_u01(seed, i) - 1) for i < n (act): uniform noise on the
      * target features (dfl-draft --noise-std). */

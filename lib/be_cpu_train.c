@@ -12,7 +12,6 @@
 /* Run a loop on several threads only when it has enough work to pay for waking them (many
  * small ops in a row otherwise spend more time in barriers than in arithmetic, badly so on a
  * loaded machine). */
-#define PAR(work) ((int64_t)(work) >= ((int64_t)1 << 16))
 
 #define ATTN_TILE 64     /* keys per tile in the attention ops (stack scratch) */
 #define MAX_HEAD_DIM 512
@@ -72,12 +71,6 @@ int dfl_cpu_rmsnorm_bwd(dfl_be *be, void *dxv, float *dw, const void *dyv, const
 
 /* ---- per-head RMSNorm + RoPE backward ------------------------------------------------------ */
 
-static void rope_inv_freq(float *inv, int d, float theta)
-{
-    for (int i = 0; i < d / 2; i++)
-        inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)d);
-}
-
 int dfl_cpu_qknorm_rope_bwd(dfl_be *be, void *dxv, int64_t ld, float *dw, const void *x_inv,
                             const void *wv, const float *rstd, const int32_t *pos, int64_t R,
                             int heads, int d, float eps, float theta)
@@ -88,7 +81,7 @@ int dfl_cpu_qknorm_rope_bwd(dfl_be *be, void *dxv, int64_t ld, float *dw, const 
     if (d > MAX_HEAD_DIM || d % 2)
         return DFL_EUNSUP;
     float inv[MAX_HEAD_DIM / 2];
-    rope_inv_freq(inv, d, theta);
+    dfl_rope_inv_freq(inv, d, theta, be->rope_dtype);   /* exactly the forward's */
     const int half = d / 2;
     /* The gradient of the norm's output (before RoPE) is the inverse rotation of dx:
      * g[i] = dx[i] c + dx[i+half] s, g[i+half] = -dx[i] s + dx[i+half] c. */
@@ -478,6 +471,27 @@ int dfl_cpu_clip_scale(dfl_be *be, float *out, int32_t *skip, const double *sums
     out[1] = (float)norm;
     out[2] = (float)coef;
     *skip = bad;
+    return 0;
+}
+
+int dfl_cpu_block_metrics(dfl_be *be, double *out, const uint8_t *correct, const float *weight,
+                          int64_t n_blocks, int bs)
+{
+    for (int64_t b = 0; b < n_blocks; b++) {
+        const float *w = weight + b * bs;
+        const uint8_t *ok = correct + b * bs;
+        for (int j = 0; j < bs; j++) {
+            out[j] += w[j] > 0;
+            out[bs + j] += ok[j];
+        }
+        if (bs > 1 && w[1] > 0) {
+            int n = 0;
+            while (n + 1 < bs && ok[n + 1])
+                n++;
+            out[2 * bs] += 1 + n;
+            out[2 * bs + 1] += 1;
+        }
+    }
     return 0;
 }
 

@@ -62,6 +62,7 @@ struct dfl_draft {
     uint8_t *correct;            /* [Q] */
     float *ce;                   /* [Q] */
     double *sums;                /* [DFL_SUM_COUNT] */
+    double *bmet;                /* [2*bs + 2] block_metrics */
     float *scal;                 /* [4] scale, norm, coef */
     int32_t *skip;               /* [1] */
     void *feat;                  /* [k, T, H] act */
@@ -83,7 +84,6 @@ struct dfl_draft {
     /* host mirrors of the per-step arrays */
     int32_t *h_pos, *h_tok, *h_labels, *h_ctx_start, *h_anchor;
     float *h_weight;
-    uint8_t *h_correct;
     int64_t *h_seq_start;        /* [S+1] */
     int64_t capS;
 
@@ -352,6 +352,12 @@ int dfl_draft_open(dfl_draft **out, dfl_be *be, const dfl_draft_config *c, dfl_e
     int rc = dfl_draft_config_check(c, e);
     if (rc)
         return rc;
+    const dfl_be_ops *o = be->ops;
+    if (!o->rmsnorm_bwd || !o->qknorm_rope_bwd || !o->swiglu_bwd || !o->dflash_attn ||
+        !o->dflash_attn_bwd || !o->lmce || !o->sumsq || !o->clip_scale || !o->block_metrics ||
+        !o->adamw || !o->uniform_noise)
+        return dfl_fail(e, DFL_EUNSUP, "the %s backend has no drafter training ops yet (use "
+                        "--device cpu)", be->name);
     dfl_draft *m = calloc(1, sizeof *m);
     if (!m)
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
@@ -422,11 +428,9 @@ static void free_workspace(dfl_draft *m)
     free(m->h_ctx_start);
     free(m->h_anchor);
     free(m->h_weight);
-    free(m->h_correct);
     free(m->h_seq_start);
     m->h_pos = m->h_tok = m->h_labels = m->h_ctx_start = m->h_anchor = NULL;
     m->h_weight = NULL;
-    m->h_correct = NULL;
     m->h_seq_start = NULL;
     m->capT = m->capB = m->capS = 0;
 }
@@ -628,6 +632,7 @@ static void carve_all(dfl_draft *m, carver *cv)
     m->correct = carve(cv, (size_t)Q);
     m->ce = carve(cv, (size_t)Q * 4);
     m->sums = carve(cv, DFL_SUM_COUNT * sizeof(double));
+    m->bmet = carve(cv, (size_t)(2 * c->block_size + 2) * sizeof(double));
     m->scal = carve(cv, 4 * sizeof(float));
     m->skip = carve(cv, sizeof(int32_t));
     m->feat = carve(cv, (size_t)c->n_feat * T * H * as);
@@ -716,11 +721,10 @@ int dfl_draft_reserve(dfl_draft *m, int64_t max_tokens, int64_t max_blocks, int6
     m->h_weight = malloc((size_t)Q * 4);
     m->h_ctx_start = malloc((size_t)m->capB * 4);
     m->h_anchor = malloc((size_t)m->capB * 4);
-    m->h_correct = malloc((size_t)Q);
     m->capS = m->capT;
     m->h_seq_start = malloc((size_t)(m->capS + 1) * sizeof(int64_t));
     if (!m->h_pos || !m->h_tok || !m->h_labels || !m->h_weight || !m->h_ctx_start ||
-        !m->h_anchor || !m->h_correct || !m->h_seq_start) {
+        !m->h_anchor || !m->h_seq_start) {
         free_workspace(m);
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
     }
@@ -990,6 +994,7 @@ int dfl_draft_step(dfl_draft *m, const dfl_draft_input *in, bool backward, dfl_e
     if ((rc = upload_inputs(m, in, e)))
         return rc;
     TRY(be->ops->memset0(be, m->sums, DFL_SUM_COUNT * sizeof(double)));
+    TRY(be->ops->memset0(be, m->bmet, (size_t)(2 * c->block_size + 2) * sizeof(double)));
     if (backward)
         TRY(be->ops->memset0(be, m->grad, (size_t)m->flat * sizeof(float)));
 
@@ -1016,8 +1021,10 @@ int dfl_draft_step(dfl_draft *m, const dfl_draft_input *in, bool backward, dfl_e
         .dz = backward ? m->dx : NULL, .grad_scale = 1.0f, .work = m->lm_work,
         .chunk_rows = m->chunk,
     };
-    if (Q > 0)
+    if (Q > 0) {
         TRY(be->ops->lmce(be, &lm));
+        TRY(be->ops->block_metrics(be, m->bmet, m->correct, m->weight, m->B, c->block_size));
+    }
     m->have_step = true;
     if (!backward || Q == 0)
         return DFL_OK;
@@ -1074,8 +1081,8 @@ int dfl_draft_fetch(dfl_draft *m, dfl_draft_stats *st, dfl_err *e)
         TRY(be->ops->download(be, scal, m->scal, sizeof scal));
         TRY(be->ops->download(be, &skip, m->skip, sizeof skip));
     }
-    if (m->Q > 0)
-        TRY(be->ops->download(be, m->h_correct, m->correct, (size_t)m->Q));
+    double bm[2 * DFL_DRAFT_MAX_BS + 2];
+    TRY(be->ops->download(be, bm, m->bmet, (size_t)(2 * bs + 2) * sizeof(double)));
     int rc = be->ops->sync(be, e);
     if (rc)
         return rc;
@@ -1089,22 +1096,12 @@ int dfl_draft_fetch(dfl_draft *m, dfl_draft_stats *st, dfl_err *e)
     st->bs = bs;
     st->tokens = m->T;
     st->blocks = m->B;
-    for (int64_t b = 0; b < m->B; b++) {
-        const float *w = m->h_weight + b * bs;
-        const uint8_t *ok = m->h_correct + b * bs;
-        for (int j = 1; j < bs; j++)
-            if (w[j] > 0) {
-                st->slot_count[j] += 1;
-                st->slot_correct[j] += ok[j];
-            }
-        if (w[1] > 0) {
-            int n = 0;
-            while (n + 1 < bs && ok[n + 1])
-                n++;
-            st->tau_sum += 1 + n;
-            st->tau_blocks++;
-        }
+    for (int j = 1; j < bs; j++) {
+        st->slot_count[j] = bm[j];
+        st->slot_correct[j] = bm[bs + j];
     }
+    st->tau_sum = bm[2 * bs];
+    st->tau_blocks = (int64_t)bm[2 * bs + 1];
     return DFL_OK;
 }
 

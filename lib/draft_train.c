@@ -297,6 +297,8 @@ static void run_on_save(run *r, const char *dir)
 
 static int save(run *r, dfl_err *e)
 {
+    if (r->last_saved == r->step)   /* this step is saved already (the end after --save-every) */
+        return DFL_OK;
     json_t *st = make_state(r);
     char *dir = NULL;
     int rc = dfl_draft_ckpt_save(r->m, r->o->run_dir, r->step, st, r->o->save_dtype, &dir, e);
@@ -559,6 +561,13 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
     if (rc)
         goto out;
     if (pre.n_feat > 0) {
+        for (int i = 0; i < pre.n_feat; i++)
+            if (pre.target_layers[i] >= r->tc.n_layers) {
+                rc = dfl_fail(e, DFL_EDATA, "%s: target layer id %d is outside the target's %lld "
+                              "layers", r->resume_dir ? r->resume_dir : o->config_path,
+                              pre.target_layers[i], (long long)r->tc.n_layers);
+                goto out;
+            }
         want = pre.target_layers;
         nwant = pre.n_feat;
     }

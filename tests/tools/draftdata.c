@@ -4,7 +4,7 @@
  * t[i+1] = (5 t[i] + 3) mod (V - 1) from a random first token (so the continuations are
  * predictable and the mask token V-1 never occurs), the first two tokens of each sequence are
  * unscored, and the features of layer j for token t are row t of a fixed random table (the same
- * for every stream). Options make the bad inputs of the tests: --nan-batch, --cut,
+ * for every stream). Options make the bad inputs of the tests: --nan-batch, --nan-from, --cut,
  * --fingerprint, --layers, --hidden. Deterministic: the same options give the same bytes. */
 #include <getopt.h>
 #include <math.h>
@@ -22,21 +22,23 @@
 static void usage(void)
 {
     printf("usage: draftdata TARGET_DIR OUT [--batches N] [--seqs S] [--len L] [--layers 1,2]\n"
-           "       [--dtype bf16|f32] [--seed N] [--nan-batch K] [--cut BYTES] [--no-index]\n"
+           "       [--dtype bf16|f32] [--seed N] [--nan-batch K] [--nan-from K] [--cut BYTES]\n"
+           "       [--no-index]\n"
            "       [--fingerprint HEX] [--hidden H] [--delay-ms MS]\n");
 }
 
 int main(int argc, char **argv)
 {
     dfl_cli_init(argv[0]);
-    int64_t batches = 8, seqs = 4, len = 32, seed = 1, nan_batch = -1, cut = 0, hidden = 0, delay = 0;
+    int64_t batches = 8, seqs = 4, len = 32, seed = 1, nan_batch = -1, nan_from = -1, cut = 0;
+    int64_t hidden = 0, delay = 0;
     const char *layers_s = "1,2", *fp_override = NULL;
     dfl_dtype dt = DFL_BF16;
     bool no_index = false;
     dfl_err e = {0};
     static const struct option lo[] = {
         {"batches", 1, 0, 'b'}, {"seqs", 1, 0, 's'}, {"len", 1, 0, 'l'}, {"layers", 1, 0, 'L'},
-        {"dtype", 1, 0, 'd'}, {"seed", 1, 0, 'S'}, {"nan-batch", 1, 0, 'n'}, {"cut", 1, 0, 'c'},
+        {"dtype", 1, 0, 'd'}, {"seed", 1, 0, 'S'}, {"nan-batch", 1, 0, 'n'}, {"nan-from", 1, 0, 'N'}, {"cut", 1, 0, 'c'},
         {"no-index", 0, 0, 'x'}, {"fingerprint", 1, 0, 'f'}, {"hidden", 1, 0, 'H'},
         {"delay-ms", 1, 0, 'D'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int c, rc = 0;
@@ -49,6 +51,7 @@ int main(int argc, char **argv)
         case 'd': dt = dfl_dtype_from_name(optarg); break;
         case 'S': rc = dfl_parse_i64(optarg, 0, INT64_MAX, &seed, "--seed", &e); break;
         case 'n': rc = dfl_parse_i64(optarg, 0, 1 << 20, &nan_batch, "--nan-batch", &e); break;
+        case 'N': rc = dfl_parse_i64(optarg, 0, 1 << 20, &nan_from, "--nan-from", &e); break;
         case 'c': rc = dfl_parse_i64(optarg, 1, 1 << 30, &cut, "--cut", &e); break;
         case 'x': no_index = true; break;
         case 'f': fp_override = optarg; break;
@@ -124,7 +127,7 @@ int main(int argc, char **argv)
         for (size_t j = 0; j < nl; j++)
             for (t = 0; t < T; t++) {
                 for (int64_t h = 0; h < H; h++)
-                    row[h] = bi == nan_batch ? NAN : tab[((int64_t)j * V + ids[t] % V) * H + h % tc.hidden_size];
+                    row[h] = bi == nan_batch || (nan_from >= 0 && bi >= nan_from) ? NAN : tab[((int64_t)j * V + ids[t] % V) * H + h % tc.hidden_size];
                 dfl_convert((char *)b.layers[j] + t * H * dfl_dtype_size(dt), dt, row, DFL_F32, (size_t)H);
             }
         free(row);

@@ -596,6 +596,28 @@ int main(int argc, char **argv)
         report("extra.slot_correct/slot_count", d, 0, "exact counts");
         printf("acceptance length estimate tau = %.4f over %lld blocks\n",
                st.tau_sum / (double)st.tau_blocks, (long long)st.tau_blocks);
+        if (dfl_st_find(f, "dbg.pred_ids") && dfl_st_find(f, "dbg.target_ids")) {
+            /* the same from SpecForge's own predictions: 1 + leading correct slots from slot 1 */
+            const dfl_st_tensor *pt = need(f, "dbg.pred_ids");
+            int32_t *pred = get_i32(f, "dbg.pred_ids", NULL), *lab = get_i32(f, "dbg.target_ids", NULL);
+            float *w0 = get_f32(f, "dbg.weight_mask", NULL);
+            const int64_t N = pt->shape[1], bs = c->block_size;
+            double tsum = 0, tn = 0;
+            for (int32_t s = 0; s < p.S; s++)
+                for (int32_t n = 0; n < p.nanch[s]; n++) {
+                    int64_t base = ((int64_t)s * N + n) * bs;
+                    if (!(w0[base + 1] > 0.5f))
+                        continue;
+                    int k = 0;
+                    while (k + 1 < bs && w0[base + k + 1] > 0.5f && pred[base + k + 1] == lab[base + k + 1])
+                        k++;
+                    tsum += 1 + k;
+                    tn += 1;
+                }
+            report("tau from dbg.pred_ids/target_ids", fabs(tsum - st.tau_sum) + fabs(tn - st.tau_blocks),
+                   0, "exact counts");
+            free(pred), free(lab), free(w0);
+        }
         free(sc), free(sn);
     }
     check_activations(m, f, &p, c);
@@ -621,6 +643,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < nt; i++)
         free(mm_[i]), free(vv_[i]);
     free(mm_), free(vv_);
+    free(p.lens), free(p.nanch), free(p.ids), free(p.mask), free(p.hidden), free(p.bseq);
+    free(p.banchor);
     dfl_draft_close(m);
     dfl_be_close(be);
     dfl_st_close(f);

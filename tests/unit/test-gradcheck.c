@@ -1,5 +1,7 @@
 /* test-gradcheck.c: every backward op of the CPU backend against central finite differences of
- * a double-precision reference of its forward (and the f32 forward ops against that reference).
+ * a double-precision reference of its forward (and the f32 forward ops against that reference),
+ * and the drafter's other ops (AdamW, norms and clipping, block metrics, noise) against their
+ * definitions.
  * The scalar checked is L = sum(r * forward(x)) for a fixed random r, so the op's backward with
  * dout = r must equal dL/dx. Errors are measured relative to the largest |gradient| of each
  * tensor (the golden test's rule, DFLASH.md section 11). */
@@ -142,10 +144,10 @@ static void qk_fwd(const qk_ctx *c, double *out)
             for (int i = 0; i < c->d; i++)
                 y[i] = (c->w ? c->w[i] : 1) * v[i] * s;
             double *o = out + r * c->ld + (int64_t)h * c->d;
+            float inv[32];
+            dfl_rope_inv_freq(inv, c->d, (float)c->theta, be->rope_dtype);
             for (int i = 0; i < half; i++) {
-                /* angles as the f32 op computes them */
-                float inv = 1.0f / powf((float)c->theta, (float)(2 * i) / (float)c->d);
-                float ang = (float)c->pos[r] * inv;
+                float ang = (float)c->pos[r] * inv[i];   /* angles as the f32 op computes them */
                 double co = cosf(ang), si = sinf(ang);
                 o[i] = y[i] * co - y[i + half] * si;
                 o[i + half] = y[i + half] * co + y[i] * si;
@@ -221,6 +223,9 @@ static void test_qknorm_rope_bwd(void)
     qk_case(true, true);
     qk_case(true, false);
     qk_case(false, false);
+    be->rope_dtype = DFL_BF16;   /* inverse frequencies rounded as for a bf16 target */
+    qk_case(true, true);
+    be->rope_dtype = DFL_DT_INVALID;
 }
 
 /* ---- swiglu --------------------------------------------------------------------------------- */
@@ -525,6 +530,21 @@ static void test_sumsq_clip(void)
     free(x);
 }
 
+static void test_block_metrics(void)
+{
+    /* 3 blocks of 4: slot weights and correct flags as lmce leaves them */
+    const float w[12] = {0, 1, .8f, .6f,   0, 1, 0, .6f,   0, 0, .8f, .6f};
+    const uint8_t ok[12] = {0, 1, 1, 0,    0, 1, 0, 1,     0, 0, 1, 1};
+    double out[10] = {0};
+    T_CHECK(be->ops->block_metrics(be, out, ok, w, 3, 4) == 0, "block_metrics");
+    const double want[10] = {0, 2, 2, 3,   0, 2, 2, 2,   2 + 3, 2};
+    for (int i = 0; i < 10; i++)
+        T_NEAR(out[i], want[i], 0, "block metrics");
+    /* accumulates */
+    be->ops->block_metrics(be, out, ok, w, 1, 4);
+    T_NEAR(out[8], 5 + 3, 0, "tau sum accumulates");
+}
+
 static void test_uniform_noise(void)
 {
     const int64_t n = 200000;
@@ -561,6 +581,7 @@ int main(int argc, char **argv)
     T_RUN(test_lmce);
     T_RUN(test_adamw);
     T_RUN(test_sumsq_clip);
+    T_RUN(test_block_metrics);
     T_RUN(test_uniform_noise);
     dfl_be_close(be);
     return t_done();
