@@ -521,6 +521,7 @@ static void cuda_ops_fill(void)
     cuda_ops.lmce = cuda_lmce;
     cuda_ops.sumsq = cuda_sumsq;
     cuda_ops.clip_scale = cuda_clip_scale;
+    cuda_ops.block_metrics = cuda_block_metrics;
     cuda_ops.adamw = cuda_adamw;
     cuda_ops.uniform_noise = cuda_uniform_noise;
 }

@@ -147,6 +147,8 @@ int cuda_swiglu_bwd(dfl_be *be, void *dgu, const void *dout, const void *gu, int
 int cuda_lmce(dfl_be *be, const dfl_lmce *a);
 int cuda_sumsq(dfl_be *be, double *out, const float *x, int64_t n);
 int cuda_clip_scale(dfl_be *be, float *out, int32_t *skip, const double *sums, float max_norm);
+int cuda_block_metrics(dfl_be *be, double *out, const uint8_t *correct, const float *weight,
+                       int64_t n_blocks, int bs);
 int cuda_adamw(dfl_be *be, const dfl_adamw *a);
 int cuda_uniform_noise(dfl_be *be, void *x, int64_t n, float amp, uint64_t seed);
 int cuda_dflash_attn(dfl_be *be, const dfl_dflash_attn *a);

@@ -340,6 +340,52 @@ struct AdamScalars {
     float decay, b1w, b2, b2w, eps, step_size, bc2_sqrt;
 };
 
+/* block_metrics, one block: thread t counts slot t % bs over the blocks b = t / bs (mod the
+ * number of such groups), then the groups' counts are added; the acceptance lengths are summed
+ * over blocks. All counts are integers, exact in any order. bs <= BM_THREADS. */
+#define BM_THREADS 256
+static __global__ void __launch_bounds__(BM_THREADS)
+block_metrics_kernel(double *out, const uint8_t *correct, const float *weight, int64_t n_blocks, int bs)
+{
+    __shared__ double sh[32];
+    __shared__ long long sc[BM_THREADS], shits[BM_THREADS];
+    const int groups = BM_THREADS / bs, t = threadIdx.x, j = t % bs, g = t / bs;
+    long long scored = 0, hits = 0;
+    if (g < groups)
+        for (int64_t b = g; b < n_blocks; b += groups) {
+            scored += weight[b * bs + j] > 0;
+            hits += correct[b * bs + j];
+        }
+    sc[t] = scored;
+    shits[t] = hits;
+    long long len = 0, cnt = 0;
+    if (bs > 1)
+        for (int64_t b = t; b < n_blocks; b += blockDim.x) {
+            if (!(weight[b * bs + 1] > 0))
+                continue;
+            int n = 0;
+            while (n + 1 < bs && correct[b * bs + n + 1])
+                n++;
+            len += 1 + n;
+            cnt++;
+        }
+    double tl = tr_block_sum_d((double)len, sh);   /* (its barriers also publish sc, shits) */
+    double tc = tr_block_sum_d((double)cnt, sh);
+    if (t < bs) {
+        long long a = 0, h = 0;
+        for (int k = 0; k < groups; k++) {
+            a += sc[k * bs + t];
+            h += shits[k * bs + t];
+        }
+        out[t] += (double)a;
+        out[bs + t] += (double)h;
+    }
+    if (t == 0) {
+        out[2 * bs] += tl;
+        out[2 * bs + 1] += tc;
+    }
+}
+
 /* one element; returns the new p */
 __device__ __forceinline__ float adamw_one(float &p, float &m, float &v, float g, float gs, const AdamScalars &c)
 {

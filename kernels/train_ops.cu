@@ -279,6 +279,24 @@ int cuda_clip_scale(dfl_be *be, float *out, int32_t *skip, const double *sums, f
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* block_metrics: per-slot counts and acceptance lengths of an lmce's rows (one small kernel; the
+ * sums are of integers, exact in double, so they do not depend on order) */
+
+int cuda_block_metrics(dfl_be *be, double *out, const uint8_t *correct, const float *weight,
+                       int64_t n_blocks, int bs)
+{
+    if (n_blocks <= 0 || bs <= 0)
+        return 0;
+    if (bs > BM_THREADS)
+        return cuda_op_fail(be, DFL_EUNSUP, "block_metrics: block size %d (at most %d)", bs, BM_THREADS);
+    int rc = cuda_enter(be);
+    if (rc)
+        return rc;
+    block_metrics_kernel<<<1, BM_THREADS, 0, cuda_of(be)->stream>>>(out, correct, weight, n_blocks, bs);
+    return cuda_launch_check(be, "block_metrics");
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* adamw: per element, in this order, each operation rounded to f32 (explicit _rn intrinsics, so
  * that the compiler cannot contract them into FMAs):
  *   gi = g * gs;  pi = p * decay;  mi = m + b1w * (gi - m);  vi = v * b2 + (b2w * gi) * gi;

@@ -259,6 +259,24 @@ static void t_noise(dfl_be *cpu, int64_t n)
     check(memcmp(x.data(), ref.data(), (size_t)n * 4) == 0, "uniform_noise f32: bit-identical to the CPU");
 }
 
+/* ---- block_metrics ---- */
+static void t_block_metrics(dfl_be *cpu, int64_t nb, int bs)
+{
+    std::vector<uint8_t> ok((size_t)(nb * bs));
+    std::vector<float> w((size_t)(nb * bs));
+    for (size_t i = 0; i < w.size(); i++) {
+        w[i] = (i % (size_t)bs == 0 || rnext() % 5 == 0) ? 0.0f : 0.7f;
+        ok[i] = w[i] > 0 && rnext() % 4 != 0;
+    }
+    std::vector<double> ref((size_t)(2 * bs + 2), 1.0), got = ref;
+    cpu->ops->block_metrics(cpu, ref.data(), ok.data(), w.data(), nb, bs);
+    emu::launch(dim3(1), dim3(BM_THREADS), 0, [&] { block_metrics_kernel(got.data(), ok.data(), w.data(), nb, bs); });
+    char wh[100];
+    snprintf(wh, sizeof wh, "block_metrics %lld blocks of %d: acceptance %g/%g", (long long)nb, bs, got[(size_t)(2 * bs)],
+             got[(size_t)(2 * bs + 1)]);
+    check(got == ref, wh);
+}
+
 /* ---- lmce rows ---- */
 template <bool BF>
 static void t_lmce(dfl_be *cpu, int64_t Q, int64_t H, int64_t V, int64_t CR, float gscale)
@@ -369,6 +387,9 @@ int main()
     t_adamw(cpu, 1001, true);
     t_adamw(cpu, 37, false);
     t_noise(cpu, 1000);
+    t_block_metrics(cpu, 1000, 16);
+    t_block_metrics(cpu, 37, 256);
+    t_block_metrics(cpu, 3, 2);
     t_lmce<true>(cpu, 13, 64, 1000, 5, 1.0f);
     t_lmce<false>(cpu, 9, 32, 4100, 4, 0.5f);
     t_lmce<true>(cpu, 3, 32, 9000, 3, 2.0f);   /* several in-place conversion tiles per row */

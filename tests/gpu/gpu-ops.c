@@ -385,7 +385,8 @@ static void test_memory(void)
     /* the drafter ops are all there (tested in gpu-train-ops) */
     T_CHECK(be->ops->rmsnorm_bwd && be->ops->qknorm_rope_bwd && be->ops->swiglu_bwd &&
             be->ops->dflash_attn && be->ops->dflash_attn_bwd && be->ops->lmce && be->ops->sumsq &&
-            be->ops->clip_scale && be->ops->adamw && be->ops->uniform_noise, "drafter op missing");
+            be->ops->clip_scale && be->ops->block_metrics && be->ops->adamw && be->ops->uniform_noise,
+            "drafter op missing");
 }
 
 static void test_open(void)

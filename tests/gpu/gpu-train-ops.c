@@ -23,7 +23,8 @@
  *   lmce: ce per row |diff| <= 2e-4 + 1e-5 |ce|; loss sum rel 1e-5; weight sum, scored count
  *         exact; hits exact except rows whose top-2 logit gap is below 1e-3 (counted, allowed);
  *         dz rel 1e-2 / cos 0.9999 (bf16: G is rounded to bf16), rel 1e-4 (f32)
- *   sumsq rel 1e-12; clip_scale bit-exact; uniform_noise bit-exact (bf16: the rounded CPU value);
+ *   sumsq rel 1e-12; clip_scale, block_metrics bit-exact; uniform_noise bit-exact (bf16: the
+ *         rounded CPU value);
  *   adamw |diff| <= 2^-20 |value| per element (the arithmetic is the CPU's operation for
  *         operation; the count of bitwise-different elements is printed, expected 0).
  * Every op also runs twice on the same inputs and must give the same bytes (determinism). Device
@@ -1592,6 +1593,63 @@ static void test_clip_scale(void)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* block_metrics */
+
+static void test_block_metrics(void)
+{
+    NEED_GPU();
+    static const int shapes[][2] = {{1, 2}, {7, 8}, {2048, 16}, {300, 256}, {5000, 4}};
+    dfl_be *be = g_bf;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t nb = shapes[si][0];
+        const int bs = shapes[si][1];
+        const int64_t Q = nb * bs;
+        uint8_t *ok = xmalloc((size_t)Q);
+        float *w = xmalloc((size_t)Q * sizeof *w);
+        for (int64_t i = 0; i < Q; i++) {
+            int r = rng_int(0, 9);
+            w[i] = (i % bs == 0 || r < 2) ? 0.0f : 0.5f + 0.01f * (float)r;
+            ok[i] = w[i] > 0 && rng_int(0, 3) != 0;   /* long correct runs */
+        }
+        const int no = 2 * bs + 2;
+        double *ref = xmalloc((size_t)no * sizeof *ref), *got = xmalloc((size_t)no * sizeof *got);
+        for (int i = 0; i < no; i++)
+            ref[i] = 0.5 * i;
+        gbuf go, gok, gw;
+        char what[100];
+        snprintf(what, sizeof what, "block_metrics %lld blocks of %d", (long long)nb, bs);
+        if (gb_alloc(&go, be, (size_t)no, DFL_F64) && gb_alloc(&gok, be, (size_t)Q, DFL_U8) &&
+            gb_alloc(&gw, be, (size_t)Q, DFL_F32)) {
+            gb_set_raw(&go, ref);
+            gb_set_raw(&gok, ok);
+            gb_set_raw(&gw, w);
+            T_CHECK(g_cpu->ops->block_metrics(g_cpu, ref, ok, w, nb, bs) == 0, "cpu block_metrics");
+            check_rc(be->ops->block_metrics(be, (double *)go.p, gok.p, (const float *)gw.p, nb, bs), be, what);
+            sync_ok(be, what);
+            gb_get_raw(&go, got);
+            int bad = 0;
+            for (int i = 0; i < no; i++)
+                if (got[i] != ref[i]) {
+                    if (bad < 4)
+                        fprintf(stderr, "    %s: out[%d] gpu %.17g cpu %.17g\n", what, i, got[i], ref[i]);
+                    bad++;
+                }
+            printf("#   %-64s %d values, %d differ (acceptance length %g over %g blocks)\n", what, no, bad,
+                   ref[2 * bs] - 0.5 * (2 * bs), ref[2 * bs + 1] - 0.5 * (2 * bs + 1));
+            T_CHECK(bad == 0, "%s: %d of %d values differ from the CPU", what, bad, no);
+            gb_check_guards(&go, what);
+        }
+        gb_free(&go);
+        gb_free(&gok);
+        gb_free(&gw);
+        free(ok);
+        free(w);
+        free(ref);
+        free(got);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* adamw */
 
 struct aw_case {
@@ -1800,6 +1858,7 @@ int main(int argc, char **argv)
         }
     }
     T_RUN(test_clip_scale);
+    T_RUN(test_block_metrics);
     T_RUN(test_uniform_noise);
     T_RUN(test_sumsq);
     T_RUN(test_adamw);
