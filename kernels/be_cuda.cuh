@@ -123,8 +123,9 @@ int cuda_add_rmsnorm(dfl_be *be, void *h, const void *d, void *y, float *rstd, c
                      int64_t R, int64_t n, float eps);
 int cuda_qknorm_rope(dfl_be *be, void *x, int64_t ld, float *rstd, const void *w,
                      const int32_t *pos, int64_t R, int heads, int d, float eps, float theta);
-/* ops.cu: the device table of RoPE inverse frequencies for (theta, d) (host-computed like the
- * CPU op's), uploaded on the compute stream the first time it is asked for. */
+/* ops.cu: the device table of RoPE inverse frequencies for (theta, d, be->rope_dtype)
+ * (host-computed by dfl_rope_inv_freq like the CPU ops), uploaded on the compute stream the
+ * first time it is asked for. */
 int cuda_rope_table(dfl_be *be, float theta, int d, const float **out);
 int cuda_swiglu(dfl_be *be, void *out, const void *gu, int64_t R, int64_t I);
 int cuda_add(dfl_be *be, void *y, const void *x, int64_t n);
