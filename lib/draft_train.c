@@ -575,7 +575,7 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
         .n_inputs = o->n_inputs, .inputs = o->inputs, .fingerprint = r->fingerprint,
         .hidden = r->tc.hidden_size, .vocab = r->tc.vocab_size, .n_layers = nwant, .layers = want,
         .epochs = o->epochs, .seed = o->seed, .pool_size = o->pool_size, .min_ready = o->min_ready,
-        .no_verify = o->no_verify, .stop = o->stop,
+        .no_verify = o->no_verify, .allow_truncated = o->allow_truncated, .stop = o->stop,
     };
     if ((rc = dfl_draft_src_open(&r->src, &so, e)))
         goto out;
