@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "json.h"
+#include "log.h"
 #include "safetensors.h"
 #include "util.h"
 
@@ -25,6 +27,33 @@ bool dfl_draft_all_finite(const float *x, int64_t n, int64_t *first)
             return false;
         }
     return true;
+}
+
+/* Test hook, for the fault-injection tests (tests/bats/faults.bats) only. When the environment
+ * has DFL_TEST_FAULT=POINT@STEP, writing the checkpoint of step STEP kills the process with
+ * SIGKILL on reaching POINT (with DFL_TEST_FAULT=POINT@STEP:stop it stops itself with SIGSTOP
+ * instead, for the test to send a signal of its choice by PID and then SIGCONT). Points:
+ *   ckpt-begin          the temporary directory exists, empty
+ *   ckpt-after-model    model.safetensors is written in it, nothing else
+ *   ckpt-before-rename  every file is written and synced, under the temporary name
+ *   ckpt-before-latest  renamed into place, latest not yet pointed at it
+ * Without the variable, or with any other value, it does nothing but read the environment: it
+ * cannot change what a checkpoint is or how it is written. */
+static void fault_point(const char *point, int64_t step)
+{
+    const char *v = getenv("DFL_TEST_FAULT");
+    size_t n = strlen(point);
+    if (!v || strncmp(v, point, n) != 0 || v[n] != '@')
+        return;
+    char *end;
+    errno = 0;
+    long long s = strtoll(v + n + 1, &end, 10);
+    bool stop = strcmp(end, ":stop") == 0;
+    if (errno || end == v + n + 1 || s != step || (*end && !stop))
+        return;
+    dfl_warn("DFL_TEST_FAULT: %s at %s of the checkpoint of step %lld", stop ? "stopping" : "dying",
+             point, (long long)step);
+    raise(stop ? SIGSTOP : SIGKILL);
 }
 
 /* rm -r of a checkpoint directory (flat: files only). */
@@ -129,6 +158,7 @@ int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_
         rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot create", tmp);
         goto out;
     }
+    fault_point("ckpt-begin", step);
     /* model.safetensors */
     size_t es = dfl_dtype_size(model_dt);
     for (int i = 0; i < nt && !rc; i++) {
@@ -144,6 +174,7 @@ int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_
         goto fail;
     free(p);
     p = NULL;
+    fault_point("ckpt-after-model", step);
     /* optimizer.safetensors */
     static const char *const pre[3] = {"master.", "exp_avg.", "exp_avg_sq."};
     for (int k = 0; k < 3 && !rc; k++)
@@ -171,11 +202,15 @@ int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_
         goto fail;
     if ((rc = dfl_fsync_dir(tmp, e)))
         goto fail;
+    fault_point("ckpt-before-rename", step);
     if (rename(tmp, final) != 0) {
         rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot rename to %s", tmp, final);
         goto fail;
     }
-    if ((rc = dfl_fsync_dir(run, e)) || (rc = point_latest(run, name, e)))
+    if ((rc = dfl_fsync_dir(run, e)))
+        goto out;
+    fault_point("ckpt-before-latest", step);
+    if ((rc = point_latest(run, name, e)))
         goto out;
 done:
     if (out_dir) {
