@@ -2,6 +2,7 @@
 #include "draft_ckpt.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -109,6 +110,42 @@ out:
     return rc;
 }
 
+/* Puts the complete directory tmp in the place of the existing directory final. Where the file
+ * system can exchange two names atomically, final never goes missing (tmp then holds the old
+ * directory, which is removed); elsewhere the old one is moved aside to RUN/.NAME.old first.
+ * A leftover old directory (a crash in between) is removed by dfl_draft_ckpt_clean. */
+static int replace_dir(const char *run, const char *tmp, const char *final, dfl_err *e)
+{
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
+        remove_dir(tmp, NULL);
+        return DFL_OK;
+    }
+    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
+        return dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot exchange with %s", tmp, final);
+    const char *b = strrchr(final, '/');
+    char old[300];
+    snprintf(old, sizeof old, ".%s.old", b ? b + 1 : final);
+    char *po = dfl_path_join(run, old);
+    int rc = DFL_OK;
+    if (!po)
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    if ((rc = remove_dir(po, e)))
+        goto out;
+    if (rename(final, po) != 0) {
+        rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot rename to %s", final, po);
+        goto out;
+    }
+    if (rename(tmp, final) != 0) {
+        rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot rename to %s", tmp, final);
+        rename(po, final);
+        goto out;
+    }
+    remove_dir(po, NULL);
+out:
+    free(po);
+    return rc;
+}
+
 int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_t *state,
                         dfl_dtype model_dt, char **out_dir, dfl_err *e)
 {
@@ -131,10 +168,10 @@ int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_
         rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
         goto out;
     }
-    if (is_dir(final)) {   /* this step was saved already (a resumed run stopped at once) */
-        rc = point_latest(run, name, e);
-        goto done;
-    }
+    /* A step directory that exists already was left by a run that went further than the
+     * checkpoint this one resumed from (killed before latest named it, or resumed from an earlier
+     * step on purpose): it holds another run's state, so this run's replaces it. */
+    bool replace = is_dir(final);
     if ((rc = dfl_draft_download(m, DFL_DRAFT_MASTER, buf[0], e)) ||
         (rc = dfl_draft_download(m, DFL_DRAFT_ADAM_M, buf[1], e)) ||
         (rc = dfl_draft_download(m, DFL_DRAFT_ADAM_V, buf[2], e)))
@@ -203,7 +240,10 @@ int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_
     if ((rc = dfl_fsync_dir(tmp, e)))
         goto fail;
     fault_point("ckpt-before-rename", step);
-    if (rename(tmp, final) != 0) {
+    if (replace) {
+        if ((rc = replace_dir(run, tmp, final, e)))
+            goto fail;
+    } else if (rename(tmp, final) != 0) {
         rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot rename to %s", tmp, final);
         goto fail;
     }
@@ -212,7 +252,6 @@ int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_
     fault_point("ckpt-before-latest", step);
     if ((rc = point_latest(run, name, e)))
         goto out;
-done:
     if (out_dir) {
         *out_dir = final;
         final = NULL;

@@ -14,8 +14,9 @@
 #include "draft.h"
 
 /* Writes step `step` of m with state. A non-finite weight or moment: DFL_ENAN, nothing is left
- * behind. If RUN/step-NNNNNNN exists already it is kept as it is (the same step) and latest is
- * pointed at it. *out_dir (if non-NULL) receives the checkpoint directory (malloc'ed). */
+ * behind. If RUN/step-NNNNNNN exists already (left by a run that went further than the one
+ * saving now) it is replaced, atomically where the file system allows. *out_dir (if non-NULL)
+ * receives the checkpoint directory (malloc'ed). */
 int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_t *state,
                         dfl_dtype model_dtype, char **out_dir, dfl_err *e);
 /* Removes all but the newest keep step-* directories of run (never the one latest names). */
