@@ -274,6 +274,45 @@ out:
     return rc;
 }
 
+/* True for the names of what an interrupted save leaves: .step-NNNNNNN.tmp, .step-NNNNNNN.old. */
+static bool leftover_name(const char *n)
+{
+    size_t len = strlen(n);
+    if (strncmp(n, ".step-", 6) != 0 || len < 11)
+        return false;
+    const char *suf = n + len - 4;
+    if (strcmp(suf, ".tmp") != 0 && strcmp(suf, ".old") != 0)
+        return false;
+    for (const char *c = n + 6; c < suf; c++)
+        if (*c < '0' || *c > '9')
+            return false;
+    return suf > n + 6;
+}
+
+int dfl_draft_ckpt_clean(const char *run, dfl_err *e)
+{
+    DIR *d = opendir(run);
+    if (!d)
+        return errno == ENOENT ? DFL_OK : dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot open", run);
+    struct dirent *de;
+    int rc = DFL_OK;
+    while ((de = readdir(d)) && !rc) {
+        if (!leftover_name(de->d_name))
+            continue;
+        char *p = dfl_path_join(run, de->d_name);
+        if (!p) {
+            rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
+            break;
+        }
+        if (is_dir(p) && !(rc = remove_dir(p, e)))
+            dfl_warn("%s: removed what an interrupted checkpoint left (%s)", p,
+                     strstr(de->d_name, ".tmp") ? "never completed" : "replaced by a newer one");
+        free(p);
+    }
+    closedir(d);
+    return rc;
+}
+
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 int dfl_draft_ckpt_prune(const char *run, int keep, dfl_err *e)
@@ -332,10 +371,19 @@ int dfl_draft_ckpt_resolve(const char *path, char **dir, dfl_err *e)
     if (!st || !lat) {
         rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
     } else if (access(st, F_OK) == 0) {
-        const char *b = strrchr(path, '/');
-        b = b ? b + 1 : path;
-        if (b[0] == '.' && strstr(b, ".tmp"))
-            rc = dfl_fail(e, DFL_EDATA, "%s: an incomplete (temporary) checkpoint", path);
+        char base[256] = "";   /* the last name of path, trailing slashes ignored */
+        size_t n = strlen(path);
+        while (n > 1 && path[n - 1] == '/')
+            n--;
+        size_t b = n;
+        while (b > 0 && path[b - 1] != '/')
+            b--;
+        if (n - b < sizeof base)
+            memcpy(base, path + b, n - b);
+        if (leftover_name(base))
+            rc = dfl_fail(e, DFL_EDATA, "%s: %s checkpoint left by an interrupted save: resume from "
+                          "the run directory (its latest) instead", path,
+                          strstr(base, ".tmp") ? "an incomplete (temporary)" : "a replaced");
         else
             *dir = dfl_strdup(path);
     } else if (is_dir(lat)) {

@@ -542,6 +542,8 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
         return rc;
     if (o->resume && (rc = dfl_draft_ckpt_resolve(o->resume, &r->resume_dir, e)))
         goto out;
+    if ((rc = dfl_draft_ckpt_clean(o->run_dir, e)))   /* after --resume refused a temporary */
+        goto out;
     if ((rc = open_target(r, e)))
         goto out;
     /* inputs: the drafter's target layers come from the config if it has them, else from the
