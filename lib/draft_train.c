@@ -303,8 +303,14 @@ static int save(run *r, dfl_err *e)
     char *dir = NULL;
     int rc = dfl_draft_ckpt_save(r->m, r->o->run_dir, r->step, st, r->o->save_dtype, &dir, e);
     json_decref(st);
-    if (rc)
+    if (rc == DFL_ENAN)   /* the message says which value and that nothing was written */
         return rc;
+    if (rc) {   /* a full disk, a file-size limit, an I/O error: say what is still there */
+        if (r->last_saved >= 0)
+            return dfl_err_prefix(e, "checkpoint of step %lld not written (the last one, step %lld, "
+                                  "is intact): ", (long long)r->step, (long long)r->last_saved);
+        return dfl_err_prefix(e, "checkpoint of step %lld not written: ", (long long)r->step);
+    }
     r->last_saved = r->step;
     dfl_verbose("checkpoint %s", dir);
     if (r->o->keep > 0 && (rc = dfl_draft_ckpt_prune(r->o->run_dir, r->o->keep, e)))
