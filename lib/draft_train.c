@@ -71,6 +71,7 @@ typedef struct run {
     int64_t cap_blocks, cap_len;
     /* metrics over the log interval */
     FILE *metrics;
+    bool metrics_failed;         /* a write failed (warned once) */
     double m_num, m_den, m_acc, m_accden, m_tau, m_wait, m_t0;
     int64_t m_taublocks, m_tokens, m_steps;
     double m_slot_ok[DFL_DRAFT_MAX_BS], m_slot_n[DFL_DRAFT_MAX_BS];
@@ -376,9 +377,11 @@ static void metrics_write(run *r)
     json_object_set_new(j, "skipped_steps", json_integer(r->skipped));
     json_object_set_new(j, "tokens", json_integer(r->tokens_seen));
     char *line = dfl_json_dump(j, 0);
-    if (line && r->metrics) {
-        fprintf(r->metrics, "%s\n", line);
-        fflush(r->metrics);
+    if (line && r->metrics && (fprintf(r->metrics, "%s\n", line) < 0 || fflush(r->metrics) != 0) &&
+        !r->metrics_failed) {   /* a full disk: say so once, training goes on */
+        r->metrics_failed = true;
+        dfl_warn("%s/metrics.jsonl: cannot write (%s): metrics lines from step %lld on are lost",
+                 r->o->run_dir, strerror(errno), (long long)r->step);
     }
     free(line);
     json_decref(j);
