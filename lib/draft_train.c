@@ -508,7 +508,7 @@ static int train_loop(run *r, dfl_err *e)
         if ((rc = dfl_draft_step(r->m, &in, true, e)) ||
             (rc = dfl_draft_apply(r->m, &opt, (float)lr, r->adam_t + 1, e)) ||
             (rc = dfl_draft_fetch(r->m, &st, e)))
-            return dfl_err_prefix(e, "step %lld", (long long)r->step + 1);
+            return dfl_err_prefix(e, "step %lld: ", (long long)r->step + 1);
         r->step++;
         r->tokens_seen += (int64_t)b->n_tokens;
         r->last_lr = lr;
