@@ -38,6 +38,8 @@ bool dfl_draft_all_finite(const float *x, int64_t n, int64_t *first)
  *   ckpt-after-model    model.safetensors is written in it, nothing else
  *   ckpt-before-rename  every file is written and synced, under the temporary name
  *   ckpt-before-latest  renamed into place, latest not yet pointed at it
+ *   ckpt-prune          (STEP: the checkpoint --keep removes) renamed to .step-N.old, its files
+ *                       not yet removed
  * Without the variable, or with any other value, it does nothing but read the environment: it
  * cannot change what a checkpoint is or how it is written. */
 static void fault_point(const char *point, int64_t step)
@@ -306,7 +308,7 @@ int dfl_draft_ckpt_clean(const char *run, dfl_err *e)
         }
         if (is_dir(p) && !(rc = remove_dir(p, e)))
             dfl_warn("%s: removed what an interrupted checkpoint left (%s)", p,
-                     strstr(de->d_name, ".tmp") ? "never completed" : "replaced by a newer one");
+                     strstr(de->d_name, ".tmp") ? "never completed" : "being replaced or pruned");
         free(p);
     }
     closedir(d);
@@ -349,11 +351,22 @@ int dfl_draft_ckpt_prune(const char *run, int keep, dfl_err *e)
     int rc = DFL_OK;
     for (size_t i = 0; i + (size_t)keep < n; i++) {
         if (names[i] && strcmp(names[i], latest) != 0) {
-            char *p = dfl_path_join(run, names[i]);
-            int r = p ? remove_dir(p, e) : DFL_ENOMEM;
+            /* renamed out of the way first, so that a crash while its files are removed never
+             * leaves a step directory that looks complete but is not */
+            char old[300];
+            snprintf(old, sizeof old, ".%s.old", names[i]);
+            char *p = dfl_path_join(run, names[i]), *po = dfl_path_join(run, old);
+            int r = p && po ? DFL_OK : dfl_fail(e, DFL_ENOMEM, "out of memory");
+            if (!r && (r = remove_dir(po, e)) == DFL_OK && rename(p, po) != 0)
+                r = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot rename to %s", p, po);
+            if (!r) {
+                fault_point("ckpt-prune", strtoll(names[i] + 5, NULL, 10));
+                r = remove_dir(po, e);
+            }
             if (r && !rc)
                 rc = r;
             free(p);
+            free(po);
         }
     }
     for (size_t i = 0; i < n; i++)

@@ -22,7 +22,8 @@ int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_
 /* Removes what interrupted saves left in run (RUN/.step-NNNNNNN.tmp and .old directories), with
  * a warning naming each; for the start of a run, before anything is saved. */
 int dfl_draft_ckpt_clean(const char *run, dfl_err *e);
-/* Removes all but the newest keep step-* directories of run (never the one latest names). */
+/* Removes all but the newest keep step-* directories of run (never the one latest names), each
+ * renamed to RUN/.step-NNNNNNN.old before its files are removed. */
 int dfl_draft_ckpt_prune(const char *run, int keep, dfl_err *e);
 /* Resolves a --resume argument: a checkpoint directory, or a run directory (its latest). Refuses
  * a temporary (incomplete) one. *dir is malloc'ed. */
