@@ -144,8 +144,6 @@ static int read_table(input *in, dfl_draft_src_opts *o, dfl_err *e)
     const dfl_index_entry *ent;
     uint64_t n;
     int rc = dfl_reader_index(in->rd, &ent, &n, e);
-    if (rc == DFL_ETRUNC)
-        return hint_truncated(o, e);
     if (rc == DFL_OK) {
         in->nb = (int64_t)n;
         in->offsets = malloc((n ? n : 1) * sizeof *in->offsets);
@@ -160,10 +158,12 @@ static int read_table(input *in, dfl_draft_src_opts *o, dfl_err *e)
         }
         return DFL_OK;
     }
-    if (rc != DFL_EUNSUP)
+    if (rc != DFL_EUNSUP && rc != DFL_ETRUNC)
         return rc;
     dfl_err_clear(e);
-    /* no index: walk the file once (this also checks every frame) */
+    /* no index: walk the file once (this also checks every frame). A file without END is walked
+     * too: to its last complete batch with allow_truncated, else to the cut, which the error then
+     * names (the frame and its offset). */
     int64_t cap = 0;
     for (;;) {
         dfl_batch b = {0};
