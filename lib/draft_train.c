@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -70,8 +71,9 @@ typedef struct run {
     int32_t *bseq, *banchor, *scratch;
     int64_t cap_blocks, cap_len;
     /* metrics over the log interval */
-    FILE *metrics;
-    bool metrics_failed;         /* a write failed (warned once) */
+    int metrics_fd;              /* RUN/metrics.jsonl, appending; -1 when not open */
+    uint64_t metrics_size;       /* its size after the last whole line */
+    bool metrics_failed;         /* a write failed: warned, no more lines */
     double m_num, m_den, m_acc, m_accden, m_tau, m_wait, m_t0;
     int64_t m_taublocks, m_tokens, m_steps;
     double m_slot_ok[DFL_DRAFT_MAX_BS], m_slot_n[DFL_DRAFT_MAX_BS];
@@ -376,13 +378,24 @@ static void metrics_write(run *r)
     json_object_set_new(j, "wait_s", num(r->m_wait));
     json_object_set_new(j, "skipped_steps", json_integer(r->skipped));
     json_object_set_new(j, "tokens", json_integer(r->tokens_seen));
-    char *line = dfl_json_dump(j, 0);
-    if (line && r->metrics && (fprintf(r->metrics, "%s\n", line) < 0 || fflush(r->metrics) != 0) &&
-        !r->metrics_failed) {   /* a full disk: say so once, training goes on */
-        r->metrics_failed = true;
-        dfl_warn("%s/metrics.jsonl: cannot write (%s): metrics lines from step %lld on are lost",
-                 r->o->run_dir, strerror(errno), (long long)r->step);
+    char *line = dfl_json_dump(j, 0), *nl = NULL;
+    if (line && (nl = malloc(strlen(line) + 2)))
+        sprintf(nl, "%s\n", line);
+    if (nl && r->metrics_fd >= 0 && !r->metrics_failed) {   /* one write per line */
+        dfl_err we = {0};
+        char *p = dfl_path_join(r->o->run_dir, "metrics.jsonl");
+        size_t n = strlen(nl);
+        if (dfl_write_all(r->metrics_fd, nl, n, p ? p : "metrics.jsonl", &we) == DFL_OK) {
+            r->metrics_size += n;
+        } else {   /* a full disk: no partial line stays; say so once, training goes on */
+            r->metrics_failed = true;
+            if (ftruncate(r->metrics_fd, (off_t)r->metrics_size) != 0)
+                dfl_verbose("metrics.jsonl: cannot cut a partial line: %s", strerror(errno));
+            dfl_warn("%s: metrics lines from step %lld on are lost", we.msg, (long long)r->step);
+        }
+        free(p);
     }
+    free(nl);
     free(line);
     json_decref(j);
     dfl_progress("step %lld/%lld  loss %.4f  acc %.3f  tau %.3f  lr %.3g  |g| %.3g  %.0f tok/s  "
@@ -424,9 +437,12 @@ static int open_metrics(run *r, dfl_err *e)
             }
         }
     }
-    r->metrics = fopen(p, "a");
+    r->metrics_fd = open(p, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
     int err = errno;
-    if (!r->metrics) {
+    struct stat sb;
+    if (r->metrics_fd >= 0 && fstat(r->metrics_fd, &sb) == 0)
+        r->metrics_size = (uint64_t)sb.st_size;
+    if (r->metrics_fd < 0) {
         int rc = dfl_fail_errno(e, DFL_EIO, err, "%s: cannot open", p);
         free(p);
         return rc;
@@ -544,6 +560,7 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
     run R = {0}, *r = &R;
     r->o = o;
     r->last_saved = -1;
+    r->metrics_fd = -1;
     int rc;
     if (o->n_inputs < 1)
         return dfl_fail(e, DFL_EUSAGE, "no input (give hidden-state streams, or - for stdin)");
@@ -659,8 +676,8 @@ out:
     dfl_progress_end();
     reap_children(r, true);
     free(r->children);
-    if (r->metrics)
-        fclose(r->metrics);
+    if (r->metrics_fd >= 0)
+        close(r->metrics_fd);
     dfl_draft_src_close(r->src);
     dfl_draft_close(r->m);
     dfl_be_close(r->be);
