@@ -2,6 +2,7 @@
  * batch, and hands the hidden-state batches to a writer thread through a small bounded queue, so
  * that writing to a slow pipe overlaps the next forward. Stops at a batch boundary when a signal
  * handler sets the stop flag (no END frame: the consumer sees a cut stream). */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +28,28 @@ typedef struct outq {
     dfl_err err;
     dfl_writer *w;
     uint64_t written;
+    volatile sig_atomic_t *sig;  /* the run's stop flag: waits look at it */
 } outq;
+
+/* The error of a run stopped by signal sig after n batches. */
+static int stopped(dfl_err *e, int sig, uint64_t n)
+{
+    return dfl_fail(e, DFL_EINTR, "stopped by signal %d (%s) after %llu batches: the output stream "
+                    "was cut without an end frame", sig, strsignal(sig), (unsigned long long)n);
+}
+
+/* A wait on q->cv of at most 50 ms, so that the caller looks at the stop flag again. */
+static void timed_wait(outq *q)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 50000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+}
 
 static void free_batch(dfl_batch *b)
 {
@@ -37,9 +59,14 @@ static void free_batch(dfl_batch *b)
     }
 }
 
+static void free_batch_v(void *b) { free_batch(b); }
+
+/* The writer thread. It can be cancelled only while it writes a batch (blocked on a consumer
+ * that does not read, when the run is stopped by a signal); the batch is then freed. */
 static void *writer_main(void *arg)
 {
     outq *q = arg;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
     pthread_mutex_lock(&q->mu);
     for (;;) {
         while (!q->count && !q->done && !q->stop)
@@ -53,8 +80,12 @@ static void *writer_main(void *arg)
         pthread_cond_broadcast(&q->cv);
         pthread_mutex_unlock(&q->mu);
         dfl_err err = {0};
-        int rc = dfl_writer_batch(q->w, b, &err);
-        free_batch(b);
+        int rc;
+        pthread_cleanup_push(free_batch_v, b);
+        pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+        rc = dfl_writer_batch(q->w, b, &err);
+        pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+        pthread_cleanup_pop(1);
         pthread_mutex_lock(&q->mu);
         if (rc) {
             q->failed = true;
@@ -68,17 +99,24 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
-/* Queues b (taking it over); fails with the writer's error if the writer has failed. */
-static int push(outq *q, dfl_batch *b, dfl_err *e)
+/* Queues b (taking it over); fails with the writer's error if the writer has failed, or with
+ * DFL_EINTR if a signal stops the run while the queue is full (a consumer that does not read). */
+static int push(outq *q, dfl_batch *b, uint64_t n_done, dfl_err *e)
 {
     pthread_mutex_lock(&q->mu);
-    while (q->count == QUEUE_DEPTH && !q->failed)
-        pthread_cond_wait(&q->cv, &q->mu);
-    if (q->failed) {
-        *e = q->err;
+    while (q->count == QUEUE_DEPTH && !q->failed && !(q->sig && *q->sig))
+        timed_wait(q);
+    if (q->failed || q->count == QUEUE_DEPTH) {
+        int rc;
+        if (q->failed) {
+            *e = q->err;
+            rc = e->code;
+        } else {
+            rc = stopped(e, (int)*q->sig, n_done);
+        }
         pthread_mutex_unlock(&q->mu);
         free_batch(b);
-        return e->code;
+        return rc;
     }
     q->item[(q->head + q->count) % QUEUE_DEPTH] = b;
     q->count++;
@@ -87,9 +125,10 @@ static int push(outq *q, dfl_batch *b, dfl_err *e)
     return DFL_OK;
 }
 
-/* Ends the writer thread: after writing the queue (finish) or at once. Returns the writer's
- * error, if any. */
-static int finish_writer(outq *q, pthread_t th, bool finish, dfl_err *e)
+/* Ends the writer thread: after writing the queue (finish) or at once, cancelling a write that
+ * is blocked on a consumer that does not read. A signal while the queue is being finished stops
+ * it the same way (DFL_EINTR). Returns the writer's error, if any. */
+static int finish_writer(outq *q, pthread_t th, bool finish, uint64_t n_done, dfl_err *e)
 {
     pthread_mutex_lock(&q->mu);
     if (finish)
@@ -98,7 +137,28 @@ static int finish_writer(outq *q, pthread_t th, bool finish, dfl_err *e)
         q->stop = true;
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
-    pthread_join(th, NULL);
+    bool cancelled = !finish;
+    if (!finish)
+        pthread_cancel(th);
+    for (;;) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        if (pthread_timedjoin_np(th, NULL, &ts) != ETIMEDOUT)
+            break;
+        if (!cancelled && q->sig && *q->sig) {
+            pthread_mutex_lock(&q->mu);
+            q->stop = true;
+            pthread_cond_broadcast(&q->cv);
+            pthread_mutex_unlock(&q->mu);
+            pthread_cancel(th);
+            cancelled = true;
+        }
+    }
     for (int i = 0; i < QUEUE_DEPTH; i++) {
         free_batch(q->item[i]);
         q->item[i] = NULL;
@@ -107,6 +167,8 @@ static int finish_writer(outq *q, pthread_t th, bool finish, dfl_err *e)
         *e = q->err;
         return e->code;
     }
+    if (finish && cancelled)
+        return stopped(e, (int)*q->sig, n_done);
     return DFL_OK;
 }
 
@@ -235,7 +297,7 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
     dfl_reader *r = NULL;
     dfl_writer *w = NULL;
     buffers bf = {0};
-    outq q = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    outq q = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .sig = o->stop};
     pthread_t th;
     bool thread_started = false;
     json_t *meta = NULL;
@@ -276,9 +338,7 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
         const char *name = dfl_reader_name(r);
         for (;;) {
             if (o->stop && *o->stop) {
-                rc = dfl_fail(e, DFL_EINTR, "stopped by signal %d (%s) after %llu batches: the "
-                              "output stream was cut without an end frame", (int)*o->stop,
-                              strsignal((int)*o->stop), (unsigned long long)st->batches);
+                rc = stopped(e, (int)*o->stop, st->batches);
                 break;
             }
             dfl_batch b;
@@ -302,7 +362,7 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
             st->seqs += b.n_seqs;
             st->tokens += b.n_tokens;
             dfl_batch_free(&b);
-            if ((rc = push(&q, ob, e)))
+            if ((rc = push(&q, ob, st->batches, e)))
                 break;
             double now = dfl_now();
             st->seconds = now - t0;
@@ -318,7 +378,7 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
     }
     {
         dfl_err we = {0};
-        int wrc = finish_writer(&q, th, rc == DFL_OK, &we);
+        int wrc = finish_writer(&q, th, rc == DFL_OK, st->batches, &we);
         thread_started = false;
         if (!rc && wrc) {
             rc = wrc;
@@ -333,7 +393,7 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
 done:
     if (thread_started) {
         dfl_err we = {0};
-        finish_writer(&q, th, false, &we);
+        finish_writer(&q, th, false, st->batches, &we);
     }
     if (w)
         dfl_writer_abort(w);
