@@ -252,11 +252,13 @@ static int restore_state(run *r, dfl_err *e)
 
 /* ---- checkpoints --------------------------------------------------------------------------- */
 
-static void reap_children(run *r, bool wait_all)
+/* Collects the --on-save commands that ended (all of them with wait_all, saying so when one has
+ * not ended after a second: a hook that hangs must not look like dfl-draft hanging). */
+static void reap_some(run *r, bool block)
 {
     for (int i = 0; i < r->n_children;) {
         int st;
-        pid_t p = waitpid(r->children[i], &st, wait_all ? 0 : WNOHANG);
+        pid_t p = waitpid(r->children[i], &st, block ? 0 : WNOHANG);
         if (p == 0) {
             i++;
             continue;
@@ -267,6 +269,24 @@ static void reap_children(run *r, bool wait_all)
                      WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
         r->children[i] = r->children[--r->n_children];
     }
+}
+
+static void reap_children(run *r, bool wait_all)
+{
+    reap_some(r, false);
+    for (int t = 0; wait_all && r->n_children > 0 && t < 20; t++) {
+        usleep(50000);
+        reap_some(r, false);
+    }
+    if (!wait_all || r->n_children == 0)
+        return;
+    char pids[128] = "";
+    size_t k = 0;
+    for (int i = 0; i < r->n_children && k < sizeof pids - 16; i++)
+        k += (size_t)snprintf(pids + k, sizeof pids - k, "%s%d", i ? ", " : "", (int)r->children[i]);
+    dfl_info("waiting for %d --on-save command%s to end (pid %s)", r->n_children,
+             r->n_children > 1 ? "s" : "", pids);
+    reap_some(r, true);
 }
 
 static void run_on_save(run *r, const char *dir)
