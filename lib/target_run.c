@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "json.h"
@@ -29,6 +30,7 @@ typedef struct outq {
     dfl_writer *w;
     uint64_t written;
     volatile sig_atomic_t *sig;  /* the run's stop flag: waits look at it */
+    bool may_hang;               /* the output is a pipe or device: a write can block for good */
 } outq;
 
 /* The error of a run stopped by signal sig after n batches. */
@@ -59,14 +61,10 @@ static void free_batch(dfl_batch *b)
     }
 }
 
-static void free_batch_v(void *b) { free_batch(b); }
-
-/* The writer thread. It can be cancelled only while it writes a batch (blocked on a consumer
- * that does not read, when the run is stopped by a signal); the batch is then freed. */
+/* The writer thread. */
 static void *writer_main(void *arg)
 {
     outq *q = arg;
-    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
     pthread_mutex_lock(&q->mu);
     for (;;) {
         while (!q->count && !q->done && !q->stop)
@@ -80,12 +78,8 @@ static void *writer_main(void *arg)
         pthread_cond_broadcast(&q->cv);
         pthread_mutex_unlock(&q->mu);
         dfl_err err = {0};
-        int rc;
-        pthread_cleanup_push(free_batch_v, b);
-        pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
-        rc = dfl_writer_batch(q->w, b, &err);
-        pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
-        pthread_cleanup_pop(1);
+        int rc = dfl_writer_batch(q->w, b, &err);
+        free_batch(b);
         pthread_mutex_lock(&q->mu);
         if (rc) {
             q->failed = true;
@@ -125,11 +119,15 @@ static int push(outq *q, dfl_batch *b, uint64_t n_done, dfl_err *e)
     return DFL_OK;
 }
 
-/* Ends the writer thread: after writing the queue (finish) or at once, cancelling a write that
- * is blocked on a consumer that does not read. A signal while the queue is being finished stops
- * it the same way (DFL_EINTR). Returns the writer's error, if any. */
-static int finish_writer(outq *q, pthread_t th, bool finish, uint64_t n_done, dfl_err *e)
+/* Ends the writer thread: after writing the queue (finish) or at once. A signal while the queue
+ * is being finished turns it into a stop (DFL_EINTR). After a stop, a writer still blocked 0.2 s
+ * later on a pipe whose reader does not read (q->may_hang) is not waited for: it is detached
+ * and *left is set; it may still use q and the dfl_writer, which the caller must then never
+ * free (the process is about to end; no pthread_cancel, which the sanitizers do not support).
+ * Returns the writer's error, if any. */
+static int finish_writer(outq *q, pthread_t th, bool finish, uint64_t n_done, bool *left, dfl_err *e)
 {
+    *left = false;
     pthread_mutex_lock(&q->mu);
     if (finish)
         q->done = true;
@@ -137,9 +135,8 @@ static int finish_writer(outq *q, pthread_t th, bool finish, uint64_t n_done, df
         q->stop = true;
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
-    bool cancelled = !finish;
-    if (!finish)
-        pthread_cancel(th);
+    bool stopping = !finish, by_signal = false;
+    double give_up = dfl_now() + 0.2;
     for (;;) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -150,26 +147,45 @@ static int finish_writer(outq *q, pthread_t th, bool finish, uint64_t n_done, df
         }
         if (pthread_timedjoin_np(th, NULL, &ts) != ETIMEDOUT)
             break;
-        if (!cancelled && q->sig && *q->sig) {
+        if (!stopping && q->sig && *q->sig) {
             pthread_mutex_lock(&q->mu);
             q->stop = true;
             pthread_cond_broadcast(&q->cv);
             pthread_mutex_unlock(&q->mu);
-            pthread_cancel(th);
-            cancelled = true;
+            stopping = by_signal = true;
+            give_up = dfl_now() + 0.2;
+        }
+        if (stopping && q->may_hang && dfl_now() >= give_up) {
+            pthread_detach(th);
+            *left = true;
+            break;
         }
     }
-    for (int i = 0; i < QUEUE_DEPTH; i++) {
-        free_batch(q->item[i]);
-        q->item[i] = NULL;
-    }
+    pthread_mutex_lock(&q->mu);
+    if (!*left)
+        for (int i = 0; i < QUEUE_DEPTH; i++) {
+            free_batch(q->item[i]);
+            q->item[i] = NULL;
+        }
+    int rc = DFL_OK;
     if (q->failed) {
         *e = q->err;
-        return e->code;
+        rc = e->code;
+    } else if (by_signal) {
+        rc = stopped(e, (int)*q->sig, n_done);
     }
-    if (finish && cancelled)
-        return stopped(e, (int)*q->sig, n_done);
-    return DFL_OK;
+    pthread_mutex_unlock(&q->mu);
+    return rc;
+}
+
+/* True when the output is a pipe, FIFO, socket or device: a write there blocks for as long as
+ * its reader does not read. */
+static bool output_may_block(const char *path)
+{
+    struct stat sb;
+    if (strcmp(path, "-") == 0)
+        return fstat(1, &sb) == 0 && !S_ISREG(sb.st_mode);
+    return stat(path, &sb) == 0 && !S_ISREG(sb.st_mode);
 }
 
 static int open_input(const char *path, dfl_reader **r, dfl_err *e)
@@ -297,14 +313,23 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
     dfl_reader *r = NULL;
     dfl_writer *w = NULL;
     buffers bf = {0};
-    outq q = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .sig = o->stop};
+    /* on the heap: a writer left blocked on a consumer that does not read still uses it */
+    outq *q = calloc(1, sizeof *q);
     pthread_t th;
-    bool thread_started = false;
+    bool thread_started = false, left = false;
     json_t *meta = NULL;
     int rc;
 
-    if ((rc = open_input(o->inputs[0], &r, e)))
+    if (!q)
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    q->sig = o->stop;
+    q->may_hang = output_may_block(o->output);
+    if ((rc = open_input(o->inputs[0], &r, e))) {
+        free(q);
         return rc;
+    }
 
     dfl_stream_info info;
     memset(&info, 0, sizeof info);
@@ -323,8 +348,8 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
     info.meta = meta;
     if ((rc = dfl_writer_open(&w, o->output, &info, &o->wopts, e)))
         goto done;
-    q.w = w;
-    if (pthread_create(&th, NULL, writer_main, &q) != 0) {
+    q->w = w;
+    if (pthread_create(&th, NULL, writer_main, q) != 0) {
         rc = dfl_fail(e, DFL_EIO, "cannot start the writer thread");
         goto done;
     }
@@ -362,7 +387,7 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
             st->seqs += b.n_seqs;
             st->tokens += b.n_tokens;
             dfl_batch_free(&b);
-            if ((rc = push(&q, ob, st->batches, e)))
+            if ((rc = push(q, ob, st->batches, e)))
                 break;
             double now = dfl_now();
             st->seconds = now - t0;
@@ -378,7 +403,7 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
     }
     {
         dfl_err we = {0};
-        int wrc = finish_writer(&q, th, rc == DFL_OK, st->batches, &we);
+        int wrc = finish_writer(q, th, rc == DFL_OK, st->batches, &left, &we);
         thread_started = false;
         if (!rc && wrc) {
             rc = wrc;
@@ -393,9 +418,9 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
 done:
     if (thread_started) {
         dfl_err we = {0};
-        finish_writer(&q, th, false, st->batches, &we);
+        finish_writer(q, th, false, st->batches, &left, &we);
     }
-    if (w)
+    if (w && !left)
         dfl_writer_abort(w);
     if (r)
         dfl_reader_close(r);
@@ -403,7 +428,12 @@ done:
     json_decref(meta);
     if (rc == DFL_EPIPE)
         dfl_fail(e, DFL_EPIPE, "%s: the consumer went away (broken pipe) after %llu batches",
-                 out_name, (unsigned long long)q.written);
+                 out_name, (unsigned long long)q->written);
+    if (!left) {
+        pthread_mutex_destroy(&q->mu);
+        pthread_cond_destroy(&q->cv);
+        free(q);
+    }
     dfl_progress_end();
     return rc;
 }
