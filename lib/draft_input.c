@@ -450,9 +450,7 @@ static void *stream_thread(void *arg)
     for (;;) {
         pooled pb = {.file = in->index, .idx = -1};
         bool eos = false;
-        pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
         int rc = dfl_reader_next(in->rd, &pb.b, &eos, &e);
-        pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
         pthread_mutex_lock(&s->mu);
         if (rc || eos) {
             if (rc)
@@ -526,12 +524,37 @@ void dfl_draft_src_close(dfl_draft_src *s)
     s->stopping = true;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    for (int i = 0; s->in && i < s->n; i++)
-        if (s->in[i].started) {
-            if (!s->replay)
-                pthread_cancel(s->in[i].th);   /* may be blocked reading a pipe */
+    /* A stream thread may be blocked reading a pipe whose producer stalls: it is given 0.2 s,
+     * then left, detached, and the source is not freed (that thread may still use it; the
+     * process is about to end). No pthread_cancel: the sanitizers do not support it. */
+    bool left = false;
+    double give_up = dfl_now() + 0.2;
+    for (int i = 0; s->in && i < s->n; i++) {
+        if (!s->in[i].started)
+            continue;
+        if (s->replay) {
             pthread_join(s->in[i].th, NULL);
+            continue;
         }
+        for (;;) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 20 * 1000 * 1000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            if (pthread_timedjoin_np(s->in[i].th, NULL, &ts) != ETIMEDOUT)
+                break;
+            if (dfl_now() >= give_up) {
+                pthread_detach(s->in[i].th);
+                left = true;
+                break;
+            }
+        }
+    }
+    if (left)
+        return;
     for (int i = 0; s->in && i < s->n; i++) {
         input *in = &s->in[i];
         for (int k = 0; k < in->rcount; k++)
