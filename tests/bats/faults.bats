@@ -5,8 +5,9 @@
 # naming the place) or go on, and never lose a checkpoint or leave one that looks complete but
 # is not. Processes are started in the background with their PIDs kept and signalled by PID;
 # every wait is bounded (a hang fails the test), and BATS_TEST_TIMEOUT is the backstop.
-# Tools: stall (a producer that stops and waits to be killed), poison (plants a NaN or Inf),
-# draftdata, mktokens, hsdump; the test hook DFL_TEST_FAULT of lib/draft_ckpt.c.
+# Programs: dfl-draft, dfl-target, dfl-bucket, dfl-ckpt. Tools: stall (a producer that stops
+# and waits to be killed), poison (plants a NaN or Inf), draftdata, mktokens, hsdump; the test
+# hook DFL_TEST_FAULT of lib/draft_ckpt.c.
 load helper
 bats_require_minimum_version 1.5.0
 PATH="$DFL_TOOLS:$PATH"
@@ -437,6 +438,39 @@ killed_at() {
     [ -w /dev/full ] || skip "no /dev/full"
     run -1 "${TO[@]}" dfl-target -q --model "$TGT" --layers 1,2 -o /dev/full "$D/tok12.dfl"
     [[ "$output" == *"error: /dev/full: write failed: No space left on device"* ]]
+}
+
+# dataset N FILE: N JSON Lines samples of 5 to 300 tokens below 64
+dataset() {
+    awk -v n="$1" 'BEGIN { srand(5); for (i = 0; i < n; i++) { k = 5 + int(rand() * 296); line = "";
+            for (j = 0; j < k; j++) line = line (j ? "," : "") int(rand() * 64);
+            print "{\"input_ids\": [" line "]}" } }' >"$2"
+}
+
+@test "dfl-bucket killed while it reads: no manifest nor shard is left; a rerun names the leftover, --force replaces it" {
+    dataset 3000 "$T/d.jsonl"
+    mkfifo "$T/p"
+    bg /dev/null "$T/p" "$T/stall.err" stall "$T/d.jsonl" 500000   # part of the data, then nothing
+    bg /dev/null /dev/null "$T/bucket.err" dfl-bucket -o "$T/out" "$T/p"
+    local bpid=$pid
+    tmpdir() { compgen -G "$T/out/.dfl-bucket.tmp.*" >/dev/null; }
+    wait_for 60 tmpdir
+    kill -KILL "$bpid"
+    finish "$bpid" 10
+    [ "$st" -eq 137 ]
+    [ -z "$(find "$T/out" -name 'manifest.json' -o -name 'shard-*')" ]
+    run -1 "${TO[@]}" dfl-bucket -o "$T/out" "$T/d.jsonl"
+    [[ "$output" == *"the output directory is not empty (it holds '.dfl-bucket.tmp."*"use --force"* ]]
+    run -0 "${TO[@]}" dfl-bucket -q -o "$T/out" --force "$T/d.jsonl"
+    [ "$(ls -A "$T/out")" = "$(printf 'manifest.json\nshard-00000.dfl')" ]
+    run -0 hsdump "$T/out/shard-00000.dfl"
+}
+
+@test "disk full while dfl-bucket writes its shards (file-size limit): a clear error, nothing left" {
+    dataset 3000 "$T/d.jsonl"
+    run -1 "${TO[@]}" bash -c 'ulimit -f 256; trap "" XFSZ; exec "$@"' - dfl-bucket -o "$T/out" "$T/d.jsonl"
+    [[ "$output" == *"shard-00000.dfl: write failed: File too large"* ]]
+    [ ! -e "$T/out" ]
 }
 
 # ---- flipped bits -------------------------------------------------------------------------------
