@@ -60,6 +60,7 @@ static void usage(void)
            "      --device DEV          cpu (default), cuda, cuda:N\n"
            "      --threads N           CPU threads (default: all)\n"
            "      --no-verify           skip frame checksums\n"
+           "      --allow-truncated     train on the complete batches of an input cut short (no END)\n"
            "  -q, --quiet               errors only\n"
            "  -v, --verbose             more detail\n"
            "  -h, --help                this help\n"
@@ -74,7 +75,7 @@ enum {
     O_CONFIG = 256, O_DRAFT_LAYERS, O_BLOCK, O_GAMMA, O_MASK, O_ANCHORS, O_NOISE, O_LR, O_BETAS,
     O_EPS, O_WD, O_CLIP, O_WARMUP, O_TOTAL, O_EPOCHS, O_STOP_AT, O_MIN_READY, O_POOL, O_MAX_TOKENS,
     O_SAVE_EVERY, O_KEEP, O_ON_SAVE, O_SAVE_DTYPE, O_RESUME, O_LOG_EVERY, O_MAX_BAD, O_SEED,
-    O_INIT_STD, O_DEVICE, O_THREADS, O_NO_VERIFY, O_VERSION,
+    O_INIT_STD, O_DEVICE, O_THREADS, O_NO_VERIFY, O_ALLOW_TRUNC, O_VERSION,
 };
 
 static const struct option longopts[] = {
@@ -111,6 +112,7 @@ static const struct option longopts[] = {
     {"device", required_argument, 0, O_DEVICE},
     {"threads", required_argument, 0, O_THREADS},
     {"no-verify", no_argument, 0, O_NO_VERIFY},
+    {"allow-truncated", no_argument, 0, O_ALLOW_TRUNC},
     {"quiet", no_argument, 0, 'q'},
     {"verbose", no_argument, 0, 'v'},
     {"help", no_argument, 0, 'h'},
@@ -150,6 +152,7 @@ int main(int argc, char **argv)
         case O_DEVICE: o.device = optarg; break;
         case O_ON_SAVE: o.on_save = optarg; break;
         case O_NO_VERIFY: o.no_verify = true; break;
+        case O_ALLOW_TRUNC: o.allow_truncated = true; break;
         case O_DRAFT_LAYERS:
             if (!(rc = dfl_parse_i64(optarg, 1, 256, &v, what, &e)))
                 o.draft_layers = (int)v;

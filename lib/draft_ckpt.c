@@ -2,8 +2,10 @@
 #include "draft_ckpt.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +13,7 @@
 #include <unistd.h>
 
 #include "json.h"
+#include "log.h"
 #include "safetensors.h"
 #include "util.h"
 
@@ -25,6 +28,35 @@ bool dfl_draft_all_finite(const float *x, int64_t n, int64_t *first)
             return false;
         }
     return true;
+}
+
+/* Test hook, for the fault-injection tests (tests/bats/faults.bats) only. When the environment
+ * has DFL_TEST_FAULT=POINT@STEP, writing the checkpoint of step STEP kills the process with
+ * SIGKILL on reaching POINT (with DFL_TEST_FAULT=POINT@STEP:stop it stops itself with SIGSTOP
+ * instead, for the test to send a signal of its choice by PID and then SIGCONT). Points:
+ *   ckpt-begin          the temporary directory exists, empty
+ *   ckpt-after-model    model.safetensors is written in it, nothing else
+ *   ckpt-before-rename  every file is written and synced, under the temporary name
+ *   ckpt-before-latest  renamed into place, latest not yet pointed at it
+ *   ckpt-prune          (STEP: the checkpoint --keep removes) renamed to .step-N.old, its files
+ *                       not yet removed
+ * Without the variable, or with any other value, it does nothing but read the environment: it
+ * cannot change what a checkpoint is or how it is written. */
+static void fault_point(const char *point, int64_t step)
+{
+    const char *v = getenv("DFL_TEST_FAULT");
+    size_t n = strlen(point);
+    if (!v || strncmp(v, point, n) != 0 || v[n] != '@')
+        return;
+    char *end;
+    errno = 0;
+    long long s = strtoll(v + n + 1, &end, 10);
+    bool stop = strcmp(end, ":stop") == 0;
+    if (errno || end == v + n + 1 || s != step || (*end && !stop))
+        return;
+    dfl_warn("DFL_TEST_FAULT: %s at %s of the checkpoint of step %lld", stop ? "stopping" : "dying",
+             point, (long long)step);
+    raise(stop ? SIGSTOP : SIGKILL);
 }
 
 /* rm -r of a checkpoint directory (flat: files only). */
@@ -80,6 +112,42 @@ out:
     return rc;
 }
 
+/* Puts the complete directory tmp in the place of the existing directory final. Where the file
+ * system can exchange two names atomically, final never goes missing (tmp then holds the old
+ * directory, which is removed); elsewhere the old one is moved aside to RUN/.NAME.old first.
+ * A leftover old directory (a crash in between) is removed by dfl_draft_ckpt_clean. */
+static int replace_dir(const char *run, const char *tmp, const char *final, dfl_err *e)
+{
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
+        remove_dir(tmp, NULL);
+        return DFL_OK;
+    }
+    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
+        return dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot exchange with %s", tmp, final);
+    const char *b = strrchr(final, '/');
+    char old[300];
+    snprintf(old, sizeof old, ".%s.old", b ? b + 1 : final);
+    char *po = dfl_path_join(run, old);
+    int rc = DFL_OK;
+    if (!po)
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    if ((rc = remove_dir(po, e)))
+        goto out;
+    if (rename(final, po) != 0) {
+        rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot rename to %s", final, po);
+        goto out;
+    }
+    if (rename(tmp, final) != 0) {
+        rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot rename to %s", tmp, final);
+        rename(po, final);
+        goto out;
+    }
+    remove_dir(po, NULL);
+out:
+    free(po);
+    return rc;
+}
+
 int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_t *state,
                         dfl_dtype model_dt, char **out_dir, dfl_err *e)
 {
@@ -102,10 +170,10 @@ int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_
         rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
         goto out;
     }
-    if (is_dir(final)) {   /* this step was saved already (a resumed run stopped at once) */
-        rc = point_latest(run, name, e);
-        goto done;
-    }
+    /* A step directory that exists already was left by a run that went further than the
+     * checkpoint this one resumed from (killed before latest named it, or resumed from an earlier
+     * step on purpose): it holds another run's state, so this run's replaces it. */
+    bool replace = is_dir(final);
     if ((rc = dfl_draft_download(m, DFL_DRAFT_MASTER, buf[0], e)) ||
         (rc = dfl_draft_download(m, DFL_DRAFT_ADAM_M, buf[1], e)) ||
         (rc = dfl_draft_download(m, DFL_DRAFT_ADAM_V, buf[2], e)))
@@ -129,6 +197,7 @@ int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_
         rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot create", tmp);
         goto out;
     }
+    fault_point("ckpt-begin", step);
     /* model.safetensors */
     size_t es = dfl_dtype_size(model_dt);
     for (int i = 0; i < nt && !rc; i++) {
@@ -144,6 +213,7 @@ int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_
         goto fail;
     free(p);
     p = NULL;
+    fault_point("ckpt-after-model", step);
     /* optimizer.safetensors */
     static const char *const pre[3] = {"master.", "exp_avg.", "exp_avg_sq."};
     for (int k = 0; k < 3 && !rc; k++)
@@ -171,13 +241,19 @@ int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_
         goto fail;
     if ((rc = dfl_fsync_dir(tmp, e)))
         goto fail;
-    if (rename(tmp, final) != 0) {
+    fault_point("ckpt-before-rename", step);
+    if (replace) {
+        if ((rc = replace_dir(run, tmp, final, e)))
+            goto fail;
+    } else if (rename(tmp, final) != 0) {
         rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot rename to %s", tmp, final);
         goto fail;
     }
-    if ((rc = dfl_fsync_dir(run, e)) || (rc = point_latest(run, name, e)))
+    if ((rc = dfl_fsync_dir(run, e)))
         goto out;
-done:
+    fault_point("ckpt-before-latest", step);
+    if ((rc = point_latest(run, name, e)))
+        goto out;
     if (out_dir) {
         *out_dir = final;
         final = NULL;
@@ -197,6 +273,45 @@ out:
         free(buf[k]);
     free(final);
     free(tmp);
+    return rc;
+}
+
+/* True for the names of what an interrupted save leaves: .step-NNNNNNN.tmp, .step-NNNNNNN.old. */
+static bool leftover_name(const char *n)
+{
+    size_t len = strlen(n);
+    if (strncmp(n, ".step-", 6) != 0 || len < 11)
+        return false;
+    const char *suf = n + len - 4;
+    if (strcmp(suf, ".tmp") != 0 && strcmp(suf, ".old") != 0)
+        return false;
+    for (const char *c = n + 6; c < suf; c++)
+        if (*c < '0' || *c > '9')
+            return false;
+    return suf > n + 6;
+}
+
+int dfl_draft_ckpt_clean(const char *run, dfl_err *e)
+{
+    DIR *d = opendir(run);
+    if (!d)
+        return errno == ENOENT ? DFL_OK : dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot open", run);
+    struct dirent *de;
+    int rc = DFL_OK;
+    while ((de = readdir(d)) && !rc) {
+        if (!leftover_name(de->d_name))
+            continue;
+        char *p = dfl_path_join(run, de->d_name);
+        if (!p) {
+            rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
+            break;
+        }
+        if (is_dir(p) && !(rc = remove_dir(p, e)))
+            dfl_warn("%s: removed what an interrupted checkpoint left (%s)", p,
+                     strstr(de->d_name, ".tmp") ? "never completed" : "being replaced or pruned");
+        free(p);
+    }
+    closedir(d);
     return rc;
 }
 
@@ -236,11 +351,22 @@ int dfl_draft_ckpt_prune(const char *run, int keep, dfl_err *e)
     int rc = DFL_OK;
     for (size_t i = 0; i + (size_t)keep < n; i++) {
         if (names[i] && strcmp(names[i], latest) != 0) {
-            char *p = dfl_path_join(run, names[i]);
-            int r = p ? remove_dir(p, e) : DFL_ENOMEM;
+            /* renamed out of the way first, so that a crash while its files are removed never
+             * leaves a step directory that looks complete but is not */
+            char old[300];
+            snprintf(old, sizeof old, ".%s.old", names[i]);
+            char *p = dfl_path_join(run, names[i]), *po = dfl_path_join(run, old);
+            int r = p && po ? DFL_OK : dfl_fail(e, DFL_ENOMEM, "out of memory");
+            if (!r && (r = remove_dir(po, e)) == DFL_OK && rename(p, po) != 0)
+                r = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot rename to %s", p, po);
+            if (!r) {
+                fault_point("ckpt-prune", strtoll(names[i] + 5, NULL, 10));
+                r = remove_dir(po, e);
+            }
             if (r && !rc)
                 rc = r;
             free(p);
+            free(po);
         }
     }
     for (size_t i = 0; i < n; i++)
@@ -258,10 +384,19 @@ int dfl_draft_ckpt_resolve(const char *path, char **dir, dfl_err *e)
     if (!st || !lat) {
         rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
     } else if (access(st, F_OK) == 0) {
-        const char *b = strrchr(path, '/');
-        b = b ? b + 1 : path;
-        if (b[0] == '.' && strstr(b, ".tmp"))
-            rc = dfl_fail(e, DFL_EDATA, "%s: an incomplete (temporary) checkpoint", path);
+        char base[256] = "";   /* the last name of path, trailing slashes ignored */
+        size_t n = strlen(path);
+        while (n > 1 && path[n - 1] == '/')
+            n--;
+        size_t b = n;
+        while (b > 0 && path[b - 1] != '/')
+            b--;
+        if (n - b < sizeof base)
+            memcpy(base, path + b, n - b);
+        if (leftover_name(base))
+            rc = dfl_fail(e, DFL_EDATA, "%s: %s checkpoint left by an interrupted save: resume from "
+                          "the run directory (its latest) instead", path,
+                          strstr(base, ".tmp") ? "an incomplete (temporary)" : "a replaced");
         else
             *dir = dfl_strdup(path);
     } else if (is_dir(lat)) {

@@ -14,11 +14,16 @@
 #include "draft.h"
 
 /* Writes step `step` of m with state. A non-finite weight or moment: DFL_ENAN, nothing is left
- * behind. If RUN/step-NNNNNNN exists already it is kept as it is (the same step) and latest is
- * pointed at it. *out_dir (if non-NULL) receives the checkpoint directory (malloc'ed). */
+ * behind. If RUN/step-NNNNNNN exists already (left by a run that went further than the one
+ * saving now) it is replaced, atomically where the file system allows. *out_dir (if non-NULL)
+ * receives the checkpoint directory (malloc'ed). */
 int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_t *state,
                         dfl_dtype model_dtype, char **out_dir, dfl_err *e);
-/* Removes all but the newest keep step-* directories of run (never the one latest names). */
+/* Removes what interrupted saves left in run (RUN/.step-NNNNNNN.tmp and .old directories), with
+ * a warning naming each; for the start of a run, before anything is saved. */
+int dfl_draft_ckpt_clean(const char *run, dfl_err *e);
+/* Removes all but the newest keep step-* directories of run (never the one latest names), each
+ * renamed to RUN/.step-NNNNNNN.old before its files are removed. */
 int dfl_draft_ckpt_prune(const char *run, int keep, dfl_err *e);
 /* Resolves a --resume argument: a checkpoint directory, or a run directory (its latest). Refuses
  * a temporary (incomplete) one. *dir is malloc'ed. */

@@ -12,6 +12,7 @@
 
 #include "draft_data.h"
 #include "json.h"
+#include "log.h"
 #include "util.h"
 
 #define RING 4           /* replay: batches a file's thread reads ahead */
@@ -117,6 +118,26 @@ static bool regular_file(const char *path)
     return strcmp(path, "-") != 0 && stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* An input that ended without an END frame, allowed by allow_truncated: say how much of it
+ * there was (its reader's counts). */
+static void warn_truncated(const input *in)
+{
+    const dfl_stream_end *end = dfl_reader_end(in->rd);
+    dfl_warn("%s: cut short (no END frame) after %llu complete batches: training on those "
+             "(--allow-truncated)", strcmp(in->path, "-") ? in->path : "stdin",
+             (unsigned long long)end->n_batches);
+}
+
+/* A cut input without allow_truncated: say how to use what it has. */
+static int hint_truncated(const dfl_draft_src_opts *o, dfl_err *e)
+{
+    size_t n = strlen(e->msg);
+    if (e->code == DFL_ETRUNC && !o->allow_truncated && n < sizeof e->msg)
+        snprintf(e->msg + n, sizeof e->msg - n, " (--allow-truncated trains on the complete "
+                 "batches of a cut input)");
+    return e->code;
+}
+
 /* Replay: the batch table of a file, from its index, or by walking it. */
 static int read_table(input *in, dfl_draft_src_opts *o, dfl_err *e)
 {
@@ -137,16 +158,18 @@ static int read_table(input *in, dfl_draft_src_opts *o, dfl_err *e)
         }
         return DFL_OK;
     }
-    if (rc != DFL_EUNSUP)
+    if (rc != DFL_EUNSUP && rc != DFL_ETRUNC)
         return rc;
     dfl_err_clear(e);
-    /* no index: walk the file once (this also checks every frame) */
+    /* no index: walk the file once (this also checks every frame). A file without END is walked
+     * too: to its last complete batch with allow_truncated, else to the cut, which the error then
+     * names (the frame and its offset). */
     int64_t cap = 0;
     for (;;) {
         dfl_batch b = {0};
         bool eos = false;
         if ((rc = dfl_reader_next(in->rd, &b, &eos, e)))
-            return rc;
+            return hint_truncated(o, e);
         if (eos)
             break;
         if (in->nb == cap) {
@@ -171,7 +194,8 @@ static int read_table(input *in, dfl_draft_src_opts *o, dfl_err *e)
         in->nb++;
         dfl_batch_free(&b);
     }
-    (void)o;
+    if (dfl_reader_truncated(in->rd))
+        warn_truncated(in);
     return DFL_OK;
 }
 
@@ -222,7 +246,7 @@ int dfl_draft_src_open(dfl_draft_src **out, const dfl_draft_src_opts *o, dfl_err
         return dfl_fail(e, DFL_EUSAGE, "--epochs %d needs every input to be a regular file (a pipe "
                         "can be read once)", o->epochs);
     }
-    dfl_reader_opts ro = {.no_verify = o->no_verify};
+    dfl_reader_opts ro = {.no_verify = o->no_verify, .allow_truncated = o->allow_truncated};
     int rc = DFL_OK;
     for (int i = 0; i < s->n && !rc; i++) {
         input *in = &s->in[i];
@@ -351,6 +375,7 @@ static void set_error(dfl_draft_src *s, const dfl_err *e)
     if (!s->err_code) {
         s->err_code = e->code ? e->code : DFL_EIO;
         s->err = *e;
+        hint_truncated(&s->o, &s->err);
     }
 }
 
@@ -425,13 +450,13 @@ static void *stream_thread(void *arg)
     for (;;) {
         pooled pb = {.file = in->index, .idx = -1};
         bool eos = false;
-        pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
         int rc = dfl_reader_next(in->rd, &pb.b, &eos, &e);
-        pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
         pthread_mutex_lock(&s->mu);
         if (rc || eos) {
             if (rc)
                 set_error(s, &e);
+            else if (dfl_reader_truncated(in->rd))
+                warn_truncated(in);
             in->done = true;
             s->live--;
             pthread_cond_broadcast(&s->cv);
@@ -466,7 +491,7 @@ static int start_threads(dfl_draft_src *s, dfl_err *e)
         input *in = &s->in[i];
         int r;
         if (s->replay) {
-            dfl_reader_opts ro = {.no_verify = s->o.no_verify};
+            dfl_reader_opts ro = {.no_verify = s->o.no_verify, .allow_truncated = s->o.allow_truncated};
             if ((rc = dfl_reader_open(&in->trd, in->path, &ro, e)))
                 break;
             replay_arg *a = malloc(sizeof *a);
@@ -499,12 +524,37 @@ void dfl_draft_src_close(dfl_draft_src *s)
     s->stopping = true;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    for (int i = 0; s->in && i < s->n; i++)
-        if (s->in[i].started) {
-            if (!s->replay)
-                pthread_cancel(s->in[i].th);   /* may be blocked reading a pipe */
+    /* A stream thread may be blocked reading a pipe whose producer stalls: it is given 0.2 s,
+     * then left, detached, and the source is not freed (that thread may still use it; the
+     * process is about to end). No pthread_cancel: the sanitizers do not support it. */
+    bool left = false;
+    double give_up = dfl_now() + 0.2;
+    for (int i = 0; s->in && i < s->n; i++) {
+        if (!s->in[i].started)
+            continue;
+        if (s->replay) {
             pthread_join(s->in[i].th, NULL);
+            continue;
         }
+        for (;;) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 20 * 1000 * 1000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            if (pthread_timedjoin_np(s->in[i].th, NULL, &ts) != ETIMEDOUT)
+                break;
+            if (dfl_now() >= give_up) {
+                pthread_detach(s->in[i].th);
+                left = true;
+                break;
+            }
+        }
+    }
+    if (left)
+        return;
     for (int i = 0; s->in && i < s->n; i++) {
         input *in = &s->in[i];
         for (int k = 0; k < in->rcount; k++)

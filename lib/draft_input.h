@@ -40,6 +40,9 @@ typedef struct dfl_draft_src_opts {
     uint64_t seed;               /* replay mode: epoch permutations */
     int pool_size, min_ready;
     bool no_verify;              /* skip frame checksums */
+    bool allow_truncated;        /* an input without an END frame (cut by a crash) ends after its
+                                  * last complete batch, with a warning saying how many there were,
+                                  * instead of failing with DFL_ETRUNC */
     volatile sig_atomic_t *stop; /* when set, a wait for input returns DFL_EINTR */
 } dfl_draft_src_opts;
 

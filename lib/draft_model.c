@@ -714,7 +714,7 @@ int dfl_draft_reserve(dfl_draft *m, int64_t max_tokens, int64_t max_blocks, int6
     m->arena = be_alloc(m->be, cv.off, e);
     if (!m->arena) {
         m->capT = m->capB = 0;
-        return e ? dfl_err_prefix(e, "drafter workspace for %lld tokens, %lld blocks",
+        return e ? dfl_err_prefix(e, "drafter workspace for %lld tokens, %lld blocks: ",
                                   (long long)max_tokens, (long long)max_blocks) : DFL_ENOMEM;
     }
     cv.base = m->arena;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -70,7 +71,9 @@ typedef struct run {
     int32_t *bseq, *banchor, *scratch;
     int64_t cap_blocks, cap_len;
     /* metrics over the log interval */
-    FILE *metrics;
+    int metrics_fd;              /* RUN/metrics.jsonl, appending; -1 when not open */
+    uint64_t metrics_size;       /* its size after the last whole line */
+    bool metrics_failed;         /* a write failed: warned, no more lines */
     double m_num, m_den, m_acc, m_accden, m_tau, m_wait, m_t0;
     int64_t m_taublocks, m_tokens, m_steps;
     double m_slot_ok[DFL_DRAFT_MAX_BS], m_slot_n[DFL_DRAFT_MAX_BS];
@@ -249,11 +252,13 @@ static int restore_state(run *r, dfl_err *e)
 
 /* ---- checkpoints --------------------------------------------------------------------------- */
 
-static void reap_children(run *r, bool wait_all)
+/* Collects the --on-save commands that ended (all of them with wait_all, saying so when one has
+ * not ended after a second: a hook that hangs must not look like dfl-draft hanging). */
+static void reap_some(run *r, bool block)
 {
     for (int i = 0; i < r->n_children;) {
         int st;
-        pid_t p = waitpid(r->children[i], &st, wait_all ? 0 : WNOHANG);
+        pid_t p = waitpid(r->children[i], &st, block ? 0 : WNOHANG);
         if (p == 0) {
             i++;
             continue;
@@ -264,6 +269,24 @@ static void reap_children(run *r, bool wait_all)
                      WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
         r->children[i] = r->children[--r->n_children];
     }
+}
+
+static void reap_children(run *r, bool wait_all)
+{
+    reap_some(r, false);
+    for (int t = 0; wait_all && r->n_children > 0 && t < 20; t++) {
+        usleep(50000);
+        reap_some(r, false);
+    }
+    if (!wait_all || r->n_children == 0)
+        return;
+    char pids[128] = "";
+    size_t k = 0;
+    for (int i = 0; i < r->n_children && k < sizeof pids - 16; i++)
+        k += (size_t)snprintf(pids + k, sizeof pids - k, "%s%d", i ? ", " : "", (int)r->children[i]);
+    dfl_info("waiting for %d --on-save command%s to end (pid %s)", r->n_children,
+             r->n_children > 1 ? "s" : "", pids);
+    reap_some(r, true);
 }
 
 static void run_on_save(run *r, const char *dir)
@@ -303,8 +326,14 @@ static int save(run *r, dfl_err *e)
     char *dir = NULL;
     int rc = dfl_draft_ckpt_save(r->m, r->o->run_dir, r->step, st, r->o->save_dtype, &dir, e);
     json_decref(st);
-    if (rc)
+    if (rc == DFL_ENAN)   /* the message says which value and that nothing was written */
         return rc;
+    if (rc) {   /* a full disk, a file-size limit, an I/O error: say what is still there */
+        if (r->last_saved >= 0)
+            return dfl_err_prefix(e, "checkpoint of step %lld not written (the last one, step %lld, "
+                                  "is intact): ", (long long)r->step, (long long)r->last_saved);
+        return dfl_err_prefix(e, "checkpoint of step %lld not written: ", (long long)r->step);
+    }
     r->last_saved = r->step;
     dfl_verbose("checkpoint %s", dir);
     if (r->o->keep > 0 && (rc = dfl_draft_ckpt_prune(r->o->run_dir, r->o->keep, e)))
@@ -369,11 +398,24 @@ static void metrics_write(run *r)
     json_object_set_new(j, "wait_s", num(r->m_wait));
     json_object_set_new(j, "skipped_steps", json_integer(r->skipped));
     json_object_set_new(j, "tokens", json_integer(r->tokens_seen));
-    char *line = dfl_json_dump(j, 0);
-    if (line && r->metrics) {
-        fprintf(r->metrics, "%s\n", line);
-        fflush(r->metrics);
+    char *line = dfl_json_dump(j, 0), *nl = NULL;
+    if (line && (nl = malloc(strlen(line) + 2)))
+        sprintf(nl, "%s\n", line);
+    if (nl && r->metrics_fd >= 0 && !r->metrics_failed) {   /* one write per line */
+        dfl_err we = {0};
+        char *p = dfl_path_join(r->o->run_dir, "metrics.jsonl");
+        size_t n = strlen(nl);
+        if (dfl_write_all(r->metrics_fd, nl, n, p ? p : "metrics.jsonl", &we) == DFL_OK) {
+            r->metrics_size += n;
+        } else {   /* a full disk: no partial line stays; say so once, training goes on */
+            r->metrics_failed = true;
+            if (ftruncate(r->metrics_fd, (off_t)r->metrics_size) != 0)
+                dfl_verbose("metrics.jsonl: cannot cut a partial line: %s", strerror(errno));
+            dfl_warn("%s: metrics lines from step %lld on are lost", we.msg, (long long)r->step);
+        }
+        free(p);
     }
+    free(nl);
     free(line);
     json_decref(j);
     dfl_progress("step %lld/%lld  loss %.4f  acc %.3f  tau %.3f  lr %.3g  |g| %.3g  %.0f tok/s  "
@@ -415,9 +457,12 @@ static int open_metrics(run *r, dfl_err *e)
             }
         }
     }
-    r->metrics = fopen(p, "a");
+    r->metrics_fd = open(p, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
     int err = errno;
-    if (!r->metrics) {
+    struct stat sb;
+    if (r->metrics_fd >= 0 && fstat(r->metrics_fd, &sb) == 0)
+        r->metrics_size = (uint64_t)sb.st_size;
+    if (r->metrics_fd < 0) {
         int rc = dfl_fail_errno(e, DFL_EIO, err, "%s: cannot open", p);
         free(p);
         return rc;
@@ -499,7 +544,7 @@ static int train_loop(run *r, dfl_err *e)
         if ((rc = dfl_draft_step(r->m, &in, true, e)) ||
             (rc = dfl_draft_apply(r->m, &opt, (float)lr, r->adam_t + 1, e)) ||
             (rc = dfl_draft_fetch(r->m, &st, e)))
-            return dfl_err_prefix(e, "step %lld", (long long)r->step + 1);
+            return dfl_err_prefix(e, "step %lld: ", (long long)r->step + 1);
         r->step++;
         r->tokens_seen += (int64_t)b->n_tokens;
         r->last_lr = lr;
@@ -535,12 +580,15 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
     run R = {0}, *r = &R;
     r->o = o;
     r->last_saved = -1;
+    r->metrics_fd = -1;
     int rc;
     if (o->n_inputs < 1)
         return dfl_fail(e, DFL_EUSAGE, "no input (give hidden-state streams, or - for stdin)");
     if ((rc = dfl_mkdir_p(o->run_dir, 0777, e)))
         return rc;
     if (o->resume && (rc = dfl_draft_ckpt_resolve(o->resume, &r->resume_dir, e)))
+        goto out;
+    if ((rc = dfl_draft_ckpt_clean(o->run_dir, e)))   /* after --resume refused a temporary */
         goto out;
     if ((rc = open_target(r, e)))
         goto out;
@@ -575,7 +623,7 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
         .n_inputs = o->n_inputs, .inputs = o->inputs, .fingerprint = r->fingerprint,
         .hidden = r->tc.hidden_size, .vocab = r->tc.vocab_size, .n_layers = nwant, .layers = want,
         .epochs = o->epochs, .seed = o->seed, .pool_size = o->pool_size, .min_ready = o->min_ready,
-        .no_verify = o->no_verify, .stop = o->stop,
+        .no_verify = o->no_verify, .allow_truncated = o->allow_truncated, .stop = o->stop,
     };
     if ((rc = dfl_draft_src_open(&r->src, &so, e)))
         goto out;
@@ -648,8 +696,8 @@ out:
     dfl_progress_end();
     reap_children(r, true);
     free(r->children);
-    if (r->metrics)
-        fclose(r->metrics);
+    if (r->metrics_fd >= 0)
+        close(r->metrics_fd);
     dfl_draft_src_close(r->src);
     dfl_draft_close(r->m);
     dfl_be_close(r->be);

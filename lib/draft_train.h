@@ -36,6 +36,7 @@ typedef struct dfl_draft_train_opts {
     int pool_size, min_ready;
     int64_t max_tokens;          /* 0: from the files' indexes, or grow */
     bool no_verify;
+    bool allow_truncated;        /* --allow-truncated: train on the complete batches of a cut input */
     /* checkpoints and metrics */
     int64_t save_every;
     int keep;

@@ -234,6 +234,26 @@ struct dfl_reader {
     bool index_loaded;
 };
 
+/* The number of the frame at offset off of a mapped stream, for the messages of random access
+ * (which reads a frame without knowing it): found by walking the frame headers from the first
+ * frame after HEADER, each header check verified, payloads skipped. UINT64_MAX when the walk
+ * does not land on off (a corrupt header on the way, or off not a frame boundary). */
+static uint64_t seq_at(const dfl_reader *r, uint64_t off)
+{
+    uint64_t pos = r->header_len, seq = 1;
+    while (pos < off && r->size - pos >= 64) {
+        const uint8_t *h = r->base + pos;
+        if (memcmp(h, DFL_FRAME_MAGIC, 4) != 0 || XXH3_64bits(h, 56) != get64(h + 56))
+            return UINT64_MAX;
+        uint64_t stored = get64(h + 8);
+        if (stored > r->size)
+            return UINT64_MAX;
+        pos += 64 + stored + pad_of(stored) + 8;
+        seq++;
+    }
+    return pos == off && r->header_len > 0 ? seq : UINT64_MAX;
+}
+
 /* "NAME: frame N at offset X (TYPE): " prefixes */
 static int rfail(dfl_reader *r, int code, uint64_t seq, uint64_t off, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
@@ -245,6 +265,8 @@ static int rfail(dfl_reader *r, int code, uint64_t seq, uint64_t off, const char
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     dfl_err tmp, *e = &tmp;
+    if (seq == UINT64_MAX && r->mapped)
+        seq = seq_at(r, off);
     if (seq == UINT64_MAX)
         dfl_fail(e, code, "%s: frame at offset %llu: %s", r->name, (unsigned long long)off, msg);
     else

@@ -74,6 +74,16 @@ static bool grow_buf(void **p, uint64_t *cap, uint64_t need, size_t elem)
     return true;
 }
 
+/* True when the output is a pipe, FIFO, socket or device: a write there blocks for as long as
+ * its reader does not read. */
+static bool output_may_block(const char *path)
+{
+    struct stat sb;
+    if (strcmp(path, "-") == 0)
+        return fstat(1, &sb) == 0 && !S_ISREG(sb.st_mode);
+    return stat(path, &sb) == 0 && !S_ISREG(sb.st_mode);
+}
+
 static int open_input(const char *path, dfl_reader **r, dfl_err *e)
 {
     int rc = dfl_reader_open(r, path, NULL, e);
@@ -345,6 +355,7 @@ typedef struct outq {
     bool stop;                 /* return as soon as possible */
     bool failed;
     dfl_err err;
+    bool may_hang;             /* the output is a pipe or device: a write can block for good */
     uint64_t end_off[MAX_INFLIGHT]; /* stream offset after each slot's frame (for vmsplice) */
 } outq;
 
@@ -687,10 +698,17 @@ static int out_drain(pipeline *p, dfl_err *e)
     return rc;
 }
 
-/* Ends the writer thread: after writing everything (finish) or at once. Returns its error. */
-static int out_finish(pipeline *p, pthread_t th, bool finish, dfl_err *e)
+/* Ends the writer thread: after writing everything (finish) or at once. A signal while it
+ * finishes turns that into a stop (DFL_EINTR, n_done batches). After a stop, a writer still
+ * blocked 0.2 s later on a pipe whose reader does not read (q->may_hang) is not waited for: it
+ * is detached and *left is set; it may still use p (its slots, its writer), which the caller
+ * must then never free (the process is about to end; no pthread_cancel, which the sanitizers do
+ * not support). Returns the writer's error. */
+static int out_finish(pipeline *p, pthread_t th, bool finish, uint64_t n_done, bool *left, dfl_err *e)
 {
     outq *q = &p->oq;
+    volatile sig_atomic_t *sig = p->o->stop;
+    *left = false;
     pthread_mutex_lock(&q->mu);
     if (finish)
         q->done = true;
@@ -698,12 +716,39 @@ static int out_finish(pipeline *p, pthread_t th, bool finish, dfl_err *e)
         q->stop = true;
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
-    pthread_join(th, NULL);
+    bool stopping = !finish, by_signal = false;
+    double give_up = dfl_now() + 0.2;
+    for (;;) {
+        struct timespec ts;
+        deadline_in(&ts, POLL_NS);
+        if (pthread_timedjoin_np(th, NULL, &ts) != ETIMEDOUT)
+            break;
+        if (!stopping && sig && *sig) {
+            pthread_mutex_lock(&q->mu);
+            q->stop = true;
+            pthread_cond_broadcast(&q->cv);
+            pthread_mutex_unlock(&q->mu);
+            stopping = by_signal = true;
+            give_up = dfl_now() + 0.2;
+        }
+        if (stopping && q->may_hang && dfl_now() >= give_up) {
+            pthread_detach(th);
+            *left = true;
+            break;
+        }
+    }
+    int rc = DFL_OK;
+    pthread_mutex_lock(&q->mu);
     if (q->failed) {
         *e = q->err;
-        return e->code;
+        rc = e->code;
+    } else if (by_signal) {
+        rc = dfl_fail(e, DFL_EINTR, "stopped by signal %d (%s) after %llu batches: the output "
+                      "stream was cut without an end frame", (int)*sig, strsignal((int)*sig),
+                      (unsigned long long)n_done);
     }
-    return DFL_OK;
+    pthread_mutex_unlock(&q->mu);
+    return rc;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1137,6 +1182,7 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
         p->n_slots = MAX_INFLIGHT;
     pthread_mutex_init(&p->oq.mu, NULL);
     pthread_cond_init(&p->oq.cv, NULL);
+    p->oq.may_hang = output_may_block(o->output);
     pthread_mutex_init(&q->mu, NULL);
     pthread_cond_init(&q->cv, NULL);
     q->vocab = t->cfg.vocab_size;
@@ -1144,7 +1190,7 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
     q->n_inputs = o->n_inputs;
     q->names = calloc((size_t)o->n_inputs, sizeof *q->names);
     pthread_t rth, wth;
-    bool reader_started = false, writer_started = false;
+    bool reader_started = false, writer_started = false, left = false;
     json_t *meta = NULL;
     uint64_t i = 0;
     int rc;
@@ -1276,7 +1322,7 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
     }
     {
         dfl_err we = {0};
-        int wrc = out_finish(p, wth, rc == DFL_OK, &we);
+        int wrc = out_finish(p, wth, rc == DFL_OK, st->batches, &left, &we);
         writer_started = false;
         if (!rc && wrc) {
             rc = wrc;
@@ -1297,7 +1343,14 @@ done:
         q = NULL;
     if (writer_started) {
         dfl_err we = {0};
-        out_finish(p, wth, false, &we);
+        out_finish(p, wth, false, st->batches, &left, &we);
+    }
+    if (left) {   /* the writer, blocked on a consumer that does not read, still uses p */
+        if (q)
+            in_free(q);
+        json_decref(meta);
+        dfl_progress_end();
+        return rc;
     }
 #ifdef DFL_CUDA
     if (p->cuda) {
