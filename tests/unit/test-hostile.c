@@ -3,6 +3,7 @@
  * and files that are not regular files where a mapping is wanted. */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "json.h"
+#include "safetensors.h"
 #include "t.h"
 #include "util.h"
 
@@ -115,11 +117,35 @@ static void test_json_int_range(void)
     json_decref(v);
 }
 
+/* A FIFO where a file to map is wanted (a weights file, a shard) is refused at once, not waited
+ * on for a writer that never comes. */
+static void test_map_fifo(void)
+{
+    char dir[4200], path[4300];
+    snprintf(dir, sizeof dir, "%s/fifo-model", t_tmpdir());
+    T_CHECK(mkdir(dir, 0755) == 0, "mkdir %s", dir);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    T_CHECK(mkfifo(path, 0644) == 0, "mkfifo");
+    alarm(20); /* a hang fails the test instead of the whole run waiting */
+    dfl_err e;
+    dfl_st_file *f = NULL;
+    T_CHECK(dfl_st_open(&f, path, &e) == DFL_EIO && strstr(e.msg, "not a regular file") && strstr(e.msg, path),
+            "fifo: %s", e.msg);
+    T_CHECK(f == NULL, "no file");
+    dfl_st_model *m = NULL;
+    T_CHECK(dfl_st_model_open(&m, dir, &e) == DFL_EIO && strstr(e.msg, "not a regular file"), "fifo model: %s", e.msg);
+    T_CHECK(m == NULL, "no model");
+    alarm(0);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(int argc, char **argv)
 {
     t_init(argv[0]);
     T_RUN(test_json_depth);
     T_RUN(test_json_size);
     T_RUN(test_json_int_range);
+    T_RUN(test_map_fifo);
     return t_done();
 }
