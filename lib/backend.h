@@ -60,8 +60,14 @@ typedef struct dfl_attn_varlen {
  * Block b (0..n_blocks-1) has bs query slots at rows b*bs .. b*bs+bs-1 of q / k_blk / v_blk / o.
  * Its queries attend to context rows ctx_start[b] .. ctx_start[b] + anchor[b] - 1 of k_ctx/v_ctx
  * (the sequence's rows before its anchor; ctx_start is the sequence's first row) and to all bs
- * rows of their own block; nothing else. GQA as above. lse [n_blocks*bs, n_heads] (f32) is
- * written by the forward (log-sum-exp of the scaled scores, natural log) for the backward. */
+ * rows of their own block; nothing else. GQA as above. Blocks are ordered by ctx_start
+ * (non-decreasing; blocks of one sequence are contiguous); 0 <= anchor[b] <= max_anchor and
+ * ctx_start[b] + anchor[b] <= T_ctx. Rows are dense: q, o, dq, dout have n_heads*d elements per
+ * row, the k/v arrays n_kv*d. lse [n_blocks*bs, n_heads] (f32) is written by the forward
+ * (log-sum-exp of the scaled scores, natural log) for the backward.
+ * Backward: reads q, k_*, v_*, o, lse, dout; uses delta [Q, n_heads] (f32 scratch, = rowsum
+ * dout*o per head); WRITES dq, dk_blk, dv_blk and every row of dk_ctx, dv_ctx (rows that no
+ * block sees get 0). No output is accumulated, so a backend may compute each row once. */
 typedef struct dfl_dflash_attn {
     const void *q;      /* [Q, n_heads*d]  Q = n_blocks*bs */
     const void *k_ctx;  /* [Tctx, n_kv*d] */
@@ -78,35 +84,54 @@ typedef struct dfl_dflash_attn {
     float scale;
     /* backward only: */
     const void *dout;   /* [Q, n_heads*d] */
+    float *delta;       /* [Q, n_heads] f32 scratch */
     void *dq;           /* [Q, n_heads*d]  (written) */
-    void *dk_ctx, *dv_ctx; /* [Tctx, n_kv*d] (accumulated: caller zeroes) */
+    void *dk_ctx, *dv_ctx; /* [Tctx, n_kv*d] (written) */
     void *dk_blk, *dv_blk; /* [Q, n_kv*d]    (written) */
 } dfl_dflash_attn;
 
-/* Fused LM head + decay-weighted cross-entropy over Q rows, chunked so that the [Q, V] logits are
- * never held in full. For row q with weight w[q] > 0: ce = logsumexp(z_q W^T) - (z_q W^T)[label];
- * adds w*ce to sums[0] (loss_num) and w to sums[1] (loss_den); adds w0 = (w > 0) to sums[3]
- * (acc_den) and [argmax == label] (first index of the maximum) to sums[2] (acc_num);
- * correct[q] = (w[q] > 0 && argmax == label). If dz is non-NULL, writes
- * dz = grad_scale * w * (softmax - onehot(label)) W  (zero rows where w == 0): the gradient of
- * grad_scale * loss_num with respect to z. Rows with w == 0 contribute nothing. */
+/* Slots of the per-step sums array (double, backend memory) shared by lmce, sumsq and
+ * clip_scale. With data parallelism the array is summed over ranks (one all-reduce) before
+ * clip_scale, which is where the global loss denominator divides the gradients. */
+enum {
+    DFL_SUM_LOSS_NUM = 0,   /* sum w*ce */
+    DFL_SUM_LOSS_DEN = 1,   /* sum w (decayed weights) */
+    DFL_SUM_ACC_NUM = 2,    /* scored slots predicted correctly */
+    DFL_SUM_ACC_DEN = 3,    /* scored slots */
+    DFL_SUM_GRAD_SQ = 4,    /* sum of squares of the gradients of loss_num */
+    DFL_SUM_COUNT = 8
+};
+
+/* Fused LM head + decay-weighted cross-entropy over Q rows, chunk_rows rows at a time, so that
+ * the [Q, V] logits are never held in full. For row q with weight w[q] > 0:
+ * ce = logsumexp(z_q W^T) - (z_q W^T)[label]; adds w*ce to sums[LOSS_NUM] and w to
+ * sums[LOSS_DEN]; adds 1 to sums[ACC_DEN] and [argmax == label] (first index of the maximum) to
+ * sums[ACC_NUM] (sums accumulated in row order, so the result does not depend on threads);
+ * correct[q] = (w[q] > 0 && argmax == label); ce_out[q] = ce (0 where w == 0). If dz is
+ * non-NULL, writes dz = grad_scale * w * (softmax - onehot(label)) W (zero rows where w == 0):
+ * the gradient of grad_scale * loss_num with respect to z. Rows with w == 0 contribute
+ * nothing. work: backend f32 scratch of chunk_rows * (V + 2) elements. */
 typedef struct dfl_lmce {
     const void *z;          /* [Q, H] act */
     const void *w_lm;       /* [V, H] w (frozen) */
     const int32_t *labels;  /* [Q] */
     const float *weight;    /* [Q] decayed weight, 0 = not scored */
     int64_t Q, H, V;
-    double *sums;           /* [4] loss_num, loss_den, acc_num, acc_den (accumulated) */
+    double *sums;           /* [DFL_SUM_COUNT] (accumulated) */
     uint8_t *correct;       /* [Q] or NULL */
+    float *ce_out;          /* [Q] or NULL */
     void *dz;               /* [Q, H] act, or NULL */
     float grad_scale;
+    float *work;            /* [chunk_rows * (V + 2)] f32 scratch */
+    int64_t chunk_rows;
 } dfl_lmce;
 
 /* AdamW on f32 master weights, one call per tensor or over one flat buffer of all parameters.
- * g is multiplied by *grad_scale (device scalar, e.g. clip coefficient / loss_den) first; if
- * *skip != 0 nothing changes. torch.optim.AdamW semantics (DFLASH.md section 8): step t >= 1,
- * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p = p (1 - lr wd) - lr m / ((1-b1^t) (sqrt(v) /
- * sqrt(1-b2^t) + eps)). If p_act is non-NULL it receives p converted to be->wdt. */
+ * g is multiplied by *grad_scale (backend scalar, e.g. clip coefficient / loss_den) first; if
+ * *skip != 0 nothing changes. torch.optim.AdamW(foreach=False) semantics (DFLASH.md section 8),
+ * step t >= 1: m = m + (1-b1) (g - m) (torch's lerp); v = b2 v + (1-b2) g^2;
+ * p = p (1 - lr wd) - (lr / (1-b1^t)) m / (sqrt(v) / sqrt(1-b2^t) + eps), the bias corrections
+ * in double. If p_act is non-NULL it receives p converted to be->wdt. */
 typedef struct dfl_adamw {
     float *p, *g, *m, *v;
     void *p_act;
@@ -116,6 +141,18 @@ typedef struct dfl_adamw {
     const float *grad_scale;    /* backend memory scalar, or NULL for 1 */
     const int32_t *skip;        /* backend memory flag, or NULL */
 } dfl_adamw;
+
+/* The counter-based uniform generator of uniform_noise (the same numbers on every backend):
+ * z = splitmix64(seed + (i + 1) * 0x9E3779B97F4A7C15) (the splitmix64 output function),
+ * u = (z >> 40) * 2^-24 in [0, 1). */
+static inline float dfl_noise_u01(uint64_t seed, uint64_t i)
+{
+    uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
 
 typedef struct dfl_be_ops {
     /* memory */
@@ -139,7 +176,8 @@ typedef struct dfl_be_ops {
     /* h += d (residual), then y = rmsnorm(h) (h, d, y act [R,n]) */
     int (*add_rmsnorm)(dfl_be *be, void *h, const void *d, void *y, float *rstd, const void *w,
                        int64_t R, int64_t n, float eps);
-    /* dx (+)= d/dx, dw += d/dw (f32 [n]); x is the norm's input. accumulate_dx: add into dx. */
+    /* dx (+)= d/dx, dw += d/dw (f32 [n]); x is the norm's input. accumulate_dx: add into dx.
+     * dx may be dy when !accumulate_dx. */
     int (*rmsnorm_bwd)(dfl_be *be, void *dx, float *dw, const void *dy, const void *x,
                        const void *w, const float *rstd, int64_t R, int64_t n, bool accumulate_dx);
     /* In place on x [R, ld] (heads at columns [h*d, (h+1)*d) for h < heads): per-head RMSNorm
@@ -149,7 +187,8 @@ typedef struct dfl_be_ops {
     int (*qknorm_rope)(dfl_be *be, void *x, int64_t ld, float *rstd, const void *w,
                        const int32_t *pos, int64_t R, int heads, int d, float eps, float theta);
     /* Backward of qknorm_rope: dx [R, ld] holds the gradient of the output and is replaced by the
-     * gradient of the input; x_in is the op's input (saved before the in-place op); dw += (f32). */
+     * gradient of the input; x_in is the op's input (saved before the in-place op); dw += (f32).
+     * rstd may be NULL (then recomputed from x_in). */
     int (*qknorm_rope_bwd)(dfl_be *be, void *dx, int64_t ld, float *dw, const void *x_in,
                            const void *w, const float *rstd, const int32_t *pos, int64_t R,
                            int heads, int d, float eps, float theta);
@@ -165,9 +204,27 @@ typedef struct dfl_be_ops {
     int (*dflash_attn)(dfl_be *be, const dfl_dflash_attn *a);
     int (*dflash_attn_bwd)(dfl_be *be, const dfl_dflash_attn *a);
     int (*lmce)(dfl_be *be, const dfl_lmce *a);
-    /* out[0] += sum(x[i]^2) over n f32 values (for the global gradient norm) */
+    /* out[0] += sum(x[i]^2) over n f32 values (for the global gradient norm); out is backend
+     * memory; the sum does not depend on the number of threads. */
     int (*sumsq)(dfl_be *be, double *out, const float *x, int64_t n);
+    /* The optimizer's scalars, computed on the backend from sums (DFL_SUM_*, backend memory):
+     * den = sums[LOSS_DEN]; norm = sqrt(sums[GRAD_SQ]) / den (the norm of the gradient of
+     * loss = loss_num / den); skip = !(den > 0) || sums[LOSS_NUM] or norm not finite;
+     * coef = max_norm > 0 ? min(1, max_norm / (norm + 1e-6)) : 1 (torch clip_grad_norm_).
+     * Writes out[0] = coef / den (the adamw grad_scale), out[1] = norm, out[2] = coef (f32,
+     * backend memory) and *skip (i32, backend memory). */
+    int (*clip_scale)(dfl_be *be, float *out, int32_t *skip, const double *sums, float max_norm);
+    /* Metrics of an lmce over n_blocks blocks of bs slots (correct and weight as given to it),
+     * accumulated into out (double, backend memory, 2*bs + 2 values): out[j] += [weight > 0] and
+     * out[bs + j] += correct for slot j of every block; for every block whose slot 1 is scored,
+     * out[2*bs] += 1 + the number of leading slots from slot 1 that are correct (the acceptance
+     * length) and out[2*bs + 1] += 1. */
+    int (*block_metrics)(dfl_be *be, double *out, const uint8_t *correct, const float *weight,
+                         int64_t n_blocks, int bs);
     int (*adamw)(dfl_be *be, const dfl_adamw *a);
+    /* x[i] += amp * (2 dfl_noise_u01(seed, i) - 1) for i < n (act): uniform noise on the
+     * target features (dfl-draft --noise-std). */
+    int (*uniform_noise)(dfl_be *be, void *x, int64_t n, float amp, uint64_t seed);
 } dfl_be_ops;
 
 struct dfl_be {

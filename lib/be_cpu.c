@@ -36,7 +36,7 @@ static int cpu_convert(dfl_be *be, void *y, dfl_dtype dt, const void *x, dfl_dty
     int64_t nchunks = (n + chunk - 1) / chunk;
     int bad = 0;
     size_t ds = dfl_dtype_size(dt), ss = dfl_dtype_size(st);
-#pragma omp parallel for schedule(static) reduction(| : bad)
+#pragma omp parallel for schedule(static) reduction(| : bad) if (PAR(n))
     for (int64_t c = 0; c < nchunks; c++) {
         int64_t i0 = c * chunk, m = n - i0 < chunk ? n - i0 : chunk;
         if (!dfl_convert((char *)y + i0 * ds, dt, (const char *)x + i0 * ss, st, (size_t)m))
@@ -100,7 +100,7 @@ static int cpu_matmul(dfl_be *be, const dfl_mm *m)
                 C[i * m->ldc + j] = m->beta == 0.0f ? 0.0f : m->beta * C[i * m->ldc + j];
     }
     if (m->bias)
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR(m->M * m->N))
         for (int64_t i = 0; i < m->M; i++)
             for (int64_t j = 0; j < m->N; j++)
                 C[i * m->ldc + j] += m->bias[j];
@@ -139,7 +139,10 @@ static const dfl_be_ops cpu_ops = {
     .dflash_attn_bwd = dfl_cpu_dflash_attn_bwd,
     .lmce = dfl_cpu_lmce,
     .sumsq = dfl_cpu_sumsq,
+    .clip_scale = dfl_cpu_clip_scale,
+    .block_metrics = dfl_cpu_block_metrics,
     .adamw = dfl_cpu_adamw,
+    .uniform_noise = dfl_cpu_uniform_noise,
 };
 
 int dfl_be_cpu_open(dfl_be **out, int threads, dfl_err *e)

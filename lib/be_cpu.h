@@ -6,6 +6,10 @@
 
 #include "backend.h"
 
+/* Run a loop on several threads only when it has enough work: on small shapes spinning up (and
+ * spinning) OpenMP threads costs more than the work itself. */
+#define PAR(work) ((int64_t)(work) >= ((int64_t)1 << 16))
+
 /* be_cpu_ops.c */
 int dfl_cpu_embedding(dfl_be *be, void *out, const int32_t *ids, const void *E, int64_t T, int64_t H);
 int dfl_cpu_rmsnorm(dfl_be *be, void *y, float *rstd, const void *x, const void *w, int64_t R,
@@ -29,6 +33,10 @@ int dfl_cpu_dflash_attn(dfl_be *be, const dfl_dflash_attn *a);
 int dfl_cpu_dflash_attn_bwd(dfl_be *be, const dfl_dflash_attn *a);
 int dfl_cpu_lmce(dfl_be *be, const dfl_lmce *a);
 int dfl_cpu_sumsq(dfl_be *be, double *out, const float *x, int64_t n);
+int dfl_cpu_clip_scale(dfl_be *be, float *out, int32_t *skip, const double *sums, float max_norm);
+int dfl_cpu_block_metrics(dfl_be *be, double *out, const uint8_t *correct, const float *weight,
+                          int64_t n_blocks, int bs);
 int dfl_cpu_adamw(dfl_be *be, const dfl_adamw *a);
+int dfl_cpu_uniform_noise(dfl_be *be, void *x, int64_t n, float amp, uint64_t seed);
 
 #endif

@@ -10,7 +10,7 @@ int dfl_cpu_embedding(dfl_be *be, void *out, const int32_t *ids, const void *E, 
 {
     float *y = out;          /* [T, H] */
     const float *tab = E;    /* [V, H] */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR(T * H))
     for (int64_t t = 0; t < T; t++)
         memcpy(y + t * H, tab + (int64_t)ids[t] * H, (size_t)H * sizeof(float));
     return 0;
@@ -29,7 +29,7 @@ int dfl_cpu_rmsnorm(dfl_be *be, void *yv, float *rstd, const void *xv, const voi
 {
     float *y = yv;
     const float *x = xv, *w = wv;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR(R * n))
     for (int64_t r = 0; r < R; r++) {
         const float *xr = x + r * n;
         float *yr = y + r * n;
@@ -47,7 +47,7 @@ int dfl_cpu_add_rmsnorm(dfl_be *be, void *hv, const void *dv, void *yv, float *r
 {
     float *h = hv, *y = yv;
     const float *d = dv, *w = wv;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR(R * n))
     for (int64_t r = 0; r < R; r++) {
         float *hr = h + r * n;
         const float *dr = d + r * n;
@@ -73,7 +73,7 @@ int dfl_cpu_qknorm_rope(dfl_be *be, void *xv, int64_t ld, float *rstd, const voi
         return DFL_EUNSUP;
     dfl_rope_inv_freq(inv, d, theta, be->rope_dtype);
     int half = d / 2;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR(R * heads * d))
     for (int64_t r = 0; r < R; r++) {
         float c[512], s[512];
         for (int i = 0; i < half; i++) {
@@ -104,7 +104,7 @@ int dfl_cpu_swiglu(dfl_be *be, void *outv, const void *guv, int64_t R, int64_t I
 {
     float *out = outv;
     const float *gu = guv;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR(R * I))
     for (int64_t r = 0; r < R; r++) {
         const float *g = gu + r * 2 * I, *u = g + I;
         float *o = out + r * I;
@@ -118,7 +118,7 @@ int dfl_cpu_add(dfl_be *be, void *yv, const void *xv, int64_t n)
 {
     float *y = yv;
     const float *x = xv;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR(n))
     for (int64_t i = 0; i < n; i++)
         y[i] += x[i];
     return 0;
@@ -141,7 +141,7 @@ int dfl_cpu_attn_varlen(dfl_be *be, const dfl_attn_varlen *a)
     for (int32_t s = 0; s < a->n_seqs; s++)
         for (int32_t t = a->cu_seqlens[s]; t < a->cu_seqlens[s + 1]; t++)
             start[t] = a->cu_seqlens[s];
-#pragma omp parallel
+#pragma omp parallel if (PAR(T * nh * a->max_len))
     {
         float *p = malloc((size_t)(a->max_len > 0 ? a->max_len : 1) * sizeof *p);
         float *acc = malloc((size_t)d * sizeof *acc);

@@ -1,0 +1,380 @@
+/* draft_ckpt.c: writing, finding and reading drafter checkpoints (see draft_ckpt.h). */
+#include "draft_ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "json.h"
+#include "safetensors.h"
+#include "util.h"
+
+#define STEP_FMT "step-%07lld"
+
+bool dfl_draft_all_finite(const float *x, int64_t n, int64_t *first)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) {
+            if (first)
+                *first = i;
+            return false;
+        }
+    return true;
+}
+
+/* rm -r of a checkpoint directory (flat: files only). */
+static int remove_dir(const char *dir, dfl_err *e)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return errno == ENOENT ? DFL_OK : dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot open", dir);
+    struct dirent *de;
+    int rc = DFL_OK;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        char *p = dfl_path_join(dir, de->d_name);
+        if (!p || unlink(p) != 0)
+            rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot remove", p ? p : dir);
+        free(p);
+    }
+    closedir(d);
+    if (!rc && rmdir(dir) != 0)
+        rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot remove", dir);
+    return rc;
+}
+
+static bool is_dir(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int point_latest(const char *run, const char *name, dfl_err *e)
+{
+    char *tmp = dfl_path_join(run, ".latest.tmp"), *lat = dfl_path_join(run, "latest");
+    int rc = DFL_OK;
+    if (!tmp || !lat) {
+        rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
+        goto out;
+    }
+    unlink(tmp);
+    if (symlink(name, tmp) != 0) {
+        rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot create a symlink", tmp);
+        goto out;
+    }
+    if (rename(tmp, lat) != 0) {
+        rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot rename to %s", tmp, lat);
+        unlink(tmp);
+        goto out;
+    }
+    rc = dfl_fsync_dir(run, e);
+out:
+    free(tmp);
+    free(lat);
+    return rc;
+}
+
+int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_t *state,
+                        dfl_dtype model_dt, char **out_dir, dfl_err *e)
+{
+    if (out_dir)
+        *out_dir = NULL;
+    if (model_dt != DFL_BF16 && model_dt != DFL_F32)
+        return dfl_fail(e, DFL_EUSAGE, "checkpoint weights must be bf16 or f32");
+    char name[64], tname[80];
+    snprintf(name, sizeof name, STEP_FMT, (long long)step);
+    snprintf(tname, sizeof tname, ".%s.tmp", name);
+    char *final = dfl_path_join(run, name), *tmp = dfl_path_join(run, tname);
+    int64_t flat = dfl_draft_flat_len(m);
+    float *buf[3] = {malloc((size_t)flat * 4), malloc((size_t)flat * 4), malloc((size_t)flat * 4)};
+    void *mdl = malloc((size_t)flat * 4);
+    dfl_st_writer *wm = dfl_st_writer_new(), *wo = dfl_st_writer_new();
+    char *p = NULL;
+    json_t *cfg = NULL;
+    int rc = DFL_OK;
+    if (!final || !tmp || !buf[0] || !buf[1] || !buf[2] || !mdl || !wm || !wo) {
+        rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
+        goto out;
+    }
+    if (is_dir(final)) {   /* this step was saved already (a resumed run stopped at once) */
+        rc = point_latest(run, name, e);
+        goto done;
+    }
+    if ((rc = dfl_draft_download(m, DFL_DRAFT_MASTER, buf[0], e)) ||
+        (rc = dfl_draft_download(m, DFL_DRAFT_ADAM_M, buf[1], e)) ||
+        (rc = dfl_draft_download(m, DFL_DRAFT_ADAM_V, buf[2], e)))
+        goto out;
+    int nt;
+    const dfl_draft_tensor *t = dfl_draft_tensor_list(m, &nt);
+    static const char *const what[3] = {"master weight", "AdamW exp_avg", "AdamW exp_avg_sq"};
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < nt; i++) {
+            int64_t bad;
+            if (!dfl_draft_all_finite(buf[k] + t[i].offset, t[i].numel, &bad)) {
+                rc = dfl_fail(e, DFL_ENAN, "step %lld: %s '%s' element %lld is %g: checkpoint not "
+                              "written", (long long)step, what[k], t[i].name, (long long)bad,
+                              buf[k][t[i].offset + bad]);
+                goto out;
+            }
+        }
+    if ((rc = remove_dir(tmp, e)))
+        goto out;
+    if (mkdir(tmp, 0777) != 0) {
+        rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot create", tmp);
+        goto out;
+    }
+    /* model.safetensors */
+    size_t es = dfl_dtype_size(model_dt);
+    for (int i = 0; i < nt && !rc; i++) {
+        void *dst = (char *)mdl + (size_t)t[i].offset * es;
+        dfl_convert(dst, model_dt, buf[0] + t[i].offset, DFL_F32, (size_t)t[i].numel);
+        rc = dfl_st_writer_add(wm, t[i].name, model_dt, t[i].ndim, t[i].shape, dst, e);
+    }
+    if (!rc)
+        rc = dfl_st_writer_meta(wm, "format", "pt", e);
+    if (!rc && !(p = dfl_path_join(tmp, "model.safetensors")))
+        rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
+    if (rc || (rc = dfl_st_write(wm, p, e)))
+        goto fail;
+    free(p);
+    p = NULL;
+    /* optimizer.safetensors */
+    static const char *const pre[3] = {"master.", "exp_avg.", "exp_avg_sq."};
+    for (int k = 0; k < 3 && !rc; k++)
+        for (int i = 0; i < nt && !rc; i++) {
+            char nm[128];
+            snprintf(nm, sizeof nm, "%s%s", pre[k], t[i].name);
+            rc = dfl_st_writer_add(wo, nm, DFL_F32, t[i].ndim, t[i].shape, buf[k] + t[i].offset, e);
+        }
+    if (!rc)
+        rc = dfl_st_writer_meta(wo, "format", "dfl-draft-optimizer-1", e);
+    if (!rc && !(p = dfl_path_join(tmp, "optimizer.safetensors")))
+        rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
+    if (rc || (rc = dfl_st_write(wo, p, e)))
+        goto fail;
+    free(p);
+    /* config.json, trainer_state.json */
+    cfg = dfl_draft_config_to_json(dfl_draft_cfg(m));
+    json_object_set_new(cfg, "dtype", json_string(model_dt == DFL_BF16 ? "bfloat16" : "float32"));
+    p = dfl_path_join(tmp, "config.json");
+    if (!p || (rc = dfl_json_write_file(p, cfg, e)))
+        goto fail;
+    free(p);
+    p = dfl_path_join(tmp, "trainer_state.json");
+    if (!p || (rc = dfl_json_write_file(p, state, e)))
+        goto fail;
+    if ((rc = dfl_fsync_dir(tmp, e)))
+        goto fail;
+    if (rename(tmp, final) != 0) {
+        rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot rename to %s", tmp, final);
+        goto fail;
+    }
+    if ((rc = dfl_fsync_dir(run, e)) || (rc = point_latest(run, name, e)))
+        goto out;
+done:
+    if (out_dir) {
+        *out_dir = final;
+        final = NULL;
+    }
+    goto out;
+fail:
+    if (!rc)
+        rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
+    remove_dir(tmp, NULL);
+out:
+    json_decref(cfg);
+    free(p);
+    dfl_st_writer_free(wm);
+    dfl_st_writer_free(wo);
+    free(mdl);
+    for (int k = 0; k < 3; k++)
+        free(buf[k]);
+    free(final);
+    free(tmp);
+    return rc;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+int dfl_draft_ckpt_prune(const char *run, int keep, dfl_err *e)
+{
+    if (keep <= 0)
+        return DFL_OK;
+    DIR *d = opendir(run);
+    if (!d)
+        return dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot open", run);
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        long long s;
+        char tail;
+        if (sscanf(de->d_name, "step-%lld%c", &s, &tail) != 1 || strlen(de->d_name) < 12)
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            char **nn = realloc(names, cap * sizeof *nn);
+            if (!nn)
+                break;
+            names = nn;
+        }
+        names[n++] = dfl_strdup(de->d_name);
+    }
+    closedir(d);
+    char latest[256] = "";
+    char *lat = dfl_path_join(run, "latest");
+    ssize_t k = lat ? readlink(lat, latest, sizeof latest - 1) : -1;
+    latest[k > 0 ? k : 0] = 0;
+    free(lat);
+    qsort(names, n, sizeof *names, cmp_str);   /* zero-padded: name order is step order */
+    int rc = DFL_OK;
+    for (size_t i = 0; i + (size_t)keep < n; i++) {
+        if (names[i] && strcmp(names[i], latest) != 0) {
+            char *p = dfl_path_join(run, names[i]);
+            int r = p ? remove_dir(p, e) : DFL_ENOMEM;
+            if (r && !rc)
+                rc = r;
+            free(p);
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    return rc;
+}
+
+int dfl_draft_ckpt_resolve(const char *path, char **dir, dfl_err *e)
+{
+    *dir = NULL;
+    char *st = dfl_path_join(path, "trainer_state.json");
+    char *lat = dfl_path_join(path, "latest");
+    int rc = DFL_OK;
+    if (!st || !lat) {
+        rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
+    } else if (access(st, F_OK) == 0) {
+        const char *b = strrchr(path, '/');
+        b = b ? b + 1 : path;
+        if (b[0] == '.' && strstr(b, ".tmp"))
+            rc = dfl_fail(e, DFL_EDATA, "%s: an incomplete (temporary) checkpoint", path);
+        else
+            *dir = dfl_strdup(path);
+    } else if (is_dir(lat)) {
+        char *t = dfl_path_join(lat, "trainer_state.json");
+        if (t && access(t, F_OK) == 0)
+            *dir = dfl_strdup(lat);
+        else
+            rc = dfl_fail(e, DFL_EDATA, "%s: latest has no trainer_state.json (not a checkpoint)", path);
+        free(t);
+    } else {
+        rc = dfl_fail(e, DFL_EIO, "%s: not a checkpoint (no trainer_state.json) nor a run "
+                      "directory (no latest)", path);
+    }
+    free(st);
+    free(lat);
+    if (!rc && !*dir)
+        rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
+    return rc;
+}
+
+int dfl_draft_ckpt_config(const char *dir, dfl_draft_config *c, dfl_err *e)
+{
+    char *p = dfl_path_join(dir, "config.json");
+    json_t *j = NULL;
+    int rc = p ? dfl_json_load_file(p, &j, e) : dfl_fail(e, DFL_ENOMEM, "out of memory");
+    if (!rc)
+        rc = dfl_draft_config_from_json(c, j, p, e);
+    json_decref(j);
+    free(p);
+    return rc;
+}
+
+static bool same_config(const dfl_draft_config *a, const dfl_draft_config *b, char *what, size_t n)
+{
+#define CMP(f, nm)                                                                     \
+    if (a->f != b->f) {                                                                \
+        snprintf(what, n, "%s %lld vs %lld", nm, (long long)a->f, (long long)b->f);    \
+        return false;                                                                  \
+    }
+    CMP(hidden, "hidden_size");
+    CMP(vocab, "vocab_size");
+    CMP(intermediate, "intermediate_size");
+    CMP(n_layers, "num_hidden_layers");
+    CMP(n_heads, "num_attention_heads");
+    CMP(n_kv, "num_key_value_heads");
+    CMP(head_dim, "head_dim");
+    CMP(block_size, "block_size");
+    CMP(mask_token_id, "mask_token_id");
+    CMP(n_feat, "number of target layers");
+    for (int i = 0; i < a->n_feat; i++)
+        CMP(target_layers[i], "target layer id");
+#undef CMP
+    return true;
+}
+
+int dfl_draft_ckpt_load(dfl_draft *m, const char *dir, json_t **state, dfl_err *e)
+{
+    *state = NULL;
+    dfl_draft_config c = *dfl_draft_cfg(m);
+    char what[128];
+    int rc = dfl_draft_ckpt_config(dir, &c, e);
+    if (rc)
+        return rc;
+    if (!same_config(&c, dfl_draft_cfg(m), what, sizeof what))
+        return dfl_fail(e, DFL_EMISMATCH, "%s: the checkpoint's drafter differs from this run's "
+                        "(%s)", dir, what);
+    int64_t flat = dfl_draft_flat_len(m);
+    float *buf = calloc((size_t)flat, 4);
+    char *p = dfl_path_join(dir, "optimizer.safetensors");
+    char *pm = dfl_path_join(dir, "model.safetensors");
+    char *ps = dfl_path_join(dir, "trainer_state.json");
+    dfl_st_file *f = NULL, *fm = NULL;
+    if (!buf || !p || !pm || !ps) {
+        rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = dfl_st_open(&fm, pm, e)) || (rc = dfl_st_open(&f, p, e)))
+        goto out;
+    /* every tensor of both files must be finite (model.safetensors is what gets served) */
+    dfl_st_file *files[2] = {fm, f};
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < files[k]->n; i++) {
+            const dfl_st_tensor *t = &files[k]->t[i];
+            if (!dfl_dtype_is_float(t->dtype))
+                continue;
+            for (uint64_t j = 0; j < t->numel; j++)
+                if (!isfinite(dfl_load_f64(t->data, t->dtype, j))) {
+                    rc = dfl_fail(e, DFL_ENAN, "%s: tensor '%s' element %llu is not finite: refusing "
+                                  "to resume from it", files[k]->path, t->name, (unsigned long long)j);
+                    goto out;
+                }
+        }
+    static const char *const pre[3] = {"master.", "exp_avg.", "exp_avg_sq."};
+    static const int which[3] = {DFL_DRAFT_MASTER, DFL_DRAFT_ADAM_M, DFL_DRAFT_ADAM_V};
+    for (int k = 0; k < 3; k++) {
+        if ((rc = dfl_draft_load_weights(m, f, pre[k], e)))
+            goto out;
+        if (k > 0) {   /* load_weights fills the master; move it to the moment buffer */
+            if ((rc = dfl_draft_download(m, DFL_DRAFT_MASTER, buf, e)) ||
+                (rc = dfl_draft_upload(m, which[k], buf, e)))
+                goto out;
+        }
+    }
+    /* the master last, so that the compute weights are the master's */
+    if ((rc = dfl_draft_load_weights(m, f, "master.", e)))
+        goto out;
+    rc = dfl_json_load_file(ps, state, e);
+out:
+    dfl_st_close(f);
+    dfl_st_close(fm);
+    free(buf);
+    free(p);
+    free(pm);
+    free(ps);
+    return rc;
+}

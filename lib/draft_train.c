@@ -1,0 +1,664 @@
+/* draft_train.c: the dfl-draft training run (see draft_train.h and dfl-draft(1)). */
+#include "draft_train.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "draft.h"
+#include "draft_ckpt.h"
+#include "draft_data.h"
+#include "draft_input.h"
+#include "draft_rng.h"
+#include "hfmodel.h"
+#include "json.h"
+#include "log.h"
+#include "safetensors.h"
+#include "util.h"
+
+#define STATE_FORMAT "dfl-draft-state-1"
+
+void dfl_draft_train_defaults(dfl_draft_train_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->mask_token_id = -1;
+    o->num_anchors = 512;
+    o->lr = 6e-4;
+    o->beta1 = 0.9;
+    o->beta2 = 0.999;
+    o->eps = 1e-8;
+    o->weight_decay = 0;
+    o->max_grad_norm = 1.0;
+    o->warmup_ratio = 0.04;
+    o->epochs = 1;
+    o->pool_size = 8;
+    o->min_ready = 4;
+    o->save_every = 1000;
+    o->keep = 0;
+    o->save_dtype = DFL_BF16;
+    o->log_every = 10;
+    o->max_bad_steps = 10;
+    o->seed = 0;
+    o->init_std = 0.02;
+}
+
+/* Everything one run holds. */
+typedef struct run {
+    const dfl_draft_train_opts *o;
+    dfl_hf_config tc;
+    json_t *tcfg;
+    char fingerprint[33];
+    dfl_st_model *tm;
+    dfl_be *be;
+    dfl_draft_config c;
+    dfl_draft *m;
+    dfl_draft_src *src;
+    char *resume_dir;
+    json_t *state;               /* from the checkpoint */
+    /* trainer state */
+    uint64_t seed;
+    int64_t step, adam_t, total, warmup;
+    int64_t bad_run, skipped, tokens_seen, empty_batches;
+    dfl_rng rng;
+    /* blocks */
+    int32_t *bseq, *banchor, *scratch;
+    int64_t cap_blocks, cap_len;
+    /* metrics over the log interval */
+    FILE *metrics;
+    double m_num, m_den, m_acc, m_accden, m_tau, m_wait, m_t0;
+    int64_t m_taublocks, m_tokens, m_steps;
+    double m_slot_ok[DFL_DRAFT_MAX_BS], m_slot_n[DFL_DRAFT_MAX_BS];
+    double last_norm, last_lr;
+    int64_t last_saved;
+    pid_t *children;
+    int n_children;
+} run;
+
+/* ---- target and drafter configuration ------------------------------------------------------ */
+
+static int open_target(run *r, dfl_err *e)
+{
+    const char *dir = r->o->target_dir;
+    int rc = dfl_hf_config_load(dir, &r->tc, &r->tcfg, e);
+    if (!rc)
+        rc = dfl_hf_fingerprint(dir, r->fingerprint, e);
+    if (!rc)
+        rc = dfl_st_model_open(&r->tm, dir, e);
+    return rc;
+}
+
+/* Drafter config: target sizes, then the checkpoint's or --config's config.json, then flags. */
+static int make_config(run *r, const int32_t *layers, int n_layers, dfl_err *e)
+{
+    const dfl_draft_train_opts *o = r->o;
+    dfl_draft_config *c = &r->c;
+    memset(c, 0, sizeof *c);
+    c->hidden = r->tc.hidden_size;
+    c->vocab = r->tc.vocab_size;
+    c->intermediate = r->tc.intermediate_size;
+    c->n_heads = (int)r->tc.n_heads;
+    c->n_kv = (int)r->tc.n_kv_heads;
+    c->head_dim = (int)r->tc.head_dim;
+    c->rms_eps = r->tc.rms_norm_eps;
+    c->rope_theta = r->tc.rope_theta;
+    c->n_target_layers = (int)r->tc.n_layers;
+    c->block_size = 16;
+    c->gamma = 7.0;
+    c->mask_token_id = -1;
+    c->bos_token_id = c->eos_token_id = -1;
+    c->max_position = 40960;
+    int64_t v;
+    if (dfl_json_int(r->tcfg, "max_position_embeddings", false, &v, "", NULL) == 0 && v > 0)
+        c->max_position = v;
+    if (json_is_integer(json_object_get(r->tcfg, "bos_token_id")))
+        c->bos_token_id = json_integer_value(json_object_get(r->tcfg, "bos_token_id"));
+    if (json_is_integer(json_object_get(r->tcfg, "eos_token_id")))
+        c->eos_token_id = json_integer_value(json_object_get(r->tcfg, "eos_token_id"));
+    c->n_feat = 0;
+    int rc = DFL_OK;
+    if (r->resume_dir) {
+        rc = dfl_draft_ckpt_config(r->resume_dir, c, e);
+    } else if (o->config_path) {
+        json_t *j;
+        rc = dfl_json_load_file(o->config_path, &j, e);
+        if (!rc) {
+            rc = dfl_draft_config_from_json(c, j, o->config_path, e);
+            json_decref(j);
+        }
+    }
+    if (rc)
+        return rc;
+    if (c->n_feat == 0) {   /* the layers the streams carry */
+        c->n_feat = n_layers;
+        memcpy(c->target_layers, layers, (size_t)n_layers * sizeof *layers);
+    }
+    if (!r->resume_dir && !o->config_path)
+        c->n_layers = o->draft_layers > 0 ? o->draft_layers : c->n_feat;
+    else if (o->draft_layers > 0 && o->draft_layers != c->n_layers)
+        return dfl_fail(e, DFL_EUSAGE, "--draft-layers %d: the %s has %d layers", o->draft_layers,
+                        r->resume_dir ? "checkpoint" : "--config", c->n_layers);
+    if (o->block_size > 0)
+        c->block_size = o->block_size;
+    if (o->gamma > 0)
+        c->gamma = o->gamma;
+    if (o->mask_token_id >= 0)
+        c->mask_token_id = (int32_t)o->mask_token_id;
+    if (c->mask_token_id < 0)
+        return dfl_fail(e, DFL_EUSAGE, "--mask-token-id is required (no --config gives "
+                        "dflash_config.mask_token_id)");
+    if (c->hidden != r->tc.hidden_size || c->vocab != r->tc.vocab_size)
+        return dfl_fail(e, DFL_EMISMATCH, "the drafter's hidden size %lld / vocabulary %lld differ "
+                        "from the target's %lld / %lld", (long long)c->hidden, (long long)c->vocab,
+                        (long long)r->tc.hidden_size, (long long)r->tc.vocab_size);
+    return dfl_draft_config_check(c, e);
+}
+
+static int load_frozen(run *r, dfl_err *e)
+{
+    int64_t shape[2] = {r->tc.vocab_size, r->tc.hidden_size};
+    const dfl_st_tensor *emb, *lm = NULL;
+    int rc = dfl_st_model_get(r->tm, "model.embed_tokens.weight", 2, shape, &emb, e);
+    if (rc)
+        return rc;
+    if (!r->tc.tie_word_embeddings || dfl_st_model_find(r->tm, "lm_head.weight")) {
+        if ((rc = dfl_st_model_get(r->tm, "lm_head.weight", 2, shape, &lm, e)))
+            return rc;
+    }
+    return dfl_draft_set_frozen(r->m, emb, lm, e);
+}
+
+/* ---- trainer state ------------------------------------------------------------------------- */
+
+static json_t *make_state(run *r)
+{
+    json_t *j = json_object(), *rng = json_array();
+    char hex[24];
+    for (int i = 0; i < 4; i++) {
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)r->rng.s[i]);
+        json_array_append_new(rng, json_string(hex));
+    }
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)r->seed);
+    json_object_set_new(j, "format", json_string(STATE_FORMAT));
+    json_object_set_new(j, "step", json_integer(r->step));
+    json_object_set_new(j, "adam_step", json_integer(r->adam_t));
+    json_object_set_new(j, "seed", json_string(hex));
+    json_object_set_new(j, "rng", rng);
+    json_object_set_new(j, "bad_steps_in_a_row", json_integer(r->bad_run));
+    json_object_set_new(j, "skipped_steps", json_integer(r->skipped));
+    json_object_set_new(j, "tokens_seen", json_integer(r->tokens_seen));
+    json_object_set_new(j, "empty_batches", json_integer(r->empty_batches));
+    json_t *sch = json_object();
+    json_object_set_new(sch, "lr", json_real(r->o->lr));
+    json_object_set_new(sch, "warmup_steps", json_integer(r->warmup));
+    json_object_set_new(sch, "total_steps", json_integer(r->total));
+    json_object_set_new(sch, "next_lr", json_real(dfl_draft_lr(r->o->lr, r->step + 1, r->warmup, r->total)));
+    json_object_set_new(j, "schedule", sch);
+    json_object_set_new(j, "data", dfl_draft_src_state(r->src));
+    return j;
+}
+
+static int parse_hex64(const json_t *v, uint64_t *out)
+{
+    const char *s = json_string_value(v);
+    char *end;
+    if (!s || !*s)
+        return -1;
+    errno = 0;
+    unsigned long long x = strtoull(s, &end, 16);
+    if (*end || errno)
+        return -1;
+    *out = x;
+    return 0;
+}
+
+static int restore_state(run *r, dfl_err *e)
+{
+    const json_t *j = r->state;
+    const char *what = "trainer_state.json", *fmt = NULL;
+    int rc = dfl_json_str(j, "format", true, &fmt, what, e);
+    if (rc)
+        return rc;
+    if (strcmp(fmt, STATE_FORMAT) != 0)
+        return dfl_fail(e, DFL_EUNSUP, "%s: format '%s' (this dfl-draft reads %s)", what, fmt,
+                        STATE_FORMAT);
+    if ((rc = dfl_json_int(j, "step", true, &r->step, what, e)) ||
+        (rc = dfl_json_int(j, "adam_step", true, &r->adam_t, what, e)) ||
+        (rc = dfl_json_int(j, "bad_steps_in_a_row", false, &r->bad_run, what, e)) ||
+        (rc = dfl_json_int(j, "skipped_steps", false, &r->skipped, what, e)) ||
+        (rc = dfl_json_int(j, "tokens_seen", false, &r->tokens_seen, what, e)) ||
+        (rc = dfl_json_int(j, "empty_batches", false, &r->empty_batches, what, e)))
+        return rc;
+    const json_t *rng = json_object_get(j, "rng");
+    if (parse_hex64(json_object_get(j, "seed"), &r->seed) || !json_is_array(rng) ||
+        json_array_size(rng) != 4)
+        return dfl_fail(e, DFL_EDATA, "%s: 'seed' and 'rng' must be hex strings", what);
+    for (int i = 0; i < 4; i++)
+        if (parse_hex64(json_array_get(rng, (size_t)i), &r->rng.s[i]))
+            return dfl_fail(e, DFL_EDATA, "%s: 'rng' must be 4 hex strings", what);
+    if (r->step < 0 || r->adam_t < 0 || r->adam_t > r->step)
+        return dfl_fail(e, DFL_EDATA, "%s: step %lld, adam_step %lld", what, (long long)r->step,
+                        (long long)r->adam_t);
+    return DFL_OK;
+}
+
+/* ---- checkpoints --------------------------------------------------------------------------- */
+
+static void reap_children(run *r, bool wait_all)
+{
+    for (int i = 0; i < r->n_children;) {
+        int st;
+        pid_t p = waitpid(r->children[i], &st, wait_all ? 0 : WNOHANG);
+        if (p == 0) {
+            i++;
+            continue;
+        }
+        if (p > 0 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0))
+            dfl_warn("--on-save command (pid %d) failed (%s %d)", (int)p,
+                     WIFEXITED(st) ? "exit status" : "signal",
+                     WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+        r->children[i] = r->children[--r->n_children];
+    }
+}
+
+static void run_on_save(run *r, const char *dir)
+{
+    pid_t *nc = realloc(r->children, (size_t)(r->n_children + 1) * sizeof *nc);
+    if (!nc)
+        return;
+    r->children = nc;
+    pid_t p = fork();
+    if (p == 0) {
+        int fd = open("/dev/null", O_RDONLY);
+        if (fd >= 0) {
+            dup2(fd, 0);
+            close(fd);
+        }
+        dup2(2, 1);   /* the hook's output goes to stderr: stdout carries data only */
+        size_t n = strlen(r->o->on_save) + 8;
+        char *script = malloc(n);
+        if (!script)
+            _exit(127);
+        snprintf(script, n, "%s \"$1\"", r->o->on_save);   /* CMD "$1", $1 = the checkpoint */
+        setenv("DFL_CHECKPOINT", dir, 1);
+        execl("/bin/sh", "sh", "-c", script, "dfl-draft-on-save", dir, (char *)NULL);
+        _exit(127);
+    }
+    if (p > 0)
+        r->children[r->n_children++] = p;
+    else
+        dfl_warn("--on-save: cannot fork: %s", strerror(errno));
+}
+
+static int save(run *r, dfl_err *e)
+{
+    if (r->last_saved == r->step)   /* this step is saved already (the end after --save-every) */
+        return DFL_OK;
+    json_t *st = make_state(r);
+    char *dir = NULL;
+    int rc = dfl_draft_ckpt_save(r->m, r->o->run_dir, r->step, st, r->o->save_dtype, &dir, e);
+    json_decref(st);
+    if (rc)
+        return rc;
+    r->last_saved = r->step;
+    dfl_verbose("checkpoint %s", dir);
+    if (r->o->keep > 0 && (rc = dfl_draft_ckpt_prune(r->o->run_dir, r->o->keep, e)))
+        dfl_warn("--keep: %s", e->msg);
+    if (r->o->on_save)
+        run_on_save(r, dir);
+    free(dir);
+    return DFL_OK;
+}
+
+/* ---- metrics ------------------------------------------------------------------------------- */
+
+static void metrics_reset(run *r)
+{
+    r->m_num = r->m_den = r->m_acc = r->m_accden = r->m_tau = r->m_wait = 0;
+    r->m_taublocks = r->m_tokens = r->m_steps = 0;
+    memset(r->m_slot_ok, 0, sizeof r->m_slot_ok);
+    memset(r->m_slot_n, 0, sizeof r->m_slot_n);
+    r->m_t0 = dfl_now();
+}
+
+static void metrics_add(run *r, const dfl_draft_stats *st, double waited)
+{
+    r->m_wait += waited;
+    r->m_tokens += st->tokens;
+    r->m_steps++;
+    if (st->skipped)
+        return;
+    r->m_num += st->loss_num;
+    r->m_den += st->loss_den;
+    r->m_acc += st->acc_num;
+    r->m_accden += st->acc_den;
+    r->m_tau += st->tau_sum;
+    r->m_taublocks += st->tau_blocks;
+    for (int j = 0; j < st->bs; j++) {
+        r->m_slot_ok[j] += st->slot_correct[j];
+        r->m_slot_n[j] += st->slot_count[j];
+    }
+}
+
+/* JSON number or null (non-finite) */
+static json_t *num(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+static void metrics_write(run *r)
+{
+    double dt = dfl_now() - r->m_t0;
+    double loss = r->m_den > 0 ? r->m_num / r->m_den : NAN;
+    double acc = r->m_accden > 0 ? r->m_acc / r->m_accden : NAN;
+    double tau = r->m_taublocks > 0 ? r->m_tau / (double)r->m_taublocks : NAN;
+    double tps = dt > 0 ? (double)r->m_tokens / dt : 0;
+    json_t *j = json_object(), *slots = json_array();
+    for (int s = 1; s < r->c.block_size; s++)
+        json_array_append_new(slots, num(r->m_slot_n[s] > 0 ? r->m_slot_ok[s] / r->m_slot_n[s] : NAN));
+    json_object_set_new(j, "step", json_integer(r->step));
+    json_object_set_new(j, "loss", num(loss));
+    json_object_set_new(j, "accuracy", num(acc));
+    json_object_set_new(j, "acc_per_slot", slots);
+    json_object_set_new(j, "tau", num(tau));
+    json_object_set_new(j, "lr", num(r->last_lr));
+    json_object_set_new(j, "grad_norm", num(r->last_norm));
+    json_object_set_new(j, "tokens_per_s", num(tps));
+    json_object_set_new(j, "wait_s", num(r->m_wait));
+    json_object_set_new(j, "skipped_steps", json_integer(r->skipped));
+    json_object_set_new(j, "tokens", json_integer(r->tokens_seen));
+    char *line = dfl_json_dump(j, 0);
+    if (line && r->metrics) {
+        fprintf(r->metrics, "%s\n", line);
+        fflush(r->metrics);
+    }
+    free(line);
+    json_decref(j);
+    dfl_progress("step %lld/%lld  loss %.4f  acc %.3f  tau %.3f  lr %.3g  |g| %.3g  %.0f tok/s  "
+                 "waited %.1fs%s", (long long)r->step, (long long)r->total, loss, acc, tau,
+                 r->last_lr, r->last_norm, tps, r->m_wait,
+                 r->skipped ? "  (skipped steps)" : "");
+    metrics_reset(r);
+}
+
+/* Opens RUN/metrics.jsonl for appending; on resume drops the lines of steps after the
+ * checkpoint (a run that went further before it was stopped). */
+static int open_metrics(run *r, dfl_err *e)
+{
+    char *p = dfl_path_join(r->o->run_dir, "metrics.jsonl");
+    if (!p)
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    if (r->resume_dir) {
+        char *buf = NULL;
+        size_t len = 0;
+        if (access(p, F_OK) == 0 && dfl_read_file(p, (size_t)1 << 30, &buf, &len, NULL) == 0) {
+            size_t keep = 0;
+            for (size_t i = 0; i < len;) {
+                char *nl = memchr(buf + i, '\n', len - i);
+                size_t end = nl ? (size_t)(nl - buf) + 1 : len;
+                long long s = -1;
+                const char *k = strstr(buf + i, "\"step\":");
+                if (k && k < buf + end)
+                    s = strtoll(k + 7, NULL, 10);
+                if (s < 0 || s > r->step)
+                    break;
+                keep = end;
+                i = end;
+            }
+            int rc = dfl_write_file_atomic(p, buf, keep, e);
+            free(buf);
+            if (rc) {
+                free(p);
+                return rc;
+            }
+        }
+    }
+    r->metrics = fopen(p, "a");
+    int err = errno;
+    if (!r->metrics) {
+        int rc = dfl_fail_errno(e, DFL_EIO, err, "%s: cannot open", p);
+        free(p);
+        return rc;
+    }
+    free(p);
+    return DFL_OK;
+}
+
+/* ---- the loop ------------------------------------------------------------------------------ */
+
+static int grow_blocks(run *r, int64_t blocks, int64_t max_len, dfl_err *e)
+{
+    if (blocks > r->cap_blocks) {
+        int32_t *a = realloc(r->bseq, (size_t)blocks * 4), *b = a ? realloc(r->banchor, (size_t)blocks * 4) : NULL;
+        if (a)
+            r->bseq = a;
+        if (b)
+            r->banchor = b;
+        if (!a || !b)
+            return dfl_fail(e, DFL_ENOMEM, "out of memory");
+        r->cap_blocks = blocks;
+    }
+    if (max_len > r->cap_len) {
+        int32_t *s = realloc(r->scratch, (size_t)max_len * 4);
+        if (!s)
+            return dfl_fail(e, DFL_ENOMEM, "out of memory");
+        r->scratch = s;
+        r->cap_len = max_len;
+    }
+    return DFL_OK;
+}
+
+static int train_loop(run *r, dfl_err *e)
+{
+    const dfl_draft_train_opts *o = r->o;
+    dfl_draft_optim opt = {(float)o->beta1, (float)o->beta2, (float)o->eps, (float)o->weight_decay,
+                           (float)o->max_grad_norm};
+    const float noise_amp = (float)(o->noise_std * sqrt(3.0));   /* U(-a, a) has std a/sqrt(3) */
+    const uint64_t noise_seed = dfl_hash2(r->seed, 0x4e4f495345ull);
+    int rc = DFL_OK;
+    metrics_reset(r);
+    while (r->step < r->total) {
+        if (o->stop && *o->stop)
+            return DFL_EINTR;
+        if (o->stop_at > 0 && r->step >= o->stop_at)
+            break;
+        const dfl_batch *b;
+        double waited;
+        if ((rc = dfl_draft_src_next(r->src, &r->rng, &b, &waited, e)))
+            return rc;
+        if (!b) {
+            dfl_info("the input ended after %lld steps", (long long)r->step);
+            break;
+        }
+        int64_t maxlen = b->max_len ? b->max_len : (int64_t)b->n_tokens;
+        int64_t maxb = dfl_draft_max_blocks((int64_t)b->n_tokens, b->n_seqs, o->num_anchors);
+        if ((rc = grow_blocks(r, maxb, maxlen, e)))
+            return rc;
+        int64_t nb = dfl_draft_blocks(b->seq_lens, (int32_t)b->n_seqs, b->loss_mask, o->num_anchors,
+                                      &r->rng, r->bseq, r->banchor, r->scratch);
+        if (nb == 0) {   /* nothing to learn from: no step */
+            r->empty_batches++;
+            dfl_verbose("batch %llu has no valid anchor: skipped", (unsigned long long)b->index);
+            continue;
+        }
+        if ((rc = dfl_draft_reserve(r->m, (int64_t)b->n_tokens, nb, 0, e)))
+            return rc;
+        dfl_draft_input in = {
+            .T = (int64_t)b->n_tokens, .S = (int32_t)b->n_seqs, .seq_lens = b->seq_lens,
+            .input_ids = b->input_ids, .loss_mask = b->loss_mask, .feat_dt = b->dtype,
+            .feat_ld = b->hidden, .n_blocks = (int32_t)nb, .block_seq = r->bseq,
+            .block_anchor = r->banchor, .noise_amp = noise_amp,
+            .noise_seed = dfl_hash2(noise_seed, (uint64_t)r->step),
+        };
+        for (uint32_t j = 0; j < b->n_layers && j < DFL_DRAFT_MAX_FEAT; j++)
+            in.feat[j] = b->layers[j];
+        const double lr = dfl_draft_lr(o->lr, r->step + 1, r->warmup, r->total);
+        dfl_draft_stats st;
+        if ((rc = dfl_draft_step(r->m, &in, true, e)) ||
+            (rc = dfl_draft_apply(r->m, &opt, (float)lr, r->adam_t + 1, e)) ||
+            (rc = dfl_draft_fetch(r->m, &st, e)))
+            return dfl_err_prefix(e, "step %lld", (long long)r->step + 1);
+        r->step++;
+        r->tokens_seen += (int64_t)b->n_tokens;
+        r->last_lr = lr;
+        r->last_norm = st.grad_norm;
+        if (st.skipped) {
+            r->skipped++;
+            r->bad_run++;
+            dfl_warn("step %lld: non-finite %s: skipped (no update; %lld in a row)",
+                     (long long)r->step, isfinite(st.loss_num) ? "gradient norm" : "loss",
+                     (long long)r->bad_run);
+            if (o->max_bad_steps > 0 && r->bad_run >= o->max_bad_steps)
+                return dfl_fail(e, DFL_ENAN, "%lld non-finite steps in a row (--max-bad-steps %d): "
+                                "stopping; the last good checkpoint is step %lld", (long long)r->bad_run,
+                                o->max_bad_steps, (long long)r->last_saved);
+        } else {
+            r->bad_run = 0;
+            r->adam_t++;
+        }
+        metrics_add(r, &st, waited);
+        if (o->log_every > 0 && r->step % o->log_every == 0)
+            metrics_write(r);
+        if (o->save_every > 0 && r->step % o->save_every == 0 && (rc = save(r, e)))
+            return rc;
+        reap_children(r, false);
+    }
+    if (r->m_steps > 0)
+        metrics_write(r);
+    return DFL_OK;
+}
+
+int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
+{
+    run R = {0}, *r = &R;
+    r->o = o;
+    r->last_saved = -1;
+    int rc;
+    if (o->n_inputs < 1)
+        return dfl_fail(e, DFL_EUSAGE, "no input (give hidden-state streams, or - for stdin)");
+    if ((rc = dfl_mkdir_p(o->run_dir, 0777, e)))
+        return rc;
+    if (o->resume && (rc = dfl_draft_ckpt_resolve(o->resume, &r->resume_dir, e)))
+        goto out;
+    if ((rc = open_target(r, e)))
+        goto out;
+    /* inputs: the drafter's target layers come from the config if it has them, else from the
+     * streams; open with the config's ids when known, so that mismatches name the stream */
+    dfl_draft_config pre = {0};
+    int32_t *want = NULL;
+    int nwant = 0;
+    if (r->resume_dir)
+        rc = dfl_draft_ckpt_config(r->resume_dir, &pre, e);
+    else if (o->config_path) {
+        json_t *j;
+        if (!(rc = dfl_json_load_file(o->config_path, &j, e))) {
+            rc = dfl_draft_config_from_json(&pre, j, o->config_path, e);
+            json_decref(j);
+        }
+    }
+    if (rc)
+        goto out;
+    if (pre.n_feat > 0) {
+        for (int i = 0; i < pre.n_feat; i++)
+            if (pre.target_layers[i] >= r->tc.n_layers) {
+                rc = dfl_fail(e, DFL_EDATA, "%s: target layer id %d is outside the target's %lld "
+                              "layers", r->resume_dir ? r->resume_dir : o->config_path,
+                              pre.target_layers[i], (long long)r->tc.n_layers);
+                goto out;
+            }
+        want = pre.target_layers;
+        nwant = pre.n_feat;
+    }
+    dfl_draft_src_opts so = {
+        .n_inputs = o->n_inputs, .inputs = o->inputs, .fingerprint = r->fingerprint,
+        .hidden = r->tc.hidden_size, .vocab = r->tc.vocab_size, .n_layers = nwant, .layers = want,
+        .epochs = o->epochs, .seed = o->seed, .pool_size = o->pool_size, .min_ready = o->min_ready,
+        .no_verify = o->no_verify, .stop = o->stop,
+    };
+    if ((rc = dfl_draft_src_open(&r->src, &so, e)))
+        goto out;
+    int nl;
+    const int32_t *layers = dfl_draft_src_layers(r->src, &nl);
+    if ((rc = make_config(r, layers, nl, e)))
+        goto out;
+    if ((rc = dfl_be_open(&r->be, o->device ? o->device : "cpu", DFL_DT_INVALID, e)) ||
+        (rc = dfl_draft_open(&r->m, r->be, &r->c, e)) || (rc = load_frozen(r, e)))
+        goto out;
+    dfl_info("drafter: %d layers, hidden %lld, %d/%d heads of %d, block %d, gamma %g, mask %d, "
+             "target layers from %d streams, %s", r->c.n_layers, (long long)r->c.hidden,
+             r->c.n_heads, r->c.n_kv, r->c.head_dim, r->c.block_size, r->c.gamma,
+             r->c.mask_token_id, o->n_inputs, dfl_draft_src_replay(r->src) ? "replay" : "stream");
+    /* weights and state */
+    r->seed = o->seed;
+    if (r->resume_dir) {
+        if ((rc = dfl_draft_ckpt_load(r->m, r->resume_dir, &r->state, e)) || (rc = restore_state(r, e)))
+            goto out;
+        const json_t *data = json_object_get(r->state, "data");
+        if (data && (rc = dfl_draft_src_restore(r->src, data, e)))
+            goto out;
+        r->last_saved = r->step;
+        dfl_info("resuming from %s at step %lld", r->resume_dir, (long long)r->step);
+    } else {
+        dfl_rng_seed(&r->rng, dfl_hash2(o->seed, 0x414e43484f52ull));
+        if ((rc = dfl_draft_init_random(r->m, dfl_hash2(o->seed, 0x494e4954ull), o->init_std, e)))
+            goto out;
+    }
+    /* schedule */
+    if (o->total_steps > 0)
+        r->total = o->total_steps;
+    else if (dfl_draft_src_replay(r->src))
+        r->total = dfl_draft_src_batches(r->src) * (o->epochs > 0 ? o->epochs : 1);
+    else {
+        rc = dfl_fail(e, DFL_EUSAGE, "--total-steps is needed when an input is a stream (the "
+                      "learning-rate schedule needs its length)");
+        goto out;
+    }
+    r->warmup = (int64_t)ceil(o->warmup_ratio * (double)r->total);
+    if (r->state) {
+        int64_t t = 0;
+        const json_t *sch = json_object_get(r->state, "schedule");
+        if (sch && dfl_json_int(sch, "total_steps", false, &t, "", NULL) == 0 && t != r->total)
+            dfl_warn("--resume: the schedule now has %lld steps, the checkpoint's had %lld",
+                     (long long)r->total, (long long)t);
+    }
+    /* workspace from the largest batch the files hold, or --max-tokens (else it grows with the
+     * batches that arrive) */
+    int64_t mt = o->max_tokens, mb = o->max_tokens;
+    if (!mt && dfl_draft_src_replay(r->src))
+        dfl_draft_src_max(r->src, o->num_anchors, &mt, &mb);
+    if (mt > 0 && (rc = dfl_draft_reserve(r->m, mt, mb > 0 ? mb : 1, 0, e)))
+        goto out;
+    if ((rc = open_metrics(r, e)))
+        goto out;
+    rc = train_loop(r, e);
+    if (rc == DFL_OK || rc == DFL_EINTR) {
+        int rs = save(r, e);
+        if (rs)
+            rc = rs;
+        else if (rc == DFL_EINTR)
+            dfl_fail(e, DFL_EINTR, "stopped by a signal at step %lld; checkpoint %s/step-%07lld",
+                     (long long)r->step, o->run_dir, (long long)r->step);
+        else
+            dfl_info("done: %lld steps (%lld skipped), checkpoint %s/step-%07lld", (long long)r->step,
+                     (long long)r->skipped, o->run_dir, (long long)r->step);
+    }
+out:
+    dfl_progress_end();
+    reap_children(r, true);
+    free(r->children);
+    if (r->metrics)
+        fclose(r->metrics);
+    dfl_draft_src_close(r->src);
+    dfl_draft_close(r->m);
+    dfl_be_close(r->be);
+    dfl_st_model_close(r->tm);
+    json_decref(r->tcfg);
+    json_decref(r->state);
+    free(r->resume_dir);
+    free(r->bseq);
+    free(r->banchor);
+    free(r->scratch);
+    return rc;
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# make.sh BUILD: regenerates the corpus of inputs dfl-draft must reject (tests/bats/draft.bats
+# checks each one against EXPECT: file | exit status | words of the message). The streams are
+# written by draftdata for the fixture target tests/fixtures/draft/target (layers 1,2 unless the
+# defect is the layers). Deterministic.
+set -euo pipefail
+B=$(cd "${1:-build}" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
+tgt="$here/../../fixtures/draft/target"
+dd_() { "$B/tools/draftdata" "$tgt" "$@" --batches 2 --seqs 2 --len 16; }
+cd "$here"
+rm -f ./*.dfl ./*.json
+dd_ fingerprint.dfl --fingerprint 00000000000000000000000000000000
+dd_ layers.dfl --layers 1,3
+dd_ hidden.dfl --hidden 16
+dd_ truncated.dfl --cut 64
+dd_ no-end-pipe.dfl --no-index --cut 200
+dd_ bitflip.dfl
+size=$(stat -c %s bitflip.dfl)
+printf '\252' | dd of=bitflip.dfl bs=1 seek=$((size / 2)) conv=notrunc status=none
+sed 's/"mask_token_id": 63/"mask_token_id": 64/' ../../fixtures/draft/config.json > config-mask.json
+sed 's/"target_layer_ids": \[1, 2\]/"target_layer_ids": [1, 9]/' ../../fixtures/draft/config.json > config-layers.json
+sed 's/"hidden_size": 32/"hidden_size": 48/' ../../fixtures/draft/config.json > config-hidden.json
+printf '{"block_size": 8, ' > config-json.json
