@@ -118,10 +118,22 @@ static inline void fz_touch(const void *p, uint64_t n)
     fz_sink += s;
 }
 
+/* FUZZ_DEBUG=1 in the environment: each harness says what the reader answered (for looking at
+ * one input; far too slow for fuzzing). */
+static inline void fz_debug(int rc, const dfl_err *e, const char *where)
+{
+    static int on = -1;
+    if (on < 0)
+        on = getenv("FUZZ_DEBUG") != NULL;
+    if (on)
+        fprintf(stderr, "fuzz: %s: %s%s%s\n", where, dfl_code_name(rc), rc ? ": " : "", rc ? e->msg : "");
+}
+
 /* The error contract of lib/: a failing call returns the code it stored, a known code, and a
  * NUL-terminated message that is not empty. */
 static inline void fz_check_err(int rc, const dfl_err *e, const char *where)
 {
+    fz_debug(rc, e, where);
     if (rc == DFL_OK)
         return;
     FZ_ASSERT(rc > 0 && rc < DFL_ECODE_COUNT, "%s: error code %d out of range", where, rc);

@@ -37,6 +37,9 @@ JSON
 cat >$c/stindex/good-one-shard.json <<'JSON'
 {"weight_map": {"a": "model-00001-of-00001.safetensors"}}
 JSON
+# draft: the drafter config fixture and the bad configs; two trainer states (kept as written here)
+cp tests/fixtures/draft/config.json $c/draft/fixture-config.json
+for f in tests/bad/draft/*.json; do copy $c/draft "$f" "bad-$(basename "$f")"; done
 # safetensors: the seeds are the fixtures and the bad corpus, read in place; keep the dir
 mkdir -p $c/safetensors
 [ -f $c/safetensors/README ] || echo "Seeds are read from tests/fixtures/st and tests/bad/safetensors; libFuzzer finds more." >$c/safetensors/README
