@@ -43,7 +43,7 @@ FUZZ_CC ?= clang
 FUZZ_TIME ?= 60
 FUZZ ?=
 FUZZ_SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-FUZZ_CFLAGS := -std=gnu11 -O1 -g $(filter-out -Wno-format-truncation,$(WARN)) -fopenmp -pthread $(FUZZ_SANFLAGS) -MMD -MP
+FUZZ_CFLAGS := -std=gnu11 -O1 -g $(filter-out -Wno-format-truncation,$(WARN)) -Wno-format-nonliteral -Wno-pass-failed -fopenmp -pthread $(FUZZ_SANFLAGS) -MMD -MP
 FUZZ_CPPFLAGS := $(CPPFLAGS)
 FUZZ_LDLIBS := $(LDLIBS)
 FUZZ_SRCS := $(sort $(wildcard tests/fuzz/fuzz-*.c))

@@ -40,6 +40,25 @@ JSON
 # draft: the drafter config fixture and the bad configs; two trainer states (kept as written here)
 cp tests/fixtures/draft/config.json $c/draft/fixture-config.json
 for f in tests/bad/draft/*.json; do copy $c/draft "$f" "bad-$(basename "$f")"; done
+# torch: every torch.save fixture and bad file as a member list for fuzz-torch (the .pt files
+# themselves are read in place as zip seeds)
+if compgen -G 'tests/fixtures/torch/*.pt' >/dev/null; then
+    mkdir -p $c/torch
+    python3 - $c/torch tests/fixtures/torch/*.pt tests/fixtures/torch/real/*.pt tests/bad/torch/*.pt <<'PY'
+import os, sys, zipfile
+out = sys.argv[1]
+for path in sys.argv[2:]:
+    try:
+        z = zipfile.ZipFile(path)
+        members = [(i.filename, z.read(i)) for i in z.infolist()]
+    except Exception:
+        continue  # not a readable zip: a bad case about the zip itself
+    blob = b''.join(b'\0\0ENTRY:' + n.encode() + b'\n' + d for n, d in members)
+    if len(blob) <= 8192:
+        name = path.replace('tests/', '', 1).replace('/', '-') + '.members'
+        open(os.path.join(out, name), 'wb').write(blob)
+PY
+fi
 # safetensors: the seeds are the fixtures and the bad corpus, read in place; keep the dir
 mkdir -p $c/safetensors
 [ -f $c/safetensors/README ] || echo "Seeds are read from tests/fixtures/st and tests/bad/safetensors; libFuzzer finds more." >$c/safetensors/README
