@@ -59,6 +59,33 @@ for path in sys.argv[2:]:
         open(os.path.join(out, name), 'wb').write(blob)
 PY
 fi
+# jsonl: the sample fixtures compressed and archived (the plain files are read in place)
+if compgen -G 'tests/fixtures/bucket/*.jsonl' >/dev/null; then
+    mkdir -p $c/jsonl
+    python3 - $c/jsonl tests/fixtures/bucket/*.jsonl <<'PY'
+import gzip, io, os, sys, tarfile, zipfile
+out, paths = sys.argv[1], sys.argv[2:]
+data = {os.path.basename(p): open(p, 'rb').read() for p in paths}
+for name, d in data.items():
+    # mtime 0: the same bytes every time
+    open(os.path.join(out, name + '.gz'), 'wb').write(gzip.compress(d, mtime=0))
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode='w', format=tarfile.USTAR_FORMAT) as t:
+    for name, d in sorted(data.items()):
+        ti = tarfile.TarInfo('samples/' + name)
+        ti.size, ti.mtime = len(d), 0
+        t.addfile(ti, io.BytesIO(d))
+    ti = tarfile.TarInfo('samples/README')
+    ti.size = 5
+    t.addfile(ti, io.BytesIO(b'skip\n'))
+open(os.path.join(out, 'fixtures.tar'), 'wb').write(buf.getvalue())
+buf = io.BytesIO()
+with zipfile.ZipFile(buf, 'w') as z:
+    for name, d in sorted(data.items()):
+        z.writestr(zipfile.ZipInfo('part/' + name, (1980, 1, 1, 0, 0, 0)), d)
+open(os.path.join(out, 'fixtures.zip'), 'wb').write(buf.getvalue())
+PY
+fi
 # safetensors: the seeds are the fixtures and the bad corpus, read in place; keep the dir
 mkdir -p $c/safetensors
 [ -f $c/safetensors/README ] || echo "Seeds are read from tests/fixtures/st and tests/bad/safetensors; libFuzzer finds more." >$c/safetensors/README
