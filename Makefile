@@ -128,15 +128,15 @@ export DFL_TESTBIN := $(abspath $(B)/tests)
 export DFL_TOOLS := $(abspath $(B)/tools)
 
 check: all
-	@tests/run-checks $(B)
+	+@tests/run-checks $(B)
 
 # A few seconds of each harness (tests/run-checks fuzz, also part of check); fuzz: FUZZ_TIME
 # seconds each, new inputs kept in build-fuzz/corpus/, crashes in build-fuzz/crashes/.
 check-fuzz:
-	@tests/run-checks $(B) fuzz
+	+@tests/run-checks $(B) fuzz
 
 fuzz:
-	@FUZZ_TIME=$(FUZZ_TIME) FUZZ=$(FUZZ) tests/fuzz/run-fuzz run
+	+@FUZZ_TIME=$(FUZZ_TIME) FUZZ=$(FUZZ) tests/fuzz/run-fuzz run
 
 check-unit: all
 	@tests/run-checks $(B) unit
