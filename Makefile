@@ -4,6 +4,8 @@
 #   make install PREFIX=/usr/local
 #   make CUDA=0     build without the CUDA backend even where nvcc is present
 #   make SAN=1      build with ASan and UBSan (into build-san/)
+#   make fuzz       libFuzzer harnesses (clang, ASan, UBSan; into build-fuzz/), each run for
+#                   FUZZ_TIME seconds (default 60); FUZZ=frame,config picks some
 SHELL := /bin/bash
 .SUFFIXES:
 .DELETE_ON_ERROR:
@@ -19,7 +21,7 @@ SAN ?= 0
 
 ifeq ($(SAN),1)
   B ?= build-san
-  SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+  SANFLAGS := -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=all
 else
   B ?= build
   SANFLAGS :=
@@ -33,6 +35,19 @@ CPPFLAGS := -Ilib -I/usr/include/x86_64-linux-gnu -D_GNU_SOURCE -DDFL_VERSION='"
 ALLCFLAGS = -std=gnu11 $(CFLAGS) $(WARN) -fPIC -fopenmp -pthread $(SANFLAGS) -MMD -MP
 LDLIBS := -lzstd -larchive -lxxhash -ljansson -lopenblas -lm
 LDFLAGS_ALL = -fopenmp -pthread $(SANFLAGS) $(LDFLAGS)
+
+# Fuzzing (tests/fuzz/): the harnesses and the library built with clang, libFuzzer, ASan and
+# UBSan into build-fuzz/, always without CUDA. Taken before the CUDA settings below.
+FB := build-fuzz
+FUZZ_CC ?= clang
+FUZZ_TIME ?= 60
+FUZZ ?=
+FUZZ_SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_CFLAGS := -std=gnu11 -O1 -g $(filter-out -Wno-format-truncation,$(WARN)) -Wno-format-nonliteral -Wno-pass-failed -fopenmp -pthread $(FUZZ_SANFLAGS) -MMD -MP
+FUZZ_CPPFLAGS := $(CPPFLAGS)
+FUZZ_LDLIBS := $(LDLIBS)
+FUZZ_SRCS := $(sort $(wildcard tests/fuzz/fuzz-*.c))
+FUZZERS := $(FUZZ_SRCS:tests/fuzz/%.c=$(FB)/%)
 
 LIB_SRCS := $(sort $(wildcard lib/*.c))
 CU_SRCS := $(sort $(wildcard kernels/*.cu))
@@ -93,6 +108,21 @@ $(B)/tools/%: $(B)/obj/tests/tools/%.o $(LIBDFL)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS_ALL) $< $(LINKDFL) $(LDLIBS) -o $@
 
+# The library objects carry coverage instrumentation (fuzzer-no-link); the harnesses link
+# libFuzzer's main. tests/fuzz/run-fuzz builds these only where clang has libFuzzer.
+$(FB)/obj/%.o: %.c
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_CPPFLAGS) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FB)/libdfl.a: $(LIB_SRCS:%.c=$(FB)/obj/%.o)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+$(FB)/fuzz-%: $(FB)/obj/tests/fuzz/fuzz-%.o $(FB)/libdfl.a
+	$(FUZZ_CC) -fopenmp -pthread $(FUZZ_SANFLAGS) -fsanitize=fuzzer $< $(FB)/libdfl.a $(FUZZ_LDLIBS) -o $@
+
+fuzz-build: $(FUZZERS)
+
 # Where the shared reference outputs live (tests skip what needs them when absent).
 DFL_ORACLE ?= $(abspath ../shared/oracle)
 export DFL_ORACLE
@@ -101,7 +131,15 @@ export DFL_TESTBIN := $(abspath $(B)/tests)
 export DFL_TOOLS := $(abspath $(B)/tools)
 
 check: all
-	@tests/run-checks $(B)
+	+@tests/run-checks $(B)
+
+# A few seconds of each harness (tests/run-checks fuzz, also part of check); fuzz: FUZZ_TIME
+# seconds each, new inputs kept in build-fuzz/corpus/, crashes in build-fuzz/crashes/.
+check-fuzz:
+	+@tests/run-checks $(B) fuzz
+
+fuzz:
+	+@FUZZ_TIME=$(FUZZ_TIME) FUZZ=$(FUZZ) tests/fuzz/run-fuzz run
 
 check-unit: all
 	@tests/run-checks $(B) unit
@@ -132,12 +170,13 @@ install: all
 	for m in man/*.7; do [ -f "$$m" ] && install -m 644 "$$m" $(DESTDIR)$(PREFIX)/share/man/man7/; done; true
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-fuzz
 
 print-%:
 	@echo '$($*)'
 
-.PHONY: all check check-unit check-bats check-gpu bench man demo install clean
+.PHONY: all check check-unit check-bats check-gpu check-fuzz fuzz fuzz-build bench man demo install clean
 .SECONDARY:
 
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(FB)/obj -name '*.d' 2>/dev/null)

@@ -682,7 +682,7 @@ static int read_frame(dfl_reader *r, uint64_t off, uint64_t want_seq, bool first
     if (r->mapped) {
         got = off <= r->size ? r->size - off : 0;
         got = got < 64 ? got : 64;
-        h = r->base + off;
+        h = got ? r->base + off : r->hdr; /* an empty file has no mapping: base is NULL */
     } else {
         size_t k;
         int rc = read_upto(r, r->hdr, 64, &k, e);

@@ -89,7 +89,8 @@ int dfl_json_int(const json_t *obj, const char *key, bool required, int64_t *out
     }
     if (json_is_real(v)) { /* 4096.0 is an integer written by some tools */
         double d = json_real_value(v);
-        if (d == (double)(int64_t)d && d > -9.2e18 && d < 9.2e18) {
+        /* range first: converting a double outside int64_t is undefined */
+        if (d > -9.2e18 && d < 9.2e18 && d == (double)(int64_t)d) {
             *out = (int64_t)d;
             return DFL_OK;
         }

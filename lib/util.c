@@ -236,7 +236,8 @@ int dfl_map_open(dfl_map *m, const char *path, dfl_err *e)
 {
     m->data = NULL;
     m->size = 0;
-    m->fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below) */
+    m->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (m->fd < 0)
         return dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot open", path);
     struct stat st;
@@ -251,6 +252,7 @@ int dfl_map_open(dfl_map *m, const char *path, dfl_err *e)
         m->fd = -1;
         return dfl_fail(e, DFL_EIO, "%s: not a regular file", path);
     }
+    fcntl(m->fd, F_SETFL, fcntl(m->fd, F_GETFL) & ~O_NONBLOCK);
     m->size = (size_t)st.st_size;
     if (m->size > 0) {
         void *p = mmap(NULL, m->size, PROT_READ, MAP_SHARED, m->fd, 0);

@@ -1,6 +1,13 @@
 # helper.bash: loaded by every bats file. Finds the programs under test through $DFL_BIN (the
 # build tree by default, an install when set), loads bats-assert, and gives small helpers.
-: "${DFL_BUILD:=$(cd "$BATS_TEST_DIRNAME/../../build" 2>/dev/null && pwd)}"
+# SAN=1 in the environment picks the sanitized build (make SAN=1) when DFL_BUILD is not set.
+if [ "${SAN:-0}" = 1 ]; then _dfl_build_dir=build-san; else _dfl_build_dir=build; fi
+: "${DFL_BUILD:=$(cd "$BATS_TEST_DIRNAME/../../$_dfl_build_dir" 2>/dev/null && pwd)}"
+# Sanitized programs stop at the first report with status 86, which no test expects
+# (tests/run-checks sets these, and more, for make check).
+: "${ASAN_OPTIONS:=halt_on_error=1:exitcode=86:detect_leaks=1:protect_shadow_gap=0}"
+: "${UBSAN_OPTIONS:=halt_on_error=1:exitcode=86:print_stacktrace=1}"
+export ASAN_OPTIONS UBSAN_OPTIONS
 : "${DFL_BIN:=$DFL_BUILD/bin}"
 : "${DFL_TOOLS:=$DFL_BUILD/tools}"
 : "${DFL_ORACLE:=$(cd "$BATS_TEST_DIRNAME/../../../shared/oracle" 2>/dev/null && pwd)}"

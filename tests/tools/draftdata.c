@@ -27,6 +27,17 @@ static void usage(void)
            "       [--fingerprint HEX] [--hidden H] [--delay-ms MS]\n");
 }
 
+/* An error after the tables exist: stop the stream (a consumer that went away, a full disk) and
+ * free what main allocated, so that the sanitized build sees no leak. */
+static int fail(dfl_writer *w, float *tab, int64_t *lay, dfl_err *e)
+{
+    if (w)
+        dfl_writer_abort(w);
+    free(tab);
+    free(lay);
+    return dfl_cli_report(e);
+}
+
 int main(int argc, char **argv)
 {
     dfl_cli_init(argv[0]);
@@ -97,7 +108,7 @@ int main(int argc, char **argv)
     dfl_writer *w;
     dfl_writer_opts wo = {.no_index = no_index};
     if ((rc = dfl_writer_open(&w, out, &info, &wo, &e)))
-        return dfl_cli_report(&e);
+        return fail(NULL, tab, lay, &e);
     for (int64_t bi = 0; bi < batches; bi++) {
         uint32_t lens[1 << 16];
         uint64_t T = 0;
@@ -109,7 +120,7 @@ int main(int argc, char **argv)
         }
         dfl_batch b;
         if ((rc = dfl_batch_alloc(&b, T, (uint32_t)seqs, (uint32_t)nl, (uint32_t)H, dt, &e)))
-            return dfl_cli_report(&e);
+            return fail(w, tab, lay, &e);
         uint32_t *sl = (uint32_t *)b.seq_lens;
         int32_t *ids = (int32_t *)b.input_ids;
         uint8_t *mask = (uint8_t *)b.loss_mask;
@@ -134,12 +145,12 @@ int main(int argc, char **argv)
         rc = dfl_writer_batch(w, &b, &e);
         dfl_batch_free(&b);
         if (rc)
-            return dfl_cli_report(&e);
+            return fail(w, tab, lay, &e);
         if (delay)
             usleep((useconds_t)delay * 1000);
     }
     if ((rc = dfl_writer_close(w, &e)))
-        return dfl_cli_report(&e);
+        return fail(NULL, tab, lay, &e);
     if (cut > 0 && strcmp(out, "-") != 0) {
         FILE *f = fopen(out, "r+");
         if (!f || fseek(f, 0, SEEK_END) != 0)

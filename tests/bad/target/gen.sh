@@ -47,6 +47,9 @@ config hidden-act ',
   "hidden_act": "gelu_pytorch_tanh"' llama
 config missing-vocab-size '' qwen3
 sed -i '/"vocab_size"/d; s/"intermediate_size": 64,/"intermediate_size": 64/' missing-vocab-size/config.json
+# found by fuzz-config: a real far outside int64_t where an integer is wanted
+config head-dim-1e300 ',
+  "head_dim": 1281e300' llama
 mkdir -p invalid-json && printf '{"model_type": "qwen3", "hidden_size": 32,\n' >invalid-json/config.json
 
 # Token streams that the good model must refuse.
@@ -68,6 +71,7 @@ moe	2	num_experts is set
 hidden-act	2	hidden_act 'gelu_pytorch_tanh' is not supported
 missing-vocab-size	2	missing key 'vocab_size'
 invalid-json	2	invalid JSON
+head-dim-1e300	2	key 'head_dim' must be an integer
 token-out-of-range.dfl	2	batch 1, sequence 1, position 3: token id 64 is out of range
 hidden-stream.dfl	2	not a token-batch stream
 truncated.dfl	2	truncated
