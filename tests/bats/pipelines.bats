@@ -21,7 +21,7 @@ setup_file() {
 setup() {
     command -v dfl-bucket >/dev/null || skip "dfl-bucket not built"
     command -v demodata >/dev/null || PATH="$DFL_TOOLS:$PATH"
-    PATH="$REPO/pipelines:$PATH"
+    PATH="$DFL_BIN:$REPO/pipelines:$PATH"   # an install of the pipelines in $DFL_BIN comes first
     export OMP_WAIT_POLICY=passive DFL_BIN
     F="$BATS_FILE_TMPDIR"
     T="$BATS_TEST_TMPDIR"
@@ -378,6 +378,6 @@ png() { # FILE: the PNG signature
         ln -s "$(command -v "$t")" "$T/bin/$t"
     done
     metrics
-    run -1 env PATH="$T/bin" "$REPO/pipelines/dfl-plot" "$T/run"
+    run -1 env PATH="$T/bin" "$(command -v dfl-plot)" "$T/run"
     [[ "$output" == *"gnuplot is not installed"* ]]
 }
