@@ -124,6 +124,15 @@ wait_for() {
     [ -z "$stderr" ]
 }
 
+@test "dfl-train --passes 2 reads every shard twice and makes twice the steps" {
+    run --separate-stderr dfl-train -q --passes 2 --model "$TGT" --out "$T/r" --layers 1,2 "$F/sh" -- "${D[@]}"
+    [ "$status" -eq 0 ]
+    batches=$(grep -A1 '"counts"' "$F/sh/manifest.json" | grep -o '[0-9]*' | head -1)
+    [ "$(basename "$output")" = "step-$(printf %07d $((2 * batches)))" ]
+    grep -q "shard-00000.dfl .*shard-00000.dfl" "$T/r/logs/target-0.log"
+    [ "$(wc -l <"$T/r/metrics.jsonl")" -eq $((2 * batches)) ]
+}
+
 @test "dfl-train: when dfl-draft has done its steps, the targets are stopped and that is success" {
     run --separate-stderr dfl-train --model "$TGT" --out "$T/r" --layers 1,2 --total-steps 3 "$F/big" -- "${D[@]}"
     [ "$status" -eq 0 ]
