@@ -32,8 +32,15 @@ static void usage(void)
            "  -d, --device DEV      cpu, cuda or cuda:N (default cpu)\n"
            "      --dtype TYPE      dtype of the hidden states written: bf16 or f32 (default bf16)\n"
            "      --max-tokens N    size the buffers for batches of N tokens (default: the\n"
-           "                        first batch; on the CPU larger batches grow them)\n"
+           "                        inputs' warm-up shapes or index on a GPU, else the first\n"
+           "                        batch; on the CPU larger batches grow them)\n"
+           "      --manifest FILE   size the buffers from dfl-bucket's manifest.json\n"
+           "      --inflight N      batches between the forward and the writer (default 2)\n"
+           "      --profile[=N]     print the time of each stage every N batches (default 10)\n"
+           "      --tune            GPU: time cuBLASLt's GEMM algorithms before the first batch\n"
            "  -o, --output FILE     write to FILE (with an index frame) instead of stdout\n"
+           "      --file-io MODE    how FILE is written: write, map or register (default write)\n"
+           "      --vmsplice        hand the hidden states to a stdout pipe without copying\n"
            "      --zstd LEVEL      compress frames with zstd at LEVEL (1..19; default off)\n"
            "      --no-index        do not end an output file with an index frame\n"
            "      --info            print the model summary and the captured layers as JSON, exit\n"
@@ -48,7 +55,10 @@ static void usage(void)
            dfl_progname);
 }
 
-enum { OPT_DTYPE = 256, OPT_MAX_TOKENS, OPT_ZSTD, OPT_NO_INDEX, OPT_INFO, OPT_HELP, OPT_VERSION };
+enum {
+    OPT_DTYPE = 256, OPT_MAX_TOKENS, OPT_MANIFEST, OPT_INFLIGHT, OPT_PROFILE, OPT_TUNE, OPT_FILE_IO,
+    OPT_VMSPLICE, OPT_ZSTD, OPT_NO_INDEX, OPT_INFO, OPT_HELP, OPT_VERSION
+};
 
 static const struct option long_opts[] = {
     {"model", required_argument, NULL, 'm'},
@@ -56,6 +66,12 @@ static const struct option long_opts[] = {
     {"device", required_argument, NULL, 'd'},
     {"dtype", required_argument, NULL, OPT_DTYPE},
     {"max-tokens", required_argument, NULL, OPT_MAX_TOKENS},
+    {"manifest", required_argument, NULL, OPT_MANIFEST},
+    {"inflight", required_argument, NULL, OPT_INFLIGHT},
+    {"profile", optional_argument, NULL, OPT_PROFILE},
+    {"tune", no_argument, NULL, OPT_TUNE},
+    {"file-io", required_argument, NULL, OPT_FILE_IO},
+    {"vmsplice", no_argument, NULL, OPT_VMSPLICE},
     {"output", required_argument, NULL, 'o'},
     {"zstd", required_argument, NULL, OPT_ZSTD},
     {"no-index", no_argument, NULL, OPT_NO_INDEX},
@@ -109,9 +125,11 @@ int main(int argc, char **argv)
 {
     dfl_cli_init(argv[0]);
     const char *model = NULL, *layers_spec = "auto", *device = "cpu", *output = "-";
+    const char *manifest = NULL;
     dfl_dtype dtype = DFL_BF16;
-    int64_t max_tokens = 0;
-    bool info_only = false;
+    int64_t max_tokens = 0, inflight = 2, profile = 0;
+    int file_io = DFL_FILE_IO_WRITE;
+    bool info_only = false, tune = false;
     dfl_writer_opts wopts = {0};
     dfl_err e = {0};
     int c;
@@ -134,6 +152,28 @@ int main(int argc, char **argv)
             max_tokens = (int64_t)v;
             break;
         }
+        case OPT_MANIFEST: manifest = optarg; break;
+        case OPT_INFLIGHT:
+            if (dfl_parse_i64(optarg, 1, 64, &inflight, "--inflight", &e))
+                return dfl_cli_usage_error("%s", e.msg);
+            break;
+        case OPT_PROFILE:
+            profile = 10;
+            if (optarg && dfl_parse_i64(optarg, 1, 1000000, &profile, "--profile", &e))
+                return dfl_cli_usage_error("%s", e.msg);
+            break;
+        case OPT_TUNE: tune = true; break;
+        case OPT_FILE_IO:
+            if (strcmp(optarg, "write") == 0)
+                file_io = DFL_FILE_IO_WRITE;
+            else if (strcmp(optarg, "map") == 0)
+                file_io = DFL_FILE_IO_MAP;
+            else if (strcmp(optarg, "register") == 0)
+                file_io = DFL_FILE_IO_REGISTER;
+            else
+                return dfl_cli_usage_error("--file-io: '%s' is not write, map or register", optarg);
+            break;
+        case OPT_VMSPLICE: wopts.vmsplice = true; break;
         case OPT_ZSTD: {
             int64_t v;
             if (dfl_parse_i64(optarg, 1, 19, &v, "--zstd", &e))
@@ -152,6 +192,8 @@ int main(int argc, char **argv)
     }
     if (!model)
         return dfl_cli_usage_error("--model DIR is required");
+    if (max_tokens && manifest)
+        return dfl_cli_usage_error("--max-tokens and --manifest both size the buffers: give one");
     const char *stdin_only[] = {"-"};
     const char *const *inputs = optind < argc ? (const char *const *)argv + optind : stdin_only;
     int n_inputs = optind < argc ? argc - optind : 1;
@@ -215,16 +257,20 @@ int main(int argc, char **argv)
         dfl_target_run_opts o = {
             .inputs = inputs, .n_inputs = n_inputs, .output = output,
             .n_caps = n_layers, .layers = layers, .dtype = dtype,
-            .max_tokens = max_tokens, .grow = be->kind == DFL_BE_CPU,
+            .max_tokens = max_tokens, .manifest = manifest, .grow = be->kind == DFL_BE_CPU,
+            .inflight = (int)inflight, .profile = (int)profile, .file_io = file_io, .tune = tune,
             .wopts = wopts, .stop = &stop_signal,
         };
         dfl_target_stats st;
         rc = dfl_target_run(t, &o, &st, &e);
-        if (!rc)
+        if (!rc) {
+            dfl_verbose("setup (buffers, warm-up) took %.2f s before the first batch",
+                        st.setup_seconds);
             dfl_info("%llu batches, %llu sequences, %llu tokens in %.2f s (%.0f tokens/s)",
                      (unsigned long long)st.batches, (unsigned long long)st.seqs,
                      (unsigned long long)st.tokens, st.seconds,
                      st.tokens / (st.seconds > 0 ? st.seconds : 1e-9));
+        }
     }
     dfl_target_close(t);
     dfl_be_close(be);

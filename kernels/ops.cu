@@ -261,8 +261,9 @@ int cuda_add_rmsnorm(dfl_be *be, void *h, const void *d, void *y, float *rstd, c
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* qknorm_rope: one warp per (row, head). Lane l holds elements i = (l + 32 j) * P + p of the
- * first half and i + d/2 of the second (P = 2: pairs, when d/2 is even and rows 2-aligned). */
+/* qknorm_rope, general path: one warp per (row, head). Lane l holds elements i = (l + 32 j) * P + p
+ * of the first half and i + d/2 of the second (P = 2: pairs, when d/2 is even and rows
+ * 2-aligned). The fast path (qknorm_rope_vec_kernel, below) takes the usual head sizes. */
 
 #define QK_WARPS 8
 
@@ -332,6 +333,116 @@ __global__ void qknorm_rope_kernel(T *x, int64_t ld, float *rstd, const T *w, co
             *(PK *)(v + half + i0) = b;
         }
     }
+}
+
+/* Fast path, 16-byte accesses: a group of G = (d/2) / V consecutive lanes holds one head, lane c
+ * of the group the V elements [c V, c V + V) of the first half and the same V of the second half
+ * (two 16-byte loads in flight per lane). One warp per row: it walks the row's heads 32 / G at a
+ * time, so the sines and cosines of its elements, and its slice of the norm weight, are computed
+ * or loaded once per row instead of once per head. The per-head sum of squares is a shuffle over
+ * the G lanes of the group. Same arithmetic per element as qknorm_rope_kernel. */
+template <typename T, int V, int G>
+__global__ void qknorm_rope_vec_kernel(T *x, int64_t ld, float *rstd, const T *w,
+                                       const int32_t *pos, const float *inv_freq, int64_t R,
+                                       int heads, int d, float eps)
+{
+    typedef Pack<T, V> PK;
+    constexpr int HPW = 32 / G;          /* heads per step of the warp */
+    int64_t r = (int64_t)blockIdx.x * QK_WARPS + (threadIdx.x >> 5);
+    if (r >= R)
+        return;                          /* whole warps only: the shuffles below stay full */
+    int lane = threadIdx.x & 31;
+    int c = lane & (G - 1), slot = lane / G;
+    int half = d / 2, i0 = c * V;
+    float fp = (float)pos[r];
+    float cs[V], sn[V], w1[V], w2[V];
+#pragma unroll
+    for (int j = 0; j < V; j++)
+        sincosf(fp * inv_freq[i0 + j], &sn[j], &cs[j]);
+    if (w) {
+        PK a = *(const PK *)(w + i0), b = *(const PK *)(w + half + i0);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            w1[j] = to_f32(a.v[j]);
+            w2[j] = to_f32(b.v[j]);
+        }
+    }
+    T *row = x + r * ld;
+    for (int h0 = 0; h0 < heads; h0 += HPW) {
+        int h = h0 + slot;
+        bool on = h < heads;
+        T *v = row + (int64_t)h * d;
+        float x1[V], x2[V], ss = 0.0f;
+        if (on) {
+            PK a = *(const PK *)(v + i0), b = *(const PK *)(v + half + i0);
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                x1[j] = to_f32(a.v[j]);
+                x2[j] = to_f32(b.v[j]);
+                ss += x1[j] * x1[j] + x2[j] * x2[j];
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < V; j++)
+                x1[j] = x2[j] = 0.0f;
+        }
+        if (w) {
+#pragma unroll
+            for (int o = G / 2; o > 0; o >>= 1)
+                ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            float s = 1.0f / sqrtf(ss / (float)d + eps);
+            if (rstd && on && c == 0)
+                rstd[r * heads + h] = s;
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                x1[j] = w1[j] * (x1[j] * s);
+                x2[j] = w2[j] * (x2[j] * s);
+            }
+        }
+        if (on) {
+            PK a, b;
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                a.v[j] = from_f32<T>(x1[j] * cs[j] - x2[j] * sn[j]);
+                b.v[j] = from_f32<T>(x2[j] * cs[j] + x1[j] * sn[j]);
+            }
+            *(PK *)(v + i0) = a;
+            *(PK *)(v + half + i0) = b;
+        }
+    }
+}
+
+/* Launches the fast path when its conditions hold (16-byte aligned rows and weight, d/2 a
+ * power-of-two multiple of the vector width, at most 32 vectors); false otherwise. */
+template <typename T>
+static bool launch_qk_vec(cudaStream_t s, T *x, int64_t ld, float *rstd, const T *w,
+                          const int32_t *pos, const float *inv, int64_t R, int heads, int d,
+                          float eps)
+{
+    constexpr int V = 16 / sizeof(T);
+    int half = d / 2;
+    if (half % V || ld % V || !is_aligned(x, 16) || (w && !is_aligned(w, 16)))
+        return false;
+    int g = half / V;
+    if ((int64_t)(R + QK_WARPS - 1) / QK_WARPS > INT32_MAX)
+        return false;
+    unsigned blocks = (unsigned)((R + QK_WARPS - 1) / QK_WARPS);
+#define QKV_CASE(G)                                                                            \
+    case G:                                                                                   \
+        qknorm_rope_vec_kernel<T, V, G><<<blocks, QK_WARPS * 32, 0, s>>>(x, ld, rstd, w, pos,    \
+                                                                       inv, R, heads, d, eps); \
+        return true;
+    switch (g) {
+        QKV_CASE(1)
+        QKV_CASE(2)
+        QKV_CASE(4)
+        QKV_CASE(8)
+        QKV_CASE(16)
+        QKV_CASE(32)
+    default:
+        return false;
+    }
+#undef QKV_CASE
 }
 
 template <typename T, int P>
@@ -413,6 +524,11 @@ int cuda_qknorm_rope(dfl_be *be, void *x, int64_t ld, float *rstd, const void *w
                             (long long)R, heads);
     unsigned blocks = (unsigned)((warps + QK_WARPS - 1) / QK_WARPS);
     cudaStream_t s = cuda_of(be)->stream;
+    bool fast = be->act == DFL_BF16
+                    ? launch_qk_vec<bf16>(s, (bf16 *)x, ld, rstd, (const bf16 *)w, pos, inv, R, heads, d, eps)
+                    : launch_qk_vec<float>(s, (float *)x, ld, rstd, (const float *)w, pos, inv, R, heads, d, eps);
+    if (fast)
+        return cuda_launch_check(be, "qknorm_rope");
     if (be->act == DFL_BF16) {
         if (P == 2)
             launch_qk<bf16, 2>(s, blocks, maxj, (bf16 *)x, ld, rstd, (const bf16 *)w, pos, inv, R, heads, d, eps);

@@ -189,6 +189,13 @@ typedef struct dfl_writer_opts {
     bool no_index;               /* a regular file (the stream at its start) gets an INDEX frame
                                     unless set; pipes never do */
     bool allow_tty;              /* refuse to write binary to a terminal unless set */
+    bool vmsplice;               /* on a pipe, hand the layer arrays of HIDDEN batches to the
+                                    pipe with vmsplice(2) instead of copying them: the caller
+                                    then keeps each array unchanged until dfl_writer_consumed
+                                    says the consumer has read past it. Only for consumers that
+                                    read(2) the pipe (one that splices it on, e.g. to a socket,
+                                    could still see the pages change). Falls back to copying
+                                    when the system refuses */
 } dfl_writer_opts;
 
 /* Opens path ("-" = stdout) and writes the HEADER frame. A file is written under a temporary name
@@ -216,6 +223,47 @@ int dfl_writer_close(dfl_writer *w, dfl_err *e);
 void dfl_writer_abort(dfl_writer *w);
 /* Bytes written so far. */
 uint64_t dfl_writer_bytes(const dfl_writer *w);
+/* With opts.vmsplice: whether the consumer has read the stream up to byte offset `upto` (so
+ * that arrays spliced before it may be changed). True when nothing was spliced. */
+bool dfl_writer_consumed(dfl_writer *w, uint64_t upto);
+
+/* Writing batch frames in place. On a file output (a regular file written from its start,
+ * opened for reading and writing, without compression), a producer can reserve the next batch
+ * frame in the file, fill its layer arrays through a mapping (for example by DMA from a GPU into
+ * the registered mapping), and commit it later: the writer then writes the headers, sequence
+ * lengths, token ids, loss mask and padding into the frame and its checksum over the whole
+ * frame, exactly as dfl_writer_batch would have written it. Frames are committed in the order
+ * they were reserved. dfl_writer_reserve may be called on one thread while another commits
+ * earlier frames (the only use of a writer from two threads at once); while frames are
+ * reserved, dfl_writer_batch and dfl_writer_note fail. The file has its final size only at
+ * dfl_writer_close, and is renamed into place only then. */
+typedef struct dfl_frame_res {
+    uint64_t offset;             /* stream offset of the frame */
+    uint64_t n_tokens;
+    uint32_t n_seqs;
+    void *layers[DFL_MAX_LAYERS]; /* where layer k goes: [n_tokens, hidden] of the stream dtype,
+                                    64-aligned, inside the mapping */
+    void *map;                   /* the mapping holding the frame (page-aligned), e.g. to
+                                    register it with a GPU */
+    size_t map_len;
+    /* the writer's */
+    uint8_t *frame;
+    uint64_t frame_len, seq, index;
+} dfl_frame_res;
+/* Whether batches can be written in place on this writer. */
+bool dfl_writer_can_reserve(const dfl_writer *w);
+/* Reserves the next batch frame, for n_tokens tokens in n_seqs sequences: allocates its space in
+ * the file (fallocate, so that a full disk is an error here and not a fault later) and maps it.
+ * A failure here fails the writer for good. */
+int dfl_writer_reserve(dfl_writer *w, uint64_t n_tokens, uint32_t n_seqs, dfl_frame_res *f,
+                       dfl_err *e);
+/* Completes the oldest reserved frame f with batch b (its n_tokens and n_seqs those of the
+ * reservation; its layer pointers NULL or f->layers, already filled), checked as
+ * dfl_writer_batch checks it; unmaps f. Any failure fails the writer for good. */
+int dfl_writer_commit(dfl_writer *w, dfl_frame_res *f, const dfl_batch *b, dfl_err *e);
+/* Gives up a reserved frame (unmaps it); the writer fails for good (its file would have a
+ * hole), so this is for tearing down a failed run. */
+void dfl_writer_unreserve(dfl_writer *w, dfl_frame_res *f);
 
 /* Fingerprint helper: XXH3-128 of bytes, as 32 lowercase hex digits into out[33]. */
 void dfl_fingerprint_hex(const void *data, size_t n, char out[33]);

@@ -2,16 +2,21 @@
  * writev(2) straight from the caller's arrays (header, sections, padding, trailer), hashed with
  * streaming XXH3 in cache-sized pieces just before each piece is written: no copy of the layer
  * data unless the frame is compressed. A file is written under a temporary name beside it and
- * renamed into place after END; pipes are enlarged. */
+ * renamed into place after END; pipes are enlarged. Two ways to copy less: on a pipe, layer
+ * arrays can be handed over with vmsplice(2); on a file, batch frames can be reserved, filled in
+ * place through a mapping and committed (dfl_writer_reserve / dfl_writer_commit). */
 #include "frame.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -63,12 +68,26 @@ struct dfl_writer {
     size_t zcap;
     int failed;
     char failed_msg[sizeof(((dfl_err *)0)->msg)];
+    /* vmsplice (opts.vmsplice on a pipe) */
+    bool splice;      /* still allowed (cleared when the system refuses it) */
+    bool spliced;     /* something was spliced */
+    /* frames written in place (dfl_writer_reserve); mu guards failed and the counters below,
+     * which the reserving thread reads while the committing one updates bytes, seq, ... */
+    pthread_mutex_t mu;
+    bool mu_init;
+    bool in_place;    /* a regular file from its start, read-write: frames can be reserved */
+    uint64_t res_end, res_seq, res_index;   /* next reservation's offset, frame seq, batch index */
+    int res_out;      /* reserved, not committed */
 };
 
 static int wfail(dfl_writer *w, dfl_err *e, int rc)
 {
+    if (w->mu_init)
+        pthread_mutex_lock(&w->mu);
     w->failed = rc;
     memcpy(w->failed_msg, e->msg, sizeof w->failed_msg);
+    if (w->mu_init)
+        pthread_mutex_unlock(&w->mu);
     return rc;
 }
 
@@ -103,11 +122,64 @@ static int writev_all(dfl_writer *w, struct iovec *iov, int n, dfl_err *e)
     return DFL_OK;
 }
 
+/* vmsplice of the whole list into the pipe (the pages are referenced, not copied), through
+ * partial transfers, EINTR and EAGAIN. If the system refuses it, vmsplice is turned off for good
+ * and the rest is written with writev. */
+static int vmsplice_all(dfl_writer *w, struct iovec *iov, int n, dfl_err *e)
+{
+    while (n > 0) {
+        ssize_t k = vmsplice(w->fd, iov, (unsigned long)n, 0);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                struct pollfd p = {.fd = w->fd, .events = POLLOUT};
+                poll(&p, 1, -1);
+                continue;
+            }
+            if (errno == EPIPE)
+                return dfl_fail(e, DFL_EPIPE, "%s: the reader went away (broken pipe)", w->name);
+            w->splice = false; /* EINVAL, EFAULT, ENOSYS, ...: copy instead */
+            return writev_all(w, iov, n, e);
+        }
+        w->spliced = true;
+        size_t done = (size_t)k;
+        while (n > 0 && done >= iov->iov_len) {
+            done -= iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + done;
+            iov->iov_len -= done;
+        }
+    }
+    return DFL_OK;
+}
+
+/* Writes a group of pieces: runs of stable pieces (which the caller keeps unchanged until the
+ * consumer has read them) are spliced when vmsplice is on, the rest is copied. */
+static int write_group(dfl_writer *w, struct iovec *g, const bool *stable, int n, dfl_err *e)
+{
+    for (int i = 0; i < n;) {
+        bool sp = w->splice && stable[i];
+        int j = i + 1;
+        while (j < n && (w->splice && stable[j]) == sp)
+            j++;
+        int rc = sp ? vmsplice_all(w, g + i, j - i, e) : writev_all(w, g + i, j - i, e);
+        if (rc)
+            return rc;
+        i = j;
+    }
+    return DFL_OK;
+}
+
 /* Writes one frame whose payload is the concatenation of pieces (stored_len bytes in all):
  * frame header, pieces, padding, trailer. Pieces are hashed and written in groups of about
- * WRITE_CHUNK bytes. */
+ * WRITE_CHUNK bytes. stable (may be NULL): which pieces stay unchanged until the consumer has
+ * read them (they may be spliced). */
 static int write_frame(dfl_writer *w, uint32_t type, uint32_t flags, const struct iovec *pieces, int npieces,
-                       uint64_t stored_len, uint64_t raw_len, dfl_err *e)
+                       uint64_t stored_len, uint64_t raw_len, const bool *stable, dfl_err *e)
 {
     uint8_t hdr[64], trailer[8];
     memset(hdr, 0, sizeof hdr);
@@ -123,6 +195,7 @@ static int write_frame(dfl_writer *w, uint32_t type, uint32_t flags, const struc
 
     XXH3_64bits_reset(w->xx);
     struct iovec g[GROUP_IOV + 1];
+    bool gs[GROUP_IOV + 1];
     int gn = 0;
     size_t gbytes = 0;
     int rc;
@@ -144,11 +217,12 @@ static int write_frame(dfl_writer *w, uint32_t type, uint32_t flags, const struc
             XXH3_64bits_update(w->xx, base + off, take);
             g[gn].iov_base = (void *)(base + off);
             g[gn].iov_len = take;
+            gs[gn] = stable && k >= 0 && k < npieces && stable[k];
             gn++;
             gbytes += take;
             off += take;
             if (gbytes == WRITE_CHUNK || gn == GROUP_IOV) {
-                if ((rc = writev_all(w, g, gn, e)))
+                if ((rc = write_group(w, g, gs, gn, e)))
                     return rc;
                 gn = 0;
                 gbytes = 0;
@@ -158,8 +232,9 @@ static int write_frame(dfl_writer *w, uint32_t type, uint32_t flags, const struc
     put64(trailer, XXH3_64bits_digest(w->xx));
     g[gn].iov_base = trailer;
     g[gn].iov_len = 8;
+    gs[gn] = false;
     gn++;
-    if ((rc = writev_all(w, g, gn, e)))
+    if ((rc = write_group(w, g, gs, gn, e)))
         return rc;
     w->bytes += 64 + stored_len + pad + 8;
     w->seq++;
@@ -233,7 +308,7 @@ static int write_header(dfl_writer *w, const dfl_stream_info *in, dfl_err *e)
     size_t n = strlen(text);
     struct iovec iov = {text, n};
     int rc = n > (16u << 20) ? dfl_fail(e, DFL_EUSAGE, "%s: stream description of %zu bytes is over 16 MiB", w->name, n)
-                             : write_frame(w, DFL_FT_HEADER, 0, &iov, 1, n, n, e);
+                             : write_frame(w, DFL_FT_HEADER, 0, &iov, 1, n, n, NULL, e);
     free(text);
     return rc;
 }
@@ -249,6 +324,8 @@ static void writer_free(dfl_writer *w)
     ZSTD_freeCCtx(w->cctx);
     if (w->xx)
         XXH3_freeState(w->xx);
+    if (w->mu_init)
+        pthread_mutex_destroy(&w->mu);
     free(w);
 }
 
@@ -293,7 +370,19 @@ static int writer_start(dfl_writer **out, dfl_writer *w, const dfl_stream_info *
     if (S_ISFIFO(st.st_mode))
         enlarge_pipe(w->fd);
     /* an INDEX holds stream offsets: only where the stream starts the file */
-    w->want_index = S_ISREG(st.st_mode) && !w->opts.no_index && lseek(w->fd, 0, SEEK_CUR) == 0;
+    bool at_start = S_ISREG(st.st_mode) && lseek(w->fd, 0, SEEK_CUR) == 0;
+    w->want_index = at_start && !w->opts.no_index;
+    int fl = fcntl(w->fd, F_GETFL);
+    w->in_place = at_start && fl >= 0 && (fl & O_ACCMODE) == O_RDWR && w->opts.zstd_level == 0;
+    if (w->opts.vmsplice && S_ISFIFO(st.st_mode)) {
+        int unread = 0; /* dfl_writer_consumed needs FIONREAD */
+        w->splice = ioctl(w->fd, FIONREAD, &unread) == 0;
+    }
+    if (pthread_mutex_init(&w->mu, NULL) != 0) {
+        rc = dfl_fail(e, DFL_ENOMEM, "%s: cannot create a mutex", w->name);
+        goto fail;
+    }
+    w->mu_init = true;
     w->kind = info->kind;
     w->n_layers = info->kind == DFL_KIND_HIDDEN ? info->n_layers : 0;
     w->hidden = info->kind == DFL_KIND_HIDDEN ? info->hidden_size : 0;
@@ -455,6 +544,14 @@ static void scatter(uint8_t *dst, uint64_t n, const uint8_t *src, size_t len, ui
         dst[j * n + i0 + m] = src[m * sw + j];
 }
 
+static bool reserved_out(dfl_writer *w)
+{
+    pthread_mutex_lock(&w->mu);
+    bool out = w->res_out > 0;
+    pthread_mutex_unlock(&w->mu);
+    return out;
+}
+
 static int grow(uint8_t **buf, size_t *cap, size_t need)
 {
     if (need <= *cap)
@@ -472,6 +569,8 @@ int dfl_writer_batch(dfl_writer *w, const dfl_batch *b, dfl_err *e)
 {
     if (w->failed)
         return dfl_fail(e, w->failed, "%s", w->failed_msg);
+    if (reserved_out(w))
+        return dfl_fail(e, DFL_EUSAGE, "%s: a batch cannot be written while frames are reserved", w->name);
     uint32_t max_len = 0;
     int rc = check_batch(w, b, &max_len, e);
     if (rc)
@@ -515,8 +614,12 @@ int dfl_writer_batch(dfl_writer *w, const dfl_batch *b, dfl_err *e)
     PIECE(b->input_ids, 4 * T);
     PIECE(b->loss_mask, T);
     uint64_t layer_bytes = T * H * (K ? dfl_dtype_size(b->dtype) : 0);
-    for (uint32_t k = 0; k < K; k++)
+    bool stable[2 * (4 + DFL_MAX_LAYERS)];
+    memset(stable, 0, sizeof stable);
+    for (uint32_t k = 0; k < K; k++) {
+        stable[np] = true; /* the caller's layer arrays (spliced with opts.vmsplice) */
         PIECE(b->layers[k], layer_bytes);
+    }
 #undef PIECE
     uint32_t type = w->kind == DFL_KIND_TOKENS ? DFL_FT_TOKENS : DFL_FT_HIDDEN;
     uint64_t frame_off = w->bytes;
@@ -555,12 +658,12 @@ int dfl_writer_batch(dfl_writer *w, const dfl_batch *b, dfl_err *e)
             return wfail(w, e, dfl_fail(e, DFL_EIO, "%s: zstd compression failed: %s", w->name, ZSTD_getErrorName(zn)));
         if (zn < l.size) {
             struct iovec z = {w->zb, zn};
-            rc = write_frame(w, type, flags, &z, 1, zn, l.size, e);
+            rc = write_frame(w, type, flags, &z, 1, zn, l.size, NULL, e);
             compressed = true;
         }
     }
     if (!compressed)
-        rc = write_frame(w, type, 0, pieces, np, l.size, l.size, e);
+        rc = write_frame(w, type, 0, pieces, np, l.size, l.size, stable, e);
     if (rc)
         return wfail(w, e, rc);
     if (w->want_index) {
@@ -584,6 +687,8 @@ int dfl_writer_note(dfl_writer *w, const json_t *note, dfl_err *e)
 {
     if (w->failed)
         return dfl_fail(e, w->failed, "%s", w->failed_msg);
+    if (reserved_out(w))
+        return dfl_fail(e, DFL_EUSAGE, "%s: a note cannot be written while frames are reserved", w->name);
     if (!json_is_object(note))
         return dfl_fail(e, DFL_EUSAGE, "%s: a NOTE is a JSON object", w->name);
     char *text = dfl_json_dump(note, 0);
@@ -592,7 +697,7 @@ int dfl_writer_note(dfl_writer *w, const json_t *note, dfl_err *e)
     size_t n = strlen(text);
     struct iovec iov = {text, n};
     int rc = n > (16u << 20) ? dfl_fail(e, DFL_EUSAGE, "%s: NOTE of %zu bytes is over 16 MiB", w->name, n)
-                             : write_frame(w, DFL_FT_NOTE, DFL_FF_SKIPPABLE, &iov, 1, n, n, e);
+                             : write_frame(w, DFL_FT_NOTE, DFL_FF_SKIPPABLE, &iov, 1, n, n, NULL, e);
     free(text);
     if (rc && rc != DFL_EUSAGE)
         wfail(w, e, rc);
@@ -601,11 +706,245 @@ int dfl_writer_note(dfl_writer *w, const json_t *note, dfl_err *e)
 
 uint64_t dfl_writer_bytes(const dfl_writer *w) { return w->bytes; }
 
+bool dfl_writer_consumed(dfl_writer *w, uint64_t upto)
+{
+    if (!w->spliced || w->failed)
+        return true; /* nothing spliced, or nobody will read it any more */
+    int unread = 0;
+    if (ioctl(w->fd, FIONREAD, &unread) != 0 || unread < 0)
+        return true; /* checked at open: cannot happen on a pipe */
+    return w->bytes - (uint64_t)unread >= upto;
+}
+
+/* ---- batch frames written in place ------------------------------------------------------------ */
+
+bool dfl_writer_can_reserve(const dfl_writer *w) { return w->in_place && w->kind == DFL_KIND_HIDDEN; }
+
+int dfl_writer_reserve(dfl_writer *w, uint64_t n_tokens, uint32_t n_seqs, dfl_frame_res *f, dfl_err *e)
+{
+    memset(f, 0, sizeof *f);
+    if (!dfl_writer_can_reserve(w))
+        return dfl_fail(e, DFL_EUSAGE, "%s: batch frames can be written in place only into a file written from its "
+                        "start, opened read-write, without compression", w->name);
+    if (n_tokens < 1 || n_tokens > UINT32_MAX || n_seqs < 1 || n_seqs > n_tokens)
+        return dfl_fail(e, DFL_EUSAGE, "%s: reserving a batch of %llu tokens in %u sequences (need 1 <= sequences "
+                        "<= tokens < 2^32)", w->name, (unsigned long long)n_tokens, n_seqs);
+    dfl_batch_layout l;
+    if (!dfl_batch_layout_of(n_tokens, n_seqs, (uint32_t)w->n_layers, (uint32_t)w->hidden, w->dtype, &l) ||
+        l.size > SIZE_MAX / 4)
+        return dfl_fail(e, DFL_EUSAGE, "%s: a batch of %llu tokens is too large", w->name,
+                        (unsigned long long)n_tokens);
+    uint64_t pad = (64 - (l.size + 8) % 64) % 64, len = 64 + l.size + pad + 8;
+    pthread_mutex_lock(&w->mu);
+    if (w->failed) {
+        int rc = dfl_fail(e, w->failed, "%s", w->failed_msg);
+        pthread_mutex_unlock(&w->mu);
+        return rc;
+    }
+    if (w->res_out == 0) {
+        w->res_end = w->bytes;
+        w->res_seq = w->seq;
+        w->res_index = w->n_batches;
+    }
+    f->offset = w->res_end;
+    f->seq = w->res_seq++;
+    f->index = w->res_index++;
+    w->res_end += len;
+    w->res_out++;
+    pthread_mutex_unlock(&w->mu);
+    f->n_tokens = n_tokens;
+    f->n_seqs = n_seqs;
+    f->frame_len = len;
+
+    /* the space first, so that a full disk fails here and not as SIGBUS on a mapped page */
+    int rc = DFL_OK;
+    if (fallocate(w->fd, 0, (off_t)f->offset, (off_t)len) != 0) {
+        int err = errno;
+        if (err == EOPNOTSUPP || err == ENOSYS) {
+            if (ftruncate(w->fd, (off_t)(f->offset + len)) != 0)
+                rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot extend the file to %llu bytes", w->name,
+                                    (unsigned long long)(f->offset + len));
+        } else {
+            rc = dfl_fail_errno(e, DFL_EIO, err, "%s: cannot allocate %llu bytes for batch %llu", w->name,
+                                (unsigned long long)len, (unsigned long long)f->index);
+        }
+    }
+    if (!rc) {
+        uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+        uint64_t moff = f->offset / page * page;
+        f->map_len = (size_t)(f->offset - moff + len);
+        void *m = mmap(NULL, f->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, w->fd, (off_t)moff);
+        if (m == MAP_FAILED) {
+            rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot map %llu bytes for batch %llu", w->name,
+                                (unsigned long long)len, (unsigned long long)f->index);
+            f->map_len = 0;
+        } else {
+            f->map = m;
+            f->frame = (uint8_t *)m + (f->offset - moff);
+            for (int k = 0; k < w->n_layers; k++)
+                f->layers[k] = f->frame + 64 + l.layer0 + (uint64_t)k * l.layer_stride;
+        }
+    }
+    if (rc)
+        wfail(w, e, rc); /* the reservation chain is broken: the stream cannot continue */
+    return rc;
+}
+
+static void unmap_res(dfl_frame_res *f)
+{
+    if (f->map)
+        munmap(f->map, f->map_len);
+    f->map = NULL;
+    f->frame = NULL;
+    f->map_len = 0;
+}
+
+void dfl_writer_unreserve(dfl_writer *w, dfl_frame_res *f)
+{
+    if (!f->frame_len)
+        return;
+    unmap_res(f);
+    dfl_err e = {0};
+    dfl_fail(&e, DFL_EUSAGE, "%s: a reserved batch frame was given up", w->name);
+    pthread_mutex_lock(&w->mu);
+    if (w->res_out > 0)
+        w->res_out--;
+    if (!w->failed) {
+        w->failed = DFL_EUSAGE;
+        memcpy(w->failed_msg, e.msg, sizeof w->failed_msg);
+    }
+    pthread_mutex_unlock(&w->mu);
+    f->frame_len = 0;
+}
+
+/* Copies n bytes to dst (unless already there) and zeroes the padding up to the next multiple of
+ * 64 bytes. */
+static void put_section(uint8_t *dst, const void *src, uint64_t n)
+{
+    if (n && dst != src)
+        memcpy(dst, src, (size_t)n);
+    if (n % 64)
+        memset(dst + n, 0, (size_t)(64 - n % 64));
+}
+
+int dfl_writer_commit(dfl_writer *w, dfl_frame_res *f, const dfl_batch *b, dfl_err *e)
+{
+    int rc;
+    if (!f->frame) {
+        rc = dfl_fail(e, DFL_EUSAGE, "%s: committing a batch frame that is not reserved", w->name);
+        return wfail(w, e, rc);
+    }
+    pthread_mutex_lock(&w->mu);
+    int failed = w->failed;
+    pthread_mutex_unlock(&w->mu);
+    if (failed) {
+        rc = dfl_fail(e, failed, "%s", w->failed_msg);
+        dfl_writer_unreserve(w, f);
+        return rc;
+    }
+    dfl_batch c = *b;
+    bool elsewhere = false;
+    for (int k = 0; k < w->n_layers; k++) {
+        elsewhere |= c.layers[k] && c.layers[k] != f->layers[k];
+        c.layers[k] = f->layers[k];
+    }
+    uint32_t max_len = 0;
+    if (f->offset != w->bytes)
+        rc = dfl_fail(e, DFL_EUSAGE, "%s: batch frames must be committed in the order they were reserved "
+                      "(frame at %llu, stream at %llu)", w->name, (unsigned long long)f->offset,
+                      (unsigned long long)w->bytes);
+    else if (b->n_tokens != f->n_tokens || b->n_seqs != f->n_seqs)
+        rc = dfl_fail(e, DFL_EUSAGE, "%s: batch %llu has %llu tokens in %u sequences, reserved for %llu in %u",
+                      w->name, (unsigned long long)f->index, (unsigned long long)b->n_tokens, b->n_seqs,
+                      (unsigned long long)f->n_tokens, f->n_seqs);
+    else if (elsewhere)
+        rc = dfl_fail(e, DFL_EUSAGE, "%s: batch %llu: its layers are not in the reserved frame", w->name,
+                      (unsigned long long)f->index);
+    else
+        rc = check_batch(w, &c, &max_len, e);
+    if (rc) {
+        dfl_writer_unreserve(w, f);
+        return wfail(w, e, rc);
+    }
+    uint64_t T = c.n_tokens;
+    uint32_t S = c.n_seqs, K = (uint32_t)w->n_layers, H = (uint32_t)w->hidden;
+    dfl_batch_layout l;
+    dfl_batch_layout_of(T, S, K, H, w->dtype, &l); /* as at reserve */
+    uint8_t *fr = f->frame, *p = fr + 64;
+    /* frame header */
+    memset(fr, 0, 64);
+    memcpy(fr, DFL_FRAME_MAGIC, 4);
+    fr[4] = DFL_FRAME_MAJOR;
+    put16(fr + 6, DFL_FT_HIDDEN);
+    put64(fr + 8, l.size);
+    put64(fr + 16, l.size);
+    put64(fr + 24, f->seq);
+    put64(fr + 56, XXH3_64bits(fr, 56));
+    /* batch header and sections */
+    memset(p, 0, 64);
+    put64(p, f->index);
+    put64(p + 8, T);
+    put32(p + 16, S);
+    put32(p + 20, K);
+    put32(p + 24, H);
+    put16(p + 28, (uint16_t)w->dtype);
+    put32(p + 32, max_len);
+    put_section(p + l.seq_lens, c.seq_lens, 4ull * S);
+    put_section(p + l.input_ids, c.input_ids, 4 * T);
+    put_section(p + l.loss_mask, c.loss_mask, T);
+    uint64_t layer_bytes = T * H * dfl_dtype_size(w->dtype);
+    for (uint32_t k = 0; k < K; k++)
+        if (layer_bytes % 64)
+            memset(p + l.layer0 + k * l.layer_stride + layer_bytes, 0, (size_t)(64 - layer_bytes % 64));
+    uint64_t pad = f->frame_len - 64 - l.size - 8;
+    memset(p + l.size, 0, (size_t)pad);
+    put64(fr + f->frame_len - 8, XXH3_64bits(fr, (size_t)(f->frame_len - 8)));
+    unmap_res(f);
+    /* the next write (INDEX, END) goes after this frame */
+    if (lseek(w->fd, (off_t)(f->offset + f->frame_len), SEEK_SET) < 0) {
+        rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: seek failed", w->name);
+        pthread_mutex_lock(&w->mu);
+        w->res_out--;
+        pthread_mutex_unlock(&w->mu);
+        f->frame_len = 0;
+        return wfail(w, e, rc);
+    }
+    if (w->want_index) {
+        if (w->n_batches == w->cap) {
+            size_t cap = w->cap ? w->cap * 2 : 256;
+            dfl_index_entry *q = realloc(w->entries, cap * sizeof *q);
+            if (!q) {
+                rc = dfl_fail(e, DFL_ENOMEM, "%s: out of memory", w->name);
+                pthread_mutex_lock(&w->mu);
+                w->res_out--;
+                pthread_mutex_unlock(&w->mu);
+                f->frame_len = 0;
+                return wfail(w, e, rc);
+            }
+            w->entries = q;
+            w->cap = cap;
+        }
+        w->entries[w->n_batches] = (dfl_index_entry){f->offset, S, (uint32_t)T};
+    }
+    pthread_mutex_lock(&w->mu);
+    w->bytes += f->frame_len;
+    w->seq++;
+    w->n_batches++;
+    w->n_tokens += T;
+    w->n_seqs += S;
+    w->res_out--;
+    pthread_mutex_unlock(&w->mu);
+    f->frame_len = 0;
+    return DFL_OK;
+}
+
 int dfl_writer_close(dfl_writer *w, dfl_err *e)
 {
     if (!w)
         return DFL_OK;
     int rc = DFL_OK;
+    if (!w->failed && reserved_out(w))
+        wfail(w, e, dfl_fail(e, DFL_EUSAGE, "%s: closed with batch frames still reserved", w->name));
     if (w->failed) {
         rc = dfl_fail(e, w->failed, "%s", w->failed_msg);
         dfl_writer_abort(w);
@@ -629,7 +968,7 @@ int dfl_writer_close(dfl_writer *w, dfl_err *e)
         }
         index_off = w->bytes;
         struct iovec iov = {p, (size_t)len};
-        rc = write_frame(w, DFL_FT_INDEX, DFL_FF_SKIPPABLE, &iov, 1, len, len, e);
+        rc = write_frame(w, DFL_FT_INDEX, DFL_FF_SKIPPABLE, &iov, 1, len, len, NULL, e);
         free(p);
         if (rc) {
             dfl_writer_abort(w);
@@ -644,7 +983,7 @@ int dfl_writer_close(dfl_writer *w, dfl_err *e)
     put64(end + 24, index_off);
     put64(end + 32, w->seq);
     struct iovec iov = {end, 64};
-    if ((rc = write_frame(w, DFL_FT_END, 0, &iov, 1, 64, 64, e))) {
+    if ((rc = write_frame(w, DFL_FT_END, 0, &iov, 1, 64, 64, NULL, e))) {
         dfl_writer_abort(w);
         return rc;
     }

@@ -187,6 +187,7 @@ int dfl_target_open(dfl_target **out, dfl_be *be, const char *dir, int n_load, d
     if (!t)
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
     t->be = be;
+    t->fuse_residual = be->kind == DFL_BE_CUDA;
     json_t *cfg = NULL;
     dfl_st_model *m = NULL;
     loader L = {.t = t};
@@ -312,21 +313,63 @@ void dfl_target_ws_free(const dfl_target *t, dfl_target_ws *ws)
 {
     if (!ws)
         return;
-    dfl_be *be = t->be;
-    void *bufs[] = {ws->h, ws->x, ws->delta, ws->big1, ws->big2, ws->ids, ws->pos, ws->cu};
-    for (size_t i = 0; i < DFL_ARRAY_LEN(bufs); i++)
-        if (bufs[i])
-            be->ops->free(be, bufs[i]);
+    if (ws->arena)
+        t->be->ops->free(t->be, ws->arena);
     free(ws->pos_host);
     free(ws->cu_host);
     free(ws);
 }
 
+#define WS_ALIGN 256 /* every buffer of the arena starts on this boundary */
+
+/* The arena's buffers, in order, with their sizes (false on overflow). */
+typedef struct ws_plan {
+    uint64_t bytes[8];
+    uint64_t total;
+} ws_plan;
+
+static bool ws_plan_of(const dfl_target *t, int64_t max_tokens, int64_t max_seqs, ws_plan *p)
+{
+    const dfl_hf_config *c = &t->cfg;
+    int64_t H = c->hidden_size, d = c->head_dim, I = c->intermediate_size;
+    int64_t nq = c->n_heads * d, nqkv = nq + 2 * c->n_kv_heads * d;
+    int64_t w1 = nqkv > 2 * I ? nqkv : 2 * I, w2 = nq > I ? nq : I;
+    uint64_t as = dfl_dtype_size(t->be->act), T = (uint64_t)max_tokens;
+    uint64_t elems[8] = {T * (uint64_t)H, T * (uint64_t)H, T * (uint64_t)H, T * (uint64_t)w1,
+                         T * (uint64_t)w2, T, T, (uint64_t)max_seqs + 1};
+    uint64_t size[8] = {as, as, as, as, as, 4, 4, 4};
+    p->total = 0;
+    for (int i = 0; i < 8; i++) {
+        uint64_t b;
+        if (!dfl_mul_u64(elems[i], size[i], &b) || b > UINT64_MAX / 2)
+            return false;
+        p->bytes[i] = (b + WS_ALIGN - 1) / WS_ALIGN * WS_ALIGN;
+        if (!dfl_add_u64(p->total, p->bytes[i], &p->total))
+            return false;
+    }
+    return p->total <= SIZE_MAX / 2;
+}
+
+uint64_t dfl_target_ws_bytes(const dfl_target *t, int64_t max_tokens, int64_t max_seqs)
+{
+    ws_plan p;
+    if (max_tokens < 1)
+        max_tokens = 1;
+    if (max_seqs < 1)
+        max_seqs = 1;
+    return ws_plan_of(t, max_tokens, max_seqs, &p) ? p.total : 0;
+}
+
 int dfl_target_ws_new(const dfl_target *t, int64_t max_tokens, int64_t max_seqs,
                       dfl_target_ws **out, dfl_err *e)
 {
+    return dfl_target_ws_new_ex(t, max_tokens, max_seqs, 0, out, e);
+}
+
+int dfl_target_ws_new_ex(const dfl_target *t, int64_t max_tokens, int64_t max_seqs,
+                         uint64_t extra_bytes, dfl_target_ws **out, dfl_err *e)
+{
     *out = NULL;
-    const dfl_hf_config *c = &t->cfg;
     dfl_be *be = t->be;
     if (max_tokens < 1)
         max_tokens = 1;
@@ -335,44 +378,37 @@ int dfl_target_ws_new(const dfl_target *t, int64_t max_tokens, int64_t max_seqs,
     if (max_tokens > INT32_MAX || max_seqs > INT32_MAX)
         return dfl_fail(e, DFL_EUSAGE, "batch of %lld tokens, %lld sequences: too large",
                         (long long)max_tokens, (long long)max_seqs);
+    ws_plan p;
+    uint64_t total;
+    if (!ws_plan_of(t, max_tokens, max_seqs, &p) || !dfl_add_u64(p.total, extra_bytes, &total) ||
+        total > SIZE_MAX / 2)
+        return dfl_fail(e, DFL_ENOMEM, "activation buffers for %lld tokens: size overflow",
+                        (long long)max_tokens);
     dfl_target_ws *ws = calloc(1, sizeof *ws);
     if (!ws)
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
     ws->max_tokens = max_tokens;
     ws->max_seqs = max_seqs;
-    int64_t H = c->hidden_size, d = c->head_dim, I = c->intermediate_size;
-    int64_t nq = c->n_heads * d, nqkv = nq + 2 * c->n_kv_heads * d;
-    int64_t w1 = nqkv > 2 * I ? nqkv : 2 * I, w2 = nq > I ? nq : I;
-    size_t as = dfl_dtype_size(be->act);
-    struct {
-        void **p;
-        uint64_t elems;
-        size_t size;
-    } plan[] = {
-        {&ws->h, (uint64_t)(max_tokens * H), as},
-        {&ws->x, (uint64_t)(max_tokens * H), as},
-        {&ws->delta, (uint64_t)(max_tokens * H), as},
-        {&ws->big1, (uint64_t)(max_tokens * w1), as},
-        {&ws->big2, (uint64_t)(max_tokens * w2), as},
-        {(void **)&ws->ids, (uint64_t)max_tokens, 4},
-        {(void **)&ws->pos, (uint64_t)max_tokens, 4},
-        {(void **)&ws->cu, (uint64_t)max_seqs + 1, 4},
-    };
-    for (size_t i = 0; i < DFL_ARRAY_LEN(plan); i++) {
-        uint64_t bytes;
-        if (!dfl_mul_u64(plan[i].elems, plan[i].size, &bytes) || bytes > SIZE_MAX) {
-            dfl_target_ws_free(t, ws);
-            return dfl_fail(e, DFL_ENOMEM, "activation buffers for %lld tokens: size overflow",
-                            (long long)max_tokens);
-        }
-        if (!(*plan[i].p = be->ops->alloc(be, (size_t)bytes, e))) {
-            char b[32];
-            dfl_err_prefix(e, "activation buffers for %lld tokens (%s in all so far): ",
-                           (long long)max_tokens, dfl_fmt_bytes((double)(ws->bytes + bytes), b, sizeof b));
-            dfl_target_ws_free(t, ws);
-            return e->code;
-        }
-        ws->bytes += bytes;
+    if (!(ws->arena = be->ops->alloc(be, (size_t)total, e))) {
+        char b1[32], b2[32];
+        dfl_err_prefix(e, "activation buffers for %lld tokens (%s, %s of them for the captured "
+                       "layers): ", (long long)max_tokens,
+                       dfl_fmt_bytes((double)total, b1, sizeof b1),
+                       dfl_fmt_bytes((double)extra_bytes, b2, sizeof b2));
+        dfl_target_ws_free(t, ws);
+        return e->code;
+    }
+    ws->bytes = total;
+    void **ptrs[8] = {&ws->h, &ws->x, &ws->delta, &ws->big1, &ws->big2, (void **)&ws->ids,
+                      (void **)&ws->pos, (void **)&ws->cu};
+    char *at = ws->arena;
+    for (int i = 0; i < 8; i++) {
+        *ptrs[i] = at;
+        at += p.bytes[i];
+    }
+    if (extra_bytes) {
+        ws->extra = at;
+        ws->extra_bytes = extra_bytes;
     }
     ws->pos_host = malloc((size_t)max_tokens * sizeof *ws->pos_host);
     ws->cu_host = malloc((size_t)(max_seqs + 1) * sizeof *ws->cu_host);
@@ -388,6 +424,11 @@ int dfl_target_ws_new(const dfl_target *t, int64_t max_tokens, int64_t max_seqs,
 
 int dfl_target_check_batch(const dfl_target *t, const dfl_batch *b, dfl_err *e)
 {
+    return dfl_target_check_vocab(t->cfg.vocab_size, b, e);
+}
+
+int dfl_target_check_vocab(int64_t V, const dfl_batch *b, dfl_err *e)
+{
     uint64_t sum = 0;
     for (uint32_t s = 0; s < b->n_seqs; s++)
         sum += b->seq_lens[s];
@@ -395,7 +436,6 @@ int dfl_target_check_batch(const dfl_target *t, const dfl_batch *b, dfl_err *e)
         return dfl_fail(e, DFL_EDATA, "batch %llu: sequence lengths add up to %llu, not %llu tokens",
                         (unsigned long long)b->index, (unsigned long long)sum,
                         (unsigned long long)b->n_tokens);
-    int64_t V = t->cfg.vocab_size;
     uint64_t row = 0;
     for (uint32_t s = 0; s < b->n_seqs; s++) {
         for (uint32_t j = 0; j < b->seq_lens[s]; j++, row++) {
@@ -409,22 +449,37 @@ int dfl_target_check_batch(const dfl_target *t, const dfl_batch *b, dfl_err *e)
     return DFL_OK;
 }
 
+int32_t dfl_target_positions(const dfl_batch *b, int32_t *pos, int32_t *cu)
+{
+    int32_t max_len = 0;
+    cu[0] = 0;
+    for (uint64_t s = 0, row = 0; s < b->n_seqs; s++) {
+        int32_t n = (int32_t)b->seq_lens[s];
+        for (int32_t j = 0; j < n; j++)
+            pos[row++] = j;
+        cu[s + 1] = cu[s] + n;
+        if (n > max_len)
+            max_len = n;
+    }
+    return max_len;
+}
+
 /* Element pointer arithmetic on act buffers. */
 static inline void *at(const void *p, int64_t elems, dfl_dtype dt)
 {
     return (char *)p + (size_t)elems * dfl_dtype_size(dt);
 }
 
-/* C [T, N] (act) = A [T, K] (act) W^T (+ bias), W [N, K] (w). */
+/* C [T, N] (act) = A [T, K] (act) W^T (+ bias) (+ C when accumulate), W [N, K] (w). */
 static int linear(dfl_be *be, void *C, const void *A, const void *W, const float *bias, int64_t T,
-                  int64_t N, int64_t K)
+                  int64_t N, int64_t K, bool accumulate)
 {
     dfl_mm m = {
         .M = T, .N = N, .K = K,
         .A = A, .adt = be->act, .lda = K, .ta = false,
         .B = W, .bdt = be->wdt, .ldb = K, .tb = true,
         .C = C, .cdt = be->act, .ldc = N,
-        .alpha = 1.0f, .beta = 0.0f, .bias = bias,
+        .alpha = 1.0f, .beta = accumulate ? 1.0f : 0.0f, .bias = bias,
     };
     return be->ops->matmul(be, &m);
 }
@@ -433,15 +488,7 @@ int dfl_target_forward(dfl_target *t, dfl_target_ws *ws, const dfl_batch *b, int
                        const int32_t *layers, dfl_dtype cap_dt, void *const *caps, dfl_err *e)
 {
     dfl_be *be = t->be;
-    const dfl_be_ops *ops = be->ops;
-    const dfl_hf_config *c = &t->cfg;
     int64_t T = (int64_t)b->n_tokens, S = b->n_seqs;
-    if (n_caps < 1 || n_caps > DFL_MAX_LAYERS)
-        return dfl_fail(e, DFL_EUSAGE, "forward: %d captured layers (1..%d)", n_caps, DFL_MAX_LAYERS);
-    for (int k = 0; k < n_caps; k++)
-        if (layers[k] < 0 || layers[k] >= t->n_loaded || (k && layers[k] <= layers[k - 1]))
-            return dfl_fail(e, DFL_EUSAGE, "forward: captured layer %d is not ascending or not "
-                            "loaded (%d layers loaded)", layers[k], t->n_loaded);
     if (T > ws->max_tokens || S > ws->max_seqs)
         return dfl_fail(e, DFL_EUSAGE, "batch %llu: %lld tokens in %lld sequences is more than the "
                         "buffers hold (%lld tokens, %lld sequences)", (unsigned long long)b->index,
@@ -451,24 +498,44 @@ int dfl_target_forward(dfl_target *t, dfl_target_ws *ws, const dfl_batch *b, int
     if (rc)
         return rc;
     if (T == 0)
+        return dfl_target_forward_staged(t, ws, b->index, 0, S, 0, n_caps, layers, cap_dt, caps, e);
+    int32_t max_len = dfl_target_positions(b, ws->pos_host, ws->cu_host);
+    if ((rc = be->ops->upload(be, ws->ids, b->input_ids, (size_t)T * 4)) ||
+        (rc = be->ops->upload(be, ws->pos, ws->pos_host, (size_t)T * 4)) ||
+        (rc = be->ops->upload(be, ws->cu, ws->cu_host, (size_t)(S + 1) * 4)))
+        return dfl_fail(e, rc, "batch %llu: uploading the token ids to %s failed (%s)",
+                        (unsigned long long)b->index, be->name, dfl_code_name(rc));
+    return dfl_target_forward_staged(t, ws, b->index, T, S, max_len, n_caps, layers, cap_dt, caps, e);
+}
+
+int dfl_target_forward_staged(dfl_target *t, dfl_target_ws *ws, uint64_t index, int64_t T,
+                              int64_t S, int32_t max_len, int n_caps, const int32_t *layers,
+                              dfl_dtype cap_dt, void *const *caps, dfl_err *e)
+{
+    dfl_be *be = t->be;
+    const dfl_be_ops *ops = be->ops;
+    const dfl_hf_config *c = &t->cfg;
+    int rc;
+    if (n_caps < 1 || n_caps > DFL_MAX_LAYERS)
+        return dfl_fail(e, DFL_EUSAGE, "forward: %d captured layers (1..%d)", n_caps, DFL_MAX_LAYERS);
+    for (int k = 0; k < n_caps; k++)
+        if (layers[k] < 0 || layers[k] >= t->n_loaded || (k && layers[k] <= layers[k - 1]))
+            return dfl_fail(e, DFL_EUSAGE, "forward: captured layer %d is not ascending or not "
+                            "loaded (%d layers loaded)", layers[k], t->n_loaded);
+    if (T > ws->max_tokens || S > ws->max_seqs)
+        return dfl_fail(e, DFL_EUSAGE, "batch %llu: %lld tokens in %lld sequences is more than the "
+                        "buffers hold (%lld tokens, %lld sequences)", (unsigned long long)index,
+                        (long long)T, (long long)S, (long long)ws->max_tokens,
+                        (long long)ws->max_seqs);
+    if (T == 0)
         return DFL_OK;
 
-    /* Positions restart at 0 for each sequence; cu_seqlens delimits the sequences. */
-    int32_t max_len = 0;
-    ws->cu_host[0] = 0;
-    for (int64_t s = 0, row = 0; s < S; s++) {
-        int32_t n = (int32_t)b->seq_lens[s];
-        for (int32_t j = 0; j < n; j++)
-            ws->pos_host[row++] = j;
-        ws->cu_host[s + 1] = ws->cu_host[s] + n;
-        if (n > max_len)
-            max_len = n;
-    }
     int64_t H = c->hidden_size, d = c->head_dim, I = c->intermediate_size;
     int64_t nq = c->n_heads * d, nkv = c->n_kv_heads * d, nqkv = nq + 2 * nkv;
     float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
     dfl_dtype act = be->act;
     int last = layers[n_caps - 1], next = 0;
+    bool fuse = t->fuse_residual;
 
 #define CK(call)                                                                          \
     do {                                                                                  \
@@ -476,13 +543,11 @@ int dfl_target_forward(dfl_target *t, dfl_target_ws *ws, const dfl_batch *b, int
             goto fail;                                                                    \
     } while (0)
     be->rope_dtype = t->rope_dtype;
-    CK(ops->upload(be, ws->ids, b->input_ids, (size_t)T * 4));
-    CK(ops->upload(be, ws->pos, ws->pos_host, (size_t)T * 4));
-    CK(ops->upload(be, ws->cu, ws->cu_host, (size_t)(S + 1) * 4));
     CK(ops->embedding(be, ws->h, ws->ids, t->embed, T, H));
     for (int l = 0; l <= last; l++) {
         const dfl_target_layer *w = &t->layers[l];
-        if (l == 0) {
+        if (l == 0 || fuse) {
+            /* h is the embedding, or (fused) the output of layer l-1 */
             CK(ops->rmsnorm(be, ws->x, NULL, ws->h, w->ln1, T, H, eps));
         } else {
             /* h += previous MLP output: h is now the output of layer l-1 */
@@ -495,7 +560,7 @@ int dfl_target_forward(dfl_target *t, dfl_target_ws *ws, const dfl_batch *b, int
         /* attention */
         void *qkv = ws->big1;   /* [T, nqkv] */
         void *att = ws->big2;   /* [T, nq] */
-        CK(linear(be, qkv, ws->x, w->wqkv, w->bqkv, T, nqkv, H));
+        CK(linear(be, qkv, ws->x, w->wqkv, w->bqkv, T, nqkv, H, false));
         CK(ops->qknorm_rope(be, qkv, nqkv, NULL, w->q_norm, ws->pos, T, (int)c->n_heads, (int)d,
                             eps, theta));
         CK(ops->qknorm_rope(be, at(qkv, nq, act), nqkv, NULL, w->k_norm, ws->pos, T,
@@ -510,23 +575,71 @@ int dfl_target_forward(dfl_target *t, dfl_target_ws *ws, const dfl_batch *b, int
             .scale = (float)(1.0 / sqrt((double)d)),
         };
         CK(ops->attn_varlen(be, &a));
-        CK(linear(be, ws->delta, att, w->wo, w->bo, T, H, nq));
-        CK(ops->add_rmsnorm(be, ws->h, ws->delta, ws->x, NULL, w->ln2, T, H, eps));
+        if (fuse) {
+            CK(linear(be, ws->h, att, w->wo, w->bo, T, H, nq, true));   /* h += o_proj */
+            CK(ops->rmsnorm(be, ws->x, NULL, ws->h, w->ln2, T, H, eps));
+        } else {
+            CK(linear(be, ws->delta, att, w->wo, w->bo, T, H, nq, false));
+            CK(ops->add_rmsnorm(be, ws->h, ws->delta, ws->x, NULL, w->ln2, T, H, eps));
+        }
         /* MLP */
         void *gu = ws->big1;    /* [T, 2I] */
         void *mo = ws->big2;    /* [T, I] */
-        CK(linear(be, gu, ws->x, w->wgu, w->bgu, T, 2 * I, H));
+        CK(linear(be, gu, ws->x, w->wgu, w->bgu, T, 2 * I, H, false));
         CK(ops->swiglu(be, mo, gu, T, I));
-        CK(linear(be, ws->delta, mo, w->wdown, w->bdown, T, H, I));
+        if (fuse) {
+            CK(linear(be, ws->h, mo, w->wdown, w->bdown, T, H, I, true)); /* h += down_proj */
+            if (next < n_caps && layers[next] == l) {
+                CK(ops->convert(be, caps[next], cap_dt, ws->h, act, T * H));
+                next++;
+            }
+        } else {
+            CK(linear(be, ws->delta, mo, w->wdown, w->bdown, T, H, I, false));
+        }
     }
-    CK(ops->add(be, ws->h, ws->delta, T * H));
-    if (next < n_caps && layers[next] == last) {
-        CK(ops->convert(be, caps[next], cap_dt, ws->h, act, T * H));
-        next++;
+    if (!fuse) {
+        CK(ops->add(be, ws->h, ws->delta, T * H));
+        if (next < n_caps && layers[next] == last) {
+            CK(ops->convert(be, caps[next], cap_dt, ws->h, act, T * H));
+            next++;
+        }
     }
 #undef CK
     return DFL_OK;
 fail:
-    return dfl_fail(e, rc, "batch %llu: forward on %s failed (%s)", (unsigned long long)b->index,
+    return dfl_fail(e, rc, "batch %llu: forward on %s failed (%s)", (unsigned long long)index,
                     be->name, dfl_code_name(rc));
+}
+
+int dfl_target_gemms(const dfl_target *t, const dfl_target_ws *ws, int64_t T, dfl_mm out[4])
+{
+    const dfl_hf_config *c = &t->cfg;
+    dfl_be *be = t->be;
+    if (t->n_loaded < 1 || T < 1 || T > ws->max_tokens)
+        return DFL_EUSAGE;
+    const dfl_target_layer *w = &t->layers[0];
+    int64_t H = c->hidden_size, d = c->head_dim, I = c->intermediate_size;
+    int64_t nq = c->n_heads * d, nqkv = nq + 2 * c->n_kv_heads * d;
+    bool f = t->fuse_residual;
+    struct {
+        void *C;
+        const void *A, *W;
+        const float *bias;
+        int64_t N, K;
+        bool acc;
+    } g[4] = {
+        {ws->big1, ws->x, w->wqkv, w->bqkv, nqkv, H, false},
+        {f ? ws->h : ws->delta, ws->big2, w->wo, w->bo, H, nq, f},
+        {ws->big1, ws->x, w->wgu, w->bgu, 2 * I, H, false},
+        {f ? ws->h : ws->delta, ws->big2, w->wdown, w->bdown, H, I, f},
+    };
+    for (int i = 0; i < 4; i++)
+        out[i] = (dfl_mm){
+            .M = T, .N = g[i].N, .K = g[i].K,
+            .A = g[i].A, .adt = be->act, .lda = g[i].K, .ta = false,
+            .B = g[i].W, .bdt = be->wdt, .ldb = g[i].K, .tb = true,
+            .C = g[i].C, .cdt = be->act, .ldc = g[i].N,
+            .alpha = 1.0f, .beta = g[i].acc ? 1.0f : 0.0f, .bias = g[i].bias,
+        };
+    return DFL_OK;
 }

@@ -3,11 +3,16 @@
  * capturing the outputs of chosen decoder layers. Written only against the backend ops
  * (backend.h): the same code runs on the CPU and on CUDA.
  *
- * Three separate pieces, so that a pipelined driver can overlap them:
+ * Separate pieces, so that a pipelined driver can overlap them:
  *   dfl_target_open      weights on the backend (converted on the host to be->wdt)
- *   dfl_target_ws_new    activation buffers, allocated once for the largest batch
+ *   dfl_target_ws_new    activation buffers, allocated once (one block) for the largest batch
  *   dfl_target_forward   enqueue one batch: ids in, captured layers out into backend buffers
- * and a driver that reads token batches and writes hidden-state batches (dfl_target_run). */
+ *                        (or, split for a pipeline: dfl_target_positions on the host, the
+ *                        caller stages ids, positions and cu_seqlens, and
+ *                        dfl_target_forward_staged enqueues the layers)
+ * and a driver that reads token batches and writes hidden-state batches (dfl_target_run,
+ * lib/target_run.c: a reader thread, the forward, device-to-host copies on a second stream and a
+ * writer thread, overlapped). */
 #ifndef DFL_TARGET_H
 #define DFL_TARGET_H
 
@@ -43,6 +48,11 @@ typedef struct dfl_target {
     void *embed;           /* [V, H] w */
     dfl_target_layer *layers; /* [n_loaded] */
     uint64_t weight_bytes; /* backend bytes held by the weights */
+    /* The residual adds run in the epilogues of o_proj and down_proj (h += x W^T, a GEMM with
+     * beta = 1) instead of as separate passes: one pass over [T, H] less per add, and h rounded
+     * once instead of twice. Set by dfl_target_open on CUDA; the CPU keeps the separate adds
+     * (its results stay bit-identical to earlier versions). */
+    bool fuse_residual;
 } dfl_target;
 
 /* Opens the model directory DIR: parses config.json (errors name unsupported features), opens
@@ -57,9 +67,11 @@ void dfl_target_close(dfl_target *t);
  * DFL_MAX_LAYERS entries. */
 int dfl_target_parse_layers(const char *spec, int64_t n_layers, int32_t *out, int *n, dfl_err *e);
 
-/* Activation buffers for batches of at most max_tokens tokens and max_seqs sequences. */
+/* Activation buffers for batches of at most max_tokens tokens and max_seqs sequences, carved
+ * from one backend allocation (with room for the caller at `extra`). */
 typedef struct dfl_target_ws {
     int64_t max_tokens, max_seqs;
+    void *arena;           /* the one backend allocation behind every buffer below */
     void *h;               /* [T, H] act: the residual stream */
     void *x;               /* [T, H] act: normed input of attention / MLP */
     void *delta;           /* [T, H] act: attention or MLP output before the residual add */
@@ -69,16 +81,26 @@ typedef struct dfl_target_ws {
     int32_t *cu;           /* [S + 1] backend: cu_seqlens */
     int32_t *pos_host;     /* [T] host staging */
     int32_t *cu_host;      /* [S + 1] host staging */
-    uint64_t bytes;        /* backend bytes held */
+    void *extra;           /* extra_bytes of backend memory for the caller (256-aligned), or NULL */
+    uint64_t extra_bytes;
+    uint64_t bytes;        /* backend bytes held (extra included) */
 } dfl_target_ws;
 
 int dfl_target_ws_new(const dfl_target *t, int64_t max_tokens, int64_t max_seqs,
                       dfl_target_ws **out, dfl_err *e);
+/* Same, with extra_bytes more in the same allocation (ws->extra): a driver puts its capture
+ * buffers there, so that a run holds one arena sized at start. */
+int dfl_target_ws_new_ex(const dfl_target *t, int64_t max_tokens, int64_t max_seqs,
+                         uint64_t extra_bytes, dfl_target_ws **out, dfl_err *e);
+/* Backend bytes dfl_target_ws_new takes for these maxima (without extra); 0 on overflow. */
+uint64_t dfl_target_ws_bytes(const dfl_target *t, int64_t max_tokens, int64_t max_seqs);
 void dfl_target_ws_free(const dfl_target *t, dfl_target_ws *ws);
 
 /* Token ids of b against the vocabulary: DFL_EDATA naming the batch, sequence and position of
  * the first id out of range. Also checks that seq_lens add up to n_tokens. */
 int dfl_target_check_batch(const dfl_target *t, const dfl_batch *b, dfl_err *e);
+/* The same against a vocabulary size (for a thread that must not hold the model). */
+int dfl_target_check_vocab(int64_t vocab_size, const dfl_batch *b, dfl_err *e);
 
 /* Enqueues the forward of token batch b (checked with dfl_target_check_batch) on the backend:
  * positions restart at 0 for each sequence, attention is causal within each sequence, and the
@@ -88,6 +110,24 @@ int dfl_target_check_batch(const dfl_target *t, const dfl_batch *b, dfl_err *e);
 int dfl_target_forward(dfl_target *t, dfl_target_ws *ws, const dfl_batch *b, int n_caps,
                        const int32_t *layers, dfl_dtype cap_dt, void *const *caps, dfl_err *e);
 
+/* Host side of a batch's inputs: pos [T] (positions restarting at 0 for each sequence) and
+ * cu [S + 1] (cu_seqlens) of b, whose seq_lens must add up to n_tokens. Returns the longest
+ * sequence. */
+int32_t dfl_target_positions(const dfl_batch *b, int32_t *pos, int32_t *cu);
+
+/* The forward of a batch whose token ids, positions and cu_seqlens have already been enqueued
+ * into ws->ids, ws->pos and ws->cu (the ids checked by the caller): T tokens in S sequences, the
+ * longest max_len; index names the batch in messages. Enqueues the layers as dfl_target_forward
+ * does and returns without waiting. */
+int dfl_target_forward_staged(dfl_target *t, dfl_target_ws *ws, uint64_t index, int64_t T,
+                              int64_t S, int32_t max_len, int n_caps, const int32_t *layers,
+                              dfl_dtype cap_dt, void *const *caps, dfl_err *e);
+
+/* The four GEMMs of a layer as dfl_target_forward_staged issues them for a batch of T tokens on
+ * ws (qkv_proj, o_proj, gate_up_proj, down_proj; layer 0's weights, the same shapes for every
+ * layer), so that a driver can tune them before its first batch. */
+int dfl_target_gemms(const dfl_target *t, const dfl_target_ws *ws, int64_t T, dfl_mm out[4]);
+
 /* The driver of dfl-target: reads token-batch streams and writes one hidden-state stream. */
 typedef struct dfl_target_run_opts {
     const char *const *inputs;   /* token streams ("-" = stdin) */
@@ -96,16 +136,33 @@ typedef struct dfl_target_run_opts {
     int n_caps;
     const int32_t *layers;       /* captured layer ids */
     dfl_dtype dtype;             /* stream dtype: DFL_BF16 or DFL_F32 */
-    int64_t max_tokens;          /* buffer size; 0 = from the first batch */
+    int64_t max_tokens;          /* buffer size; 0 = from a manifest, the inputs' warm-up shapes
+                                    or index, or the first batch */
+    const char *manifest;        /* dfl-bucket's manifest.json: its warm-up shapes size the
+                                    buffers (NULL: none) */
     bool grow;                   /* a larger batch grows the buffers (else: error) */
+    int inflight;                /* output slots: batches between the forward and the writer
+                                    (0 = default, 2) */
+    int profile;                 /* print stage times every `profile` batches (0 = off) */
+    int file_io;                 /* -o FILE: DFL_FILE_IO_* */
+    bool tune;                   /* CUDA: time cuBLASLt's candidate algorithms for the largest
+                                    batch's GEMMs before the first batch */
     dfl_writer_opts wopts;
     volatile sig_atomic_t *stop; /* set by a signal handler: stop at the next batch boundary */
 } dfl_target_run_opts;
+
+/* How a file output (-o FILE) is written: from host buffers with write(2); through a mapping of
+ * the file (the CPU forward writes straight into it; a GPU's copies land in pinned buffers and are
+ * copied into it); or, CUDA only, with the mapping registered with the GPU so that its copies
+ * land in the file's pages (falls back to DFL_FILE_IO_MAP when registration is refused). Pipes
+ * are always written with write(2) (or vmsplice). */
+enum { DFL_FILE_IO_WRITE = 0, DFL_FILE_IO_MAP = 1, DFL_FILE_IO_REGISTER = 2 };
 
 /* Totals of a run, filled as it goes (also on failure). */
 typedef struct dfl_target_stats {
     uint64_t batches, seqs, tokens;
     double seconds;              /* from the first batch read to the end */
+    double setup_seconds;        /* sizing, buffers, warm-up (before the first batch) */
 } dfl_target_stats;
 
 /* Runs the whole stream. On a signal (opts->stop set) returns DFL_EINTR without an END frame;

@@ -1,11 +1,35 @@
-/* target_run.c: the dfl-target driver: reads token-batch streams, runs the target forward on each
- * batch, and hands the hidden-state batches to a writer thread through a small bounded queue, so
- * that writing to a slow pipe overlaps the next forward. Stops at a batch boundary when a signal
- * handler sets the stop flag (no END frame: the consumer sees a cut stream). */
+/* target_run.c: the dfl-target driver, a pipeline of three threads.
+ *
+ *   reader   reads the token-batch streams, checks every batch against the model and stages its
+ *            lengths, ids, mask, positions and cu_seqlens, up to IN_DEPTH batches ahead;
+ *   forward  (the calling thread) takes a staged batch and a free output slot and enqueues the
+ *            batch: on CUDA the uploads of its inputs, the forward and the copies of the captured
+ *            layers to the slot's pinned host buffers, all asynchronous; it waits for the writer
+ *            only when every slot is in flight, and never for the GPU;
+ *   writer   takes the slots in order, waits for their copies (an event, on its own thread),
+ *            frames, checksums and writes them, and gives the slots back.
+ *
+ * On CUDA, batch i uses output slot i % inflight and device capture set i % 2:
+ *   compute stream: upload(i) | wait set_free[i % 2] | forward(i) into the set | record done(i)
+ *   copy stream:    wait done(i) | copy the set to the slot | record copied(i), set_free[i % 2]
+ * so a capture set is overwritten only after the copies out of it have completed (ordered on the
+ * GPU, no host wait), and a slot's host buffers (which also stage the next batch's uploads) only
+ * after the writer has written them. On the CPU the same pipeline runs with the forward writing
+ * straight into the slot's buffers, or into the output file's mapping.
+ *
+ * Device memory is one arena (activations and the two capture sets) sized before the first batch:
+ * from --max-tokens, a dfl-bucket manifest, the inputs' warm-up shapes (their header's meta) or
+ * index, or else the first batch. On CUDA a warm-up forward on the largest shape precedes the
+ * first batch and device allocation is frozen after it. A signal stops the run at a batch
+ * boundary (no END frame). */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "json.h"
@@ -13,101 +37,41 @@
 #include "target.h"
 #include "util.h"
 
-#define QUEUE_DEPTH 2
+#ifdef DFL_CUDA
+#include "../kernels/cuda.h"
+#endif
 
-/* Batches waiting to be written, and the writer thread's state. */
-typedef struct outq {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    dfl_batch *item[QUEUE_DEPTH];
-    int head, count;
-    bool done;       /* no more batches will come: write what is queued, then return */
-    bool stop;       /* return as soon as possible */
-    bool failed;     /* the writer failed: err holds why */
-    dfl_err err;
-    dfl_writer *w;
-    uint64_t written;
-} outq;
+#define IN_DEPTH 4         /* token batches read and staged ahead */
+#define MAX_INFLIGHT 64
+#define CAP_SETS 2         /* device capture sets (CUDA) */
+#define POLL_NS 50000000L  /* waits wake up this often to look at the stop flag */
 
-static void free_batch(dfl_batch *b)
+/* ------------------------------------------------------------------------------------------ */
+/* small helpers */
+
+static void deadline_in(struct timespec *ts, long ns)
 {
-    if (b) {
-        dfl_batch_free(b);
-        free(b);
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_nsec += ns;
+    while (ts->tv_nsec >= 1000000000L) {
+        ts->tv_nsec -= 1000000000L;
+        ts->tv_sec++;
     }
 }
 
-static void *writer_main(void *arg)
+static bool grow_buf(void **p, uint64_t *cap, uint64_t need, size_t elem)
 {
-    outq *q = arg;
-    pthread_mutex_lock(&q->mu);
-    for (;;) {
-        while (!q->count && !q->done && !q->stop)
-            pthread_cond_wait(&q->cv, &q->mu);
-        if (q->stop || !q->count)
-            break;
-        dfl_batch *b = q->item[q->head];
-        q->item[q->head] = NULL;
-        q->head = (q->head + 1) % QUEUE_DEPTH;
-        q->count--;
-        pthread_cond_broadcast(&q->cv);
-        pthread_mutex_unlock(&q->mu);
-        dfl_err err = {0};
-        int rc = dfl_writer_batch(q->w, b, &err);
-        free_batch(b);
-        pthread_mutex_lock(&q->mu);
-        if (rc) {
-            q->failed = true;
-            q->err = err;
-            pthread_cond_broadcast(&q->cv);
-            break;
-        }
-        q->written++;
-    }
-    pthread_mutex_unlock(&q->mu);
-    return NULL;
-}
-
-/* Queues b (taking it over); fails with the writer's error if the writer has failed. */
-static int push(outq *q, dfl_batch *b, dfl_err *e)
-{
-    pthread_mutex_lock(&q->mu);
-    while (q->count == QUEUE_DEPTH && !q->failed)
-        pthread_cond_wait(&q->cv, &q->mu);
-    if (q->failed) {
-        *e = q->err;
-        pthread_mutex_unlock(&q->mu);
-        free_batch(b);
-        return e->code;
-    }
-    q->item[(q->head + q->count) % QUEUE_DEPTH] = b;
-    q->count++;
-    pthread_cond_broadcast(&q->cv);
-    pthread_mutex_unlock(&q->mu);
-    return DFL_OK;
-}
-
-/* Ends the writer thread: after writing the queue (finish) or at once. Returns the writer's
- * error, if any. */
-static int finish_writer(outq *q, pthread_t th, bool finish, dfl_err *e)
-{
-    pthread_mutex_lock(&q->mu);
-    if (finish)
-        q->done = true;
-    else
-        q->stop = true;
-    pthread_cond_broadcast(&q->cv);
-    pthread_mutex_unlock(&q->mu);
-    pthread_join(th, NULL);
-    for (int i = 0; i < QUEUE_DEPTH; i++) {
-        free_batch(q->item[i]);
-        q->item[i] = NULL;
-    }
-    if (q->failed) {
-        *e = q->err;
-        return e->code;
-    }
-    return DFL_OK;
+    if (need <= *cap)
+        return true;
+    uint64_t c = *cap ? *cap : 256;
+    while (c < need)
+        c *= 2;
+    void *q = realloc(*p, (size_t)(c * elem));
+    if (!q)
+        return false;
+    *p = q;
+    *cap = c;
+    return true;
 }
 
 static int open_input(const char *path, dfl_reader **r, dfl_err *e)
@@ -125,124 +89,1082 @@ static int open_input(const char *path, dfl_reader **r, dfl_err *e)
     return rc;
 }
 
-/* Activation buffers and capture buffers, sized together. */
-typedef struct buffers {
-    dfl_target_ws *ws;
-    void *caps[DFL_MAX_LAYERS];   /* [T, H] of the stream dtype, backend memory */
-    int n_caps;
-} buffers;
+/* ------------------------------------------------------------------------------------------ */
+/* the reader thread */
 
-static void buffers_free(dfl_target *t, buffers *bf)
-{
-    dfl_target_ws_free(t, bf->ws);
-    bf->ws = NULL;
-    for (int k = 0; k < bf->n_caps; k++) {
-        if (bf->caps[k])
-            t->be->ops->free(t->be, bf->caps[k]);
-        bf->caps[k] = NULL;
-    }
-}
+typedef struct in_item {
+    int input;                 /* which input it came from */
+    uint64_t index;            /* batch number within that input */
+    uint64_t n_tokens;
+    uint32_t n_seqs;
+    int32_t max_len;
+    uint32_t *lens;            /* [S] */
+    int32_t *ids, *pos;        /* [T] */
+    uint8_t *mask;             /* [T] */
+    int32_t *cu;               /* [S + 1] */
+    uint64_t cap_t, cap_s, cap_m, cap_p, cap_c;
+} in_item;
 
-static int buffers_new(dfl_target *t, buffers *bf, const dfl_target_run_opts *o, int64_t T,
-                       int64_t S, dfl_err *e)
+typedef struct inq {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    in_item items[IN_DEPTH];
+    int head, count;           /* filled items, in order */
+    bool eof;                  /* the reader is done; after the items, rc and err say how */
+    int rc;
+    dfl_err err;
+    bool quit;                 /* asked to stop */
+    bool exited;               /* the thread is about to return */
+    bool abandoned;            /* the caller has gone: the thread frees this on its way out */
+    int64_t vocab;             /* the model's vocabulary size (the thread never holds the model) */
+    const char *const *inputs; /* the caller's strings, valid for the process's life */
+    int n_inputs;
+    dfl_reader *first;         /* inputs[0], opened by the caller (checked before any output) */
+    char (*names)[256];        /* [n_inputs] reader names, for messages */
+} inq;
+
+static void in_free(inq *q);
+
+static int item_fill(in_item *it, const dfl_batch *b, int input)
 {
-    buffers_free(t, bf);
-    bf->n_caps = o->n_caps;
-    int rc = dfl_target_ws_new(t, T, S, &bf->ws, e);
-    if (rc)
-        return rc;
-    size_t bytes = (size_t)bf->ws->max_tokens * (size_t)t->cfg.hidden_size * dfl_dtype_size(o->dtype);
-    for (int k = 0; k < o->n_caps; k++)
-        if (!(bf->caps[k] = t->be->ops->alloc(t->be, bytes, e)))
-            return dfl_err_prefix(e, "capture buffers: ");
-    char b1[32];
-    dfl_verbose("buffers for %lld tokens, %lld sequences: %s on %s", (long long)bf->ws->max_tokens,
-                (long long)bf->ws->max_seqs,
-                dfl_fmt_bytes((double)(bf->ws->bytes + (uint64_t)bytes * (uint64_t)o->n_caps), b1, sizeof b1),
-                t->be->name);
+    uint64_t T = b->n_tokens, S = b->n_seqs;
+    if (!grow_buf((void **)&it->lens, &it->cap_s, S, 4) ||
+        !grow_buf((void **)&it->ids, &it->cap_t, T, 4) ||
+        !grow_buf((void **)&it->pos, &it->cap_p, T, 4) ||
+        !grow_buf((void **)&it->mask, &it->cap_m, T, 1) ||
+        !grow_buf((void **)&it->cu, &it->cap_c, S + 1, 4))
+        return DFL_ENOMEM;
+    it->input = input;
+    it->index = b->index;
+    it->n_tokens = T;
+    it->n_seqs = (uint32_t)S;
+    memcpy(it->lens, b->seq_lens, (size_t)S * 4);
+    memcpy(it->ids, b->input_ids, (size_t)T * 4);
+    memcpy(it->mask, b->loss_mask, (size_t)T);
+    it->max_len = dfl_target_positions(b, it->pos, it->cu);
     return DFL_OK;
 }
 
-/* Makes sure the buffers hold batch b: sized at the first batch (or --max-tokens), grown on
- * demand when allowed. */
-static int fit(dfl_target *t, buffers *bf, const dfl_target_run_opts *o, const dfl_batch *b,
-               const char *name, dfl_err *e)
+/* The thread may be blocked reading an input (a pipe, a FIFO) when the run stops; the caller then
+ * leaves it (in_stop), and it frees its state itself once its read returns. So it touches nothing
+ * of the caller's but q, and the strings in q->inputs. */
+static void *reader_main(void *arg)
 {
-    int64_t T = (int64_t)b->n_tokens, S = b->n_seqs;
-    if (!bf->ws) {
-        /* --max-tokens sizes them (a first batch larger than that is handled below); without
-         * it, the first batch does */
-        int rc = o->max_tokens > 0 ? buffers_new(t, bf, o, o->max_tokens, o->max_tokens, e)
-                                   : buffers_new(t, bf, o, T, S, e);
-        if (rc)
+    inq *q = arg;
+    int rc = DFL_OK;
+    dfl_err err = {0};
+    bool quit = false;
+    for (int in = 0; in < q->n_inputs && !rc && !quit; in++) {
+        dfl_reader *r = NULL;
+        if (in == 0) {
+            pthread_mutex_lock(&q->mu);
+            r = q->first;
+            q->first = NULL;
+            pthread_mutex_unlock(&q->mu);
+        } else if ((rc = open_input(q->inputs[in], &r, &err))) {
+            break;
+        }
+        const char *name = dfl_reader_name(r);
+        pthread_mutex_lock(&q->mu);
+        snprintf(q->names[in], sizeof q->names[in], "%s", name);
+        pthread_mutex_unlock(&q->mu);
+        for (;;) {
+            dfl_batch b;
+            memset(&b, 0, sizeof b);
+            bool eos = false;
+            if ((rc = dfl_reader_next(r, &b, &eos, &err)) || eos)
+                break;
+            if ((rc = dfl_target_check_vocab(q->vocab, &b, &err))) {
+                dfl_err_prefix(&err, "%s: ", name);
+                dfl_reader_recycle(r, &b);
+                break;
+            }
+            pthread_mutex_lock(&q->mu);
+            while (q->count == IN_DEPTH && !q->quit)
+                pthread_cond_wait(&q->cv, &q->mu);
+            quit = q->quit;
+            in_item *it = &q->items[(q->head + q->count) % IN_DEPTH];
+            pthread_mutex_unlock(&q->mu);
+            if (quit) {
+                dfl_reader_recycle(r, &b);
+                break;
+            }
+            /* the item is the consumer's only after count++ below */
+            rc = item_fill(it, &b, in);
+            dfl_reader_recycle(r, &b);
+            if (rc) {
+                rc = dfl_fail(&err, DFL_ENOMEM, "out of memory");
+                break;
+            }
+            pthread_mutex_lock(&q->mu);
+            q->count++;
+            pthread_cond_broadcast(&q->cv);
+            pthread_mutex_unlock(&q->mu);
+        }
+        dfl_reader_close(r);
+    }
+    pthread_mutex_lock(&q->mu);
+    q->eof = true;
+    q->rc = rc;
+    q->err = err;
+    q->exited = true;
+    bool abandoned = q->abandoned;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    if (abandoned)
+        in_free(q);
+    return NULL;
+}
+
+enum { POP_ITEM, POP_END, POP_STOP };
+
+/* The next staged batch (POP_ITEM), the end of the inputs (POP_END, with the reader's error if
+ * any in rc/e), or POP_STOP when the stop flag was set while waiting. */
+static int in_pop(inq *q, in_item **it, volatile sig_atomic_t *stop, int *rc, dfl_err *e)
+{
+    int res;
+    pthread_mutex_lock(&q->mu);
+    while (!q->count && !q->eof && !(stop && *stop)) {
+        struct timespec ts;
+        deadline_in(&ts, POLL_NS);
+        pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+    }
+    if (q->count) {
+        *it = &q->items[q->head];
+        res = POP_ITEM;
+    } else if (q->eof) {
+        *rc = q->rc;
+        if (q->rc)
+            *e = q->err;
+        res = POP_END;
+    } else {
+        res = POP_STOP;
+    }
+    pthread_mutex_unlock(&q->mu);
+    return res;
+}
+
+static void in_release(inq *q)
+{
+    pthread_mutex_lock(&q->mu);
+    q->head = (q->head + 1) % IN_DEPTH;
+    q->count--;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* Stops the reader thread. Returns true when it has ended (the caller frees q); false when it is
+ * still blocked on its input after a short wait: it is then left to end when its read returns
+ * (at the latest when the process exits), and frees q itself. */
+static bool in_stop(inq *q, pthread_t th)
+{
+    pthread_mutex_lock(&q->mu);
+    q->quit = true;
+    pthread_cond_broadcast(&q->cv);
+    struct timespec ts;
+    deadline_in(&ts, 4 * POLL_NS);
+    while (!q->exited && pthread_cond_timedwait(&q->cv, &q->mu, &ts) == 0)
+        ;
+    bool ended = q->exited;
+    if (!ended)
+        q->abandoned = true;
+    pthread_mutex_unlock(&q->mu);
+    if (ended)
+        pthread_join(th, NULL);
+    else
+        pthread_detach(th);
+    return ended;
+}
+
+static void in_free(inq *q)
+{
+    if (q->first)
+        dfl_reader_close(q->first);
+    q->first = NULL;
+    for (int i = 0; i < IN_DEPTH; i++) {
+        in_item *it = &q->items[i];
+        free(it->lens);
+        free(it->ids);
+        free(it->pos);
+        free(it->mask);
+        free(it->cu);
+    }
+    free(q->names);
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+    free(q);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* output slots */
+
+/* Per-batch figures for --profile, seconds. */
+typedef struct prof {
+    double in_wait;    /* forward thread waiting for the reader */
+    double slot_wait;  /* forward thread waiting for a free slot (every slot in flight) */
+    double enqueue;    /* forward thread enqueuing (CPU: includes the forward itself) */
+    double forward;    /* GPU time of the forward (CPU: host time) */
+    double copy;       /* GPU time of the device-to-host copies */
+    double copy_wait;  /* writer waiting for the copies */
+    double write;      /* writer framing, checksumming and writing */
+    uint64_t tokens;
+} prof;
+
+typedef struct slot {
+    uint64_t in_index;         /* the batch's number within its input (for messages) */
+    uint64_t T;
+    uint32_t S;
+    uint32_t max_len;
+    uint32_t *lens;            /* [max S] */
+    uint8_t *mask;             /* [max T] */
+    /* one host block (mmap-ed; pinned on CUDA): the staged inputs, then the layer buffers */
+    void *block;
+    size_t block_bytes;
+    bool block_pinned;
+    int32_t *ids, *pos, *cu;   /* [max T], [max T], [max S + 1] */
+    void *host[DFL_MAX_LAYERS]; /* [max T, H] of the stream dtype, or NULL when the layers go
+                                   straight into the file's mapping (CPU) */
+    /* the frame reserved in a file output, when writing in place */
+    bool mapped, registered;
+    dfl_frame_res res;
+    int set;                   /* device capture set used (CUDA) */
+#ifdef DFL_CUDA
+    dfl_cuda_event ev_start, ev_done, ev_copied;
+#endif
+    prof pf;
+} slot;
+
+/* What the forward thread and the writer thread share. */
+typedef struct outq {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t submitted;        /* batches handed to the writer */
+    uint64_t written;          /* batches written */
+    uint64_t released;         /* slots given back: batch i's slot is free once released > i */
+    bool done;                 /* no more batches: write what is submitted, then return */
+    bool stop;                 /* return as soon as possible */
+    bool failed;
+    dfl_err err;
+    uint64_t end_off[MAX_INFLIGHT]; /* stream offset after each slot's frame (for vmsplice) */
+} outq;
+
+typedef struct pipeline {
+    dfl_target *t;
+    dfl_be *be;
+    const dfl_target_run_opts *o;
+    bool cuda;
+    int K;                     /* captured layers */
+    int64_t H;
+    size_t ds;                 /* bytes per element of the stream dtype */
+    int n_slots;
+    int64_t max_t, max_s;      /* what the buffers hold */
+    dfl_target_ws *ws;
+    void *sets[CAP_SETS][DFL_MAX_LAYERS]; /* device capture sets (CUDA), in ws->extra */
+    bool set_used[CAP_SETS];
+#ifdef DFL_CUDA
+    dfl_cuda_event set_free[CAP_SETS];
+    dfl_cuda_stream compute, copy;
+#endif
+    slot slots[MAX_INFLIGHT];
+    bool slots_ready;
+    int file_io;               /* what is in effect */
+    bool can_register;
+    dfl_writer *w;
+    outq oq;
+    /* profile (writer thread) */
+    prof win, total;
+    uint64_t win_first;
+    double win_t0, t0;
+} pipeline;
+
+static slot *slot_of(pipeline *p, uint64_t i) { return &p->slots[i % (uint64_t)p->n_slots]; }
+
+static void slot_free(pipeline *p, slot *s)
+{
+    free(s->lens);
+    free(s->mask);
+    s->lens = NULL;
+    s->mask = NULL;
+    if (s->block) {
+#ifdef DFL_CUDA
+        if (s->block_pinned)
+            dfl_cuda_host_unregister(p->be, s->block, NULL);
+#endif
+        munmap(s->block, s->block_bytes);
+    }
+    s->block = NULL;
+    s->block_pinned = false;
+#ifdef DFL_CUDA
+    if (p->cuda) {
+        dfl_cuda_event_destroy(p->be, s->ev_start);
+        dfl_cuda_event_destroy(p->be, s->ev_done);
+        dfl_cuda_event_destroy(p->be, s->ev_copied);
+        s->ev_start = s->ev_done = s->ev_copied = NULL;
+    }
+#endif
+}
+
+static void slots_free(pipeline *p)
+{
+    for (int i = 0; i < p->n_slots; i++)
+        slot_free(p, &p->slots[i]);
+    p->slots_ready = false;
+}
+
+static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+/* Host buffers of every slot for batches of max_t tokens and max_s sequences. Layer buffers are
+ * left out where the layers go straight into the file (CPU writing in place). */
+static int slots_new(pipeline *p, dfl_err *e)
+{
+    uint64_t T = (uint64_t)p->max_t, S = (uint64_t)p->max_s;
+    bool layers = p->cuda || p->file_io == DFL_FILE_IO_WRITE;
+    uint64_t stage = align_up(4 * (2 * T + S + 1), 4096);
+    uint64_t lb = align_up(T * (uint64_t)p->H * p->ds, 4096);
+    uint64_t bytes = stage + (layers ? lb * (uint64_t)p->K : 0);
+    for (int i = 0; i < p->n_slots; i++) {
+        slot *s = &p->slots[i];
+        memset(s, 0, sizeof *s);
+        s->lens = malloc((size_t)S * 4);
+        s->mask = malloc((size_t)T);
+        if (!s->lens || !s->mask)
+            return dfl_fail(e, DFL_ENOMEM, "out of memory");
+        void *b = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (b == MAP_FAILED) {
+            char b1[32];
+            return dfl_fail_errno(e, DFL_ENOMEM, errno, "output buffers: cannot map %s",
+                                  dfl_fmt_bytes((double)bytes, b1, sizeof b1));
+        }
+        s->block = b;
+        s->block_bytes = (size_t)bytes;
+        s->ids = (int32_t *)b;
+        s->pos = s->ids + T;
+        s->cu = s->pos + T;
+        for (int k = 0; k < p->K; k++)
+            s->host[k] = layers ? (char *)b + stage + (uint64_t)k * lb : NULL;
+#ifdef DFL_CUDA
+        if (p->cuda) {
+            int rc = dfl_cuda_host_register(p->be, b, (size_t)bytes, false, e);
+            if (rc)
+                return dfl_err_prefix(e, "output buffers: ");
+            s->block_pinned = true;
+            bool timing = p->o->profile > 0;
+            if ((rc = dfl_cuda_event_create(p->be, &s->ev_start, timing, e)) ||
+                (rc = dfl_cuda_event_create(p->be, &s->ev_done, timing, e)) ||
+                (rc = dfl_cuda_event_create(p->be, &s->ev_copied, timing, e)))
+                return rc;
+        }
+#endif
+    }
+    p->slots_ready = true;
+    char b1[32];
+    dfl_verbose("%d output slots of %s%s", p->n_slots, dfl_fmt_bytes((double)bytes, b1, sizeof b1),
+                p->cuda ? " (pinned)" : "");
+    return DFL_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* the writer thread */
+
+static void prof_add(prof *a, const prof *b)
+{
+    a->in_wait += b->in_wait;
+    a->slot_wait += b->slot_wait;
+    a->enqueue += b->enqueue;
+    a->forward += b->forward;
+    a->copy += b->copy;
+    a->copy_wait += b->copy_wait;
+    a->write += b->write;
+    a->tokens += b->tokens;
+}
+
+static void prof_print(const pipeline *p, const char *what, const prof *f, double wall)
+{
+    double busy = wall > 0 ? f->forward / wall : 0;
+    const char *verdict;
+    if (busy >= 0.9)
+        verdict = p->cuda ? "the GPU is the bottleneck" : "the forward is the bottleneck";
+    else if (f->slot_wait >= f->in_wait)
+        verdict = "the output is the bottleneck (the writer, or the consumer of the stream)";
+    else
+        verdict = "the input is the bottleneck (the reader, or the producer of the stream)";
+    dfl_info("profile: %s: %llu tokens in %.3f s, %.0f tokens/s; %s busy %.0f%%; forward thread: "
+             "input wait %.3f s, enqueue %.3f s, output wait %.3f s; %s: forward %.3f s%s%.3f s; "
+             "writer: copy wait %.3f s, write %.3f s; %s", what, (unsigned long long)f->tokens,
+             wall, wall > 0 ? (double)f->tokens / wall : 0.0, p->cuda ? "GPU" : "forward",
+             100 * busy, f->in_wait, f->enqueue, f->slot_wait, p->cuda ? "GPU" : "CPU", f->forward,
+             p->cuda ? ", copy " : ", copy (none) ", f->copy, f->copy_wait, f->write, verdict);
+}
+
+#ifdef DFL_CUDA
+/* Makes sure a registered mapping's pages are dirty after the GPU wrote them by DMA (a write
+ * through the CPU marks them; DMA into pinned pages may not), so that they reach the file. */
+static void touch_pages(void *p, size_t n)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    for (size_t i = 0; i < n; i += page) {
+        volatile uint8_t *b = (volatile uint8_t *)p + i;
+        *b = *b;
+    }
+}
+#endif
+
+/* Writes batch j (its slot's frame). */
+static int write_one(pipeline *p, uint64_t j, dfl_err *e)
+{
+    slot *s = slot_of(p, j);
+    int rc = DFL_OK;
+    double t0 = dfl_now();
+#ifdef DFL_CUDA
+    if (p->cuda) {
+        if ((rc = dfl_cuda_event_sync(p->be, s->ev_copied, e)))
+            return dfl_err_prefix(e, "batch %llu: ", (unsigned long long)j);
+        if (p->o->profile) {
+            float a = 0, b = 0;
+            dfl_err pe = {0};
+            if (!dfl_cuda_event_elapsed(p->be, s->ev_start, s->ev_done, &a, &pe) &&
+                !dfl_cuda_event_elapsed(p->be, s->ev_done, s->ev_copied, &b, &pe)) {
+                s->pf.forward = a / 1e3;
+                s->pf.copy = b / 1e3;
+            }
+        }
+    }
+#endif
+    double t1 = dfl_now();
+    dfl_batch ob;
+    memset(&ob, 0, sizeof ob);
+    ob.n_tokens = s->T;
+    ob.n_seqs = s->S;
+    ob.max_len = s->max_len;
+    ob.n_layers = (uint32_t)p->K;
+    ob.hidden = (uint32_t)p->H;
+    ob.dtype = p->o->dtype;
+    ob.seq_lens = s->lens;
+    ob.input_ids = s->ids;
+    ob.loss_mask = s->mask;
+    if (s->mapped) {
+#ifdef DFL_CUDA
+        if (s->registered) {
+            dfl_cuda_host_unregister(p->be, s->res.map, NULL);
+            s->registered = false;
+            touch_pages(s->res.map, s->res.map_len);
+        } else if (p->cuda) {
+            size_t n = (size_t)s->T * (size_t)p->H * p->ds;
+            for (int k = 0; k < p->K; k++)
+                memcpy(s->res.layers[k], s->host[k], n);
+        }
+#endif
+        rc = dfl_writer_commit(p->w, &s->res, &ob, e);
+        s->mapped = false;
+    } else {
+        for (int k = 0; k < p->K; k++)
+            ob.layers[k] = s->host[k];
+        rc = dfl_writer_batch(p->w, &ob, e);
+    }
+    double t2 = dfl_now();
+    s->pf.copy_wait = t1 - t0;
+    s->pf.write = t2 - t1;
+    if (p->o->profile) {
+        prof_add(&p->win, &s->pf);
+        prof_add(&p->total, &s->pf);
+        uint64_t n = j + 1 - p->win_first;
+        if (n >= (uint64_t)p->o->profile) {
+            char what[64];
+            snprintf(what, sizeof what, "batches %llu-%llu", (unsigned long long)p->win_first,
+                     (unsigned long long)j);
+            prof_print(p, what, &p->win, t2 - p->win_t0);
+            memset(&p->win, 0, sizeof p->win);
+            p->win_first = j + 1;
+            p->win_t0 = t2;
+        }
+    }
+    return rc;
+}
+
+/* Gives back the slots whose frames the consumer has read (at once without vmsplice). Called
+ * with oq.mu held. */
+static void release_drained(pipeline *p)
+{
+    outq *q = &p->oq;
+    bool any = false;
+    while (q->released < q->written &&
+           dfl_writer_consumed(p->w, q->end_off[q->released % (uint64_t)p->n_slots])) {
+        q->released++;
+        any = true;
+    }
+    if (any)
+        pthread_cond_broadcast(&q->cv);
+}
+
+static void *writer_main(void *arg)
+{
+    pipeline *p = arg;
+    outq *q = &p->oq;
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        release_drained(p);
+        if (q->stop)
+            break;
+        if (q->written < q->submitted) {
+            uint64_t j = q->written;
+            pthread_mutex_unlock(&q->mu);
+            dfl_err err = {0};
+            int rc = write_one(p, j, &err);
+            pthread_mutex_lock(&q->mu);
+            if (rc) {
+                q->failed = true;
+                q->err = err;
+                pthread_cond_broadcast(&q->cv);
+                break;
+            }
+            q->end_off[j % (uint64_t)p->n_slots] = dfl_writer_bytes(p->w);
+            q->written++;
+            pthread_cond_broadcast(&q->cv);
+            continue;
+        }
+        if (q->done && q->released == q->written)
+            break;
+        if (q->released < q->written) { /* spliced pages still in the pipe */
+            struct timespec ts;
+            deadline_in(&ts, 1000000L);
+            pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+        } else {
+            pthread_cond_wait(&q->cv, &q->mu);
+        }
+    }
+    pthread_mutex_unlock(&q->mu);
+    return NULL;
+}
+
+static void out_submit(outq *q)
+{
+    pthread_mutex_lock(&q->mu);
+    q->submitted++;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* Waits until batch i's slot is free (every earlier use of it written and given back). */
+static int slot_acquire(pipeline *p, uint64_t i, double *waited, dfl_err *e)
+{
+    outq *q = &p->oq;
+    uint64_t need = i + 1 > (uint64_t)p->n_slots ? i + 1 - (uint64_t)p->n_slots : 0;
+    double t0 = dfl_now();
+    int rc = DFL_OK;
+    pthread_mutex_lock(&q->mu);
+    while (q->released < need && !q->failed && !(p->o->stop && *p->o->stop)) {
+        struct timespec ts;
+        deadline_in(&ts, POLL_NS);
+        pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+    }
+    if (q->failed) {
+        *e = q->err;
+        rc = e->code;
+    } else if (q->released < need) {
+        rc = DFL_EINTR; /* the caller reports the signal */
+    }
+    pthread_mutex_unlock(&q->mu);
+    *waited = dfl_now() - t0;
+    return rc;
+}
+
+/* Waits until every submitted batch is written and its slot given back. */
+static int out_drain(pipeline *p, dfl_err *e)
+{
+    outq *q = &p->oq;
+    int rc = DFL_OK;
+    pthread_mutex_lock(&q->mu);
+    while (q->released < q->submitted && !q->failed) {
+        struct timespec ts;
+        deadline_in(&ts, POLL_NS);
+        pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+    }
+    if (q->failed) {
+        *e = q->err;
+        rc = e->code;
+    }
+    pthread_mutex_unlock(&q->mu);
+    return rc;
+}
+
+/* Ends the writer thread: after writing everything (finish) or at once. Returns its error. */
+static int out_finish(pipeline *p, pthread_t th, bool finish, dfl_err *e)
+{
+    outq *q = &p->oq;
+    pthread_mutex_lock(&q->mu);
+    if (finish)
+        q->done = true;
+    else
+        q->stop = true;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    pthread_join(th, NULL);
+    if (q->failed) {
+        *e = q->err;
+        return e->code;
+    }
+    return DFL_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* sizing */
+
+/* The largest batch the run is known to hold, with a shape for the warm-up. */
+typedef struct shape {
+    int64_t tokens, seqs, max_len;
+    bool known;
+} shape;
+
+static void shape_max(shape *a, int64_t tokens, int64_t seqs, int64_t max_len)
+{
+    if (!a->known || tokens > a->tokens) {
+        a->tokens = tokens;
+        a->seqs = seqs;
+        a->max_len = max_len;
+    }
+    a->known = true;
+}
+
+/* The warm-up shapes of a manifest or of a stream header's meta: a "warmup" list of {seqs,
+ * tokens, max_len}. False when there is none. */
+static bool shape_from_warmup(const json_t *obj, shape *sh)
+{
+    const json_t *wl = obj ? json_object_get(obj, "warmup") : NULL;
+    if (!json_is_array(wl) || json_array_size(wl) == 0)
+        return false;
+    size_t i;
+    const json_t *x;
+    bool any = false;
+    json_array_foreach(wl, i, x) {
+        json_int_t t = json_integer_value(json_object_get(x, "tokens"));
+        json_int_t s = json_integer_value(json_object_get(x, "seqs"));
+        json_int_t m = json_integer_value(json_object_get(x, "max_len"));
+        if (t < 1 || t > INT32_MAX || s < 1 || s > t)
+            continue;
+        if (m < 1 || m > t)
+            m = t;
+        shape_max(sh, t, s, m);
+        any = true;
+    }
+    return any;
+}
+
+/* Shape hints of one input that is a regular file: its header's warm-up shapes, else its index.
+ * False when it has neither (or is not a file). */
+static bool shape_of_reader(dfl_reader *r, shape *sh)
+{
+    const dfl_stream_info *in = dfl_reader_info(r);
+    if (shape_from_warmup(in->meta, sh))
+        return true;
+    const dfl_index_entry *ent = NULL;
+    uint64_t n = 0;
+    dfl_err e = {0};
+    if (dfl_reader_index(r, &ent, &n, &e) != 0)
+        return false;
+    for (uint64_t i = 0; i < n; i++) /* the index has no longest sequence: assume even ones */
+        shape_max(sh, ent[i].n_tokens, ent[i].n_seqs,
+                  ((int64_t)ent[i].n_tokens + ent[i].n_seqs - 1) / (ent[i].n_seqs ? ent[i].n_seqs : 1));
+    return true;
+}
+
+static int shape_of_manifest(const char *path, shape *sh, dfl_err *e)
+{
+    json_t *m = NULL;
+    int rc = dfl_json_load_file(path, &m, e);
+    if (rc)
+        return rc;
+    if (!shape_from_warmup(m, sh))
+        rc = dfl_fail(e, DFL_EDATA, "%s: no \"warmup\" list of batch shapes (is it the manifest.json "
+                      "that dfl-bucket writes?)", path);
+    json_decref(m);
+    return rc;
+}
+
+/* What sizes the buffers, before the first batch: --max-tokens, a manifest, or the warm-up
+ * shapes / indexes of the inputs when every input has them. */
+static int plan_shape(pipeline *p, dfl_reader *first, shape *sh, dfl_err *e)
+{
+    const dfl_target_run_opts *o = p->o;
+    memset(sh, 0, sizeof *sh);
+    if (o->max_tokens > 0) {
+        sh->tokens = o->max_tokens;
+        sh->seqs = (o->max_tokens + 2047) / 2048;
+        sh->max_len = o->max_tokens < 2048 ? o->max_tokens : 2048;
+        sh->known = true;
+        return DFL_OK;
+    }
+    if (o->manifest)
+        return shape_of_manifest(o->manifest, sh, e);
+    if (!p->cuda)
+        return DFL_OK; /* the CPU sizes from the first batch and grows */
+    shape all = {0};
+    for (int i = 0; i < o->n_inputs; i++) {
+        dfl_reader *r = NULL;
+        struct stat st;
+        bool ok;
+        if (i == 0) {
+            ok = shape_of_reader(first, &all);
+        } else {
+            if (strcmp(o->inputs[i], "-") == 0 || stat(o->inputs[i], &st) != 0 || !S_ISREG(st.st_mode))
+                return DFL_OK; /* a pipe: it may hold anything */
+            dfl_err ie = {0};
+            if (open_input(o->inputs[i], &r, &ie) != 0)
+                return DFL_OK; /* the reader thread reports it, in its turn */
+            ok = shape_of_reader(r, &all);
+            dfl_reader_close(r);
+        }
+        if (!ok)
+            return DFL_OK;
+    }
+    *sh = all;
+    return DFL_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* device memory, warm-up */
+
+#ifdef DFL_CUDA
+static int device_index(const dfl_be *be)
+{
+    const char *c = strchr(be->name, ':');
+    return c ? atoi(c + 1) : 0;
+}
+#endif
+
+/* Activations and capture sets for batches of max_t tokens, in one arena. */
+static int buffers_new(pipeline *p, int64_t max_t, int64_t max_s, dfl_err *e)
+{
+    dfl_target *t = p->t;
+    p->max_t = max_t;
+    p->max_s = max_s;
+    uint64_t set_layer = align_up((uint64_t)max_t * (uint64_t)p->H * p->ds, 256);
+    uint64_t caps = p->cuda ? set_layer * (uint64_t)p->K * CAP_SETS : 0;
+#ifdef DFL_CUDA
+    if (p->cuda) {
+        char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32];
+        uint64_t act = dfl_target_ws_bytes(t, max_t, max_s);
+        dfl_cuda_props pr;
+        if (act && dfl_cuda_device_props(device_index(p->be), &pr, NULL) == 0) {
+            uint64_t margin = 512ull << 20; /* cuBLAS, kernels loaded on first use */
+            if (act + caps + margin > pr.mem_free)
+                return dfl_fail(e, DFL_ENOMEM, "%s: batches of up to %lld tokens need %s of device "
+                                "memory (activations %s, capture buffers %s, and %s of margin), but "
+                                "only %s of %s is free with the weights (%s) loaded; lower "
+                                "--max-tokens, or capture fewer layers", p->be->name,
+                                (long long)max_t, dfl_fmt_bytes((double)(act + caps + margin), b1, sizeof b1),
+                                dfl_fmt_bytes((double)act, b2, sizeof b2),
+                                dfl_fmt_bytes((double)caps, b3, sizeof b3),
+                                dfl_fmt_bytes((double)margin, b4, sizeof b4),
+                                dfl_fmt_bytes((double)pr.mem_free, b5, sizeof b5),
+                                dfl_fmt_bytes((double)pr.mem_total, b6, sizeof b6),
+                                dfl_fmt_bytes((double)t->weight_bytes, b7, sizeof b7));
+        }
+    }
+#endif
+    int rc = dfl_target_ws_new_ex(t, max_t, max_s, caps, &p->ws, e);
+    if (rc)
+        return rc;
+    for (int c = 0; c < CAP_SETS && p->cuda; c++)
+        for (int k = 0; k < p->K; k++)
+            p->sets[c][k] = (char *)p->ws->extra + ((uint64_t)c * (uint64_t)p->K + (uint64_t)k) * set_layer;
+    char b1[32];
+    dfl_verbose("buffers for %lld tokens, %lld sequences: %s on %s", (long long)p->ws->max_tokens,
+                (long long)p->ws->max_seqs, dfl_fmt_bytes((double)p->ws->bytes, b1, sizeof b1),
+                p->be->name);
+    return DFL_OK;
+}
+
+#ifdef DFL_CUDA
+/* A forward on a made-up batch of the largest shape (token ids spread over the vocabulary), so
+ * that kernels are loaded, cuBLASLt plans exist and (--tune) the GEMMs' algorithms are chosen
+ * before the first real batch. */
+static int warm_up(pipeline *p, const shape *sh, dfl_err *e)
+{
+    dfl_target *t = p->t;
+    dfl_be *be = p->be;
+    int64_t T = sh->tokens, len = sh->max_len > 0 ? sh->max_len : T;
+    int64_t S = (T + len - 1) / len;
+    if (S > p->max_s)
+        S = p->max_s;
+    if (S < sh->seqs && sh->seqs <= p->max_s && sh->seqs <= T)
+        S = sh->seqs;
+    uint32_t *lens = malloc((size_t)S * 4);
+    int32_t *ids = malloc((size_t)T * 4), *pos = malloc((size_t)T * 4), *cu = malloc((size_t)(S + 1) * 4);
+    int rc = DFL_OK;
+    if (!lens || !ids || !pos || !cu) {
+        rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
+        goto out;
+    }
+    /* the first sequence as long as the longest, the rest shared out evenly */
+    int64_t rest = T;
+    for (int64_t s = 0; s < S; s++) {
+        int64_t n = s == 0 ? (len < T - (S - 1) ? len : T - (S - 1)) : rest / (S - s);
+        lens[s] = (uint32_t)n;
+        rest -= n;
+    }
+    for (int64_t i = 0; i < T; i++)
+        ids[i] = (int32_t)((i * 7919 + 13) % t->cfg.vocab_size);
+    dfl_batch b = {.n_tokens = (uint64_t)T, .n_seqs = (uint32_t)S, .seq_lens = lens, .input_ids = ids};
+    int32_t max_len = dfl_target_positions(&b, pos, cu);
+    double t0 = dfl_now();
+    if ((rc = be->ops->upload(be, p->ws->ids, ids, (size_t)T * 4)) ||
+        (rc = be->ops->upload(be, p->ws->pos, pos, (size_t)T * 4)) ||
+        (rc = be->ops->upload(be, p->ws->cu, cu, (size_t)(S + 1) * 4)) ||
+        (rc = dfl_target_forward_staged(t, p->ws, 0, T, S, max_len, p->K, p->o->layers, p->o->dtype,
+                                        p->sets[0], e)) ||
+        (rc = be->ops->sync(be, e))) {
+        if (!e->msg[0] || rc != e->code)
+            be->ops->sync(be, e);
+        dfl_err_prefix(e, "warm-up: ");
+        goto out;
+    }
+    double t1 = dfl_now();
+    dfl_verbose("warm-up: a batch of %lld tokens in %lld sequences in %.3f s", (long long)T,
+                (long long)S, t1 - t0);
+    if (p->o->tune) {
+        dfl_mm mm[4];
+        const char *names[4] = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"};
+        if ((rc = dfl_target_gemms(t, p->ws, T, mm)))
+            goto out;
+        for (int i = 0; i < 4; i++) {
+            float best = 0, first = 0;
+            if ((rc = dfl_cuda_matmul_tune(be, &mm[i], 16, 10, &best, &first, e))) {
+                dfl_err_prefix(e, "--tune %s: ", names[i]);
+                goto out;
+            }
+            dfl_verbose("tune %s %lldx%lldx%lld: cuBLASLt's first choice %.3f ms, the fastest %.3f ms",
+                        names[i], (long long)mm[i].M, (long long)mm[i].N, (long long)mm[i].K, first, best);
+        }
+    }
+out:
+    free(lens);
+    free(ids);
+    free(pos);
+    free(cu);
+    return rc;
+}
+#endif
+
+/* Buffers and output slots for batches of up to mt tokens in ms sequences; on CUDA then the
+ * warm-up on shape sh and the freeze of device allocation. */
+static int size_buffers(pipeline *p, int64_t mt, int64_t ms, const shape *sh, dfl_err *e)
+{
+    int rc;
+    if ((rc = buffers_new(p, mt, ms, e)) || (rc = slots_new(p, e)))
+        return rc;
+#ifdef DFL_CUDA
+    if (p->cuda) {
+        if ((rc = warm_up(p, sh, e)))
+            return rc;
+        dfl_cuda_freeze(p->be, true); /* no device allocation from here on */
+        dfl_cuda_mem mem;
+        dfl_cuda_mem_stats(p->be, &mem);
+        char b1[32];
+        dfl_verbose("%s: %s of device memory held (weights, activations, capture buffers); "
+                    "allocation frozen", p->be->name, dfl_fmt_bytes((double)mem.allocated, b1, sizeof b1));
+    }
+#endif
+    return DFL_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* one batch */
+
+/* Copies the staged batch into slot s (what the frame needs, and the inputs to upload). */
+static void slot_fill(slot *s, const in_item *it)
+{
+    s->in_index = it->index;
+    s->T = it->n_tokens;
+    s->S = it->n_seqs;
+    s->max_len = (uint32_t)it->max_len;
+    memcpy(s->lens, it->lens, (size_t)it->n_seqs * 4);
+    memcpy(s->mask, it->mask, (size_t)it->n_tokens);
+    memcpy(s->ids, it->ids, (size_t)it->n_tokens * 4);
+    memcpy(s->pos, it->pos, (size_t)it->n_tokens * 4);
+    memcpy(s->cu, it->cu, (size_t)(it->n_seqs + 1) * 4);
+}
+
+#ifdef DFL_CUDA
+/* After an op failed on CUDA: the backend's own message (kept until the next sync). */
+static int op_error(pipeline *p, int rc, dfl_err *e)
+{
+    dfl_err be_err = {0};
+    if (p->be->ops->sync(p->be, &be_err) && be_err.msg[0]) {
+        char m[sizeof e->msg];
+        snprintf(m, sizeof m, "%s", e->msg);
+        return dfl_fail(e, rc, "%s (%s)", m, be_err.msg);
+    }
+    return rc;
+}
+#endif
+
+/* Enqueues batch i in its slot: reserves its frame when writing in place, uploads its inputs,
+ * runs the forward and (CUDA) the copies. */
+static int submit(pipeline *p, uint64_t i, dfl_err *e)
+{
+    slot *s = slot_of(p, i);
+    dfl_target *t = p->t;
+    dfl_be *be = p->be;
+    int rc;
+    int64_t T = (int64_t)s->T, S = s->S;
+    s->mapped = s->registered = false;
+    if (p->file_io != DFL_FILE_IO_WRITE) {
+        if ((rc = dfl_writer_reserve(p->w, s->T, s->S, &s->res, e)))
+            return rc;
+        s->mapped = true;
+#ifdef DFL_CUDA
+        if (p->cuda && p->can_register) {
+            dfl_err re = {0};
+            if (dfl_cuda_host_register(be, s->res.map, s->res.map_len, false, &re) == 0) {
+                s->registered = true;
+            } else {
+                p->can_register = false;
+                dfl_verbose("%s; copying through pinned buffers instead", re.msg);
+            }
+        }
+#endif
+    }
+    void *caps[DFL_MAX_LAYERS];
+    if (!p->cuda) {
+        for (int k = 0; k < p->K; k++)
+            caps[k] = s->mapped ? s->res.layers[k] : s->host[k];
+        double t0 = dfl_now();
+        if ((rc = be->ops->upload(be, p->ws->ids, s->ids, (size_t)T * 4)) ||
+            (rc = be->ops->upload(be, p->ws->pos, s->pos, (size_t)T * 4)) ||
+            (rc = be->ops->upload(be, p->ws->cu, s->cu, (size_t)(S + 1) * 4)))
+            return dfl_fail(e, rc, "batch %llu: staging its inputs failed",
+                            (unsigned long long)s->in_index);
+        rc = dfl_target_forward_staged(t, p->ws, s->in_index, T, S, (int32_t)s->max_len, p->K,
+                                       p->o->layers, p->o->dtype, caps, e);
+        s->pf.forward = dfl_now() - t0;
+        return rc;
+    }
+#ifdef DFL_CUDA
+    int set = (int)(i % CAP_SETS);
+    s->set = set;
+    dfl_cuda_stream cs = p->compute, xs = p->copy;
+    size_t lb = (size_t)T * (size_t)p->H * p->ds;
+    if ((p->o->profile && (rc = dfl_cuda_event_record(be, s->ev_start, cs, e))) ||
+        (rc = dfl_cuda_upload_async(be, p->ws->ids, s->ids, (size_t)T * 4, cs, e)) ||
+        (rc = dfl_cuda_upload_async(be, p->ws->pos, s->pos, (size_t)T * 4, cs, e)) ||
+        (rc = dfl_cuda_upload_async(be, p->ws->cu, s->cu, (size_t)(S + 1) * 4, cs, e)) ||
+        (p->set_used[set] && (rc = dfl_cuda_stream_wait_event(be, cs, p->set_free[set], e))))
+        return dfl_err_prefix(e, "batch %llu: ", (unsigned long long)s->in_index);
+    if ((rc = dfl_target_forward_staged(t, p->ws, s->in_index, T, S, (int32_t)s->max_len, p->K,
+                                        p->o->layers, p->o->dtype, p->sets[set], e)))
+        return op_error(p, rc, e);
+    if ((rc = dfl_cuda_event_record(be, s->ev_done, cs, e)) ||
+        (rc = dfl_cuda_stream_wait_event(be, xs, s->ev_done, e)))
+        return dfl_err_prefix(e, "batch %llu: ", (unsigned long long)s->in_index);
+    for (int k = 0; k < p->K; k++) {
+        void *dst = s->registered ? s->res.layers[k] : s->host[k];
+        if ((rc = dfl_cuda_download_async(be, dst, p->sets[set][k], lb, xs, e)))
+            return dfl_err_prefix(e, "batch %llu: copying layer %d: ",
+                                  (unsigned long long)s->in_index, p->o->layers[k]);
+    }
+    if ((rc = dfl_cuda_event_record(be, s->ev_copied, xs, e)) ||
+        (rc = dfl_cuda_event_record(be, p->set_free[set], xs, e)))
+        return dfl_err_prefix(e, "batch %llu: ", (unsigned long long)s->in_index);
+    p->set_used[set] = true;
+    return DFL_OK;
+#else
+    return dfl_fail(e, DFL_EDEVICE, "this build has no CUDA support");
+#endif
+}
+
+/* Makes sure the buffers hold a batch of T tokens in S sequences: sized at the first batch when
+ * nothing sized them before; on the CPU a larger batch grows them (after the writer has caught
+ * up), on a GPU it is an error. */
+static int fit(pipeline *p, const in_item *it, const char *name, dfl_err *e)
+{
+    int64_t T = (int64_t)it->n_tokens, S = it->n_seqs;
+    int rc;
+    if (!p->ws) {
+        shape sh = {.tokens = T, .seqs = S, .max_len = it->max_len, .known = true};
+        if ((rc = size_buffers(p, T, S, &sh, e)))
             return rc;
     }
-    if (T <= bf->ws->max_tokens && S <= bf->ws->max_seqs)
+    if (T <= p->max_t && S <= p->max_s)
         return DFL_OK;
-    if (!o->grow)
+    if (!p->o->grow)
         return dfl_fail(e, DFL_EUSAGE, "batch %llu has %lld tokens in %lld sequences, more than "
                         "the buffers were sized for (%lld tokens, %lld sequences); rerun with "
-                        "--max-tokens %lld or more", (unsigned long long)b->index,
-                        (long long)T, (long long)S, (long long)bf->ws->max_tokens,
-                        (long long)bf->ws->max_seqs, (long long)(T > S ? T : S));
+                        "--max-tokens %lld or more", (unsigned long long)it->index,
+                        (long long)T, (long long)S, (long long)p->max_t, (long long)p->max_s,
+                        (long long)(T > S ? T : S));
     /* grow by half at least, so that slowly rising sizes do not reallocate at every batch */
-    int64_t mt = bf->ws->max_tokens, ms = bf->ws->max_seqs;
+    int64_t mt = p->max_t, ms = p->max_s;
     if (T > mt)
         mt = T > mt + mt / 2 ? T : mt + mt / 2;
     if (S > ms)
         ms = S > ms + ms / 2 ? S : ms + ms / 2;
     dfl_verbose("%s: batch %llu has %lld tokens in %lld sequences: growing the buffers",
-                name, (unsigned long long)b->index, (long long)T, (long long)S);
-    return buffers_new(t, bf, o, mt, ms, e);
-}
-
-/* The hidden-state batch for input batch b, from the capture buffers. */
-static int make_output(dfl_target *t, buffers *bf, const dfl_target_run_opts *o,
-                       const dfl_batch *b, dfl_batch **out, dfl_err *e)
-{
-    *out = NULL;
-    dfl_be *be = t->be;
-    dfl_batch *ob = calloc(1, sizeof *ob);
-    if (!ob)
-        return dfl_fail(e, DFL_ENOMEM, "out of memory");
-    int rc = dfl_batch_alloc(ob, b->n_tokens, b->n_seqs, (uint32_t)o->n_caps,
-                             (uint32_t)t->cfg.hidden_size, o->dtype, e);
-    if (rc) {
-        free(ob);
+                name, (unsigned long long)it->index, (long long)T, (long long)S);
+    if ((rc = out_drain(p, e)))
         return rc;
-    }
-    memcpy((void *)ob->seq_lens, b->seq_lens, (size_t)b->n_seqs * sizeof *b->seq_lens);
-    memcpy((void *)ob->input_ids, b->input_ids, (size_t)b->n_tokens * sizeof *b->input_ids);
-    memcpy((void *)ob->loss_mask, b->loss_mask, (size_t)b->n_tokens);
-    size_t bytes = (size_t)b->n_tokens * (size_t)t->cfg.hidden_size * dfl_dtype_size(o->dtype);
-    for (int k = 0; k < o->n_caps && bytes && !rc; k++)
-        rc = be->ops->download(be, (void *)ob->layers[k], bf->caps[k], bytes);
-    if (!rc)
-        rc = be->ops->sync(be, e);
-    if (rc) {
-        free_batch(ob);
-        return dfl_fail(e, rc, "batch %llu: copying hidden states from %s failed",
-                        (unsigned long long)b->index, be->name);
-    }
-    *out = ob;
+    slots_free(p);
+    dfl_target_ws_free(p->t, p->ws);
+    p->ws = NULL;
+    if ((rc = buffers_new(p, mt, ms, e)) || (rc = slots_new(p, e)))
+        return rc;
     return DFL_OK;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* the run */
 
 int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats *st, dfl_err *e)
 {
     memset(st, 0, sizeof *st);
     const char *out_name = strcmp(o->output, "-") == 0 ? "stdout" : o->output;
-    dfl_reader *r = NULL;
-    dfl_writer *w = NULL;
-    buffers bf = {0};
-    outq q = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-    pthread_t th;
-    bool thread_started = false;
+    double t_setup = dfl_now();
+    pipeline *p = calloc(1, sizeof *p);
+    inq *q = calloc(1, sizeof *q);
+    if (!p || !q) {
+        free(p);
+        free(q);
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    }
+    p->t = t;
+    p->be = t->be;
+    p->o = o;
+    p->cuda = t->be->kind == DFL_BE_CUDA;
+    p->K = o->n_caps;
+    p->H = t->cfg.hidden_size;
+    p->ds = dfl_dtype_size(o->dtype);
+    p->n_slots = o->inflight > 0 ? o->inflight : 2;
+    if (p->n_slots > MAX_INFLIGHT)
+        p->n_slots = MAX_INFLIGHT;
+    pthread_mutex_init(&p->oq.mu, NULL);
+    pthread_cond_init(&p->oq.cv, NULL);
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    q->vocab = t->cfg.vocab_size;
+    q->inputs = o->inputs;
+    q->n_inputs = o->n_inputs;
+    q->names = calloc((size_t)o->n_inputs, sizeof *q->names);
+    pthread_t rth, wth;
+    bool reader_started = false, writer_started = false;
     json_t *meta = NULL;
+    uint64_t i = 0;
     int rc;
 
-    if ((rc = open_input(o->inputs[0], &r, e)))
-        return rc;
+    if (!q->names) {
+        rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
+        goto done;
+    }
+    /* the first input is opened here, so that a bad one fails before any output */
+    if ((rc = open_input(o->inputs[0], &q->first, e)))
+        goto done;
+#ifdef DFL_CUDA
+    if (p->cuda) {
+        p->compute = dfl_cuda_compute_stream(p->be);
+        p->copy = dfl_cuda_copy_stream(p->be);
+        for (int c = 0; c < CAP_SETS; c++)
+            if ((rc = dfl_cuda_event_create(p->be, &p->set_free[c], false, e)))
+                goto done;
+    }
+#endif
 
     dfl_stream_info info;
     memset(&info, 0, sizeof info);
@@ -259,91 +1181,164 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
     meta = json_pack("{s:{s:s,s:I}}", "target", "model_type", t->cfg.model_type,
                      "num_hidden_layers", (json_int_t)t->cfg.n_layers);
     info.meta = meta;
-    if ((rc = dfl_writer_open(&w, o->output, &info, &o->wopts, e)))
+    if ((rc = dfl_writer_open(&p->w, o->output, &info, &o->wopts, e)))
         goto done;
-    q.w = w;
-    if (pthread_create(&th, NULL, writer_main, &q) != 0) {
+    p->file_io = DFL_FILE_IO_WRITE;
+    if (o->file_io != DFL_FILE_IO_WRITE && dfl_writer_can_reserve(p->w)) {
+        p->file_io = o->file_io == DFL_FILE_IO_REGISTER && !p->cuda ? DFL_FILE_IO_MAP : o->file_io;
+        p->can_register = p->file_io == DFL_FILE_IO_REGISTER;
+    }
+
+    /* size the buffers now if anything says how large batches get */
+    shape sh;
+    if ((rc = plan_shape(p, q->first, &sh, e)))
+        goto done;
+    /* any batch of up to sh.tokens tokens fits, whatever its number of sequences */
+    if (sh.known && (rc = size_buffers(p, sh.tokens, sh.tokens, &sh, e)))
+        goto done;
+
+    if (pthread_create(&wth, NULL, writer_main, p) != 0) {
         rc = dfl_fail(e, DFL_EIO, "cannot start the writer thread");
         goto done;
     }
-    thread_started = true;
+    writer_started = true;
+    if (pthread_create(&rth, NULL, reader_main, q) != 0) {
+        rc = dfl_fail(e, DFL_EIO, "cannot start the reader thread");
+        goto done;
+    }
+    reader_started = true;
 
     double t0 = dfl_now(), last_report = t0;
     double report_every = isatty(2) ? 1.0 : 10.0;
-    for (int in = 0; in < o->n_inputs && !rc; in++) {
-        if (!r && (rc = open_input(o->inputs[in], &r, e)))
+    st->setup_seconds = t0 - t_setup;
+    p->t0 = p->win_t0 = t0;
+    for (;;) {
+        if (o->stop && *o->stop) {
+            rc = dfl_fail(e, DFL_EINTR, "stopped by signal %d (%s) after %llu batches: the "
+                          "output stream was cut without an end frame", (int)*o->stop,
+                          strsignal((int)*o->stop), (unsigned long long)st->batches);
             break;
-        const char *name = dfl_reader_name(r);
-        for (;;) {
-            if (o->stop && *o->stop) {
-                rc = dfl_fail(e, DFL_EINTR, "stopped by signal %d (%s) after %llu batches: the "
-                              "output stream was cut without an end frame", (int)*o->stop,
-                              strsignal((int)*o->stop), (unsigned long long)st->batches);
-                break;
-            }
-            dfl_batch b;
-            memset(&b, 0, sizeof b);
-            bool eos = false;
-            if ((rc = dfl_reader_next(r, &b, &eos, e)) || eos)
-                break;
-            if (o->stop && *o->stop) { /* arrived while waiting for input: do not start it */
-                dfl_batch_free(&b);
+        }
+        in_item *it = NULL;
+        double w0 = dfl_now();
+        int pr = in_pop(q, &it, o->stop, &rc, e);
+        double in_wait = dfl_now() - w0;
+        if (pr == POP_STOP)
+            continue; /* the signal: reported at the top of the loop */
+        if (pr == POP_END)
+            break;
+        const char *name = q->names[it->input];
+        if ((rc = fit(p, it, name, e))) {
+            dfl_err_prefix(e, "%s: ", name);
+            in_release(q);
+            break;
+        }
+        double slot_wait = 0;
+        if ((rc = slot_acquire(p, i, &slot_wait, e))) {
+            in_release(q);
+            if (rc == DFL_EINTR) { /* the signal: reported at the top of the loop */
+                rc = DFL_OK;
                 continue;
             }
-            dfl_batch *ob = NULL;
-            if ((rc = fit(t, &bf, o, &b, name, e)) ||
-                (rc = dfl_target_forward(t, bf.ws, &b, o->n_caps, o->layers, o->dtype, bf.caps, e)) ||
-                (rc = make_output(t, &bf, o, &b, &ob, e))) {
-                dfl_err_prefix(e, "%s: ", name);
-                dfl_batch_free(&b);
-                break;
-            }
-            st->batches++;
-            st->seqs += b.n_seqs;
-            st->tokens += b.n_tokens;
-            dfl_batch_free(&b);
-            if ((rc = push(&q, ob, e)))
-                break;
-            double now = dfl_now();
-            st->seconds = now - t0;
-            if (now - last_report >= report_every) {
-                last_report = now;
-                dfl_progress("%llu batches, %llu tokens, %.0f tokens/s",
-                             (unsigned long long)st->batches, (unsigned long long)st->tokens,
-                             st->tokens / (st->seconds > 0 ? st->seconds : 1e-9));
-            }
+            break;
         }
-        dfl_reader_close(r);
-        r = NULL;
+        double t1 = dfl_now();
+        slot *s = slot_of(p, i);
+        slot_fill(s, it);
+        in_release(q);
+        memset(&s->pf, 0, sizeof s->pf);
+        if ((rc = submit(p, i, e))) {
+            dfl_err_prefix(e, "%s: ", name);
+            break;
+        }
+        s->pf.in_wait = in_wait;
+        s->pf.slot_wait = slot_wait;
+        s->pf.enqueue = dfl_now() - t1;
+        s->pf.tokens = s->T;
+        st->batches++;
+        st->seqs += s->S;
+        st->tokens += s->T;
+        out_submit(&p->oq);
+        i++;
+        double now = dfl_now();
+        st->seconds = now - t0;
+        if (!o->profile && now - last_report >= report_every) {
+            last_report = now;
+            dfl_progress("%llu batches, %llu tokens, %.0f tokens/s",
+                         (unsigned long long)st->batches, (unsigned long long)st->tokens,
+                         st->tokens / (st->seconds > 0 ? st->seconds : 1e-9));
+        }
+    }
+    if (reader_started) {
+        if (!in_stop(q, rth))
+            q = NULL; /* the thread frees it */
+        reader_started = false;
     }
     {
         dfl_err we = {0};
-        int wrc = finish_writer(&q, th, rc == DFL_OK, &we);
-        thread_started = false;
+        int wrc = out_finish(p, wth, rc == DFL_OK, &we);
+        writer_started = false;
         if (!rc && wrc) {
             rc = wrc;
             *e = we;
         }
     }
+    if (!rc && o->profile && p->win.tokens)
+        prof_print(p, "last batches", &p->win, dfl_now() - p->win_t0);
+    if (!rc && o->profile && st->batches)
+        prof_print(p, "all batches", &p->total, dfl_now() - t0);
     if (!rc) {
-        rc = dfl_writer_close(w, e);
-        w = NULL;
+        rc = dfl_writer_close(p->w, e);
+        p->w = NULL;
     }
     st->seconds = dfl_now() - t0;
 done:
-    if (thread_started) {
+    if (reader_started && !in_stop(q, rth))
+        q = NULL;
+    if (writer_started) {
         dfl_err we = {0};
-        finish_writer(&q, th, false, &we);
+        out_finish(p, wth, false, &we);
     }
-    if (w)
-        dfl_writer_abort(w);
-    if (r)
-        dfl_reader_close(r);
-    buffers_free(t, &bf);
+#ifdef DFL_CUDA
+    if (p->cuda) {
+        /* nothing may still be copying into buffers about to be freed */
+        dfl_err se = {0};
+        dfl_cuda_stream_sync(p->be, p->compute, &se);
+        dfl_cuda_stream_sync(p->be, p->copy, &se);
+        p->be->ops->sync(p->be, &se);
+    }
+#endif
+    for (int k = 0; k < p->n_slots && p->slots_ready; k++) {
+        slot *s = &p->slots[k];
+        if (s->mapped) {
+#ifdef DFL_CUDA
+            if (s->registered)
+                dfl_cuda_host_unregister(p->be, s->res.map, NULL);
+#endif
+            if (p->w)
+                dfl_writer_unreserve(p->w, &s->res);
+        }
+    }
+    if (p->w)
+        dfl_writer_abort(p->w);
+    if (q)
+        in_free(q);
+    slots_free(p);
+    dfl_target_ws_free(t, p->ws);
+#ifdef DFL_CUDA
+    if (p->cuda) {
+        dfl_cuda_freeze(p->be, false);
+        for (int c = 0; c < CAP_SETS; c++)
+            dfl_cuda_event_destroy(p->be, p->set_free[c]);
+    }
+#endif
     json_decref(meta);
     if (rc == DFL_EPIPE)
         dfl_fail(e, DFL_EPIPE, "%s: the consumer went away (broken pipe) after %llu batches",
-                 out_name, (unsigned long long)q.written);
+                 out_name, (unsigned long long)p->oq.written);
+    pthread_mutex_destroy(&p->oq.mu);
+    pthread_cond_destroy(&p->oq.cv);
+    free(p);
     dfl_progress_end();
     return rc;
 }

@@ -282,6 +282,139 @@ signal_stops() { # signal, output mode (stdout|file)
     [ -z "$(ls -A "$BATS_TEST_TMPDIR" | grep -v '^in$\|^go$\|^err$')" ]
 }
 
+@test "--device cuda without a GPU says so and exits 1, leaving no output" {
+    if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+        skip "a GPU is present"
+    fi
+    run -1 dfl-target -m "$D/m4" --device cuda -o "$BATS_TEST_TMPDIR/o.dfl" "$D/tok3.dfl"
+    [[ "$output" == *"no CUDA GPU found"* || "$output" == *"no CUDA support"* ]]
+    [[ "$output" == *"--device cpu"* ]]
+    [ ! -e "$BATS_TEST_TMPDIR/o.dfl" ]
+    run -1 dfl-target -m "$D/m4" --device cuda:1 -o "$BATS_TEST_TMPDIR/o.dfl" "$D/tok3.dfl"
+    [ ! -e "$BATS_TEST_TMPDIR/o.dfl" ]
+}
+
+@test "--inflight: 1 to 64; any number of slots gives the same bytes" {
+    run -1 dfl-target -m "$D/m4" --inflight 0 --info
+    assert_output --partial "--inflight"
+    run -1 dfl-target -m "$D/m4" --inflight 65 --info
+    assert_output --partial "--inflight"
+    dfl-target -q -m "$D/m4" --dtype f32 --layers 0,1,2,3 "$D/big.dfl" >"$BATS_TEST_TMPDIR/a.dfl"
+    for n in 1 3 7; do
+        dfl-target -q -m "$D/m4" --dtype f32 --layers 0,1,2,3 --inflight "$n" "$D/big.dfl" >"$BATS_TEST_TMPDIR/b.dfl"
+        cmp "$BATS_TEST_TMPDIR/a.dfl" "$BATS_TEST_TMPDIR/b.dfl"
+    done
+}
+
+@test "--file-io map and register write the same file as write" {
+    run -1 dfl-target -m "$D/m4" --file-io mmap --info
+    assert_output --partial "--file-io: 'mmap' is not write, map or register"
+    dfl-target -q -m "$D/m4" --layers 0,3 --file-io write -o "$BATS_TEST_TMPDIR/w.dfl" "$D/big.dfl" "$D/tok3.dfl"
+    for mode in map register; do
+        dfl-target -q -m "$D/m4" --layers 0,3 --file-io "$mode" -o "$BATS_TEST_TMPDIR/$mode.dfl" "$D/big.dfl" "$D/tok3.dfl"
+        cmp "$BATS_TEST_TMPDIR/w.dfl" "$BATS_TEST_TMPDIR/$mode.dfl"
+    done
+    run -0 hsdump "$BATS_TEST_TMPDIR/map.dfl"
+    assert_line --index 8 "end batches 7 seqs 9 tokens 1044"
+    hsdump --frames "$BATS_TEST_TMPDIR/map.dfl" | grep -q ' INDEX$'
+}
+
+@test "--file-io map with --zstd, or to a pipe, writes with write(2): same stream" {
+    dfl-target -q -m "$D/m4" --zstd 3 -o "$BATS_TEST_TMPDIR/z1.dfl" "$D/tok3.dfl"
+    dfl-target -q -m "$D/m4" --zstd 3 --file-io map -o "$BATS_TEST_TMPDIR/z2.dfl" "$D/tok3.dfl"
+    cmp "$BATS_TEST_TMPDIR/z1.dfl" "$BATS_TEST_TMPDIR/z2.dfl"
+    dfl-target -q -m "$D/m4" "$D/tok3.dfl" | cat >"$BATS_TEST_TMPDIR/p1.dfl"
+    dfl-target -q -m "$D/m4" --file-io map "$D/tok3.dfl" | cat >"$BATS_TEST_TMPDIR/p2.dfl"
+    cmp "$BATS_TEST_TMPDIR/p1.dfl" "$BATS_TEST_TMPDIR/p2.dfl"
+}
+
+@test "--file-io map: a bad batch midway leaves no output and no temporary" {
+    mkdir "$BATS_TEST_TMPDIR/out"
+    run -2 dfl-target -m "$BAD/target/good-model" --layers 0 --file-io map -o "$BATS_TEST_TMPDIR/out/o.dfl" "$BAD/target/token-out-of-range.dfl"
+    assert_output --partial "batch 1, sequence 1, position 3: token id 64 is out of range"
+    [ -z "$(ls -A "$BATS_TEST_TMPDIR/out")" ]
+}
+
+@test "--vmsplice through a pipe to a slow consumer gives the same bytes" {
+    dfl-target -q -m "$D/m4" --dtype f32 --layers 0,1,2,3 "$D/big.dfl" | cat >"$BATS_TEST_TMPDIR/a.dfl"
+    for n in 1 2; do
+        dfl-target -q -m "$D/m4" --dtype f32 --layers 0,1,2,3 --vmsplice --inflight "$n" "$D/big.dfl" |
+            { sleep 1; cat; } >"$BATS_TEST_TMPDIR/b.dfl"
+        cmp "$BATS_TEST_TMPDIR/a.dfl" "$BATS_TEST_TMPDIR/b.dfl"
+    done
+}
+
+@test "--vmsplice: a consumer that goes away ends the run with exit 1" {
+    run bash -c "dfl-target -m '$D/m4' --dtype f32 --layers 0,1,2,3 --vmsplice '$D/big.dfl' 2>'$BATS_TEST_TMPDIR/err' | head -c 1 >/dev/null; echo \${PIPESTATUS[0]}"
+    assert_output "1"
+    run cat "$BATS_TEST_TMPDIR/err"
+    assert_output --partial "stdout: the consumer went away (broken pipe)"
+}
+
+@test "--profile=N prints the stage times every N batches and a total" {
+    run -1 dfl-target -m "$D/m4" --profile=0 --info
+    assert_output --partial "--profile"
+    run --separate-stderr dfl-target -m "$D/m4" --profile=2 -o "$BATS_TEST_TMPDIR/o.dfl" "$D/big.dfl"
+    assert_success
+    [[ "$stderr" == *"profile: batches 0-1: 512 tokens in "* ]]
+    [[ "$stderr" == *"profile: batches 2-3: 512 tokens in "* ]]
+    [[ "$stderr" =~ "profile: all batches: 1024 tokens in "[0-9.]+" s".*"forward busy "[0-9]+"%".*"input wait".*"output wait".*"bottleneck" ]]
+    dfl-target -q -m "$D/m4" -o "$BATS_TEST_TMPDIR/p.dfl" "$D/big.dfl"
+    cmp "$BATS_TEST_TMPDIR/o.dfl" "$BATS_TEST_TMPDIR/p.dfl"
+}
+
+@test "--manifest sizes the buffers from dfl-bucket's warm-up shapes" {
+    printf '{"manifest_version": 1, "warmup": [{"bucket": 0, "bound": 8, "seqs": 3, "tokens": 20, "max_len": 8},\n  {"bucket": 1, "bound": 512, "seqs": 1, "tokens": 300, "max_len": 300}]}\n' >"$BATS_TEST_TMPDIR/manifest.json"
+    run --separate-stderr dfl-target -v -m "$D/m4" --manifest "$BATS_TEST_TMPDIR/manifest.json" -o "$BATS_TEST_TMPDIR/o.dfl" "$D/big.dfl"
+    assert_success
+    [[ "$stderr" == *"buffers for 300 tokens"* ]]
+    [[ "$stderr" != *"growing the buffers"* ]]
+    dfl-target -q -m "$D/m4" -o "$BATS_TEST_TMPDIR/p.dfl" "$D/big.dfl"
+    cmp "$BATS_TEST_TMPDIR/o.dfl" "$BATS_TEST_TMPDIR/p.dfl"
+}
+
+@test "--manifest: not there, no warm-up shapes, or with --max-tokens, is refused" {
+    run -1 dfl-target -m "$D/m4" --manifest "$BATS_TEST_TMPDIR/none.json" -o "$BATS_TEST_TMPDIR/o.dfl" "$D/tok3.dfl"
+    assert_output --partial "none.json"
+    [ ! -e "$BATS_TEST_TMPDIR/o.dfl" ]
+    echo '{"manifest_version": 1}' >"$BATS_TEST_TMPDIR/m.json"
+    run -2 dfl-target -m "$D/m4" --manifest "$BATS_TEST_TMPDIR/m.json" -o "$BATS_TEST_TMPDIR/o.dfl" "$D/tok3.dfl"
+    assert_output --partial "m.json: no \"warmup\" list of batch shapes"
+    [ ! -e "$BATS_TEST_TMPDIR/o.dfl" ]
+    run -1 dfl-target -m "$D/m4" --manifest "$BATS_TEST_TMPDIR/m.json" --max-tokens 10 --info
+    assert_output --partial "--max-tokens and --manifest"
+}
+
+@test "--tune is accepted on the CPU and changes nothing" {
+    dfl-target -q -m "$D/m4" --tune -o "$BATS_TEST_TMPDIR/a.dfl" "$D/tok3.dfl"
+    dfl-target -q -m "$D/m4" -o "$BATS_TEST_TMPDIR/b.dfl" "$D/tok3.dfl"
+    cmp "$BATS_TEST_TMPDIR/a.dfl" "$BATS_TEST_TMPDIR/b.dfl"
+}
+
+@test "SIGTERM with --file-io map leaves no output file" {
+    local t="$BATS_TEST_TMPDIR" second
+    second=$(tokens_frame_offset "$D/big.dfl" 2)
+    mkfifo "$t/in"
+    ( head -c "$second" "$D/big.dfl"
+      while [ ! -e "$t/go" ]; do sleep 0.05; done
+      tail -c +$((second + 1)) "$D/big.dfl" ) >"$t/in" &
+    dfl-target -v -m "$D/m4" --dtype f32 --file-io map -o "$t/out.dfl" "$t/in" 2>"$t/err" &
+    local pid=$! i
+    for i in $(seq 200); do
+        grep -q "buffers for 256 tokens" "$t/err" && break
+        sleep 0.05
+    done
+    sleep 0.3
+    kill -TERM "$pid"
+    touch "$t/go"
+    local st=0
+    wait "$pid" || st=$?
+    wait || true
+    [ "$st" -eq 1 ]
+    grep -q "stopped by signal" "$t/err"
+    [ -z "$(ls -A "$t" | grep -v '^in$\|^go$\|^err$')" ]
+}
+
 @test "the man page is clean" {
     run mandoc -Tlint -Wwarning "$REPO/man/dfl-target.1"
     assert_success

@@ -1,8 +1,9 @@
-/* gpu-target.c: the target forward (lib/target.c, unchanged) on the CUDA backend against the
- * transformers oracles (../shared/oracle/qwen3-tiny-a; tests/fixtures/target/{llama,qwen2}-tiny
- * when present), each sequence alone and all packed in one batch, and dfl-target --device cuda
- * end to end. Tolerances per row (oracle/README.md): bf16 activations: relative error
- * ||gpu - ref|| / ||ref|| <= 5e-2 and cosine >= 0.999; f32 activations: relative error <= 1e-4,
+/* gpu-target.c: the target forward (lib/target.c) on the CUDA backend against the transformers
+ * oracles (../shared/oracle/qwen3-tiny-a; tests/fixtures/target/{llama,qwen2}-tiny when
+ * present), each sequence alone and all packed in one batch, with the residual adds in the GEMM
+ * epilogues (the CUDA default) and as separate passes, and dfl-target --device cuda end to end.
+ * Tolerances per row (issue #6, oracle/README.md): bf16 activations: relative error
+ * ||gpu - ref|| / ||ref|| <= 2e-2 and cosine >= 0.999; f32 activations: relative error <= 1e-4,
  * as on the CPU. Prints a "#" line with the worst figures of each comparison. Skips without a
  * GPU (exit 77). */
 #include <math.h>
@@ -99,11 +100,12 @@ static bool within(const cmp *c, dfl_dtype act)
 {
     if (act == DFL_F32)
         return c->rel <= 1e-4;
-    return c->rel <= 5e-2 && c->cos >= 0.999;
+    return c->rel <= 2e-2 && c->cos >= 0.999;
 }
 
-/* The library forward on CUDA with activations act against a reference directory. */
-static void forward_vs_ref(const char *dir, dfl_dtype act)
+/* The library forward on CUDA with activations act against a reference directory; fuse: the
+ * residual adds in the o_proj / down_proj epilogues. */
+static void forward_vs_ref(const char *dir, dfl_dtype act, bool fuse)
 {
     dfl_err e = {0};
     ref r;
@@ -126,6 +128,7 @@ static void forward_vs_ref(const char *dir, dfl_dtype act)
         T_CHECK(0, "%s: %s", dir, e.msg);
         goto out;
     }
+    t->fuse_residual = fuse;
     int64_t H = t->cfg.hidden_size, total = 0;
     int K = r.n_layers;
     for (int s = 0; s < r.n_seqs; s++)
@@ -179,12 +182,13 @@ static void forward_vs_ref(const char *dir, dfl_dtype act)
         for (int s = 0; s < r.n_seqs; s++)
             compare(&packed, host + off[s] * H, ref_layer(&r, s, k), r.len[s], H);
     }
-    printf("# %s act %s: alone rel %.3g cos %.6f; packed rel %.3g cos %.6f\n", dir,
-           dfl_dtype_lower(act), alone.rel, alone.cos, packed.rel, packed.cos);
-    T_CHECK(within(&alone, act), "%s %s alone: rel %.3g cos %.6f", dir, dfl_dtype_lower(act),
-            alone.rel, alone.cos);
-    T_CHECK(within(&packed, act), "%s %s packed: rel %.3g cos %.6f", dir, dfl_dtype_lower(act),
-            packed.rel, packed.cos);
+    const char *how = fuse ? "adds in the GEMMs" : "separate adds";
+    printf("# %s act %s, %s: alone rel %.3g cos %.6f; packed rel %.3g cos %.6f\n", dir,
+           dfl_dtype_lower(act), how, alone.rel, alone.cos, packed.rel, packed.cos);
+    T_CHECK(within(&alone, act), "%s %s %s alone: rel %.3g cos %.6f", dir, dfl_dtype_lower(act),
+            how, alone.rel, alone.cos);
+    T_CHECK(within(&packed, act), "%s %s %s packed: rel %.3g cos %.6f", dir, dfl_dtype_lower(act),
+            how, packed.rel, packed.cos);
 out:
     for (int k = 0; k < 64; k++)
         if (caps[k])
@@ -224,8 +228,10 @@ static void test_qwen3_oracle(void)
     const char *d = oracle_dir();
     if (!d)
         T_SKIP("no oracle");
-    forward_vs_ref(d, DFL_BF16);
-    forward_vs_ref(d, DFL_F32);
+    forward_vs_ref(d, DFL_BF16, true);
+    forward_vs_ref(d, DFL_BF16, false);
+    forward_vs_ref(d, DFL_F32, true);
+    forward_vs_ref(d, DFL_F32, false);
 }
 
 static void test_fixtures(void)
@@ -240,8 +246,8 @@ static void test_fixtures(void)
             continue;
         char dir[4096];
         snprintf(dir, sizeof dir, "%s", d);
-        forward_vs_ref(dir, DFL_BF16);
-        forward_vs_ref(dir, DFL_F32);
+        forward_vs_ref(dir, DFL_BF16, true);
+        forward_vs_ref(dir, DFL_F32, true);
         ran++;
     }
     if (!ran)
@@ -309,10 +315,11 @@ static void test_program(void)
     T_CHECK(within(&c, DFL_BF16), "cuda vs cpu: rel %.3g cos %.6f", c.rel, c.cos);
     dfl_reader_close(rg);
     dfl_reader_close(rc);
-    /* without --max-tokens the buffers fit the first batch (1 token); the next is larger */
+    /* through a pipe (no index to size from) and without --max-tokens the buffers fit the first
+     * batch (1 token); the next is larger */
     remove(gpu);
-    snprintf(cmd, sizeof cmd, "'%s/dfl-target' -q -m '%s' --device cuda -o '%s' '%s' 2>'%s/err'",
-             bin, d, gpu, tok, t_tmpdir());
+    snprintf(cmd, sizeof cmd, "cat '%s' | '%s/dfl-target' -q -m '%s' --device cuda -o '%s' - "
+             "2>'%s/err'", tok, bin, d, gpu, t_tmpdir());
     st = system(cmd);
     T_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1, "larger batch on the GPU: status %d", st);
     T_CHECK(!exists(gpu), "no output file left behind");

@@ -45,14 +45,30 @@ static uint64_t splitmix(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-/* Uniform values with mean `mean` and standard deviation `std`. */
+/* Uniform values with mean `mean` and standard deviation `std`. Value i is the (i+1)-th output of
+ * splitmix64 from the name's seed, computed from i alone, so that large tensors fill in parallel
+ * with the same values. */
 static void fill(float *v, size_t n, const char *name, uint64_t seed, float mean, float std)
 {
-    uint64_t s = XXH3_64bits_withSeed(name, strlen(name), seed);
-    float a = std * sqrtf(3.0f);
+    const uint64_t s0 = XXH3_64bits_withSeed(name, strlen(name), seed);
+    const float a = std * sqrtf(3.0f);
+#pragma omp parallel for schedule(static) if (n > ((size_t)1 << 20))
     for (size_t i = 0; i < n; i++) {
+        uint64_t s = s0 + (uint64_t)i * 0x9e3779b97f4a7c15ull;
         double u = (double)(splitmix(&s) >> 11) * 0x1p-53; /* [0, 1) */
         v[i] = mean + a * (float)(2.0 * u - 1.0);
+    }
+}
+
+/* dfl_convert in parallel pieces. */
+static void convert_par(void *dst, dfl_dtype dt, const float *src, size_t n)
+{
+    const size_t piece = (size_t)1 << 20;
+    size_t pieces = (n + piece - 1) / piece;
+#pragma omp parallel for schedule(static) if (pieces > 1)
+    for (size_t p = 0; p < pieces; p++) {
+        size_t off = p * piece, m = n - off < piece ? n - off : piece;
+        dfl_convert((char *)dst + off * dfl_dtype_size(dt), dt, src + off, DFL_F32, m);
     }
 }
 
@@ -82,7 +98,7 @@ static int add(tensor *ts, int *nt, const opts *o, const char *name, int ndim, i
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
     }
     fill(f, n, name, o->seed, mean, std);
-    dfl_convert(t->data, o->dtype, f, DFL_F32, n);
+    convert_par(t->data, o->dtype, f, n);
     free(f);
     return DFL_OK;
 }

@@ -1,0 +1,78 @@
+/* hsdrain: the consumer of the dfl-target benchmark: reads a hidden-state stream (stdin or a
+ * file) through the library reader, so that every frame is read and its checksum verified, as
+ * dfl-draft would, and prints one JSON line on stdout: batches, tokens, bytes, seconds from the
+ * first byte to the end, and the steady rate: tokens per second from the end of batch W-1 to the
+ * end of the last batch (W = --warmup, default 2), which leaves out the pipeline's fill.
+ * Exit 2 on a corrupt or cut stream (the library's message on stderr). */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "frame.h"
+#include "log.h"
+#include "util.h"
+
+int main(int argc, char **argv)
+{
+    dfl_cli_init(argv[0]);
+    int64_t warm = 2;
+    static const struct option lo[] = {{"warmup", 1, 0, 'w'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    dfl_err e = {0};
+    int c;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (c) {
+        case 'w':
+            if (dfl_parse_i64(optarg, 0, 1000000, &warm, "--warmup", &e))
+                return dfl_cli_report(&e);
+            break;
+        case 'h':
+            printf("Usage: %s [--warmup W] [FILE]\n", dfl_progname);
+            return 0;
+        default: return dfl_cli_usage_error("unknown option");
+        }
+    }
+    const char *path = optind < argc ? argv[optind] : "-";
+    double t_open = dfl_now();
+    dfl_reader *r = NULL;
+    if (dfl_reader_open(&r, path, NULL, &e))
+        return dfl_cli_report(&e);
+    double t_first = dfl_now(), t_warm = t_first;
+    uint64_t batches = 0, tokens = 0, steady_tokens = 0, sum = 0;
+    int rc;
+    for (;;) {
+        dfl_batch b;
+        memset(&b, 0, sizeof b);
+        bool eos = false;
+        if ((rc = dfl_reader_next(r, &b, &eos, &e)) || eos)
+            break;
+        /* touch the data as a consumer would (one byte per 4 KiB: the checksum read it all) */
+        size_t n = (size_t)b.n_tokens * b.hidden * dfl_dtype_size(b.dtype);
+        for (uint32_t k = 0; k < b.n_layers; k++)
+            for (size_t i = 0; i < n; i += 4096)
+                sum += ((const uint8_t *)b.layers[k])[i];
+        batches++;
+        tokens += b.n_tokens;
+        if ((int64_t)batches == warm)
+            t_warm = dfl_now();
+        else if ((int64_t)batches > warm)
+            steady_tokens += b.n_tokens;
+        dfl_reader_recycle(r, &b);
+    }
+    double t_end = dfl_now();
+    uint64_t bytes = dfl_reader_offset(r);
+    dfl_reader_close(r);
+    if (rc)
+        return dfl_cli_report(&e);
+    double steady_s = t_end - t_warm;
+    printf("{\"batches\": %" PRIu64 ", \"tokens\": %" PRIu64 ", \"bytes\": %" PRIu64
+           ", \"seconds\": %.4f, \"wait_first_s\": %.4f, \"steady_batches\": %" PRIu64
+           ", \"steady_tokens\": %" PRIu64 ", \"steady_seconds\": %.4f, \"steady_tokens_per_s\": %.1f, "
+           "\"gb_per_s\": %.3f, \"touch\": %" PRIu64 "}\n",
+           batches, tokens, bytes, t_end - t_first, t_first - t_open,
+           batches > (uint64_t)warm ? batches - (uint64_t)warm : 0, steady_tokens, steady_s,
+           steady_s > 0 && steady_tokens ? (double)steady_tokens / steady_s : 0.0,
+           t_end > t_first ? (double)bytes / (t_end - t_first) / 1e9 : 0.0, sum % 1000);
+    return 0;
+}

@@ -1,0 +1,349 @@
+/* test-framewrite.c: the frame writer's ways of copying less (lib/frame.h): batch frames
+ * reserved in a file, filled in place and committed (the file byte-identical to one written with
+ * dfl_writer_batch, for any dtype, layer count and batch shape; reservations made on one thread
+ * while another commits; the order, shape and state rules; a given-up frame; no file left
+ * behind); and vmsplice into a pipe (the same bytes as writing; dfl_writer_consumed follows the
+ * consumer). */
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "frame.h"
+#include "util.h"
+#include "t.h"
+
+static uint64_t rng(uint64_t *s)
+{
+    *s += 0x9e3779b97f4a7c15ull;
+    uint64_t z = *s;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void info_of(dfl_stream_info *in, int K, int64_t H, dfl_dtype dt)
+{
+    memset(in, 0, sizeof *in);
+    in->kind = DFL_KIND_HIDDEN;
+    snprintf(in->producer, sizeof in->producer, "test-framewrite");
+    in->vocab_size = 5000;
+    in->hidden_size = H;
+    in->n_layers = K;
+    for (int k = 0; k < K; k++)
+        in->layers[k] = 3 * k + 1;
+    in->dtype = dt;
+    snprintf(in->fingerprint, sizeof in->fingerprint, "00112233445566778899aabbccddeeff");
+}
+
+/* A batch of random shape (odd sizes, so that every section needs padding) and contents. */
+static void gen(dfl_batch *b, uint64_t seed, int K, int64_t H, dfl_dtype dt)
+{
+    uint64_t s = seed;
+    uint32_t S = 1 + (uint32_t)(rng(&s) % 7), lens[8];
+    uint64_t T = 0;
+    for (uint32_t i = 0; i < S; i++)
+        T += lens[i] = 1 + (uint32_t)(rng(&s) % 37);
+    dfl_err e;
+    if (dfl_batch_alloc(b, T, S, (uint32_t)K, (uint32_t)H, dt, &e))
+        abort();
+    memcpy((void *)b->seq_lens, lens, 4 * S);
+    for (uint64_t i = 0; i < T; i++) {
+        ((int32_t *)b->input_ids)[i] = (int32_t)(rng(&s) % 5000);
+        ((uint8_t *)b->loss_mask)[i] = (uint8_t)(rng(&s) & 1);
+    }
+    size_t n = (size_t)T * (size_t)H * dfl_dtype_size(dt);
+    for (int k = 0; k < K; k++)
+        for (size_t i = 0; i < n; i++)
+            ((uint8_t *)b->layers[k])[i] = (uint8_t)rng(&s);
+}
+
+static bool same_files(const char *a, const char *b)
+{
+    dfl_map ma, mb;
+    dfl_err e;
+    if (dfl_map_open(&ma, a, &e) || dfl_map_open(&mb, b, &e))
+        return false;
+    bool same = ma.size == mb.size && (ma.size == 0 || memcmp(ma.data, mb.data, ma.size) == 0);
+    dfl_map_close(&ma);
+    dfl_map_close(&mb);
+    return same;
+}
+
+static bool exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+static int n_entries(const char *dir)
+{
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s')\"", dir);
+    return system(cmd) == 0 ? 0 : 1;
+}
+
+/* The same batches through dfl_writer_batch and through reserve / fill / commit: same file. */
+static void test_same_bytes(void)
+{
+    static const struct {
+        int K;
+        int64_t H;
+        dfl_dtype dt;
+        int n;
+    } cases[] = {{1, 8, DFL_BF16, 1}, {3, 33, DFL_BF16, 5}, {2, 7, DFL_F32, 4}, {5, 64, DFL_F16, 3}};
+    char a[4200], b[4200];
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        snprintf(a, sizeof a, "%s/a%zu.dfl", t_tmpdir(), c);
+        snprintf(b, sizeof b, "%s/b%zu.dfl", t_tmpdir(), c);
+        dfl_stream_info in;
+        info_of(&in, cases[c].K, cases[c].H, cases[c].dt);
+        dfl_err e = {0};
+        dfl_writer *wa = NULL, *wb = NULL;
+        T_CHECK(dfl_writer_open(&wa, a, &in, NULL, &e) == 0 && dfl_writer_open(&wb, b, &in, NULL, &e) == 0,
+                "%s", e.msg);
+        if (!wa || !wb)
+            return;
+        T_CHECK(dfl_writer_can_reserve(wb), "a file output can be written in place");
+        for (int i = 0; i < cases[c].n; i++) {
+            dfl_batch x;
+            gen(&x, 100 * c + (uint64_t)i, cases[c].K, cases[c].H, cases[c].dt);
+            T_CHECK(dfl_writer_batch(wa, &x, &e) == 0, "%s", e.msg);
+            dfl_frame_res f;
+            T_CHECK(dfl_writer_reserve(wb, x.n_tokens, x.n_seqs, &f, &e) == 0, "%s", e.msg);
+            size_t n = (size_t)x.n_tokens * (size_t)cases[c].H * dfl_dtype_size(cases[c].dt);
+            for (int k = 0; k < cases[c].K; k++) {
+                T_CHECK(((uintptr_t)f.layers[k] & 63) == 0, "layer %d is 64-aligned", k);
+                memcpy(f.layers[k], x.layers[k], n);
+            }
+            dfl_batch y = x;
+            for (int k = 0; k < cases[c].K; k++)
+                y.layers[k] = k % 2 ? NULL : f.layers[k]; /* NULL or the frame's own pointer */
+            T_CHECK(dfl_writer_commit(wb, &f, &y, &e) == 0, "%s", e.msg);
+            T_CHECK(f.map == NULL, "committed frames are unmapped");
+            dfl_batch_free(&x);
+        }
+        T_CHECK(dfl_writer_close(wa, &e) == 0 && dfl_writer_close(wb, &e) == 0, "%s", e.msg);
+        T_CHECK(same_files(a, b), "case %zu: in place and written give the same file", c);
+        /* and it reads back */
+        dfl_reader *r = NULL;
+        T_CHECK(dfl_reader_open(&r, b, NULL, &e) == 0, "%s", e.msg);
+        const dfl_index_entry *ent;
+        uint64_t ne = 0;
+        T_CHECK(r && dfl_reader_index(r, &ent, &ne, &e) == 0 && ne == (uint64_t)cases[c].n, "index: %s", e.msg);
+        dfl_reader_close(r);
+    }
+}
+
+/* Reservations made several frames ahead on one thread while another thread commits. */
+typedef struct ahead {
+    dfl_writer *w;
+    dfl_frame_res f[16];
+    dfl_batch x[16];
+    int n, made;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int failed;
+} ahead;
+
+static void *committer(void *arg)
+{
+    ahead *a = arg;
+    for (int i = 0; i < a->n; i++) {
+        pthread_mutex_lock(&a->mu);
+        while (a->made <= i)
+            pthread_cond_wait(&a->cv, &a->mu);
+        pthread_mutex_unlock(&a->mu);
+        dfl_err e = {0};
+        dfl_batch y = a->x[i];
+        memset(y.layers, 0, sizeof y.layers);
+        if (dfl_writer_commit(a->w, &a->f[i], &y, &e))
+            a->failed = 1;
+    }
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    char a[4200], b[4200];
+    snprintf(a, sizeof a, "%s/ta.dfl", t_tmpdir());
+    snprintf(b, sizeof b, "%s/tb.dfl", t_tmpdir());
+    dfl_stream_info in;
+    info_of(&in, 2, 40, DFL_BF16);
+    dfl_err e = {0};
+    dfl_writer *wa = NULL;
+    ahead ah = {.n = 16, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    T_CHECK(dfl_writer_open(&wa, a, &in, NULL, &e) == 0 && dfl_writer_open(&ah.w, b, &in, NULL, &e) == 0,
+            "%s", e.msg);
+    if (!wa || !ah.w)
+        return;
+    for (int i = 0; i < ah.n; i++) {
+        gen(&ah.x[i], 7000 + (uint64_t)i, 2, 40, DFL_BF16);
+        dfl_writer_batch(wa, &ah.x[i], &e);
+    }
+    pthread_t th;
+    pthread_create(&th, NULL, committer, &ah);
+    for (int i = 0; i < ah.n; i++) {
+        if (dfl_writer_reserve(ah.w, ah.x[i].n_tokens, ah.x[i].n_seqs, &ah.f[i], &e)) {
+            T_CHECK(0, "reserve %d: %s", i, e.msg);
+            break;
+        }
+        size_t n = (size_t)ah.x[i].n_tokens * 40 * 2;
+        for (int k = 0; k < 2; k++)
+            memcpy(ah.f[i].layers[k], ah.x[i].layers[k], n);
+        pthread_mutex_lock(&ah.mu);
+        ah.made++;
+        pthread_cond_broadcast(&ah.cv);
+        pthread_mutex_unlock(&ah.mu);
+    }
+    pthread_join(th, NULL);
+    T_CHECK(!ah.failed, "every commit succeeded");
+    T_CHECK(dfl_writer_close(wa, &e) == 0 && dfl_writer_close(ah.w, &e) == 0, "%s", e.msg);
+    T_CHECK(same_files(a, b), "reserved ahead on one thread, committed on another: same file");
+    for (int i = 0; i < ah.n; i++)
+        dfl_batch_free(&ah.x[i]);
+}
+
+/* The rules: commit in order, the reserved shape, no batch or note while reserved, pipes and
+ * compressed files cannot reserve, a given-up frame fails the writer, and nothing is left. */
+static void test_rules(void)
+{
+    char d[4200], p[4300];
+    snprintf(d, sizeof d, "%s/rules", t_tmpdir());
+    mkdir(d, 0755);
+    snprintf(p, sizeof p, "%s/o.dfl", d);
+    dfl_stream_info in;
+    info_of(&in, 1, 16, DFL_BF16);
+    dfl_err e = {0};
+    dfl_writer *w = NULL;
+    dfl_batch x, y;
+    gen(&x, 1, 1, 16, DFL_BF16);
+    gen(&y, 2, 1, 16, DFL_BF16);
+    dfl_batch xn = x, yn = y; /* committed: their layers are already in the frame */
+    memset(xn.layers, 0, sizeof xn.layers);
+    memset(yn.layers, 0, sizeof yn.layers);
+
+    /* out of order */
+    T_CHECK(dfl_writer_open(&w, p, &in, NULL, &e) == 0, "%s", e.msg);
+    dfl_frame_res f1, f2;
+    T_CHECK(dfl_writer_reserve(w, x.n_tokens, x.n_seqs, &f1, &e) == 0, "%s", e.msg);
+    T_CHECK(dfl_writer_reserve(w, y.n_tokens, y.n_seqs, &f2, &e) == 0, "%s", e.msg);
+    T_CHECK(f2.offset == f1.offset + f1.frame_len, "frames follow each other");
+    T_CHECK(dfl_writer_batch(w, &x, &e) == DFL_EUSAGE && strstr(e.msg, "reserved"),
+            "no batch while frames are reserved: %s", e.msg);
+    T_CHECK(dfl_writer_commit(w, &f2, &yn, &e) == DFL_EUSAGE && strstr(e.msg, "order"),
+            "out of order: %s", e.msg);
+    dfl_writer_unreserve(w, &f1);
+    T_CHECK(dfl_writer_close(w, &e) != 0, "a failed writer does not close cleanly");
+    T_CHECK(n_entries(d) == 0, "nothing left in the directory");
+
+    /* wrong shape at commit */
+    T_CHECK(dfl_writer_open(&w, p, &in, NULL, &e) == 0, "%s", e.msg);
+    T_CHECK(dfl_writer_reserve(w, x.n_tokens + 1, x.n_seqs, &f1, &e) == 0, "%s", e.msg);
+    T_CHECK(dfl_writer_commit(w, &f1, &xn, &e) == DFL_EUSAGE && strstr(e.msg, "reserved for"),
+            "shape: %s", e.msg);
+    T_CHECK(dfl_writer_reserve(w, x.n_tokens, x.n_seqs, &f2, &e) != 0, "a failed writer reserves nothing");
+    dfl_writer_abort(w);
+    T_CHECK(n_entries(d) == 0, "nothing left after abort");
+
+    /* closing with a frame still reserved */
+    T_CHECK(dfl_writer_open(&w, p, &in, NULL, &e) == 0, "%s", e.msg);
+    T_CHECK(dfl_writer_reserve(w, x.n_tokens, x.n_seqs, &f1, &e) == 0, "%s", e.msg);
+    T_CHECK(dfl_writer_close(w, &e) == DFL_EUSAGE && strstr(e.msg, "still reserved"), "close: %s", e.msg);
+    munmap(f1.map, f1.map_len); /* the writer is gone; the mapping was the caller's to give up */
+    T_CHECK(!exists(p) && n_entries(d) == 0, "no file after a refused close");
+
+    /* compressed: cannot reserve */
+    dfl_writer_opts zo = {.zstd_level = 3};
+    T_CHECK(dfl_writer_open(&w, p, &in, &zo, &e) == 0, "%s", e.msg);
+    T_CHECK(!dfl_writer_can_reserve(w), "compressed files are written, not reserved");
+    T_CHECK(dfl_writer_reserve(w, x.n_tokens, x.n_seqs, &f1, &e) == DFL_EUSAGE, "reserve refused");
+    dfl_writer_abort(w);
+
+    /* a pipe: cannot reserve */
+    int fds[2];
+    T_CHECK(pipe(fds) == 0, "pipe");
+    T_CHECK(dfl_writer_open_fd(&w, fds[1], "pipe", &in, NULL, &e) == 0, "%s", e.msg);
+    T_CHECK(!dfl_writer_can_reserve(w), "pipes are written, not reserved");
+    dfl_writer_abort(w);
+    close(fds[0]);
+    close(fds[1]);
+    dfl_batch_free(&x);
+    dfl_batch_free(&y);
+}
+
+/* vmsplice: a child reads the pipe slowly; the stream is the same as written without it, and
+ * dfl_writer_consumed is false while the pages are still in the pipe. */
+static void test_vmsplice(void)
+{
+    char a[4200], b[4200];
+    snprintf(a, sizeof a, "%s/va.dfl", t_tmpdir());
+    snprintf(b, sizeof b, "%s/vb.dfl", t_tmpdir());
+    dfl_stream_info in;
+    info_of(&in, 2, 16, DFL_F32);
+    for (int mode = 0; mode < 2; mode++) {
+        int fds[2], go[2];
+        if (pipe(fds) || pipe(go)) {
+            T_CHECK(0, "pipe");
+            return;
+        }
+        pid_t pid = fork();
+        if (pid == 0) { /* reader: waits for a byte on go, then copies the stream to a file */
+            close(fds[1]);
+            close(go[1]);
+            char c;
+            if (read(go[0], &c, 1) < 0)
+                _exit(3);
+            int out = open(mode ? b : a, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            char buf[65536];
+            ssize_t n;
+            while ((n = read(fds[0], buf, sizeof buf)) > 0)
+                if (write(out, buf, (size_t)n) != n)
+                    _exit(2);
+            close(out);
+            _exit(n < 0);
+        }
+        close(fds[0]);
+        close(go[0]);
+        dfl_err e = {0};
+        dfl_writer *w = NULL;
+        dfl_writer_opts o = {.vmsplice = mode == 1};
+        T_CHECK(dfl_writer_open_fd(&w, fds[1], "pipe", &in, &o, &e) == 0, "%s", e.msg);
+        dfl_batch x;
+        gen(&x, 99, 2, 16, DFL_F32); /* under 40 KB: fits the pipe before the reader starts */
+        T_CHECK(w && dfl_writer_batch(w, &x, &e) == 0, "%s", e.msg);
+        uint64_t after = w ? dfl_writer_bytes(w) : 0;
+        if (w && mode == 1)
+            T_CHECK(!dfl_writer_consumed(w, after), "with vmsplice, unread pages are not consumed");
+        if (w && mode == 0)
+            T_CHECK(dfl_writer_consumed(w, after), "without vmsplice, everything is consumed at once");
+        if (write(go[1], "g", 1) != 1)
+            T_CHECK(0, "go");
+        close(go[1]);
+        for (int i = 0; w && i < 400 && !dfl_writer_consumed(w, after); i++)
+            usleep(5000);
+        T_CHECK(w && dfl_writer_consumed(w, after), "consumed once the reader has read it");
+        T_CHECK(w && dfl_writer_close(w, &e) == 0, "%s", e.msg);
+        close(fds[1]);
+        int st = 0;
+        waitpid(pid, &st, 0);
+        T_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "reader exit");
+        dfl_batch_free(&x);
+    }
+    T_CHECK(same_files(a, b), "vmsplice gives the same stream");
+}
+
+int main(int argc, char **argv)
+{
+    t_init(argv[0]);
+    signal(SIGPIPE, SIG_IGN);
+    T_RUN(test_same_bytes);
+    T_RUN(test_threads);
+    T_RUN(test_rules);
+    T_RUN(test_vmsplice);
+    return t_done();
+}
