@@ -106,6 +106,29 @@ wait_for() {
     [ ! -e "$T/r" ]
 }
 
+@test "dfl-train --device cuda: one worker per target GPU, dfl-draft on the last GPU (dry run, no GPU needed)" {
+    run --separate-stderr env CUDA_VISIBLE_DEVICES=0,1,2 dfl-train -n --device cuda --model "$TGT" --out "$T/r" "$F/sh" -- "${D[@]}"
+    [ "$status" -eq 0 ]
+    grep -q "dfl-target --model .* --device cuda:0 .*shard-00000.dfl > " <<<"$output"
+    grep -q "dfl-target --model .* --device cuda:1 .*shard-00001.dfl > " <<<"$output"
+    grep -q "dfl-draft --target .* --device cuda:2 " <<<"$output"
+    run --separate-stderr env CUDA_VISIBLE_DEVICES=0,1,2 dfl-train -n --device cuda --target-gpus 2 --draft-gpus 0 --model "$TGT" --out "$T/r" "$F/sh" -- "${D[@]}"
+    [ "$status" -eq 0 ]
+    # one target GPU: one worker, reading both shards
+    [ "$(grep -c "dfl-target " <<<"$output")" -eq 1 ]
+    grep -q -- "--device cuda:2 .*shard-00000.dfl .*shard-00001.dfl > " <<<"$output"
+    grep -q "dfl-draft --target .* --device cuda:0 " <<<"$output"
+    run -1 env CUDA_VISIBLE_DEVICES= dfl-train -n --device cuda --model "$TGT" --out "$T/r" "$F/sh"
+    [[ "$output" == *"no GPU found"* ]]
+    run -1 dfl-train -n --device cuda --target-gpus 0 --draft-gpus x --model "$TGT" --out "$T/r" "$F/sh"
+    [[ "$output" == *"--draft-gpus: 'x'"* ]]
+}
+
+@test "dfl-train: several dfl-draft GPUs (NCCL ranks) are refused while dfl-draft has no ranks" {
+    run -1 dfl-train -n --device cuda --target-gpus 0-1 --draft-gpus 2,3 --model "$TGT" --out "$T/r" "$F/sh" -- "${D[@]}"
+    [[ "$output" == *"no NCCL ranks yet (pending)"* ]]
+}
+
 @test "dfl-train trains on the CPU: checkpoint on stdout, a log per process, PIDs recorded, no FIFO left" {
     run --separate-stderr dfl-train --model "$TGT" --out "$T/r" --layers 1,2 "$F/sh" -- "${D[@]}"
     [ "$status" -eq 0 ]
