@@ -30,7 +30,7 @@ OPT ?= -O2
 CFLAGS ?= $(OPT) -g
 WARN := -Wall -Wextra -Wshadow -Wno-unused-parameter -Wformat=2 -Wvla -Wno-format-truncation
 CPPFLAGS := -Ilib -I/usr/include/x86_64-linux-gnu -D_GNU_SOURCE -DDFL_VERSION='"$(VERSION)"'
-ALLCFLAGS = -std=gnu11 $(CFLAGS) $(WARN) -fopenmp -pthread $(SANFLAGS) -MMD -MP
+ALLCFLAGS = -std=gnu11 $(CFLAGS) $(WARN) -fPIC -fopenmp -pthread $(SANFLAGS) -MMD -MP
 LDLIBS := -lzstd -larchive -lxxhash -ljansson -lopenblas -lm
 LDFLAGS_ALL = -fopenmp -pthread $(SANFLAGS) $(LDFLAGS)
 
@@ -58,7 +58,10 @@ PROGS := $(BIN_SRCS:bin/%.c=$(B)/bin/%)
 UNITS := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/%)
 GPUTESTS := $(GPU_SRCS:tests/gpu/%.c=$(B)/tests/%)
 TOOLS := $(TOOL_SRCS:tests/tools/%.c=$(B)/tools/%)
-LIBDFL := $(B)/libdfl.a
+# libdfl is one shared library (the CUDA kernels are large: linking them into every program
+# would make each binary several megabytes); programs find it through $ORIGIN/../lib.
+LIBDFL := $(B)/lib/libdfl.so
+LINKDFL = -L$(B)/lib -ldfl -Wl,-rpath,'$$ORIGIN/../lib'
 
 all: $(PROGS) $(UNITS) $(GPUTESTS) $(TOOLS)
 
@@ -72,23 +75,23 @@ $(B)/obj/%.o: %.cu
 
 $(LIBDFL): $(LIB_OBJS) $(CU_OBJS)
 	@mkdir -p $(@D)
-	rm -f $@ && ar rcs $@ $^
+	$(CC) -shared $(LDFLAGS_ALL) -Wl,-soname,libdfl.so $^ $(LDLIBS) -o $@
 
 $(B)/bin/%: $(B)/obj/bin/%.o $(LIBDFL)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS_ALL) $< $(LIBDFL) $(LDLIBS) -o $@
+	$(CC) $(LDFLAGS_ALL) $< $(LINKDFL) $(LDLIBS) -o $@
 
 $(B)/tests/%: $(B)/obj/tests/unit/%.o $(LIBDFL)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS_ALL) $< $(LIBDFL) $(LDLIBS) -o $@
+	$(CC) $(LDFLAGS_ALL) $< $(LINKDFL) $(LDLIBS) -o $@
 
 $(B)/tests/%: $(B)/obj/tests/gpu/%.o $(LIBDFL)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS_ALL) $< $(LIBDFL) $(LDLIBS) -o $@
+	$(CC) $(LDFLAGS_ALL) $< $(LINKDFL) $(LDLIBS) -o $@
 
 $(B)/tools/%: $(B)/obj/tests/tools/%.o $(LIBDFL)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS_ALL) $< $(LIBDFL) $(LDLIBS) -o $@
+	$(CC) $(LDFLAGS_ALL) $< $(LINKDFL) $(LDLIBS) -o $@
 
 # Where the shared reference outputs live (tests skip what needs them when absent).
 DFL_ORACLE ?= $(abspath ../shared/oracle)
@@ -122,9 +125,10 @@ demo: all
 PIPELINES := $(filter-out pipelines/dfl-sh-setup,$(wildcard pipelines/dfl-*))
 
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 \
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/share/man/man1 \
 	  $(DESTDIR)$(PREFIX)/share/man/man5 $(DESTDIR)$(PREFIX)/share/man/man7
 	install -m 755 $(PROGS) $(PIPELINES) $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 $(LIBDFL) $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 pipelines/dfl-sh-setup $(DESTDIR)$(PREFIX)/bin/
 	$(if $(wildcard man/*.1),install -m 644 $(wildcard man/*.1) $(DESTDIR)$(PREFIX)/share/man/man1/)
 	$(if $(wildcard man/*.5),install -m 644 $(wildcard man/*.5) $(DESTDIR)$(PREFIX)/share/man/man5/)

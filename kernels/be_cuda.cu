@@ -512,8 +512,18 @@ static void cuda_ops_fill(void)
     cuda_ops.swiglu = cuda_swiglu;
     cuda_ops.add = cuda_add;
     cuda_ops.attn_varlen = cuda_attn_varlen;
-    /* drafter ops (rmsnorm_bwd, qknorm_rope_bwd, swiglu_bwd, dflash_attn(_bwd), lmce, sumsq,
-     * adamw): not yet on the GPU; NULL */
+    /* drafter ops: train_ops.cu, dflash_attn.cu */
+    cuda_ops.rmsnorm_bwd = cuda_rmsnorm_bwd;
+    cuda_ops.qknorm_rope_bwd = cuda_qknorm_rope_bwd;
+    cuda_ops.swiglu_bwd = cuda_swiglu_bwd;
+    cuda_ops.dflash_attn = cuda_dflash_attn;
+    cuda_ops.dflash_attn_bwd = cuda_dflash_attn_bwd;
+    cuda_ops.lmce = cuda_lmce;
+    cuda_ops.sumsq = cuda_sumsq;
+    cuda_ops.clip_scale = cuda_clip_scale;
+    cuda_ops.block_metrics = cuda_block_metrics;
+    cuda_ops.adamw = cuda_adamw;
+    cuda_ops.uniform_noise = cuda_uniform_noise;
 }
 
 extern "C" int dfl_be_cuda_count(void)

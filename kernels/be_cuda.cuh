@@ -123,6 +123,10 @@ int cuda_add_rmsnorm(dfl_be *be, void *h, const void *d, void *y, float *rstd, c
                      int64_t R, int64_t n, float eps);
 int cuda_qknorm_rope(dfl_be *be, void *x, int64_t ld, float *rstd, const void *w,
                      const int32_t *pos, int64_t R, int heads, int d, float eps, float theta);
+/* ops.cu: the device table of RoPE inverse frequencies for (theta, d, be->rope_dtype)
+ * (host-computed by dfl_rope_inv_freq like the CPU ops), uploaded on the compute stream the
+ * first time it is asked for. */
+int cuda_rope_table(dfl_be *be, float theta, int d, const float **out);
 int cuda_swiglu(dfl_be *be, void *out, const void *gu, int64_t R, int64_t I);
 int cuda_add(dfl_be *be, void *y, const void *x, int64_t n);
 /* C[M,N] (ldc, cdt) = beta * C + bias[N] (bias may be NULL; beta == 0 writes without reading) */
@@ -133,5 +137,22 @@ int cuda_attn_varlen(dfl_be *be, const dfl_attn_varlen *a);
 int cuda_attn_init(dfl_be *be, dfl_err *e);
 int cuda_attn_dim_index(int d);   /* 0, 1, 2 for 64, 128, 256; -1 otherwise */
 int cuda_attn_n_variants(int d);
+
+/* ---- drafter ops (train_ops.cu, dflash_attn.cu) ---- */
+int cuda_rmsnorm_bwd(dfl_be *be, void *dx, float *dw, const void *dy, const void *x, const void *w,
+                     const float *rstd, int64_t R, int64_t n, bool accumulate_dx);
+int cuda_qknorm_rope_bwd(dfl_be *be, void *dx, int64_t ld, float *dw, const void *x_in, const void *w,
+                         const float *rstd, const int32_t *pos, int64_t R, int heads, int d,
+                         float eps, float theta);
+int cuda_swiglu_bwd(dfl_be *be, void *dgu, const void *dout, const void *gu, int64_t R, int64_t I);
+int cuda_lmce(dfl_be *be, const dfl_lmce *a);
+int cuda_sumsq(dfl_be *be, double *out, const float *x, int64_t n);
+int cuda_clip_scale(dfl_be *be, float *out, int32_t *skip, const double *sums, float max_norm);
+int cuda_block_metrics(dfl_be *be, double *out, const uint8_t *correct, const float *weight,
+                       int64_t n_blocks, int bs);
+int cuda_adamw(dfl_be *be, const dfl_adamw *a);
+int cuda_uniform_noise(dfl_be *be, void *x, int64_t n, float amp, uint64_t seed);
+int cuda_dflash_attn(dfl_be *be, const dfl_dflash_attn *a);
+int cuda_dflash_attn_bwd(dfl_be *be, const dfl_dflash_attn *a);
 
 #endif

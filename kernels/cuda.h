@@ -16,7 +16,10 @@
  * when the source may be reused (it waits only for pinned sources); ops->download returns when
  * the data is in dst (it waits for the compute stream); memset0 and copy are asynchronous.
  * be->act == be->wdt == bf16 (default) or f32. The bf16 ops compute in f32 and round once per
- * output; the drafter ops (rmsnorm_bwd, ..., adamw) are NULL for now. */
+ * output. The drafter ops (rmsnorm_bwd, ..., uniform_noise: train_ops.cu, dflash_attn.cu) keep
+ * their reductions deterministic (no float atomics; partial sums in a fixed order) and use the
+ * backend's cuBLAS workspace as scratch between their kernels; kernels/cuda_train.h has their
+ * tuning knobs. */
 #ifndef DFL_CUDA_H
 #define DFL_CUDA_H
 

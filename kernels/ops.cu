@@ -469,7 +469,7 @@ static void launch_qk(cudaStream_t s, unsigned blocks, int maxj, T *x, int64_t l
 /* Device table of inv_freq for (theta, d, be->rope_dtype), uploaded the first time they are
  * seen. Computed on the host by dfl_rope_inv_freq, as the CPU op does, so both use identical
  * frequencies. */
-static int rope_table(dfl_be *be, float theta, int d, const float **out)
+int cuda_rope_table(dfl_be *be, float theta, int d, const float **out)
 {
     cuda_impl *im = cuda_of(be);
     dfl_dtype rdt = be->rope_dtype == DFL_BF16 || be->rope_dtype == DFL_F16 ? be->rope_dtype : DFL_F32;
@@ -510,7 +510,7 @@ int cuda_qknorm_rope(dfl_be *be, void *x, int64_t ld, float *rstd, const void *w
     if (rc)
         return rc;
     const float *inv = NULL;
-    if ((rc = rope_table(be, theta, d, &inv)))
+    if ((rc = cuda_rope_table(be, theta, d, &inv)))
         return rc;
     int half = d / 2;
     size_t es = dfl_dtype_size(be->act);

@@ -679,8 +679,15 @@ static void carve_all(dfl_draft *m, carver *cv)
 int dfl_draft_reserve(dfl_draft *m, int64_t max_tokens, int64_t max_blocks, int64_t lmce_chunk,
                       dfl_err *e)
 {
-    if (lmce_chunk <= 0)
-        lmce_chunk = 64;
+    if (lmce_chunk <= 0) {
+        /* CPU: small chunks stay in cache. GPU: each chunk re-reads the whole [V, H] head, so
+         * chunks must be large for the two GEMMs to be compute-bound (1024 rows x 152K vocab
+         * = 622 MB of f32 work space), but no larger than the rows there are. */
+        lmce_chunk = m->be->kind == DFL_BE_CUDA ? 1024 : 64;
+        int64_t rows = (max_blocks < 1 ? 1 : max_blocks) * m->c.block_size;
+        if (lmce_chunk > rows)
+            lmce_chunk = rows;
+    }
     if (max_tokens < 1)
         max_tokens = 1;
     if (max_blocks < 1)

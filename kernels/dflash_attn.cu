@@ -1,0 +1,395 @@
+/* dflash_attn.cu: DFlash drafter attention (backend.h dfl_dflash_attn) forward and backward on the
+ * CUDA backend.
+ *
+ * The mask is never materialized. Block b's bs query slots attend to context rows
+ * [ctx_start[b], ctx_start[b] + anchor[b]) and to the bs rows of their own block. With GQA the
+ * group = n_heads / n_kv query heads of a block share one kv head, so a block contributes
+ * RB = group * bs query rows per kv head (64 for the 8B drafter: 4 heads x 16 slots), and a CTA
+ * takes NB = MMAX / RB consecutive blocks (whole blocks: a block's dk_blk / dv_blk sum over all
+ * of its rows). Query row m of a CTA is (local block m / RB, head (m % RB) / bs, slot m % bs).
+ *
+ * bf16 path (tensor cores, mma.sync m16n8k16 bf16 -> f32, ldmatrix, cp.async double buffering;
+ * shared-memory rows padded by 16 bytes, which makes ldmatrix conflict-free for any head dim):
+ *  - forward: one CTA per (group of NB blocks, kv head). Key tiles of BN rows stream through
+ *    shared memory: first the context rows of each "segment" (the CTA's blocks with one
+ *    ctx_start; usually one) up to the segment's largest anchor, then the CTA's own block rows
+ *    (rows [b0*bs, (b0+NB)*bs) of k_blk, contiguous). Online softmax in base 2 as in attn.cu.
+ *    A row's keys are [lo, hi) in the phase's key coordinates (context: [0, anchor) if the row's
+ *    block is in the segment; block phase: its own bs keys); masks are applied only on tiles
+ *    that need them, and a warp skips tiles in which none of its rows has a key.
+ *    O and lse (natural log of the scaled scores) are written.
+ *  - backward, pass Q (same CTAs): delta = rowsum(dout * o) first (written for pass KV), then per
+ *    key tile S = Q K^T, dP = dO V^T, P = exp(S - lse), dS = P (dP - delta), dQ += dS K; on the
+ *    block-key tiles P and dS also go to shared memory and the CTA computes dV_blk = P^T dO and
+ *    dK_blk = dS^T Q for those keys (complete: every row of the block is in the CTA).
+ *  - backward, pass KV: one CTA per (context key tile of BNK rows, kv head), FA2 style: the
+ *    tile's K and V stay in shared memory; the query rows of the blocks that see the tile stream
+ *    by in chunks of QC rows (Q, dO, lse, delta, each row's visible context range); each warp
+ *    owns 16 keys: S^T = K Q^T, dP^T = V dO^T, P^T, dS^T, dV += P^T dO, dK += dS^T Q. Every
+ *    context row is written by exactly one CTA (0 where no block sees it): no atomics, no
+ *    accumulation across CTAs, so the result is deterministic. A one-CTA scheduling kernel first
+ *    counts, per key tile, the blocks that see it (and their range) and orders the tiles
+ *    heaviest first (tiles near the start of a sequence are seen by most of its blocks).
+ *    Blocks are assumed ordered by ctx_start (backend.h); anchors need not be sorted.
+ *  Scratch (the schedule) lives in the backend's cuBLAS workspace (no GEMM runs in between).
+ *
+ * f32 path (act F32, and bf16 shapes the tiled kernels do not take: head dims other than 32, 64,
+ * 128, RB > 128, unaligned buffers): one warp per (query row, head), (key row, kv head); exact
+ * f32 arithmetic, slow; for tests and odd shapes. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "be_cuda.cuh"
+#include "cuda_train.h"
+#include "dflash_ptx.cuh"
+#include "dflash_kernels.cuh"
+
+template <typename T>
+static void ds_launch(int which, const DfP &p, cudaStream_t s)
+{
+    int64_t items = which == 2 ? (int64_t)p.n_blocks * p.bs * p.nkv
+                  : which == 3 ? p.T_ctx * p.nkv : (int64_t)p.n_blocks * p.bs * p.nh;
+    unsigned blocks = (unsigned)((items + DS_WARPS - 1) / DS_WARPS);
+    if (blocks == 0)
+        return;
+#define DS_GO(MV)                                                                              \
+    do {                                                                                       \
+        switch (which) {                                                                       \
+        case 0: ds_fwd_kernel<T, MV><<<blocks, DS_WARPS * 32, 0, s>>>(p); break;               \
+        case 1: ds_bwd_q_kernel<T, MV><<<blocks, DS_WARPS * 32, 0, s>>>(p); break;             \
+        case 2: ds_bwd_kvblk_kernel<T, MV><<<blocks, DS_WARPS * 32, 0, s>>>(p); break;         \
+        default: ds_bwd_kvctx_kernel<T, MV><<<blocks, DS_WARPS * 32, 0, s>>>(p); break;        \
+        }                                                                                      \
+    } while (0)
+    if (p.d <= 32)
+        DS_GO(1);
+    else if (p.d <= 64)
+        DS_GO(2);
+    else if (p.d <= 128)
+        DS_GO(4);
+    else if (p.d <= 256)
+        DS_GO(8);
+    else
+        DS_GO(16);
+#undef DS_GO
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* variants */
+
+typedef void (*df_kernel_fn)(const DfP);
+
+struct DfVariant {
+    const char *name;
+    df_kernel_fn fn;
+    int mmax;          /* query rows per CTA (fwd, bwd Q) or keys per CTA (bwd KV) */
+    int threads;
+    size_t smem;
+    int bn;            /* key tile (fwd, bwd Q) */
+};
+
+#define FWD_V(NAME, D, MT, NW, BN, QREG)                                                        \
+    { NAME, df_fwd_kernel<D, MT, NW, BN, QREG>, FwdCfg<D, MT, NW, BN, QREG>::MMAX,               \
+      FwdCfg<D, MT, NW, BN, QREG>::THREADS, FwdCfg<D, MT, NW, BN, QREG>::SMEM, BN }
+#define BWDQ_V(NAME, D, NW, BN, QREG)                                                          \
+    { NAME, df_bwd_q_kernel<D, NW, BN, QREG>, BwdQCfg<D, NW, BN, QREG>::MMAX,                      \
+      BwdQCfg<D, NW, BN, QREG>::THREADS, BwdQCfg<D, NW, BN, QREG>::SMEM, BN }
+#define BWDKV_V(NAME, D, NW, QC)                                                               \
+    { NAME, df_bwd_kv_kernel<D, NW, QC>, BwdKVCfg<D, NW, QC>::BNK, BwdKVCfg<D, NW, QC>::THREADS,  \
+      BwdKVCfg<D, NW, QC>::SMEM, 0 }
+
+static const DfVariant fwd32[] = {
+    FWD_V("fwd d32 128 rows (4 warps x 32) BN64 Q regs", 32, 2, 4, 64, true),
+    FWD_V("fwd d32 64 rows (4 warps x 16) BN64 Q regs", 32, 1, 4, 64, true),
+};
+static const DfVariant fwd64[] = {
+    FWD_V("fwd d64 128 rows (4 warps x 32) BN64 Q regs", 64, 2, 4, 64, true),
+    FWD_V("fwd d64 128 rows (8 warps x 16) BN64 Q regs", 64, 1, 8, 64, true),
+};
+static const DfVariant fwd128[] = {
+    FWD_V("fwd d128 128 rows (4 warps x 32) BN32 Q smem", 128, 2, 4, 32, false),
+    FWD_V("fwd d128 128 rows (8 warps x 16) BN64 Q regs", 128, 1, 8, 64, true),
+    FWD_V("fwd d128 64 rows (4 warps x 16) BN64 Q regs", 128, 1, 4, 64, true),
+};
+static const DfVariant bq32[] = {
+    BWDQ_V("bwd-q d32 128 rows (8 warps) BN64 Q/dO regs", 32, 8, 64, true),
+    BWDQ_V("bwd-q d32 128 rows (8 warps) BN64 Q/dO smem", 32, 8, 64, false),
+    BWDQ_V("bwd-q d32 64 rows (4 warps) BN64 Q/dO regs", 32, 4, 64, true),
+};
+static const DfVariant bq64[] = {
+    BWDQ_V("bwd-q d64 128 rows (8 warps) BN32 Q/dO regs", 64, 8, 32, true),
+    BWDQ_V("bwd-q d64 128 rows (8 warps) BN32 Q/dO smem", 64, 8, 32, false),
+    BWDQ_V("bwd-q d64 64 rows (4 warps) BN32 Q/dO regs", 64, 4, 32, true),
+};
+static const DfVariant bq128[] = {
+    BWDQ_V("bwd-q d128 128 rows (8 warps) BN32 Q/dO regs", 128, 8, 32, true),
+    BWDQ_V("bwd-q d128 128 rows (8 warps) BN32 Q/dO smem", 128, 8, 32, false),
+    BWDQ_V("bwd-q d128 64 rows (4 warps) BN32 Q/dO regs", 128, 4, 32, true),
+};
+static const DfVariant bkv32[] = {
+    BWDKV_V("bwd-kv d32 64 keys (4 warps) QC64", 32, 4, 64),
+    BWDKV_V("bwd-kv d32 128 keys (8 warps) QC64", 32, 8, 64),
+};
+static const DfVariant bkv64[] = {
+    BWDKV_V("bwd-kv d64 64 keys (4 warps) QC64", 64, 4, 64),
+    BWDKV_V("bwd-kv d64 128 keys (8 warps) QC64", 64, 8, 64),
+};
+static const DfVariant bkv128[] = {
+    BWDKV_V("bwd-kv d128 64 keys (4 warps) QC64", 128, 4, 64),
+    BWDKV_V("bwd-kv d128 128 keys (8 warps) QC64", 128, 8, 64),
+    BWDKV_V("bwd-kv d128 64 keys (4 warps) QC32", 128, 4, 32),
+};
+
+#define NV(a) ((int)(sizeof a / sizeof a[0]))
+
+static const DfVariant *df_table(int k, int d, int *n)
+{
+    *n = 0;
+    switch (k * 1000 + d) {
+    case 32: *n = NV(fwd32); return fwd32;
+    case 64: *n = NV(fwd64); return fwd64;
+    case 128: *n = NV(fwd128); return fwd128;
+    case 1032: *n = NV(bq32); return bq32;
+    case 1064: *n = NV(bq64); return bq64;
+    case 1128: *n = NV(bq128); return bq128;
+    case 2032: *n = NV(bkv32); return bkv32;
+    case 2064: *n = NV(bkv64); return bkv64;
+    case 2128: *n = NV(bkv128); return bkv128;
+    default: return NULL;
+    }
+}
+
+static int df_dim_index(int d) { return d == 32 ? 0 : d == 64 ? 1 : d == 128 ? 2 : -1; }
+
+static int df_choice[3][3];      /* [kernel][dim index] */
+static int df_force_simple;
+static bool df_attr_done[64];    /* per device: shared-memory limits raised */
+
+extern "C" const char *dfl_cuda_dflash_variant_name(int k, int d, int v)
+{
+    int n;
+    const DfVariant *t = df_table(k, d, &n);
+    return t && v >= 0 && v < n ? t[v].name : NULL;
+}
+
+extern "C" int dfl_cuda_dflash_set_variant(int k, int d, int v)
+{
+    int n;
+    const DfVariant *t = df_table(k, d, &n);
+    if (!t || v < 0 || v >= n)
+        return -1;
+    df_choice[k][df_dim_index(d)] = v;
+    return 0;
+}
+
+extern "C" void dfl_cuda_dflash_force_simple(int on) { df_force_simple = on; }
+
+static int df_passes = 3;
+extern "C" void dfl_cuda_dflash_bwd_passes(int mask) { df_passes = mask & 3; }
+
+/* Raise the dynamic shared-memory limit of every tiled kernel (once per device). */
+static int df_init(dfl_be *be, const char *op)
+{
+    cuda_impl *im = cuda_of(be);
+    if (im->device >= 0 && im->device < 64 && df_attr_done[im->device])
+        return 0;
+    static const int dims[] = {32, 64, 128};
+    for (int k = 0; k < 3; k++)
+        for (int di = 0; di < 3; di++) {
+            int n;
+            const DfVariant *t = df_table(k, dims[di], &n);
+            for (int v = 0; v < n; v++) {
+                if (t[v].smem > im->smem_optin)
+                    continue;
+                cudaError_t err = cudaFuncSetAttribute(t[v].fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       (int)t[v].smem);
+                if (err == cudaSuccess)
+                    err = cudaFuncSetAttribute(t[v].fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               (int)cudaSharedmemCarveoutMaxShared);
+                if (err != cudaSuccess) {
+                    cudaGetLastError();
+                    return cuda_op_fail(be, DFL_EDEVICE, "%s: kernel setup (%s): %s", op, t[v].name,
+                                        cudaGetErrorString(err));
+                }
+            }
+        }
+    if (im->device >= 0 && im->device < 64)
+        df_attr_done[im->device] = true;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* entry points */
+
+static int df_check(dfl_be *be, const dfl_dflash_attn *a, const char *op)
+{
+    if (a->n_heads <= 0 || a->n_kv <= 0 || a->n_heads % a->n_kv)
+        return cuda_op_fail(be, DFL_EUNSUP, "%s: %d query heads are not a multiple of %d kv heads",
+                            op, a->n_heads, a->n_kv);
+    if (a->d <= 0 || a->d > 512)
+        return cuda_op_fail(be, DFL_EUNSUP, "%s: head dimension %d (at most 512)", op, a->d);
+    if (a->bs <= 0 || a->n_blocks < 0 || a->T_ctx < 0)
+        return cuda_op_fail(be, DFL_EUSAGE, "%s: %d blocks of %d, %lld context rows", op,
+                            a->n_blocks, a->bs, (long long)a->T_ctx);
+    if ((int64_t)a->n_blocks * a->bs * a->n_heads > INT32_MAX || a->T_ctx > INT32_MAX / 2)
+        return cuda_op_fail(be, DFL_EUNSUP, "%s: %d blocks of %d x %d heads is too many", op,
+                            a->n_blocks, a->bs, a->n_heads);
+    return 0;
+}
+
+static DfP df_params(const dfl_dflash_attn *a)
+{
+    DfP p;
+    memset(&p, 0, sizeof p);
+    p.q = a->q;
+    p.kc = a->k_ctx;
+    p.vc = a->v_ctx;
+    p.kb = a->k_blk;
+    p.vb = a->v_blk;
+    p.o = a->o;
+    p.o_in = a->o;
+    p.dout = a->dout;
+    p.dq = a->dq;
+    p.dkc = a->dk_ctx;
+    p.dvc = a->dv_ctx;
+    p.dkb = a->dk_blk;
+    p.dvb = a->dv_blk;
+    p.lse = a->lse;
+    p.delta = a->delta;
+    p.cs = a->ctx_start;
+    p.an = a->anchor;
+    p.n_blocks = a->n_blocks;
+    p.bs = a->bs;
+    p.nh = a->n_heads;
+    p.nkv = a->n_kv;
+    p.group = a->n_heads / a->n_kv;
+    p.d = a->d;
+    p.rb = p.group * p.bs;
+    p.T_ctx = a->T_ctx;
+    p.ldq = (int64_t)a->n_heads * a->d;
+    p.ldk = (int64_t)a->n_kv * a->d;
+    p.scale = a->scale;
+    p.sl2 = a->scale * DF_LOG2E;
+    return p;
+}
+
+/* The tiled variant for kernel k, or NULL when the shape or the buffers do not fit it. */
+static const DfVariant *df_pick(dfl_be *be, const dfl_dflash_attn *a, int k, bool bwd)
+{
+    if (be->act != DFL_BF16 || df_force_simple)
+        return NULL;
+    int di = df_dim_index(a->d), n;
+    if (di < 0)
+        return NULL;
+    const DfVariant *t = df_table(k, a->d, &n);
+    const DfVariant *v = &t[df_choice[k][di]];
+    if (v->smem > cuda_of(be)->smem_optin)
+        return NULL;
+    const int rb = (a->n_heads / a->n_kv) * a->bs;
+    if (k != DFL_DFLASH_BWD_KV && rb > v->mmax)
+        return NULL;
+    const void *ptrs[] = {a->q, a->k_ctx, a->v_ctx, a->k_blk, a->v_blk, a->o,
+                          bwd ? a->dout : NULL, bwd ? a->dq : NULL, bwd ? a->dk_ctx : NULL,
+                          bwd ? a->dv_ctx : NULL, bwd ? a->dk_blk : NULL, bwd ? a->dv_blk : NULL};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+        if (ptrs[i] && !is_aligned(ptrs[i], 16))
+            return NULL;
+    return v;
+}
+
+static void df_blocks_per_cta(DfP &p, int mmax)
+{
+    p.nb = mmax / p.rb;
+    if (p.nb > DF_NBMAX)
+        p.nb = DF_NBMAX;
+    if (p.nb < 1)
+        p.nb = 1;
+    p.n_bg = (p.n_blocks + p.nb - 1) / p.nb;
+}
+
+int cuda_dflash_attn(dfl_be *be, const dfl_dflash_attn *a)
+{
+    int rc = df_check(be, a, "dflash_attn");
+    if (rc || a->n_blocks == 0)
+        return rc;
+    if ((rc = cuda_enter(be)) || (rc = df_init(be, "dflash_attn")))
+        return rc;
+    DfP p = df_params(a);
+    cudaStream_t s = cuda_of(be)->stream;
+    const DfVariant *v = df_pick(be, a, DFL_DFLASH_FWD, false);
+    if (v) {
+        df_blocks_per_cta(p, v->mmax);
+        v->fn<<<(unsigned)((int64_t)p.n_bg * p.nkv), v->threads, v->smem, s>>>(p);
+        return cuda_launch_check(be, "dflash_attn");
+    }
+    if (be->act == DFL_BF16)
+        ds_launch<bf16>(0, p, s);
+    else
+        ds_launch<float>(0, p, s);
+    return cuda_launch_check(be, "dflash_attn (simple)");
+}
+
+int cuda_dflash_attn_bwd(dfl_be *be, const dfl_dflash_attn *a)
+{
+    int rc = df_check(be, a, "dflash_attn_bwd");
+    if (rc)
+        return rc;
+    if ((rc = cuda_enter(be)) || (rc = df_init(be, "dflash_attn_bwd")))
+        return rc;
+    DfP p = df_params(a);
+    cudaStream_t s = cuda_of(be)->stream;
+    const DfVariant *vq = a->n_blocks > 0 ? df_pick(be, a, DFL_DFLASH_BWD_Q, true) : NULL;
+    const DfVariant *vkv = df_pick(be, a, DFL_DFLASH_BWD_KV, true);
+    const size_t es = dfl_dtype_size(be->act);
+    if (a->n_blocks == 0) {
+        /* nothing attends: the context gradients are 0 */
+        size_t bytes = (size_t)(a->T_ctx * p.ldk) * es;
+        if (bytes && (cudaMemsetAsync(a->dk_ctx, 0, bytes, s) != cudaSuccess ||
+                      cudaMemsetAsync(a->dv_ctx, 0, bytes, s) != cudaSuccess))
+            return cuda_op_fail(be, DFL_EDEVICE, "dflash_attn_bwd: memset failed");
+        return 0;
+    }
+    /* pass Q: delta, dq, dk_blk, dv_blk */
+    if (!(df_passes & 1)) {
+        /* benchmarks only (dfl_cuda_dflash_bwd_passes) */
+    } else if (vq) {
+        df_blocks_per_cta(p, vq->mmax);
+        vq->fn<<<(unsigned)((int64_t)p.n_bg * p.nkv), vq->threads, vq->smem, s>>>(p);
+        if ((rc = cuda_launch_check(be, "dflash_attn_bwd (q)")))
+            return rc;
+    } else {
+        if (be->act == DFL_BF16) {
+            ds_launch<bf16>(1, p, s);
+            ds_launch<bf16>(2, p, s);
+        } else {
+            ds_launch<float>(1, p, s);
+            ds_launch<float>(2, p, s);
+        }
+        if ((rc = cuda_launch_check(be, "dflash_attn_bwd (simple q)")))
+            return rc;
+    }
+    if (a->T_ctx == 0 || !(df_passes & 2))
+        return 0;
+    /* pass KV: dk_ctx, dv_ctx */
+    if (vkv) {
+        const int bnk = vkv->mmax;
+        p.n_kt = (int)((a->T_ctx + bnk - 1) / bnk);
+        int *sched = (int *)cuda_of(be)->ws;
+        if ((size_t)p.n_kt * 3 * sizeof(int) > cuda_of(be)->ws_bytes)
+            vkv = NULL;
+        else {
+            p.sched = sched;
+            df_sched_kernel<<<1, 1024, 0, s>>>(p, sched, bnk);
+            if ((rc = cuda_launch_check(be, "dflash_attn_bwd (schedule)")))
+                return rc;
+            vkv->fn<<<(unsigned)((int64_t)p.n_kt * p.nkv), vkv->threads, vkv->smem, s>>>(p);
+            return cuda_launch_check(be, "dflash_attn_bwd (kv)");
+        }
+    }
+    if (be->act == DFL_BF16)
+        ds_launch<bf16>(3, p, s);
+    else
+        ds_launch<float>(3, p, s);
+    return cuda_launch_check(be, "dflash_attn_bwd (simple kv)");
+}

@@ -1,0 +1,1169 @@
+/* dflash_kernels.cuh: the DFlash attention kernels (see kernels/dflash_attn.cu for the design):
+ * the tiled bf16 forward, backward pass Q and backward pass KV, the scheduler of pass KV, and the
+ * exact f32 kernels. Device code only. Needs, from the including file: bf16, to_f32/from_f32
+ * (be_cuda.cuh) and the PTX helpers (dflash_ptx.cuh); tests/emu compiles the same code for the
+ * CPU with its own versions of those. */
+#ifndef DFL_DFLASH_KERNELS_CUH
+#define DFL_DFLASH_KERNELS_CUH
+
+#define DF_LOG2E 1.4426950408889634f
+#define DF_NBMAX 32            /* blocks per CTA at most */
+#define DF_SCHED_MAX 8192      /* key tiles the scheduler sorts (more: natural order) */
+
+struct DfP {
+    const void *q, *kc, *vc, *kb, *vb, *o_in, *dout;
+    void *o, *dq, *dkc, *dvc, *dkb, *dvb;
+    float *lse, *delta;
+    const int32_t *cs, *an;
+    int n_blocks, bs, nh, nkv, group, d, rb, nb, n_bg;
+    int64_t T_ctx, ldq, ldk;
+    float scale, sl2;
+    const int *sched;   /* pass KV: order [n_kt], first block [n_kt], end block [n_kt] */
+    int n_kt;
+};
+
+/* Per-lane ldmatrix offsets (bytes) within a tile of rows of RB bytes (padded rows, no swizzle):
+ *  A  (16 rows x 16 cols, row-major source):            row lane & 15, chunk lane >> 4
+ *  B  (16 n-rows x 16 k, the n rows of two n8 tiles):   row (lane & 7) + 8 (lane >> 4), chunk (lane >> 3) & 1
+ *  BT (16 k-rows x 16 n cols, transposed load):         row (lane & 7) + 8 ((lane >> 3) & 1), chunk lane >> 4
+ *  AT (A from a [k][m] source, transposed load):        as B (with .trans) */
+__device__ __forceinline__ uint32_t lane_a(int lane, int rowb) { return (uint32_t)((lane & 15) * rowb + (lane >> 4) * 16); }
+__device__ __forceinline__ uint32_t lane_b(int lane, int rowb) { return (uint32_t)(((lane & 7) + ((lane >> 4) << 3)) * rowb + ((lane >> 3) & 1) * 16); }
+__device__ __forceinline__ uint32_t lane_bt(int lane, int rowb) { return (uint32_t)(((lane & 7) + (((lane >> 3) & 1) << 3)) * rowb + (lane >> 4) * 16); }
+
+/* ------------------------------------------------------------------------------------------ */
+/* query-stationary CTAs (forward, backward pass Q): metadata in shared memory */
+
+template <int MMAX> struct QsMeta {
+    int blk_an[DF_NBMAX], blk_seg[DF_NBMAX];
+    int seg_cs[DF_NBMAX], seg_amax[DF_NBMAX], seg_amin[DF_NBMAX], seg_nt[DF_NBMAX];
+    int nseg, nb, ntiles;
+    long long row_off[MMAX];   /* element offset of row m in [Q, n_heads*d] arrays; -1: no row */
+    int row_idx[MMAX];         /* index of row m in [Q, n_heads] arrays */
+};
+
+/* b0: the CTA's first block; g: its kv head. Ends with a barrier. */
+template <int MMAX>
+__device__ void qs_setup(QsMeta<MMAX> &mt, const DfP &p, int b0, int g, int BN)
+{
+    const int nb = min(p.nb, p.n_blocks - b0);
+    if (threadIdx.x == 0) {
+        int ns = 0, nt = 0;
+        for (int i = 0; i < nb; i++) {
+            int c = p.cs[b0 + i], a = p.an[b0 + i];
+            mt.blk_an[i] = a;
+            if (ns == 0 || c != mt.seg_cs[ns - 1]) {
+                mt.seg_cs[ns] = c;
+                mt.seg_amax[ns] = a;
+                mt.seg_amin[ns] = a;
+                ns++;
+            } else {
+                mt.seg_amax[ns - 1] = max(mt.seg_amax[ns - 1], a);
+                mt.seg_amin[ns - 1] = min(mt.seg_amin[ns - 1], a);
+            }
+            mt.blk_seg[i] = ns - 1;
+        }
+        for (int s = 0; s < ns; s++) {
+            mt.seg_nt[s] = (mt.seg_amax[s] + BN - 1) / BN;
+            nt += mt.seg_nt[s];
+        }
+        nt += (nb * p.bs + BN - 1) / BN;
+        mt.nseg = ns;
+        mt.nb = nb;
+        mt.ntiles = nt;
+    }
+    for (int m = threadIdx.x; m < MMAX; m += blockDim.x) {
+        if (m < nb * p.rb) {
+            int lb = m / p.rb, rem = m - lb * p.rb, hl = rem / p.bs, j = rem - hl * p.bs;
+            int64_t grow = (int64_t)(b0 + lb) * p.bs + j;
+            int head = g * p.group + hl;
+            mt.row_off[m] = grow * p.ldq + (int64_t)head * p.d;
+            mt.row_idx[m] = (int)(grow * p.nh + head);
+        } else {
+            mt.row_off[m] = -1;
+            mt.row_idx[m] = -1;
+        }
+    }
+    __syncthreads();
+}
+
+struct DfTile {
+    const bf16 *k, *v;   /* row of key 0 of the tile (head column included) */
+    int key0, nvalid;
+    int seg;             /* >= 0: context segment; -1: the block keys */
+};
+
+template <int MMAX>
+__device__ __forceinline__ DfTile tile_at(const QsMeta<MMAX> &mt, const DfP &p, int it, int b0, int g, int BN)
+{
+    int s = 0;
+    while (s < mt.nseg && it >= mt.seg_nt[s]) {
+        it -= mt.seg_nt[s];
+        s++;
+    }
+    DfTile t;
+    t.key0 = it * BN;
+    int64_t row;
+    if (s < mt.nseg) {
+        row = (int64_t)mt.seg_cs[s] + t.key0;
+        t.k = (const bf16 *)p.kc + row * p.ldk + (int64_t)g * p.d;
+        t.v = (const bf16 *)p.vc + row * p.ldk + (int64_t)g * p.d;
+        t.nvalid = min(BN, mt.seg_amax[s] - t.key0);
+        t.seg = s;
+    } else {
+        row = (int64_t)b0 * p.bs + t.key0;
+        t.k = (const bf16 *)p.kb + row * p.ldk + (int64_t)g * p.d;
+        t.v = (const bf16 *)p.vb + row * p.ldk + (int64_t)g * p.d;
+        t.nvalid = min(BN, mt.nb * p.bs - t.key0);
+        t.seg = -1;
+    }
+    return t;
+}
+
+/* cp.async a tile of BN rows (K and V) into shared memory; rows past nvalid are zero-filled */
+template <int D, int BN, int THREADS>
+__device__ __forceinline__ void load_kv_tile(const DfTile &t, int64_t ldk, uint32_t sk, uint32_t sv)
+{
+    constexpr int CH = D / 8, ROWB = D * 2 + 16;
+    for (int c = threadIdx.x; c < BN * CH; c += THREADS) {
+        int r = c / CH, ch = c % CH;
+        bool ok = r < t.nvalid;
+        int64_t off = ok ? (int64_t)r * ldk + ch * 8 : 0;
+        df_cp16(sk + r * ROWB + ch * 16, t.k + off, ok);
+        df_cp16(sv + r * ROWB + ch * 16, t.v + off, ok);
+    }
+}
+
+/* load MMAX rows of a [Q, n_heads*d] array (the CTA's query rows) into shared memory */
+template <int D, int MMAX, int THREADS>
+__device__ __forceinline__ void load_rows(const QsMeta<MMAX> &mt, const bf16 *src, uint32_t dst)
+{
+    constexpr int CH = D / 8, ROWB = D * 2 + 16;
+    for (int c = threadIdx.x; c < MMAX * CH; c += THREADS) {
+        int r = c / CH, ch = c % CH;
+        long long off = mt.row_off[r];
+        df_cp16(dst + r * ROWB + ch * 16, off >= 0 ? src + off + ch * 8 : src, off >= 0);
+    }
+}
+
+/* The keys [lo, hi) of the thread's rows for phase seg (see the file comment). */
+template <int MMAX, int MT>
+__device__ __forceinline__ void phase_ranges(const QsMeta<MMAX> &mt, int seg, int bs,
+                                             const int (&rlb)[MT][2], int (&lo)[MT][2], int (&hi)[MT][2])
+{
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            int lb = rlb[i][hh];
+            if (lb < 0) {
+                lo[i][hh] = hi[i][hh] = 0;
+            } else if (seg >= 0) {
+                lo[i][hh] = 0;
+                hi[i][hh] = mt.blk_seg[lb] == seg ? mt.blk_an[lb] : 0;
+            } else {
+                lo[i][hh] = lb * bs;
+                hi[i][hh] = lo[i][hh] + bs;
+            }
+        }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* forward (bf16) */
+
+template <int D, int MT, int NW, int BN, bool QREG>
+struct FwdCfg {
+    static constexpr int MMAX = 16 * MT * NW;
+    static constexpr int THREADS = 32 * NW;
+    static constexpr int ROWB = D * 2 + 16;
+    static constexpr size_t SMEM = (size_t)(MMAX + 4 * BN) * ROWB;
+};
+
+template <int D, int MT, int NW, int BN, bool QREG>
+__global__ void __launch_bounds__(32 * NW)
+df_fwd_kernel(const DfP p)
+{
+    typedef FwdCfg<D, MT, NW, BN, QREG> C;
+    constexpr int MMAX = C::MMAX, THREADS = C::THREADS, ROWB = C::ROWB;
+    constexpr int CH = D / 8, NT = BN / 8, KD = D / 16, DT = D / 8, KB = BN / 16;
+    static_assert(D % 32 == 0 && BN % 16 == 0, "tile shape");
+
+    DF_DYN_SMEM(smem);
+    __shared__ QsMeta<MMAX> mt;
+    const uint32_t sQ = df_smem(smem), sK0 = sQ + MMAX * ROWB, sV0 = sK0 + 2 * BN * ROWB;
+    const int g_kv = (int)(blockIdx.x % (unsigned)p.nkv);
+    const int bg = p.n_bg - 1 - (int)(blockIdx.x / (unsigned)p.nkv);   /* heaviest (last) first */
+    const int b0 = bg * p.nb;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+
+    qs_setup<MMAX>(mt, p, b0, g_kv, BN);
+    load_rows<D, MMAX, THREADS>(mt, (const bf16 *)p.q, sQ);
+    const int ntiles = mt.ntiles;
+    {
+        DfTile t0 = tile_at<MMAX>(mt, p, 0, b0, g_kv, BN);
+        load_kv_tile<D, BN, THREADS>(t0, p.ldk, sK0, sV0);
+    }
+    df_commit();
+
+    const int wr0 = warp * 16 * MT;
+    int rlb[MT][2], lo[MT][2], hi[MT][2];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            int m = wr0 + i * 16 + g + 8 * hh;
+            rlb[i][hh] = mt.row_off[m] >= 0 ? m / p.rb : -1;
+        }
+    int cur_seg = -2;
+
+    const uint32_t q_lane = sQ + wr0 * ROWB + lane_a(lane, ROWB);
+    const uint32_t k_lane = lane_b(lane, ROWB);
+    const uint32_t v_lane = lane_bt(lane, ROWB);
+
+    float o[MT][DT][4];
+    float mrow[MT][2], lrow[MT][2];
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[i][dt][e] = 0.0f;
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            mrow[i][hh] = -INFINITY;
+            lrow[i][hh] = 0.0f;
+        }
+    }
+    uint32_t qf[QREG ? MT : 1][QREG ? KD : 1][4];
+    const float sl2 = p.sl2;
+
+    for (int it = 0; it < ntiles; it++) {
+        const int stage = it & 1;
+        const DfTile t = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
+        if (it + 1 < ntiles) {
+            DfTile tn = tile_at<MMAX>(mt, p, it + 1, b0, g_kv, BN);
+            load_kv_tile<D, BN, THREADS>(tn, p.ldk, sK0 + (stage ^ 1) * BN * ROWB, sV0 + (stage ^ 1) * BN * ROWB);
+            df_commit();
+            df_wait<1>();
+        } else {
+            df_wait<0>();
+        }
+        __syncthreads();
+        if (QREG && it == 0) {
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int kk = 0; kk < KD; kk++)
+                    df_ldm(qf[QREG ? i : 0][QREG ? kk : 0], q_lane + i * 16 * ROWB + kk * 32);
+        }
+        if (t.seg != cur_seg) {
+            phase_ranges<MMAX, MT>(mt, t.seg, p.bs, rlb, lo, hi);
+            cur_seg = t.seg;
+        }
+        const int key0 = t.key0;
+        const bool need_mask = t.seg < 0 || mt.nseg > 1 || key0 + BN > mt.seg_amin[t.seg];
+        bool mine = false;
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++)
+                mine |= lo[i][hh] < key0 + BN && hi[i][hh] > key0 && lo[i][hh] < hi[i][hh];
+        if (__any_sync(0xffffffffu, mine)) {
+            const uint32_t kst = sK0 + stage * BN * ROWB, vst = sV0 + stage * BN * ROWB;
+            float s[MT][NT][4];
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[i][nt][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KD; kk++) {
+                uint32_t a[MT][4];
+#pragma unroll
+                for (int i = 0; i < MT; i++) {
+                    if (QREG) {
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            a[i][e] = qf[QREG ? i : 0][QREG ? kk : 0][e];
+                    } else {
+                        df_ldm(a[i], q_lane + i * 16 * ROWB + kk * 32);
+                    }
+                }
+#pragma unroll
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t b[4];
+                    df_ldm(b, kst + np * 16 * ROWB + k_lane + kk * 32);
+#pragma unroll
+                    for (int i = 0; i < MT; i++) {
+                        df_mma(s[i][2 * np], a[i], b[0], b[1]);
+                        df_mma(s[i][2 * np + 1], a[i], b[2], b[3]);
+                    }
+                }
+            }
+            if (need_mask) {
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            int kj = key0 + nt * 8 + 2 * t4 + (e & 1);
+                            int hh = e >> 1;
+                            if (!(kj >= lo[i][hh] && kj < hi[i][hh]))
+                                s[i][nt][e] = -INFINITY;
+                        }
+            }
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+                        mx = fmaxf(mx, fmaxf(s[i][nt][2 * hh], s[i][nt][2 * hh + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    float mnew = fmaxf(mrow[i][hh], mx);
+                    float mscaled = mnew == -INFINITY ? 0.0f : mnew * sl2;
+                    float alpha = df_exp2(mrow[i][hh] * sl2 - mscaled);
+                    mrow[i][hh] = mnew;
+                    float rs = 0.0f;
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 2 * hh; e < 2 * hh + 2; e++) {
+                            float pv = df_exp2(fmaf(s[i][nt][e], sl2, -mscaled));
+                            s[i][nt][e] = pv;
+                            rs += pv;
+                        }
+                    lrow[i][hh] = lrow[i][hh] * alpha + rs;
+#pragma unroll
+                    for (int dt = 0; dt < DT; dt++) {
+                        o[i][dt][2 * hh] *= alpha;
+                        o[i][dt][2 * hh + 1] *= alpha;
+                    }
+                }
+#pragma unroll
+            for (int kb = 0; kb < KB; kb++) {
+                uint32_t a[MT][4];
+#pragma unroll
+                for (int i = 0; i < MT; i++) {
+                    a[i][0] = df_pack(s[i][2 * kb][0], s[i][2 * kb][1]);
+                    a[i][1] = df_pack(s[i][2 * kb][2], s[i][2 * kb][3]);
+                    a[i][2] = df_pack(s[i][2 * kb + 1][0], s[i][2 * kb + 1][1]);
+                    a[i][3] = df_pack(s[i][2 * kb + 1][2], s[i][2 * kb + 1][3]);
+                }
+#pragma unroll
+                for (int dp = 0; dp < DT / 2; dp++) {
+                    uint32_t b[4];
+                    df_ldm_t(b, vst + kb * 16 * ROWB + v_lane + dp * 32);
+#pragma unroll
+                    for (int i = 0; i < MT; i++) {
+                        df_mma(o[i][2 * dp], a[i], b[0], b[1]);
+                        df_mma(o[i][2 * dp + 1], a[i], b[2], b[3]);
+                    }
+                }
+            }
+        }
+        __syncthreads();   /* the stage is refilled next iteration */
+    }
+
+    /* O / l through the warp's own Q rows, then 16-byte stores; lse */
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            float l = lrow[i][hh];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            const int m = wr0 + i * 16 + g + 8 * hh;
+            unsigned char *rowp = smem + m * ROWB + 4 * t4;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++)
+                *reinterpret_cast<uint32_t *>(rowp + dt * 16) =
+                    df_pack(o[i][dt][2 * hh] * inv, o[i][dt][2 * hh + 1] * inv);
+            if (t4 == 0 && mt.row_idx[m] >= 0)
+                p.lse[mt.row_idx[m]] = l > 0.0f ? mrow[i][hh] * p.scale + logf(l) : -INFINITY;
+        }
+    __syncwarp();
+    bf16 *og = (bf16 *)p.o;
+    for (int c = lane; c < 16 * MT * CH; c += 32) {
+        int r = wr0 + c / CH, ch = c % CH;
+        long long off = mt.row_off[r];
+        if (off >= 0)
+            *reinterpret_cast<uint4 *>(og + off + ch * 8) = *reinterpret_cast<const uint4 *>(smem + r * ROWB + ch * 16);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* backward pass Q (bf16): one warp per 16 query rows */
+
+template <int D, int NW, int BN, bool QREG>
+struct BwdQCfg {
+    static constexpr int MMAX = 16 * NW;
+    static constexpr int THREADS = 32 * NW;
+    static constexpr int ROWB = D * 2 + 16;
+    static constexpr int ROWP = BN * 2 + 16;
+    static constexpr size_t SMEM = (size_t)(2 * MMAX + 4 * BN) * ROWB + (size_t)2 * MMAX * ROWP;
+};
+
+template <int D, int NW, int BN, bool QREG>
+__global__ void __launch_bounds__(32 * NW)
+df_bwd_q_kernel(const DfP p)
+{
+    typedef BwdQCfg<D, NW, BN, QREG> C;
+    constexpr int MMAX = C::MMAX, THREADS = C::THREADS, ROWB = C::ROWB, ROWP = C::ROWP;
+    constexpr int CH = D / 8, NT = BN / 8, KD = D / 16, DT = D / 8, KB = BN / 16;
+    static_assert(D % 32 == 0 && BN % 16 == 0, "tile shape");
+
+    DF_DYN_SMEM(smem);
+    __shared__ QsMeta<MMAX> mt;
+    __shared__ float sLse2[MMAX], sDelta[MMAX];
+    const uint32_t sQ = df_smem(smem), sDO = sQ + MMAX * ROWB, sK0 = sDO + MMAX * ROWB;
+    const uint32_t sV0 = sK0 + 2 * BN * ROWB, sP = sV0 + 2 * BN * ROWB, sDS = sP + MMAX * ROWP;
+    unsigned char *pP = smem + (sP - sQ), *pDS = smem + (sDS - sQ), *pDO = smem + (sDO - sQ);
+    const int g_kv = (int)(blockIdx.x % (unsigned)p.nkv);
+    const int bg = p.n_bg - 1 - (int)(blockIdx.x / (unsigned)p.nkv);
+    const int b0 = bg * p.nb;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+
+    qs_setup<MMAX>(mt, p, b0, g_kv, BN);
+    load_rows<D, MMAX, THREADS>(mt, (const bf16 *)p.q, sQ);
+    load_rows<D, MMAX, THREADS>(mt, (const bf16 *)p.dout, sDO);
+    df_commit();
+    const int ntiles = mt.ntiles;
+    {
+        DfTile t0 = tile_at<MMAX>(mt, p, 0, b0, g_kv, BN);
+        load_kv_tile<D, BN, THREADS>(t0, p.ldk, sK0, sV0);
+    }
+    df_commit();
+    df_wait<1>();
+    __syncthreads();
+
+    /* delta = rowsum(dout * o) of the warp's 16 rows: LPR lanes per row */
+    const int wr0 = warp * 16;
+    {
+        constexpr int LPR = CH < 32 ? CH : 32, RPP = 32 / LPR;
+        const bf16 *og = (const bf16 *)p.o_in;
+        for (int k = 0; k < 16 / RPP; k++) {
+            const int r = wr0 + k * RPP + lane / LPR;
+            const long long off = mt.row_off[r];
+            float dot = 0.0f;
+            for (int ch = lane % LPR; ch < CH; ch += LPR) {
+                if (off >= 0) {
+                    const uint4 ov = *reinterpret_cast<const uint4 *>(og + off + ch * 8);
+                    const uint4 dv = *reinterpret_cast<const uint4 *>(pDO + r * ROWB + ch * 16);
+                    const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        dot += df_bf_lo(ow[j]) * df_bf_lo(dw[j]) + df_bf_hi(ow[j]) * df_bf_hi(dw[j]);
+                }
+            }
+#pragma unroll
+            for (int sft = LPR / 2; sft > 0; sft >>= 1)
+                dot += __shfl_xor_sync(0xffffffffu, dot, sft);
+            if (lane % LPR == 0) {
+                const int idx = mt.row_idx[r];
+                sDelta[r] = off >= 0 ? dot : 0.0f;
+                sLse2[r] = off >= 0 ? p.lse[idx] * DF_LOG2E : INFINITY;
+                if (off >= 0)
+                    p.delta[idx] = dot;
+            }
+        }
+    }
+    __syncwarp();
+    int rlb[1][2], lo[1][2], hi[1][2];
+    float lse2[2], dlt[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        int m = wr0 + g + 8 * hh;
+        rlb[0][hh] = mt.row_off[m] >= 0 ? m / p.rb : -1;
+        lse2[hh] = sLse2[m];
+        dlt[hh] = sDelta[m];
+    }
+    int cur_seg = -2;
+
+    const uint32_t q_lane = sQ + wr0 * ROWB + lane_a(lane, ROWB);
+    const uint32_t do_lane = sDO + wr0 * ROWB + lane_a(lane, ROWB);
+    const uint32_t k_lane = lane_b(lane, ROWB);
+    const uint32_t kt_lane = lane_bt(lane, ROWB);
+    const uint32_t at_lane = lane_b(lane, ROWP);
+    const uint32_t bt_lane = lane_bt(lane, ROWB);
+    const float sl2 = p.sl2;
+
+    float dq[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dq[dt][e] = 0.0f;
+    /* QREG: the warp's Q and dO fragments stay in registers (loaded once; Q and dO are in shared
+     * memory since the barrier above) */
+    uint32_t qf[QREG ? KD : 1][4], dof[QREG ? KD : 1][4];
+    if (QREG) {
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++) {
+            df_ldm(qf[QREG ? kk : 0], q_lane + kk * 32);
+            df_ldm(dof[QREG ? kk : 0], do_lane + kk * 32);
+        }
+    }
+
+    for (int it = 0; it < ntiles; it++) {
+        const int stage = it & 1;
+        const DfTile t = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
+        if (it + 1 < ntiles) {
+            DfTile tn = tile_at<MMAX>(mt, p, it + 1, b0, g_kv, BN);
+            load_kv_tile<D, BN, THREADS>(tn, p.ldk, sK0 + (stage ^ 1) * BN * ROWB, sV0 + (stage ^ 1) * BN * ROWB);
+            df_commit();
+            df_wait<1>();
+        } else {
+            df_wait<0>();
+        }
+        __syncthreads();
+        if (t.seg != cur_seg) {
+            phase_ranges<MMAX, 1>(mt, t.seg, p.bs, rlb, lo, hi);
+            cur_seg = t.seg;
+        }
+        const int key0 = t.key0;
+        const bool blk = t.seg < 0;
+        const bool need_mask = blk || mt.nseg > 1 || key0 + BN > mt.seg_amin[t.seg];
+        bool mine = false;
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+            mine |= lo[0][hh] < key0 + BN && hi[0][hh] > key0 && lo[0][hh] < hi[0][hh];
+        if (blk || __any_sync(0xffffffffu, mine)) {
+            const uint32_t kst = sK0 + stage * BN * ROWB, vst = sV0 + stage * BN * ROWB;
+            float s[NT][4], dp[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[nt][e] = dp[nt][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KD; kk++) {
+                uint32_t a[4], ad[4];
+                if (QREG) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        a[e] = qf[QREG ? kk : 0][e];
+                        ad[e] = dof[QREG ? kk : 0][e];
+                    }
+                } else {
+                    df_ldm(a, q_lane + kk * 32);
+                    df_ldm(ad, do_lane + kk * 32);
+                }
+#pragma unroll
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t b[4];
+                    df_ldm(b, kst + np * 16 * ROWB + k_lane + kk * 32);
+                    df_mma(s[2 * np], a, b[0], b[1]);
+                    df_mma(s[2 * np + 1], a, b[2], b[3]);
+                    df_ldm(b, vst + np * 16 * ROWB + k_lane + kk * 32);
+                    df_mma(dp[2 * np], ad, b[0], b[1]);
+                    df_mma(dp[2 * np + 1], ad, b[2], b[3]);
+                }
+            }
+            /* P = exp(S - lse) (0 where masked), dS = P (dP - delta) */
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int hh = e >> 1;
+                    const int kj = key0 + nt * 8 + 2 * t4 + (e & 1);
+                    const bool ok = !need_mask || (kj >= lo[0][hh] && kj < hi[0][hh]);
+                    const float pv = ok ? df_exp2(fmaf(s[nt][e], sl2, -lse2[hh])) : 0.0f;
+                    s[nt][e] = pv;
+                    dp[nt][e] = pv * (dp[nt][e] - dlt[hh]);
+                }
+            if (blk) {
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int off = (wr0 + g + 8 * hh) * ROWP + (nt * 8 + 2 * t4) * 2;
+                        *reinterpret_cast<uint32_t *>(pP + off) = df_pack(s[nt][2 * hh], s[nt][2 * hh + 1]);
+                        *reinterpret_cast<uint32_t *>(pDS + off) = df_pack(dp[nt][2 * hh], dp[nt][2 * hh + 1]);
+                    }
+            }
+            /* dQ += dS K */
+#pragma unroll
+            for (int kb = 0; kb < KB; kb++) {
+                uint32_t a[4];
+                a[0] = df_pack(dp[2 * kb][0], dp[2 * kb][1]);
+                a[1] = df_pack(dp[2 * kb][2], dp[2 * kb][3]);
+                a[2] = df_pack(dp[2 * kb + 1][0], dp[2 * kb + 1][1]);
+                a[3] = df_pack(dp[2 * kb + 1][2], dp[2 * kb + 1][3]);
+#pragma unroll
+                for (int dp2 = 0; dp2 < DT / 2; dp2++) {
+                    uint32_t b[4];
+                    df_ldm_t(b, kst + kb * 16 * ROWB + kt_lane + dp2 * 32);
+                    df_mma(dq[2 * dp2], a, b[0], b[1]);
+                    df_mma(dq[2 * dp2 + 1], a, b[2], b[3]);
+                }
+            }
+        }
+        if (blk) {
+            /* dV_blk = P^T dO, dK_blk = scale dS^T Q for this tile's keys */
+            __syncthreads();
+            const int M = mt.nb * p.rb, ksteps = (M + 15) / 16, nkeys = mt.nb * p.bs;
+            constexpr int UNITS = (BN / 16) * 2 * (D / 16);
+            for (int u = warp; u < UNITS; u += NW) {
+                const int mk = u % (BN / 16), rest = u / (BN / 16), which = rest & 1, np = rest >> 1;
+                const uint32_t asrc = which ? sDS : sP, bsrc = which ? sQ : sDO;
+                float acc[2][4];
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        acc[j][e] = 0.0f;
+                for (int kk = 0; kk < ksteps; kk++) {
+                    uint32_t a[4], b[4];
+                    df_ldm_t(a, asrc + kk * 16 * ROWP + at_lane + mk * 32);
+                    df_ldm_t(b, bsrc + kk * 16 * ROWB + bt_lane + np * 32);
+                    df_mma(acc[0], a, b[0], b[1]);
+                    df_mma(acc[1], a, b[2], b[3]);
+                }
+                const float f = which ? p.scale : 1.0f;
+                bf16 *dst = (bf16 *)(which ? p.dkb : p.dvb);
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int key = key0 + mk * 16 + g + 8 * hh;
+                    if (key < nkeys) {
+                        bf16 *row = dst + ((int64_t)b0 * p.bs + key) * p.ldk + (int64_t)g_kv * D;
+#pragma unroll
+                        for (int j = 0; j < 2; j++)
+                            *reinterpret_cast<uint32_t *>(row + np * 16 + j * 8 + 2 * t4) =
+                                df_pack(acc[j][2 * hh] * f, acc[j][2 * hh + 1] * f);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    /* dQ * scale through the warp's own Q rows, then 16-byte stores */
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        unsigned char *rowp = smem + (wr0 + g + 8 * hh) * ROWB + 4 * t4;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+            *reinterpret_cast<uint32_t *>(rowp + dt * 16) =
+                df_pack(dq[dt][2 * hh] * p.scale, dq[dt][2 * hh + 1] * p.scale);
+    }
+    __syncwarp();
+    bf16 *dqg = (bf16 *)p.dq;
+    for (int c = lane; c < 16 * CH; c += 32) {
+        int r = wr0 + c / CH, ch = c % CH;
+        long long off = mt.row_off[r];
+        if (off >= 0)
+            *reinterpret_cast<uint4 *>(dqg + off + ch * 8) = *reinterpret_cast<const uint4 *>(smem + r * ROWB + ch * 16);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* backward pass KV (bf16): key-stationary, one warp per 16 context keys */
+
+template <int D, int NW, int QC>
+struct BwdKVCfg {
+    static constexpr int BNK = 16 * NW;
+    static constexpr int THREADS = 32 * NW;
+    static constexpr int ROWB = D * 2 + 16;
+    static constexpr size_t SMEM = (size_t)(2 * BNK + 4 * QC) * ROWB;
+};
+
+__device__ __forceinline__ int df_upper(const int32_t *a, int n, int64_t x)   /* first i: a[i] > x */
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = (lo + hi) >> 1;
+        if (a[mid] <= x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+__device__ __forceinline__ int df_lower(const int32_t *a, int n, int64_t x)   /* first i: a[i] >= x */
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = (lo + hi) >> 1;
+        if (a[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The blocks that see context rows [c0, c1): within [first, end) (blocks of the sequence holding
+ * c0 and of sequences starting inside the range), those with cs + an > c0 and an > 0. */
+static __device__ void df_tile_blocks(const DfP &p, int64_t c0, int64_t c1, int *first, int *end, int *count)
+{
+    const int blast = df_upper(p.cs, p.n_blocks, c1 - 1);
+    const int ub0 = df_upper(p.cs, p.n_blocks, c0);
+    const int bfirst = ub0 > 0 ? df_lower(p.cs, p.n_blocks, p.cs[ub0 - 1]) : 0;
+    int f = blast, l = bfirst, n = 0;
+    for (int b = bfirst; b < blast; b++) {
+        int a = p.an[b];
+        if (a > 0 && (int64_t)p.cs[b] + a > c0) {
+            n++;
+            f = min(f, b);
+            l = b + 1;
+        }
+    }
+    if (n == 0)
+        f = l = 0;
+    *first = f;
+    *end = l;
+    *count = n;
+}
+
+/* one CTA: per key tile the range of blocks that see it and their count; the tiles ordered by
+ * count, largest first (ties by index) */
+static __global__ void __launch_bounds__(1024) df_sched_kernel(const DfP p, int *sched, int bnk)
+{
+    __shared__ int work[DF_SCHED_MAX];
+    const int n = p.n_kt;
+    for (int kt = threadIdx.x; kt < n; kt += blockDim.x) {
+        int64_t c0 = (int64_t)kt * bnk, c1 = min(p.T_ctx, c0 + bnk);
+        int f, l, cnt;
+        df_tile_blocks(p, c0, c1, &f, &l, &cnt);
+        sched[n + kt] = f;
+        sched[2 * n + kt] = l;
+        if (n <= DF_SCHED_MAX)
+            work[kt] = cnt;
+    }
+    __syncthreads();
+    for (int kt = threadIdx.x; kt < n; kt += blockDim.x) {
+        if (n > DF_SCHED_MAX) {
+            sched[kt] = kt;
+            continue;
+        }
+        const int w = work[kt];
+        int rank = 0;
+        for (int u = 0; u < n; u++) {
+            int x = work[u];
+            rank += x > w || (x == w && u < kt);
+        }
+        sched[rank] = kt;
+    }
+}
+
+template <int D, int NW, int QC>
+__global__ void __launch_bounds__(32 * NW)
+df_bwd_kv_kernel(const DfP p)
+{
+    typedef BwdKVCfg<D, NW, QC> C;
+    constexpr int BNK = C::BNK, THREADS = C::THREADS, ROWB = C::ROWB;
+    constexpr int CH = D / 8, KD = D / 16, DT = D / 8, NSC = QC / 32;
+    static_assert(D % 32 == 0 && QC % 32 == 0 && QC <= THREADS, "tile shape");
+
+    DF_DYN_SMEM(smem);
+    __shared__ long long sOff[2][QC];
+    __shared__ float sL2[2][QC], sDl[2][QC];
+    __shared__ int sLo[2][QC], sHi[2][QC];
+    const uint32_t sK = df_smem(smem), sV = sK + BNK * ROWB, sQ0 = sV + BNK * ROWB;
+    const uint32_t sDO0 = sQ0 + 2 * QC * ROWB;
+    const int g_kv = (int)(blockIdx.x % (unsigned)p.nkv);
+    const int kt = p.sched[blockIdx.x / (unsigned)p.nkv];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int64_t c0 = (int64_t)kt * BNK, c1 = min(p.T_ctx, c0 + BNK);
+    const int bfirst = p.sched[p.n_kt + kt], bend = p.sched[2 * p.n_kt + kt];
+    const int64_t rbeg = (int64_t)bfirst * p.rb, rend = (int64_t)bend * p.rb;
+    const int nch = (int)((rend - rbeg + QC - 1) / QC);
+
+    /* K, V of the tile (rows past the end zero-filled) */
+    {
+        const bf16 *kg = (const bf16 *)p.kc + (int64_t)g_kv * D, *vg = (const bf16 *)p.vc + (int64_t)g_kv * D;
+        for (int c = tid; c < BNK * CH; c += THREADS) {
+            int r = c / CH, ch = c % CH;
+            bool ok = c0 + r < c1;
+            int64_t off = ok ? (c0 + r) * p.ldk + ch * 8 : 0;
+            df_cp16(sK + r * ROWB + ch * 16, kg + off, ok);
+            df_cp16(sV + r * ROWB + ch * 16, vg + off, ok);
+        }
+        df_commit();
+    }
+
+    /* Find the first chunk >= ci with a row whose block sees the tile; fill the stage's row
+     * tables (thread t < QC: row t of the chunk). Returns the chunk (nch: none); *full: no row of
+     * the chunk needs the per-key mask. Uniform: every thread calls it and gets the same. */
+    auto prep = [&](int ci, int st, bool *full) -> int {
+        for (; ci < nch; ci++) {
+            bool sees = false, fullt = true;
+            long long off = -1;
+            float l2 = INFINITY, dl = 0.0f;
+            int lo = 0, hi = 0;
+            if (tid < QC) {
+                const int64_t r = rbeg + (int64_t)ci * QC + tid;
+                if (r < rend) {
+                    const int b = (int)(r / p.rb), rem = (int)(r - (int64_t)b * p.rb);
+                    const int hl = rem / p.bs, j = rem - hl * p.bs;
+                    const int csb = p.cs[b], anb = p.an[b];
+                    lo = csb;
+                    hi = csb + anb;
+                    sees = anb > 0 && hi > c0 && lo < c1;
+                    if (sees) {
+                        const int64_t grow = (int64_t)b * p.bs + j;
+                        const int head = g_kv * p.group + hl;
+                        const int64_t idx = grow * p.nh + head;
+                        off = grow * p.ldq + (int64_t)head * D;
+                        l2 = p.lse[idx] * DF_LOG2E;
+                        dl = p.delta[idx];
+                        fullt = lo <= c0 && hi >= c1;
+                    }
+                }
+            }
+            if (__syncthreads_or(sees)) {
+                if (tid < QC) {
+                    sOff[st][tid] = off;
+                    sL2[st][tid] = l2;
+                    sDl[st][tid] = dl;
+                    sLo[st][tid] = lo;
+                    sHi[st][tid] = hi;
+                }
+                *full = __syncthreads_and(fullt);
+                return ci;
+            }
+        }
+        return nch;
+    };
+    auto load_chunk = [&](int st) {
+        const bf16 *qg = (const bf16 *)p.q, *dg = (const bf16 *)p.dout;
+        const uint32_t dq_ = sQ0 + st * QC * ROWB, dd_ = sDO0 + st * QC * ROWB;
+        for (int c = tid; c < QC * CH; c += THREADS) {
+            int r = c / CH, ch = c % CH;
+            long long off = sOff[st][r];
+            bool ok = off >= 0;
+            df_cp16(dq_ + r * ROWB + ch * 16, ok ? qg + off + ch * 8 : qg, ok);
+            df_cp16(dd_ + r * ROWB + ch * 16, ok ? dg + off + ch * 8 : dg, ok);
+        }
+    };
+
+    float dk[DT][4], dv[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dk[dt][e] = dv[dt][e] = 0.0f;
+
+    const uint32_t k_lane = sK + warp * 16 * ROWB + lane_a(lane, ROWB);
+    const uint32_t v_lane = sV + warp * 16 * ROWB + lane_a(lane, ROWB);
+    const uint32_t b_lane = lane_b(lane, ROWB), bt_lane = lane_bt(lane, ROWB);
+    const float sl2 = p.sl2;
+    const int64_t key_r0 = c0 + warp * 16 + g;   /* this thread's key rows: key_r0, key_r0 + 8 */
+
+    bool full_cur = false, full_next = false;
+    int cur = prep(0, 0, &full_cur);
+    if (cur < nch)
+        load_chunk(0);
+    df_commit();
+    int stage = 0;
+    while (cur < nch) {
+        int nxt = prep(cur + 1, stage ^ 1, &full_next);
+        if (nxt < nch) {
+            load_chunk(stage ^ 1);
+            df_commit();
+            df_wait<1>();
+        } else {
+            df_wait<0>();
+        }
+        __syncthreads();
+        const uint32_t qst = sQ0 + stage * QC * ROWB, dost = sDO0 + stage * QC * ROWB;
+#pragma unroll 1
+        for (int sc = 0; sc < NSC; sc++) {
+            float s[4][4], dp[4][4];
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[nt][e] = dp[nt][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KD; kk++) {
+                uint32_t a[4], av[4];
+                df_ldm(a, k_lane + kk * 32);
+                df_ldm(av, v_lane + kk * 32);
+#pragma unroll
+                for (int np = 0; np < 2; np++) {
+                    uint32_t b[4];
+                    df_ldm(b, qst + (sc * 32 + np * 16) * ROWB + b_lane + kk * 32);
+                    df_mma(s[2 * np], a, b[0], b[1]);
+                    df_mma(s[2 * np + 1], a, b[2], b[3]);
+                    df_ldm(b, dost + (sc * 32 + np * 16) * ROWB + b_lane + kk * 32);
+                    df_mma(dp[2 * np], av, b[0], b[1]);
+                    df_mma(dp[2 * np + 1], av, b[2], b[3]);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int qi = sc * 32 + nt * 8 + 2 * t4 + (e & 1);
+                    const int64_t key = key_r0 + 8 * (e >> 1);
+                    const bool ok = full_cur || (key >= sLo[stage][qi] && key < sHi[stage][qi]);
+                    const float pv = ok ? df_exp2(fmaf(s[nt][e], sl2, -sL2[stage][qi])) : 0.0f;
+                    s[nt][e] = pv;
+                    dp[nt][e] = pv * (dp[nt][e] - sDl[stage][qi]);
+                }
+#pragma unroll
+            for (int kb = 0; kb < 2; kb++) {
+                uint32_t ap[4], ad[4];
+                ap[0] = df_pack(s[2 * kb][0], s[2 * kb][1]);
+                ap[1] = df_pack(s[2 * kb][2], s[2 * kb][3]);
+                ap[2] = df_pack(s[2 * kb + 1][0], s[2 * kb + 1][1]);
+                ap[3] = df_pack(s[2 * kb + 1][2], s[2 * kb + 1][3]);
+                ad[0] = df_pack(dp[2 * kb][0], dp[2 * kb][1]);
+                ad[1] = df_pack(dp[2 * kb][2], dp[2 * kb][3]);
+                ad[2] = df_pack(dp[2 * kb + 1][0], dp[2 * kb + 1][1]);
+                ad[3] = df_pack(dp[2 * kb + 1][2], dp[2 * kb + 1][3]);
+#pragma unroll
+                for (int d2 = 0; d2 < DT / 2; d2++) {
+                    uint32_t b[4];
+                    df_ldm_t(b, dost + (sc * 32 + kb * 16) * ROWB + bt_lane + d2 * 32);
+                    df_mma(dv[2 * d2], ap, b[0], b[1]);
+                    df_mma(dv[2 * d2 + 1], ap, b[2], b[3]);
+                    df_ldm_t(b, qst + (sc * 32 + kb * 16) * ROWB + bt_lane + d2 * 32);
+                    df_mma(dk[2 * d2], ad, b[0], b[1]);
+                    df_mma(dk[2 * d2 + 1], ad, b[2], b[3]);
+                }
+            }
+        }
+        cur = nxt;
+        full_cur = full_next;
+        stage ^= 1;
+    }
+    df_wait<0>();
+    __syncthreads();   /* K/V loads done (no chunk case) and every warp past its last read */
+
+    /* dK * scale and dV through the warp's own K / V rows, then 16-byte stores */
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int r = warp * 16 + g + 8 * hh;
+        unsigned char *kp = smem + r * ROWB + 4 * t4, *vp = smem + (BNK + r) * ROWB + 4 * t4;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+            *reinterpret_cast<uint32_t *>(kp + dt * 16) = df_pack(dk[dt][2 * hh] * p.scale, dk[dt][2 * hh + 1] * p.scale);
+            *reinterpret_cast<uint32_t *>(vp + dt * 16) = df_pack(dv[dt][2 * hh], dv[dt][2 * hh + 1]);
+        }
+    }
+    __syncwarp();
+    bf16 *dkg = (bf16 *)p.dkc + (int64_t)g_kv * D, *dvg = (bf16 *)p.dvc + (int64_t)g_kv * D;
+    for (int c = lane; c < 16 * CH; c += 32) {
+        const int r = warp * 16 + c / CH, ch = c % CH;
+        const int64_t row = c0 + r;
+        if (row < c1) {
+            *reinterpret_cast<uint4 *>(dkg + row * p.ldk + ch * 8) = *reinterpret_cast<const uint4 *>(smem + r * ROWB + ch * 16);
+            *reinterpret_cast<uint4 *>(dvg + row * p.ldk + ch * 8) = *reinterpret_cast<const uint4 *>(smem + (BNK + r) * ROWB + ch * 16);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* simple (exact f32) kernels: one warp per (row, head); lane l holds elements l + 32 j */
+
+#define DS_WARPS 4
+
+template <typename T, int MAXV>
+__device__ __forceinline__ void ds_load(float (&x)[MAXV], const T *row, int d, int lane)
+{
+#pragma unroll
+    for (int j = 0; j < MAXV; j++) {
+        int i = lane + 32 * j;
+        x[j] = i < d ? to_f32(row[i]) : 0.0f;
+    }
+}
+
+template <int MAXV>
+__device__ __forceinline__ float ds_dot(const float (&a)[MAXV], const float (&b)[MAXV])
+{
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < MAXV; j++)
+        s += a[j] * b[j];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+    return s;
+}
+
+template <typename T, int MAXV>
+__device__ __forceinline__ void ds_store(T *row, const float (&x)[MAXV], float f, int d, int lane)
+{
+#pragma unroll
+    for (int j = 0; j < MAXV; j++) {
+        int i = lane + 32 * j;
+        if (i < d)
+            row[i] = from_f32<T>(x[j] * f);
+    }
+}
+
+/* key t (0 <= t < anchor + bs) of block b: a context row or a block row */
+template <typename T>
+__device__ __forceinline__ const T *ds_key(const T *ctx, const T *blk, int64_t ld, int32_t cs,
+                                           int32_t an, int64_t brow, int64_t t, int64_t off)
+{
+    return t < an ? ctx + (cs + t) * ld + off : blk + (brow + t - an) * ld + off;
+}
+
+template <typename T, int MAXV>
+__global__ void ds_fwd_kernel(const DfP p)
+{
+    const int64_t gw = (int64_t)blockIdx.x * DS_WARPS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    const int64_t Q = (int64_t)p.n_blocks * p.bs;
+    if (gw >= Q * p.nh)
+        return;
+    const int64_t qr = gw / p.nh;
+    const int h = (int)(gw % p.nh), d = p.d;
+    const int64_t b = qr / p.bs, brow = b * p.bs, koff = (int64_t)(h / p.group) * d;
+    const int32_t cs = p.cs[b], an = p.an[b];
+    const T *kc = (const T *)p.kc, *vc = (const T *)p.vc, *kb = (const T *)p.kb, *vb = (const T *)p.vb;
+    float qv[MAXV], acc[MAXV], kv[MAXV];
+    ds_load<T, MAXV>(qv, (const T *)p.q + qr * p.ldq + (int64_t)h * d, d, lane);
+#pragma unroll
+    for (int j = 0; j < MAXV; j++)
+        acc[j] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    const int64_t nkeys = (int64_t)an + p.bs;
+    for (int64_t t = 0; t < nkeys; t++) {
+        ds_load<T, MAXV>(kv, ds_key(kc, kb, p.ldk, cs, an, brow, t, koff), d, lane);
+        float sc = ds_dot<MAXV>(qv, kv) * p.scale;
+        float mn = fmaxf(m, sc);
+        float corr = expf(m - mn), pw = expf(sc - mn);
+        l = l * corr + pw;
+        ds_load<T, MAXV>(kv, ds_key(vc, vb, p.ldk, cs, an, brow, t, koff), d, lane);
+#pragma unroll
+        for (int j = 0; j < MAXV; j++)
+            acc[j] = acc[j] * corr + pw * kv[j];
+        m = mn;
+    }
+    ds_store<T, MAXV>((T *)p.o + qr * p.ldq + (int64_t)h * d, acc, 1.0f / l, d, lane);
+    if (lane == 0)
+        p.lse[qr * p.nh + h] = m + logf(l);
+}
+
+/* delta and dq of one (query row, head) */
+template <typename T, int MAXV>
+__global__ void ds_bwd_q_kernel(const DfP p)
+{
+    const int64_t gw = (int64_t)blockIdx.x * DS_WARPS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    const int64_t Q = (int64_t)p.n_blocks * p.bs;
+    if (gw >= Q * p.nh)
+        return;
+    const int64_t qr = gw / p.nh;
+    const int h = (int)(gw % p.nh), d = p.d;
+    const int64_t b = qr / p.bs, brow = b * p.bs, koff = (int64_t)(h / p.group) * d;
+    const int32_t cs = p.cs[b], an = p.an[b];
+    const T *kc = (const T *)p.kc, *vc = (const T *)p.vc, *kb = (const T *)p.kb, *vb = (const T *)p.vb;
+    const int64_t qo = qr * p.ldq + (int64_t)h * d;
+    float qv[MAXV], dov[MAXV], acc[MAXV], kv[MAXV], vv[MAXV];
+    ds_load<T, MAXV>(qv, (const T *)p.q + qo, d, lane);
+    ds_load<T, MAXV>(dov, (const T *)p.dout + qo, d, lane);
+    ds_load<T, MAXV>(kv, (const T *)p.o_in + qo, d, lane);
+    const float D = ds_dot<MAXV>(dov, kv);
+    const float L = p.lse[qr * p.nh + h];
+    if (lane == 0)
+        p.delta[qr * p.nh + h] = D;
+#pragma unroll
+    for (int j = 0; j < MAXV; j++)
+        acc[j] = 0.0f;
+    const int64_t nkeys = (int64_t)an + p.bs;
+    for (int64_t t = 0; t < nkeys; t++) {
+        ds_load<T, MAXV>(kv, ds_key(kc, kb, p.ldk, cs, an, brow, t, koff), d, lane);
+        ds_load<T, MAXV>(vv, ds_key(vc, vb, p.ldk, cs, an, brow, t, koff), d, lane);
+        float pp = expf(ds_dot<MAXV>(qv, kv) * p.scale - L);
+        float ds = pp * (ds_dot<MAXV>(dov, vv) - D);
+#pragma unroll
+        for (int j = 0; j < MAXV; j++)
+            acc[j] += ds * kv[j];
+    }
+    ds_store<T, MAXV>((T *)p.dq + qo, acc, p.scale, d, lane);
+}
+
+/* dk, dv of key row `key` (k, v pointers, head column included) over the query rows of block b
+ * (all heads of kv head g) */
+template <typename T, int MAXV>
+__device__ __forceinline__ void ds_kv_block(const DfP &p, int64_t b, int g, const float (&kv)[MAXV],
+                                            const float (&vv)[MAXV], float (&dk)[MAXV],
+                                            float (&dv)[MAXV], int lane)
+{
+    const int d = p.d;
+    float qv[MAXV], dov[MAXV];
+    for (int h = g * p.group; h < (g + 1) * p.group; h++)
+        for (int j = 0; j < p.bs; j++) {
+            const int64_t qr = b * p.bs + j, qo = qr * p.ldq + (int64_t)h * d;
+            ds_load<T, MAXV>(qv, (const T *)p.q + qo, d, lane);
+            ds_load<T, MAXV>(dov, (const T *)p.dout + qo, d, lane);
+            float pp = expf(ds_dot<MAXV>(qv, kv) * p.scale - p.lse[qr * p.nh + h]);
+            float ds = pp * (ds_dot<MAXV>(dov, vv) - p.delta[qr * p.nh + h]);
+#pragma unroll
+            for (int i = 0; i < MAXV; i++) {
+                dk[i] += ds * p.scale * qv[i];
+                dv[i] += pp * dov[i];
+            }
+        }
+}
+
+/* dk_blk, dv_blk of one (block key row, kv head) */
+template <typename T, int MAXV>
+__global__ void ds_bwd_kvblk_kernel(const DfP p)
+{
+    const int64_t gw = (int64_t)blockIdx.x * DS_WARPS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    const int64_t Q = (int64_t)p.n_blocks * p.bs;
+    if (gw >= Q * p.nkv)
+        return;
+    const int64_t kr = gw / p.nkv;
+    const int g = (int)(gw % p.nkv), d = p.d;
+    const int64_t ko = kr * p.ldk + (int64_t)g * d;
+    float kv[MAXV], vv[MAXV], dk[MAXV], dv[MAXV];
+    ds_load<T, MAXV>(kv, (const T *)p.kb + ko, d, lane);
+    ds_load<T, MAXV>(vv, (const T *)p.vb + ko, d, lane);
+#pragma unroll
+    for (int i = 0; i < MAXV; i++)
+        dk[i] = dv[i] = 0.0f;
+    ds_kv_block<T, MAXV>(p, kr / p.bs, g, kv, vv, dk, dv, lane);
+    ds_store<T, MAXV>((T *)p.dkb + ko, dk, 1.0f, d, lane);
+    ds_store<T, MAXV>((T *)p.dvb + ko, dv, 1.0f, d, lane);
+}
+
+/* dk_ctx, dv_ctx of one (context row, kv head): the blocks of the row's sequence that see it */
+template <typename T, int MAXV>
+__global__ void ds_bwd_kvctx_kernel(const DfP p)
+{
+    const int64_t gw = (int64_t)blockIdx.x * DS_WARPS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (gw >= p.T_ctx * p.nkv)
+        return;
+    const int64_t c = gw / p.nkv;
+    const int g = (int)(gw % p.nkv), d = p.d;
+    const int64_t ko = c * p.ldk + (int64_t)g * d;
+    float kv[MAXV], vv[MAXV], dk[MAXV], dv[MAXV];
+#pragma unroll
+    for (int i = 0; i < MAXV; i++)
+        dk[i] = dv[i] = 0.0f;
+    const int last = df_upper(p.cs, p.n_blocks, c);   /* blocks [.., last) start at or before c */
+    if (last > 0) {
+        const int32_t s0 = p.cs[last - 1];
+        const int first = df_lower(p.cs, p.n_blocks, s0);
+        ds_load<T, MAXV>(kv, (const T *)p.kc + ko, d, lane);
+        ds_load<T, MAXV>(vv, (const T *)p.vc + ko, d, lane);
+        for (int b = first; b < last; b++)
+            if (c < (int64_t)s0 + p.an[b])
+                ds_kv_block<T, MAXV>(p, b, g, kv, vv, dk, dv, lane);
+    }
+    ds_store<T, MAXV>((T *)p.dkc + ko, dk, 1.0f, d, lane);
+    ds_store<T, MAXV>((T *)p.dvc + ko, dv, 1.0f, d, lane);
+}
+
+#endif

@@ -1,0 +1,649 @@
+/* train_kernels.cuh: the device code of the drafter ops of kernels/train_ops.cu (which has the
+ * design notes and the launches). Needs, from the including file: bf16, Pack, to_f32/from_f32
+ * (be_cuda.cuh) and backend.h's DFL_SUM_*; tests/emu compiles the same code for the CPU. */
+#ifndef DFL_TRAIN_KERNELS_CUH
+#define DFL_TRAIN_KERNELS_CUH
+
+#define RB_MAX_THREADS 512
+#define QKB_WARPS 8
+#define SUMSQ_THREADS 256
+#define LMCE_THREADS 1024
+
+__device__ __forceinline__ float tr_warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ double tr_warp_sum_d(double v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32); every thread gets the same result (each adds
+ * the warp partials in the same order). sh: 32 floats of shared memory. May be called repeatedly:
+ * the leading barrier keeps a call from overwriting sh while a previous one is being read. */
+__device__ __forceinline__ float tr_block_sum(float v, float *sh)
+{
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = tr_warp_sum(v);
+    __syncthreads();
+    if (lane == 0)
+        sh[wid] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int i = 0; i < nw; i++)
+        s += sh[i];
+    return s;
+}
+
+__device__ __forceinline__ double tr_block_sum_d(double v, double *sh)
+{
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = tr_warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0)
+        sh[wid] = v;
+    __syncthreads();
+    double s = 0.0;
+    for (int i = 0; i < nw; i++)
+        s += sh[i];
+    return s;
+}
+
+/* dw[i] += (float)(sum over b < nb of part[b * n + i]), in block order */
+static __global__ void tr_colsum_kernel(float *dw, const double *part, int nb, int64_t n)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    double s = 0.0;
+    for (int b = 0; b < nb; b++)
+        s += part[(int64_t)b * n + i];
+    dw[i] += (float)s;
+}
+
+template <typename T, int VEC, int P>
+__global__ void __launch_bounds__(RB_MAX_THREADS)
+rmsnorm_bwd_kernel(T *dx, double *part, const T *dy, const T *x, const T *w, const float *rstd,
+                   int64_t R, int64_t n, int64_t rpb, bool acc)
+{
+    typedef Pack<T, VEC> PK;
+    __shared__ float sh[32];
+    const int64_t nv = n / VEC;
+    const int64_t r0 = (int64_t)blockIdx.x * rpb;
+    const int64_t r1 = r0 + rpb < R ? r0 + rpb : R;
+    PK wp[P];
+    float dwa[P][VEC];
+#pragma unroll
+    for (int k = 0; k < P; k++) {
+        int64_t c = threadIdx.x + (int64_t)k * blockDim.x;
+        wp[k] = c < nv ? ((const PK *)w)[c] : PK{};
+#pragma unroll
+        for (int j = 0; j < VEC; j++)
+            dwa[k][j] = 0.0f;
+    }
+    const float inv_n = 1.0f / (float)n;
+    for (int64_t r = r0; r < r1; r++) {
+        const PK *dyr = (const PK *)(dy + r * n), *xr = (const PK *)(x + r * n);
+        PK *dxr = (PK *)(dx + r * n);
+        PK yp[P], xp[P];
+        float dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < P; k++) {
+            int64_t c = threadIdx.x + (int64_t)k * blockDim.x;
+            yp[k] = c < nv ? dyr[c] : PK{};
+            xp[k] = c < nv ? xr[c] : PK{};
+        }
+#pragma unroll
+        for (int k = 0; k < P; k++)
+#pragma unroll
+            for (int j = 0; j < VEC; j++)
+                dot += to_f32(wp[k].v[j]) * to_f32(yp[k].v[j]) * to_f32(xp[k].v[j]);
+        const float s = rstd[r];
+        dot = tr_block_sum(dot, sh);
+        const float cm = dot * s * inv_n;   /* mean(w dy xhat) */
+#pragma unroll
+        for (int k = 0; k < P; k++) {
+            int64_t c = threadIdx.x + (int64_t)k * blockDim.x;
+            if (c < nv) {
+                PK o = acc ? dxr[c] : PK{};
+#pragma unroll
+                for (int j = 0; j < VEC; j++) {
+                    float fy = to_f32(yp[k].v[j]), fx = to_f32(xp[k].v[j]);
+                    float gv = s * (to_f32(wp[k].v[j]) * fy - fx * s * cm);
+                    o.v[j] = from_f32<T>(acc ? to_f32(o.v[j]) + gv : gv);
+                    dwa[k][j] += fy * fx * s;
+                }
+                dxr[c] = o;
+            }
+        }
+    }
+    if (part) {
+        double *pb = part + (int64_t)blockIdx.x * n;
+#pragma unroll
+        for (int k = 0; k < P; k++) {
+            int64_t c = threadIdx.x + (int64_t)k * blockDim.x;
+            if (c < nv)
+#pragma unroll
+                for (int j = 0; j < VEC; j++)
+                    pb[c * VEC + j] = (double)dwa[k][j];
+        }
+    }
+}
+
+template <typename T, int P, int MAXJ>
+__global__ void __launch_bounds__(QKB_WARPS * 32)
+qknorm_rope_bwd_kernel(T *dx, int64_t ld, double *part, const T *xin, const T *w, const float *rstd,
+                       const int32_t *pos, const float *inv_freq, int64_t R, int heads, int d,
+                       float eps, int64_t ipb)
+{
+    typedef Pack<T, P> PK;
+    __shared__ double shw[QKB_WARPS][2 * 32 * MAXJ * P];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int half = d / 2;
+    const int64_t items = R * heads;
+    const int64_t i0 = (int64_t)blockIdx.x * ipb;
+    const int64_t i1 = i0 + ipb < items ? i0 + ipb : items;
+    float w1[MAXJ][P], w2[MAXJ][P];
+    double a1[MAXJ][P], a2[MAXJ][P];
+#pragma unroll
+    for (int j = 0; j < MAXJ; j++)
+#pragma unroll
+        for (int p = 0; p < P; p++) {
+            int i = (lane + 32 * j) * P + p;
+            w1[j][p] = (w && i < half) ? to_f32(w[i]) : 0.0f;
+            w2[j][p] = (w && i < half) ? to_f32(w[half + i]) : 0.0f;
+            a1[j][p] = a2[j][p] = 0.0;
+        }
+    for (int64_t it = i0 + wid; it < i1; it += QKB_WARPS) {
+        const int64_t r = it / heads;
+        const int h = (int)(it % heads);
+        T *dv = dx + r * ld + (int64_t)h * d;
+        const T *xv = xin + r * ld + (int64_t)h * d;
+        const float fp = (float)pos[r];
+        float g1[MAXJ][P], g2[MAXJ][P], x1[MAXJ][P], x2[MAXJ][P];
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < MAXJ; j++) {
+            int ib = (lane + 32 * j) * P;
+            if (ib < half) {
+                PK da = *(const PK *)(dv + ib), db = *(const PK *)(dv + half + ib);
+                PK xa = *(const PK *)(xv + ib), xb = *(const PK *)(xv + half + ib);
+#pragma unroll
+                for (int p = 0; p < P; p++) {
+                    float sn, c;
+                    sincosf(fp * inv_freq[ib + p], &sn, &c);
+                    float u = to_f32(da.v[p]), v = to_f32(db.v[p]);
+                    g1[j][p] = u * c + v * sn;
+                    g2[j][p] = -u * sn + v * c;
+                    x1[j][p] = to_f32(xa.v[p]);
+                    x2[j][p] = to_f32(xb.v[p]);
+                    ss += x1[j][p] * x1[j][p] + x2[j][p] * x2[j][p];
+                }
+            } else {
+#pragma unroll
+                for (int p = 0; p < P; p++)
+                    g1[j][p] = g2[j][p] = x1[j][p] = x2[j][p] = 0.0f;
+            }
+        }
+        if (w) {
+            float sc;
+            if (rstd) {
+                sc = rstd[r * heads + h];
+            } else {
+                ss = tr_warp_sum(ss);
+                sc = 1.0f / sqrtf(ss / (float)d + eps);
+            }
+            float dot = 0.0f;
+#pragma unroll
+            for (int j = 0; j < MAXJ; j++)
+#pragma unroll
+                for (int p = 0; p < P; p++)
+                    dot += w1[j][p] * g1[j][p] * x1[j][p] + w2[j][p] * g2[j][p] * x2[j][p];
+            dot = tr_warp_sum(dot);
+            const float m = dot * sc / (float)d;
+#pragma unroll
+            for (int j = 0; j < MAXJ; j++)
+#pragma unroll
+                for (int p = 0; p < P; p++) {
+                    if (part) {
+                        a1[j][p] += (double)g1[j][p] * (double)(x1[j][p] * sc);
+                        a2[j][p] += (double)g2[j][p] * (double)(x2[j][p] * sc);
+                    }
+                    g1[j][p] = sc * (w1[j][p] * g1[j][p] - x1[j][p] * sc * m);
+                    g2[j][p] = sc * (w2[j][p] * g2[j][p] - x2[j][p] * sc * m);
+                }
+        }
+#pragma unroll
+        for (int j = 0; j < MAXJ; j++) {
+            int ib = (lane + 32 * j) * P;
+            if (ib < half) {
+                PK oa, ob;
+#pragma unroll
+                for (int p = 0; p < P; p++) {
+                    oa.v[p] = from_f32<T>(g1[j][p]);
+                    ob.v[p] = from_f32<T>(g2[j][p]);
+                }
+                *(PK *)(dv + ib) = oa;
+                *(PK *)(dv + half + ib) = ob;
+            }
+        }
+    }
+    if (!part)
+        return;
+    /* the block's dw share: warps' partials added in warp order */
+#pragma unroll
+    for (int j = 0; j < MAXJ; j++)
+#pragma unroll
+        for (int p = 0; p < P; p++) {
+            int i = (lane + 32 * j) * P + p;
+            if (i < half) {
+                shw[wid][i] = a1[j][p];
+                shw[wid][half + i] = a2[j][p];
+            }
+        }
+    __syncthreads();
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        double s = 0.0;
+        for (int k = 0; k < QKB_WARPS; k++)
+            s += shw[k][i];
+        part[(int64_t)blockIdx.x * d + i] = s;
+    }
+}
+
+template <typename T, int VEC>
+__global__ void swiglu_bwd_kernel(T *dgu, const T *dout, const T *gu, int64_t R, int64_t I)
+{
+    typedef Pack<T, VEC> PK;
+    const int64_t iv = I / VEC;
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+        const PK *g = (const PK *)(gu + r * 2 * I), *u = (const PK *)(gu + r * 2 * I + I);
+        const PK *dr = (const PK *)(dout + r * I);
+        PK *dg = (PK *)(dgu + r * 2 * I), *du = (PK *)(dgu + r * 2 * I + I);
+        for (int64_t c = threadIdx.x; c < iv; c += blockDim.x) {
+            PK a = g[c], b = u[c], e = dr[c], og, ou;
+#pragma unroll
+            for (int j = 0; j < VEC; j++) {
+                float gv = to_f32(a.v[j]), uv = to_f32(b.v[j]), dv = to_f32(e.v[j]);
+                float sg = 1.0f / (1.0f + expf(-gv));
+                float silu = gv * sg;
+                ou.v[j] = from_f32<T>(dv * silu);
+                og.v[j] = from_f32<T>(dv * uv * (sg * (1.0f + gv * (1.0f - sg))));
+            }
+            dg[c] = og;
+            du[c] = ou;
+        }
+    }
+}
+
+static __global__ void __launch_bounds__(SUMSQ_THREADS)
+sumsq_part_kernel(double *part, const float *x, int64_t n, int64_t cs, bool vec)
+{
+    __shared__ double sh[32];
+    const int64_t i0 = (int64_t)blockIdx.x * cs;
+    const int64_t i1 = i0 + cs < n ? i0 + cs : n;
+    double s = 0.0;
+    if (vec) {
+        /* i0 is a multiple of 4 (cs is), x 16-byte aligned */
+        const int64_t nv = (i1 - i0) / 4;
+        const float4 *xv = (const float4 *)(x + i0);
+        for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
+            float4 a = xv[k];
+            s += (double)a.x * a.x + (double)a.y * a.y + (double)a.z * a.z + (double)a.w * a.w;
+        }
+        for (int64_t i = i0 + nv * 4 + threadIdx.x; i < i1; i += blockDim.x)
+            s += (double)x[i] * x[i];
+    } else {
+        for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
+            s += (double)x[i] * x[i];
+    }
+    s = tr_block_sum_d(s, sh);
+    if (threadIdx.x == 0)
+        part[blockIdx.x] = s;
+}
+
+/* one warp: lane l adds part[l], part[l + 32], ... in order; then a fixed shuffle tree */
+static __global__ void sumsq_final_kernel(double *out, const double *part, int nb)
+{
+    double s = 0.0;
+    for (int i = threadIdx.x; i < nb; i += 32)
+        s += part[i];
+    s = tr_warp_sum_d(s);
+    if (threadIdx.x == 0)
+        out[0] += s;
+}
+
+static __global__ void clip_scale_kernel(float *out, int32_t *skip, const double *sums, float max_norm)
+{
+    double den = sums[DFL_SUM_LOSS_DEN];
+    double norm = sqrt(sums[DFL_SUM_GRAD_SQ]) / den;
+    int bad = !(den > 0) || !isfinite(sums[DFL_SUM_LOSS_NUM]) || !isfinite(norm);
+    double coef = 1.0;
+    if (max_norm > 0 && !bad) {
+        coef = (double)max_norm / (norm + 1e-6);
+        if (coef > 1.0)
+            coef = 1.0;
+    }
+    out[0] = bad ? 0.0f : (float)(coef / den);
+    out[1] = (float)norm;
+    out[2] = (float)coef;
+    *skip = bad;
+}
+
+struct AdamScalars {
+    float decay, b1w, b2, b2w, eps, step_size, bc2_sqrt;
+};
+
+/* block_metrics, one block: thread t counts slot t % bs over the blocks b = t / bs (mod the
+ * number of such groups), then the groups' counts are added; the acceptance lengths are summed
+ * over blocks. All counts are integers, exact in any order. bs <= BM_THREADS. */
+#define BM_THREADS 256
+static __global__ void __launch_bounds__(BM_THREADS)
+block_metrics_kernel(double *out, const uint8_t *correct, const float *weight, int64_t n_blocks, int bs)
+{
+    __shared__ double sh[32];
+    __shared__ long long sc[BM_THREADS], shits[BM_THREADS];
+    const int groups = BM_THREADS / bs, t = threadIdx.x, j = t % bs, g = t / bs;
+    long long scored = 0, hits = 0;
+    if (g < groups)
+        for (int64_t b = g; b < n_blocks; b += groups) {
+            scored += weight[b * bs + j] > 0;
+            hits += correct[b * bs + j];
+        }
+    sc[t] = scored;
+    shits[t] = hits;
+    long long len = 0, cnt = 0;
+    if (bs > 1)
+        for (int64_t b = t; b < n_blocks; b += blockDim.x) {
+            if (!(weight[b * bs + 1] > 0))
+                continue;
+            int n = 0;
+            while (n + 1 < bs && correct[b * bs + n + 1])
+                n++;
+            len += 1 + n;
+            cnt++;
+        }
+    double tl = tr_block_sum_d((double)len, sh);   /* (its barriers also publish sc, shits) */
+    double tc = tr_block_sum_d((double)cnt, sh);
+    if (t < bs) {
+        long long a = 0, h = 0;
+        for (int k = 0; k < groups; k++) {
+            a += sc[k * bs + t];
+            h += shits[k * bs + t];
+        }
+        out[t] += (double)a;
+        out[bs + t] += (double)h;
+    }
+    if (t == 0) {
+        out[2 * bs] += tl;
+        out[2 * bs + 1] += tc;
+    }
+}
+
+/* one element; returns the new p */
+__device__ __forceinline__ float adamw_one(float &p, float &m, float &v, float g, float gs, const AdamScalars &c)
+{
+    float gi = __fmul_rn(g, gs);
+    float pi = __fmul_rn(p, c.decay);
+    float mi = __fadd_rn(m, __fmul_rn(c.b1w, __fsub_rn(gi, m)));
+    float vi = __fadd_rn(__fmul_rn(v, c.b2), __fmul_rn(__fmul_rn(c.b2w, gi), gi));
+    float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2_sqrt), c.eps);
+    pi = __fsub_rn(pi, __fmul_rn(c.step_size, __fdiv_rn(mi, denom)));
+    p = pi;
+    m = mi;
+    v = vi;
+    return pi;
+}
+
+/* vec: p, g, m, v 16-byte aligned and pa (if any) aligned to 4 of its elements */
+template <typename W>
+__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, W *pa, int64_t n,
+                             AdamScalars c, const float *gsp, const int32_t *skip, bool vec)
+{
+    if (skip && *skip)
+        return;
+    const float gs = gsp ? *gsp : 1.0f;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const int64_t k0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t done = 0;
+    if (vec) {
+        const int64_t nv = n / 4;
+        for (int64_t k = k0; k < nv; k += stride) {
+            float4 pp = ((float4 *)p)[k], gg = ((const float4 *)g)[k];
+            float4 mm = ((float4 *)m)[k], vv = ((float4 *)v)[k];
+            Pack<W, 4> o;
+            o.v[0] = from_f32<W>(adamw_one(pp.x, mm.x, vv.x, gg.x, gs, c));
+            o.v[1] = from_f32<W>(adamw_one(pp.y, mm.y, vv.y, gg.y, gs, c));
+            o.v[2] = from_f32<W>(adamw_one(pp.z, mm.z, vv.z, gg.z, gs, c));
+            o.v[3] = from_f32<W>(adamw_one(pp.w, mm.w, vv.w, gg.w, gs, c));
+            ((float4 *)p)[k] = pp;
+            ((float4 *)m)[k] = mm;
+            ((float4 *)v)[k] = vv;
+            if (pa)
+                ((Pack<W, 4> *)pa)[k] = o;
+        }
+        done = nv * 4;
+    }
+    for (int64_t i = done + k0; i < n; i += stride) {
+        float pp = p[i], mm = m[i], vv = v[i];
+        float pn = adamw_one(pp, mm, vv, g[i], gs, c);
+        p[i] = pp;
+        m[i] = mm;
+        v[i] = vv;
+        if (pa)
+            pa[i] = from_f32<W>(pn);
+    }
+}
+
+__device__ __forceinline__ float noise_u01(uint64_t seed, uint64_t i)
+{
+    uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
+
+template <typename T>
+__global__ void uniform_noise_kernel(T *x, int64_t n, float amp, uint64_t seed)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float u = noise_u01(seed, (uint64_t)i);
+        float t = __fsub_rn(__fmul_rn(2.0f, u), 1.0f);
+        x[i] = from_f32<T>(__fadd_rn(to_f32(x[i]), __fmul_rn(amp, t)));
+    }
+}
+
+struct Smx {
+    float m, s;
+    int64_t a;
+};
+
+__device__ __forceinline__ Smx smx_combine(Smx x, Smx y)
+{
+    Smx r;
+    r.m = fmaxf(x.m, y.m);
+    float fx = x.m == -INFINITY ? 0.0f : x.s * expf(x.m - r.m);
+    float fy = y.m == -INFINITY ? 0.0f : y.s * expf(y.m - r.m);
+    r.s = fx + fy;
+    r.a = x.m > y.m ? x.a : y.m > x.m ? y.a : (x.a < y.a ? x.a : y.a);
+    return r;
+}
+
+__device__ __forceinline__ void smx_add(Smx &t, float x, int64_t v)
+{
+    if (x > t.m) {
+        t.s = t.s * expf(t.m - x) + 1.0f;
+        t.m = x;
+        t.a = v;
+    } else {
+        t.s += expf(x - t.m);
+    }
+}
+
+template <bool BF16G>
+__global__ void __launch_bounds__(LMCE_THREADS)
+lmce_row_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, const float *weight,
+                float grad_scale, bool want_grad, uint8_t *correct, float *ce_out, float *row_wce,
+                float *row_hit)
+{
+    __shared__ float shm[32], shs[32];
+    __shared__ int64_t sha[32];
+    const int64_t r = blockIdx.x, q = r0 + r;
+    float *lr = logits + r * V;
+    const float w = weight[q];
+    const bool vec = V % 4 == 0;   /* rows 16-byte aligned (work is) */
+    if (!(w > 0)) {
+        if (threadIdx.x == 0) {
+            row_wce[r] = 0.0f;
+            row_hit[r] = 0.0f;
+            if (correct)
+                correct[q] = 0;
+            if (ce_out)
+                ce_out[q] = 0.0f;
+        }
+        if (want_grad) {
+            if (BF16G) {
+                bf16 *gr = (bf16 *)lr;
+                for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
+                    gr[v] = __float2bfloat16_rn(0.0f);
+            } else {
+                for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
+                    lr[v] = 0.0f;
+            }
+        }
+        return;
+    }
+    Smx t = {-INFINITY, 0.0f, 0};
+    if (vec) {
+        const float4 *l4 = (const float4 *)lr;
+        for (int64_t k = threadIdx.x; k < V / 4; k += blockDim.x) {
+            float4 x = l4[k];
+            smx_add(t, x.x, 4 * k);
+            smx_add(t, x.y, 4 * k + 1);
+            smx_add(t, x.z, 4 * k + 2);
+            smx_add(t, x.w, 4 * k + 3);
+        }
+    } else {
+        for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
+            smx_add(t, lr[v], v);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        Smx u;
+        u.m = __shfl_xor_sync(0xffffffffu, t.m, o);
+        u.s = __shfl_xor_sync(0xffffffffu, t.s, o);
+        u.a = __shfl_xor_sync(0xffffffffu, t.a, o);
+        t = smx_combine(t, u);
+    }
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) {
+        shm[wid] = t.m;
+        shs[wid] = t.s;
+        sha[wid] = t.a;
+    }
+    __syncthreads();
+    Smx tot = {shm[0], shs[0], sha[0]};
+    for (int i = 1; i < nw; i++) {
+        Smx u = {shm[i], shs[i], sha[i]};
+        tot = smx_combine(tot, u);
+    }
+    const int32_t label = labels[q];
+    const float xl = lr[label];
+    const double lse = (double)tot.m + log((double)tot.s);
+    if (threadIdx.x == 0) {
+        double ce = lse - (double)xl;
+        bool hit = tot.a == (int64_t)label;
+        row_wce[r] = (float)((double)w * ce);
+        row_hit[r] = hit ? 1.0f : 0.0f;
+        if (correct)
+            correct[q] = hit;
+        if (ce_out)
+            ce_out[q] = (float)ce;
+    }
+    if (!want_grad)
+        return;
+    const float gw = grad_scale * w;
+    const float lsef = (float)lse;
+    if (BF16G) {
+        /* in place, f32 -> bf16 in the first half of the row: a barrier between reading a tile
+         * and writing it (the writes of tile k land on f32 elements of tiles <= k/2) */
+        bf16 *gr = (bf16 *)lr;
+        const int64_t tile = (int64_t)blockDim.x * 4;
+        for (int64_t base = 0; base < V; base += tile) {
+            const int64_t v0 = base + (int64_t)threadIdx.x * 4;
+            const bool full = vec && v0 + 3 < V;   /* 16-byte load, 8-byte store */
+            float x[4];
+            if (full) {
+                float4 a = *(const float4 *)(lr + v0);
+                x[0] = a.x;
+                x[1] = a.y;
+                x[2] = a.z;
+                x[3] = a.w;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    x[j] = v0 + j < V ? lr[v0 + j] : 0.0f;
+            }
+            __syncthreads();
+            Pack<bf16, 4> o;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float g = gw * expf(x[j] - lsef);
+                if (v0 + j == label)
+                    g -= gw;
+                o.v[j] = __float2bfloat16_rn(g);
+            }
+            if (full) {
+                *(Pack<bf16, 4> *)(gr + v0) = o;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    if (v0 + j < V)
+                        gr[v0 + j] = o.v[j];
+            }
+        }
+    } else {
+        for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+            float g = gw * expf(lr[v] - lsef);
+            if (v == label)
+                g -= gw;
+            lr[v] = g;
+        }
+    }
+}
+
+/* sums += the chunk's rows, in a fixed order (one warp) */
+static __global__ void lmce_sums_kernel(double *sums, const float *row_wce, const float *row_hit,
+                                 const float *weight, int64_t r0, int64_t nr)
+{
+    double ln = 0, ld = 0, an = 0, ad = 0;
+    for (int64_t r = threadIdx.x; r < nr; r += 32) {
+        float w = weight[r0 + r];
+        if (!(w > 0))
+            continue;
+        ln += row_wce[r];
+        ld += w;
+        an += row_hit[r];
+        ad += 1.0;
+    }
+    ln = tr_warp_sum_d(ln);
+    ld = tr_warp_sum_d(ld);
+    an = tr_warp_sum_d(an);
+    ad = tr_warp_sum_d(ad);
+    if (threadIdx.x == 0) {
+        sums[DFL_SUM_LOSS_NUM] += ln;
+        sums[DFL_SUM_LOSS_DEN] += ld;
+        sums[DFL_SUM_ACC_NUM] += an;
+        sums[DFL_SUM_ACC_DEN] += ad;
+    }
+}
+
+#endif

@@ -1,0 +1,400 @@
+/* emu-train.cc: runs the kernels of kernels/train_kernels.cuh (rmsnorm_bwd, qknorm_rope_bwd,
+ * swiglu_bwd, sumsq, adamw, uniform_noise and lmce's row and sum kernels) in the SIMT emulator
+ * (simt.h) on small random inputs and compares them with the CPU ops (lib/be_cpu_train.c). The
+ * launch configurations are chosen here (the GPU test covers the backend's own choices); lmce's
+ * GEMMs are done on the host. Built and run by tests/emu/run. Exit 0 when everything agrees. */
+#include "simt.h"
+
+#include <string>
+
+extern "C" {
+#include "backend.h"
+#include "dtype.h"
+}
+
+#include "../../kernels/train_kernels.cuh"
+
+static int failures;
+
+static uint64_t rs = 0x243F6A8885A308D3ull;
+static uint64_t rnext()
+{
+    rs ^= rs >> 12;
+    rs ^= rs << 25;
+    rs ^= rs >> 27;
+    return rs * 0x2545F4914F6CDD1Dull;
+}
+static float runi() { return (float)((rnext() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
+static float rnorm()
+{
+    float s = 0;
+    for (int i = 0; i < 4; i++)
+        s += runi();
+    return s * 0.8660254f;
+}
+static float rb(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+template <typename T> static std::vector<T> conv(const std::vector<float> &v)
+{
+    std::vector<T> r(v.size());
+    for (size_t i = 0; i < v.size(); i++)
+        r[i] = from_f32<T>(v[i]);
+    return r;
+}
+template <typename T> static std::vector<float> back(const std::vector<T> &v)
+{
+    std::vector<float> r(v.size());
+    for (size_t i = 0; i < v.size(); i++)
+        r[i] = to_f32(v[i]);
+    return r;
+}
+static std::vector<float> rvec(size_t n, float sc, float off, bool bf)
+{
+    std::vector<float> v(n);
+    for (auto &x : v) {
+        x = off + sc * rnorm();
+        if (bf)
+            x = rb(x);
+    }
+    return v;
+}
+
+static void cmp(const char *what, const float *got, const float *ref, int64_t R, int64_t n, double rt, double cm)
+{
+    double wr = 0, wc = 1;
+    int64_t bad = 0;
+    for (int64_t r = 0; r < R; r++) {
+        double e2 = 0, r2 = 0, g2 = 0, dot = 0;
+        bool nf = false;
+        for (int64_t j = 0; j < n; j++) {
+            double g = got[r * n + j], f = ref[r * n + j];
+            if (!std::isfinite(g))
+                nf = true;
+            e2 += (g - f) * (g - f);
+            r2 += f * f;
+            g2 += g * g;
+            dot += g * f;
+        }
+        double rel = (r2 == 0 && e2 == 0) ? 0 : sqrt(e2) / std::max(sqrt(r2), 1e-30);
+        double cs = (r2 == 0 && g2 == 0) ? 1 : dot / sqrt(std::max(r2 * g2, 1e-300));
+        wr = std::max(wr, rel);
+        wc = std::min(wc, cs);
+        if (nf || !(rel <= rt) || !(cs >= cm)) {
+            if (bad < 4)
+                fprintf(stderr, "    %s: row %lld: rel %.3g cos %.7f%s\n", what, (long long)r, rel, cs, nf ? " non-finite" : "");
+            bad++;
+        }
+    }
+    printf("  %-72s rows %-6lld max rel %.3g min cos %.7f%s\n", what, (long long)R, wr, wc, bad ? "  FAIL" : "");
+    if (bad)
+        failures++;
+}
+
+static void check(bool ok, const char *what)
+{
+    printf("  %-72s %s\n", what, ok ? "ok" : "FAIL");
+    if (!ok)
+        failures++;
+}
+
+/* ---- rmsnorm_bwd ---- */
+template <typename T, int VEC, int P>
+static void t_rmsnorm(dfl_be *cpu, int64_t R, int64_t n, int threads, int nb, bool acc)
+{
+    const bool bf = sizeof(T) == 2;
+    auto x = rvec((size_t)(R * n), 1, 0, bf), w = rvec((size_t)n, 0.3f, 1, bf), dy = rvec((size_t)(R * n), 1, 0, bf);
+    auto dx0 = rvec((size_t)(R * n), 1, 0, bf), dw0 = rvec((size_t)n, 0.1f, 0, false);
+    std::vector<float> rstd((size_t)R);
+    for (int64_t r = 0; r < R; r++) {
+        float ss = 0;
+        for (int64_t i = 0; i < n; i++)
+            ss += x[(size_t)(r * n + i)] * x[(size_t)(r * n + i)];
+        rstd[(size_t)r] = 1.0f / sqrtf(ss / n + 1e-6f);
+    }
+    auto rdx = dx0, rdw = dw0;
+    cpu->ops->rmsnorm_bwd(cpu, rdx.data(), rdw.data(), dy.data(), x.data(), w.data(), rstd.data(), R, n, acc);
+    auto gx = conv<T>(x), gw = conv<T>(w), gdy = conv<T>(dy), gdx = conv<T>(dx0);
+    auto gdw = dw0;
+    const int64_t rpb = (R + nb - 1) / nb;
+    nb = (int)((R + rpb - 1) / rpb);
+    std::vector<double> part((size_t)(nb * n), NAN);
+    emu::launch(dim3((unsigned)nb), dim3((unsigned)threads), 0, [&] {
+        rmsnorm_bwd_kernel<T, VEC, P>(gdx.data(), part.data(), gdy.data(), gx.data(), gw.data(), rstd.data(), R, n, rpb, acc);
+    });
+    emu::launch(dim3((unsigned)((n + 255) / 256)), dim3(256), 0, [&] { tr_colsum_kernel(gdw.data(), part.data(), nb, n); });
+    char wh[160];
+    snprintf(wh, sizeof wh, "rmsnorm_bwd %s R%lld n%lld VEC %d P %d threads %d blocks %d%s", bf ? "bf16" : "f32",
+             (long long)R, (long long)n, VEC, P, threads, nb, acc ? " acc" : "");
+    auto got = back(gdx);
+    cmp(wh, got.data(), rdx.data(), R, n, bf ? 8e-3 : 2e-5, bf ? 0.99995 : 0.9999999);
+    std::string w2 = std::string(wh) + ": dw";
+    cmp(w2.c_str(), gdw.data(), rdw.data(), 1, n, 2e-5, 0.9999999);
+}
+
+/* ---- qknorm_rope_bwd ---- */
+template <typename T, int P, int MAXJ>
+static void t_qknorm(dfl_be *cpu, int64_t R, int heads, int d, int64_t ld, bool use_w, bool use_rstd, int nb)
+{
+    const bool bf = sizeof(T) == 2;
+    const float eps = 1e-6f, theta = 1e6f;
+    auto xin = rvec((size_t)(R * ld), 1, 0, bf), dx = rvec((size_t)(R * ld), 1, 0, bf), w = rvec((size_t)d, 0.3f, 1, bf);
+    auto dw0 = rvec((size_t)d, 0.1f, 0, false);
+    std::vector<float> rstd((size_t)(R * heads));
+    std::vector<int32_t> pos((size_t)R);
+    for (int64_t r = 0; r < R; r++) {
+        pos[(size_t)r] = (int32_t)(rnext() % 5000);
+        for (int h = 0; h < heads; h++) {
+            float ss = 0;
+            for (int i = 0; i < d; i++)
+                ss += xin[(size_t)(r * ld + h * d + i)] * xin[(size_t)(r * ld + h * d + i)];
+            rstd[(size_t)(r * heads + h)] = 1.0f / sqrtf(ss / d + eps);
+        }
+    }
+    auto rdx = dx, rdw = dw0;
+    cpu->ops->qknorm_rope_bwd(cpu, rdx.data(), ld, rdw.data(), xin.data(), use_w ? w.data() : nullptr,
+                              use_rstd ? rstd.data() : nullptr, pos.data(), R, heads, d, eps, theta);
+    std::vector<float> inv((size_t)d / 2);
+    dfl_rope_inv_freq(inv.data(), d, theta, DFL_F32);
+    auto gx = conv<T>(xin), gdx = conv<T>(dx), gw = conv<T>(w);
+    auto gdw = dw0;
+    const int64_t items = R * heads, ipb = (items + nb - 1) / nb;
+    nb = (int)((items + ipb - 1) / ipb);
+    std::vector<double> part((size_t)(nb * d), NAN);
+    emu::launch(dim3((unsigned)nb), dim3(QKB_WARPS * 32), 0, [&] {
+        qknorm_rope_bwd_kernel<T, P, MAXJ>(gdx.data(), ld, use_w ? part.data() : nullptr, gx.data(),
+                                           use_w ? gw.data() : nullptr, use_rstd ? rstd.data() : nullptr, pos.data(),
+                                           inv.data(), R, heads, d, eps, ipb);
+    });
+    if (use_w)
+        emu::launch(dim3((unsigned)((d + 255) / 256)), dim3(256), 0, [&] { tr_colsum_kernel(gdw.data(), part.data(), nb, d); });
+    char wh[160];
+    snprintf(wh, sizeof wh, "qknorm_rope_bwd %s R%lld h%d d%d ld%lld P %d%s%s blocks %d", bf ? "bf16" : "f32",
+             (long long)R, heads, d, (long long)ld, P, use_w ? "" : " no-w", use_rstd ? "" : " recompute", nb);
+    auto got = back(gdx);
+    /* compare whole rows (padding columns must be unchanged too) */
+    cmp(wh, got.data(), rdx.data(), R, ld, bf ? 8e-3 : 2e-5, bf ? 0.99995 : 0.9999999);
+    std::string w2 = std::string(wh) + ": dw";
+    cmp(w2.c_str(), gdw.data(), rdw.data(), 1, d, 2e-5, 0.9999999);
+}
+
+/* ---- swiglu_bwd ---- */
+template <typename T, int VEC>
+static void t_swiglu(dfl_be *cpu, int64_t R, int64_t I)
+{
+    const bool bf = sizeof(T) == 2;
+    auto gu = rvec((size_t)(R * 2 * I), 2, 0, bf), dout = rvec((size_t)(R * I), 1, 0, bf);
+    std::vector<float> ref((size_t)(R * 2 * I));
+    cpu->ops->swiglu_bwd(cpu, ref.data(), dout.data(), gu.data(), R, I);
+    auto ggu = conv<T>(gu), gdo = conv<T>(dout);
+    std::vector<T> gd((size_t)(R * 2 * I));
+    emu::launch(dim3(3), dim3(64), 0, [&] { swiglu_bwd_kernel<T, VEC>(gd.data(), gdo.data(), ggu.data(), R, I); });
+    char wh[120];
+    snprintf(wh, sizeof wh, "swiglu_bwd %s R%lld I%lld VEC %d", bf ? "bf16" : "f32", (long long)R, (long long)I, VEC);
+    auto got = back(gd);
+    cmp(wh, got.data(), ref.data(), R, 2 * I, bf ? 8e-3 : 2e-5, bf ? 0.99995 : 0.9999999);
+}
+
+/* ---- sumsq ---- */
+static void t_sumsq(dfl_be *cpu, int64_t n, int64_t cs, bool vec)
+{
+    auto x = rvec((size_t)n, 0.1f, 0, false);
+    double ref = 0.25, got = 0.25;
+    cpu->ops->sumsq(cpu, &ref, x.data(), n);
+    const int nb = (int)((n + cs - 1) / cs);
+    std::vector<double> part((size_t)nb);
+    emu::launch(dim3((unsigned)nb), dim3(SUMSQ_THREADS), 0, [&] { sumsq_part_kernel(part.data(), x.data(), n, cs, vec); });
+    emu::launch(dim3(1), dim3(32), 0, [&] { sumsq_final_kernel(&got, part.data(), nb); });
+    char wh[120];
+    snprintf(wh, sizeof wh, "sumsq n%lld chunk %lld%s: %.17g vs %.17g", (long long)n, (long long)cs, vec ? " vec" : "",
+             got, ref);
+    check(fabs(got - ref) <= 1e-12 * fabs(ref), wh);
+}
+
+/* ---- adamw, uniform_noise ---- */
+static void t_adamw(dfl_be *cpu, int64_t n, bool vec)
+{
+    auto p = rvec((size_t)n, 0.05f, 0, false), g = rvec((size_t)n, 1e-3f, 0, false), m = rvec((size_t)n, 1e-4f, 0, false);
+    std::vector<float> v((size_t)n);
+    for (auto &x : v)
+        x = 1e-7f * fabsf(rnorm());
+    float gs = 0.37f;
+    int32_t skip = 0;
+    auto rp = p, rm = m, rv = v;
+    dfl_adamw a = {};
+    a.p = rp.data(), a.g = g.data(), a.m = rm.data(), a.v = rv.data(), a.n = n, a.lr = 1e-3f, a.beta1 = 0.9f;
+    a.beta2 = 0.95f, a.eps = 1e-8f, a.weight_decay = 0.01f, a.step = 7, a.grad_scale = &gs, a.skip = &skip;
+    cpu->ops->adamw(cpu, &a);
+    AdamScalars c;
+    const double bc1 = 1.0 - pow(0.9, 7.0), bc2 = 1.0 - pow((double)0.95f, 7.0);
+    c.step_size = (float)((double)1e-3f / (1.0 - pow((double)0.9f, 7.0)));
+    (void)bc1;
+    c.bc2_sqrt = (float)sqrt(bc2);
+    c.decay = 1.0f - 1e-3f * 0.01f;
+    c.b1w = 1.0f - 0.9f;
+    c.b2 = 0.95f;
+    c.b2w = 1.0f - 0.95f;
+    c.eps = 1e-8f;
+    std::vector<bf16> pa((size_t)n);
+    emu::launch(dim3(2), dim3(64), 0, [&] {
+        adamw_kernel<bf16>(p.data(), g.data(), m.data(), v.data(), pa.data(), n, c, &gs, &skip, vec);
+    });
+    int64_t diff = 0, pab = 0;
+    for (int64_t i = 0; i < n; i++) {
+        diff += memcmp(&p[(size_t)i], &rp[(size_t)i], 4) != 0 || memcmp(&m[(size_t)i], &rm[(size_t)i], 4) != 0 ||
+                memcmp(&v[(size_t)i], &rv[(size_t)i], 4) != 0;
+        pab += __bfloat16_as_ushort(pa[(size_t)i]) != __bfloat16_as_ushort(__float2bfloat16_rn(p[(size_t)i]));
+    }
+    char wh[120];
+    snprintf(wh, sizeof wh, "adamw n%lld%s: %lld elements not bit-identical, %lld p_act wrong", (long long)n,
+             vec ? " vec" : "", (long long)diff, (long long)pab);
+    check(diff == 0 && pab == 0, wh);
+}
+
+static void t_noise(dfl_be *cpu, int64_t n)
+{
+    auto x = rvec((size_t)n, 1, 0, false);
+    auto ref = x;
+    cpu->ops->uniform_noise(cpu, ref.data(), n, 0.3f, 12345);
+    emu::launch(dim3(2), dim3(64), 0, [&] { uniform_noise_kernel<float>(x.data(), n, 0.3f, 12345); });
+    check(memcmp(x.data(), ref.data(), (size_t)n * 4) == 0, "uniform_noise f32: bit-identical to the CPU");
+}
+
+/* ---- block_metrics ---- */
+static void t_block_metrics(dfl_be *cpu, int64_t nb, int bs)
+{
+    std::vector<uint8_t> ok((size_t)(nb * bs));
+    std::vector<float> w((size_t)(nb * bs));
+    for (size_t i = 0; i < w.size(); i++) {
+        w[i] = (i % (size_t)bs == 0 || rnext() % 5 == 0) ? 0.0f : 0.7f;
+        ok[i] = w[i] > 0 && rnext() % 4 != 0;
+    }
+    std::vector<double> ref((size_t)(2 * bs + 2), 1.0), got = ref;
+    cpu->ops->block_metrics(cpu, ref.data(), ok.data(), w.data(), nb, bs);
+    emu::launch(dim3(1), dim3(BM_THREADS), 0, [&] { block_metrics_kernel(got.data(), ok.data(), w.data(), nb, bs); });
+    char wh[100];
+    snprintf(wh, sizeof wh, "block_metrics %lld blocks of %d: acceptance %g/%g", (long long)nb, bs, got[(size_t)(2 * bs)],
+             got[(size_t)(2 * bs + 1)]);
+    check(got == ref, wh);
+}
+
+/* ---- lmce rows ---- */
+template <bool BF>
+static void t_lmce(dfl_be *cpu, int64_t Q, int64_t H, int64_t V, int64_t CR, float gscale)
+{
+    auto z = rvec((size_t)(Q * H), 1, 0, BF), W = rvec((size_t)(V * H), 0.2f, 0, BF);
+    std::vector<int32_t> lab((size_t)Q);
+    std::vector<float> wt((size_t)Q);
+    for (int64_t q = 0; q < Q; q++) {
+        lab[(size_t)q] = (int32_t)(rnext() % (uint64_t)V);
+        if (q % 2) {   /* the argmax: accuracy counts something */
+            double best = -INFINITY;
+            for (int64_t v = 0; v < V; v++) {
+                double s = 0;
+                for (int64_t i = 0; i < H; i++)
+                    s += (double)z[(size_t)(q * H + i)] * W[(size_t)(v * H + i)];
+                if (s > best) {
+                    best = s;
+                    lab[(size_t)q] = (int32_t)v;
+                }
+            }
+        }
+        int r = (int)(rnext() % 10);
+        wt[(size_t)q] = r < 2 ? 0.0f : r < 4 ? 1.0f : 0.5f;
+    }
+    std::vector<float> work((size_t)(CR * (V + 2))), ce((size_t)Q), dz((size_t)(Q * H));
+    std::vector<uint8_t> corr((size_t)Q);
+    double sums[DFL_SUM_COUNT] = {0};
+    dfl_lmce a = {};
+    a.z = z.data(), a.w_lm = W.data(), a.labels = lab.data(), a.weight = wt.data(), a.Q = Q, a.H = H, a.V = V;
+    a.sums = sums, a.correct = corr.data(), a.ce_out = ce.data(), a.dz = dz.data(), a.grad_scale = gscale;
+    a.work = work.data(), a.chunk_rows = CR;
+    cpu->ops->lmce(cpu, &a);
+    /* the GPU op's kernels on host-computed logits */
+    std::vector<float> gwork((size_t)(CR * (V + 2)), NAN), gce((size_t)Q, NAN), gdz((size_t)(Q * H), 0);
+    std::vector<uint8_t> gcorr((size_t)Q, 7);
+    double gsums[DFL_SUM_COUNT] = {0};
+    for (int64_t r0 = 0; r0 < Q; r0 += CR) {
+        const int64_t nr = std::min(CR, Q - r0);
+        float *logits = gwork.data(), *row_wce = gwork.data() + CR * V, *row_hit = row_wce + CR;
+        for (int64_t r = 0; r < nr; r++)
+            for (int64_t v = 0; v < V; v++) {
+                float s = 0;
+                for (int64_t i = 0; i < H; i++)
+                    s += z[(size_t)((r0 + r) * H + i)] * W[(size_t)(v * H + i)];
+                logits[r * V + v] = s;
+            }
+        emu::launch(dim3((unsigned)nr), dim3(LMCE_THREADS), 0, [&] {
+            lmce_row_kernel<BF>(logits, V, r0, lab.data(), wt.data(), gscale, true, gcorr.data(), gce.data(), row_wce, row_hit);
+        });
+        emu::launch(dim3(1), dim3(32), 0, [&] { lmce_sums_kernel(gsums, row_wce, row_hit, wt.data(), r0, nr); });
+        for (int64_t r = 0; r < nr; r++)
+            for (int64_t i = 0; i < H; i++) {
+                double s = 0;
+                for (int64_t v = 0; v < V; v++) {
+                    float gv;
+                    if (BF)
+                        gv = __bfloat162float(((const bf16 *)(logits + r * V))[v]);
+                    else
+                        gv = logits[r * V + v];
+                    s += (double)gv * W[(size_t)(v * H + i)];
+                }
+                gdz[(size_t)((r0 + r) * H + i)] = (float)s;
+            }
+    }
+    char wh[160];
+    snprintf(wh, sizeof wh, "lmce %s Q%lld H%lld V%lld chunk %lld scale %g", BF ? "bf16" : "f32", (long long)Q,
+             (long long)H, (long long)V, (long long)CR, (double)gscale);
+    int64_t cbad = 0, cebad = 0;
+    for (int64_t q = 0; q < Q; q++) {
+        cbad += gcorr[(size_t)q] != corr[(size_t)q];
+        cebad += !(fabs((double)gce[(size_t)q] - ce[(size_t)q]) <= 1e-4 + 1e-5 * fabs(ce[(size_t)q]));
+    }
+    std::string w = std::string(wh) + ": correct, ce";
+    check(cbad == 0 && cebad == 0, w.c_str());
+    char ws[300];
+    snprintf(ws, sizeof ws, "%s: sums %.9g %.9g %g %g (cpu %.9g %.9g %g %g)", wh, gsums[0], gsums[1], gsums[2], gsums[3],
+             sums[0], sums[1], sums[2], sums[3]);
+    check(fabs(gsums[0] - sums[0]) <= 1e-5 * fabs(sums[0]) && fabs(gsums[1] - sums[1]) <= 1e-12 * sums[1] &&
+              gsums[2] == sums[2] && gsums[3] == sums[3],
+          ws);
+    w = std::string(wh) + ": dz";
+    cmp(w.c_str(), gdz.data(), dz.data(), Q, H, BF ? 1e-2 : 1e-4, BF ? 0.9999 : 0.9999999);
+}
+
+int main()
+{
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+    dfl_be *cpu = nullptr;
+    dfl_err e = {};
+    if (dfl_be_cpu_open(&cpu, 1, &e)) {
+        fprintf(stderr, "cpu backend: %s\n", e.msg);
+        return 1;
+    }
+    t_rmsnorm<bf16, 8, 2>(cpu, 37, 4096, 256, 10, false);
+    t_rmsnorm<bf16, 8, 1>(cpu, 9, 512, 64, 3, true);
+    t_rmsnorm<float, 4, 2>(cpu, 20, 1000, 128, 4, true);
+    t_rmsnorm<float, 1, 8>(cpu, 5, 1000, 128, 2, false);
+    t_rmsnorm<bf16, 1, 1>(cpu, 6, 7, 64, 6, true);
+    t_qknorm<bf16, 2, 1>(cpu, 13, 4, 128, 4 * 128, true, true, 3);
+    t_qknorm<float, 2, 1>(cpu, 11, 3, 128, 3 * 128 + 8, true, false, 2);
+    t_qknorm<bf16, 1, 1>(cpu, 9, 4, 6, 25, true, true, 2);
+    t_qknorm<float, 2, 4>(cpu, 5, 2, 512, 1024, true, true, 1);
+    t_qknorm<bf16, 2, 1>(cpu, 7, 4, 64, 256, false, false, 2);
+    t_swiglu<bf16, 8>(cpu, 5, 1024);
+    t_swiglu<float, 1>(cpu, 4, 99);
+    t_sumsq(cpu, 100003, 16384, true);
+    t_sumsq(cpu, 5, 4, false);
+    t_adamw(cpu, 1001, true);
+    t_adamw(cpu, 37, false);
+    t_noise(cpu, 1000);
+    t_block_metrics(cpu, 1000, 16);
+    t_block_metrics(cpu, 37, 256);
+    t_block_metrics(cpu, 3, 2);
+    t_lmce<true>(cpu, 13, 64, 1000, 5, 1.0f);
+    t_lmce<false>(cpu, 9, 32, 4100, 4, 0.5f);
+    t_lmce<true>(cpu, 3, 32, 9000, 3, 2.0f);   /* several in-place conversion tiles per row */
+    t_lmce<true>(cpu, 4, 32, 5003, 2, 1.0f);   /* odd V: scalar loads and stores */
+    printf(failures ? "FAILED: %d checks\n" : "all checks passed\n", failures);
+    dfl_be_close(cpu);
+    return failures ? 1 : 0;
+}

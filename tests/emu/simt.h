@@ -1,0 +1,511 @@
+/* simt.h: a small SIMT emulator that runs CUDA kernel code on the CPU, for checking the index
+ * arithmetic of the tensor-core kernels on a machine without a GPU (tests/emu/README). One CTA
+ * at a time; every CUDA thread is a fiber (ucontext) that runs until it reaches a barrier or a
+ * warp-collective operation. Emulated: __syncthreads(_or/_and), __syncwarp, __shfl_xor_sync,
+ * __any_sync, threadIdx/blockIdx/blockDim/gridDim, __shared__ variables (function statics: one
+ * CTA runs at a time), dynamic shared memory, and the PTX helpers of kernels/dflash_ptx.cuh:
+ * cp.async (copied at once; commit/wait are no-ops), ldmatrix .x4 (.trans), mma.sync
+ * m16n8k16 bf16 -> f32 (float sums in k order) and ex2.approx (exp2f), built from the fragment
+ * layouts of the PTX ISA, independently of how the kernels use them. Shared-memory addresses are
+ * offsets into the CTA's dynamic buffer and are bounds-checked; a warp whose lanes reach
+ * different collectives, or a barrier some threads never reach, aborts with a message.
+ *
+ * Not emulated: timing, asynchrony (so a missing cp.async wait or barrier before reading a
+ * stage goes unnoticed), bank conflicts, register limits. */
+#ifndef DFL_SIMT_H
+#define DFL_SIMT_H
+
+#include <cuda_bf16.h>
+#include <vector_types.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <ucontext.h>
+#include <vector>
+
+#undef __shared__
+#define __shared__ static
+#define __launch_bounds__(...)
+#ifndef __forceinline__
+#define __forceinline__ inline
+#endif
+
+using std::max;
+using std::min;
+
+/* Fiber switch: on x86-64 a few instructions saving the callee-saved registers (glibc's
+ * swapcontext also saves the signal mask with a system call, 100 times slower); elsewhere
+ * ucontext. */
+#if defined(__x86_64__)
+extern "C" void emu_switch(void **save_sp, void *new_sp);
+asm(R"(
+    .text
+    .globl emu_switch
+    .type emu_switch, @function
+emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_switch, .-emu_switch
+)");
+#define EMU_FAST_SWITCH 1
+#endif
+
+namespace emu {
+
+struct Fiber {
+    ucontext_t ctx;
+    void *sp;
+    uint3 tid;
+    int lin;          /* linear thread index */
+    bool done;
+    int wait;         /* 0 runnable, 1 block barrier, 2 warp collective */
+};
+
+struct WarpSlot {
+    int arrived = 0;
+    int op = -1;
+    unsigned char in[32][96];
+    unsigned char out[32][96];
+};
+
+struct Cta {
+    std::vector<Fiber> f;
+    ucontext_t main;
+    void *main_sp;
+    int cur = 0, live = 0;
+    std::vector<unsigned char> smem;
+    int bar_arrived = 0, bar_mode = 0, bar_acc = 0, bar_result = 0;
+    std::vector<WarpSlot> warps;
+    uint3 bidx;
+    dim3 bdim, gdim;
+    std::function<void()> body;
+};
+
+inline Cta *&cta()
+{
+    static Cta *c = nullptr;
+    return c;
+}
+
+/* fiber stacks, reused by every CTA */
+inline char *stack_of(int t, size_t bytes)
+{
+    static std::vector<char *> st;
+    while ((int)st.size() <= t)
+        st.push_back((char *)malloc(bytes));
+    return st[(size_t)t];
+}
+
+[[noreturn]] inline void die(const char *msg)
+{
+    Cta *c = cta();
+    fprintf(stderr, "simt: %s (block %u,%u thread %d)\n", msg, c ? c->bidx.x : 0, c ? c->bidx.y : 0,
+            c ? c->cur : -1);
+    abort();
+}
+
+inline void yield()
+{
+    Cta *c = cta();
+#ifdef EMU_FAST_SWITCH
+    emu_switch(&c->f[c->cur].sp, c->main_sp);
+#else
+    swapcontext(&c->f[c->cur].ctx, &c->main);
+#endif
+}
+
+inline void trampoline()
+{
+    Cta *c = cta();
+    c->body();
+    c->f[c->cur].done = true;
+    c->live--;
+    /* a barrier may now be complete without this thread */
+    if (c->live > 0 && c->bar_arrived > 0 && c->bar_arrived == c->live) {
+        c->bar_result = c->bar_acc;
+        for (auto &x : c->f)
+            if (x.wait == 1)
+                x.wait = 0;
+        c->bar_arrived = 0;
+    }
+    yield();
+    abort();   /* a finished fiber is never resumed */
+}
+
+/* Block barrier; mode 0 plain, 1 or, 2 and. */
+inline int sync_block(int pred, int mode)
+{
+    Cta *c = cta();
+    if (c->bar_arrived == 0) {
+        c->bar_mode = mode;
+        c->bar_acc = mode == 2 ? 1 : 0;
+    } else if (c->bar_mode != mode) {
+        die("threads of a block reached different kinds of barrier");
+    }
+    if (mode == 1)
+        c->bar_acc |= pred != 0;
+    else if (mode == 2)
+        c->bar_acc &= pred != 0;
+    c->bar_arrived++;
+    if (c->bar_arrived == c->live) {
+        c->bar_result = c->bar_acc;
+        for (auto &x : c->f)
+            if (x.wait == 1)
+                x.wait = 0;
+        c->bar_arrived = 0;
+        return c->bar_result;
+    }
+    c->f[c->cur].wait = 1;
+    yield();
+    return c->bar_result;
+}
+
+/* Warp collective: every lane deposits `in`; the last one to arrive runs fn(in, out) for all
+ * lanes; each lane gets its `out`. op identifies the operation (all lanes must agree). */
+template <class F>
+inline void warp_op(int op, const void *in, size_t insz, void *out, size_t outsz, F fn)
+{
+    Cta *c = cta();
+    const int lin = c->cur, w = lin / 32, lane = lin % 32;
+    WarpSlot &s = c->warps[w];
+    int lanes = std::min(32, (int)(c->bdim.x * c->bdim.y * c->bdim.z) - w * 32);
+    if (s.arrived == 0)
+        s.op = op;
+    else if (s.op != op)
+        die("lanes of a warp reached different collective operations");
+    memcpy(s.in[lane], in, insz);
+    s.arrived++;
+    if (s.arrived == lanes) {
+        fn(s.in, s.out, lanes);
+        s.arrived = 0;
+        for (int l = 0; l < lanes; l++)
+            if (c->f[w * 32 + l].wait == 2)
+                c->f[w * 32 + l].wait = 0;
+    } else {
+        c->f[lin].wait = 2;
+        yield();
+    }
+    if (out)
+        memcpy(out, s.out[lane], outsz);
+}
+
+/* Run kernel body() for every block of grid with `block` threads and `dyn` bytes of dynamic
+ * shared memory. */
+inline void launch(dim3 grid, dim3 block, size_t dyn, const std::function<void()> &body)
+{
+    const int nt = (int)(block.x * block.y * block.z);
+    for (unsigned bz = 0; bz < grid.z; bz++)
+        for (unsigned by = 0; by < grid.y; by++)
+            for (unsigned bx = 0; bx < grid.x; bx++) {
+                Cta c;
+                cta() = &c;
+                c.bidx = make_uint3(bx, by, bz);
+                c.bdim = block;
+                c.gdim = grid;
+                c.body = body;
+                c.smem.assign(dyn + 16, 0xCD);   /* garbage, like real shared memory */
+                c.warps.resize((size_t)(nt + 31) / 32);
+                c.f.resize((size_t)nt);
+                c.live = nt;
+                for (int t = 0; t < nt; t++) {
+                    Fiber &f = c.f[(size_t)t];
+                    const size_t ss = 256 * 1024;
+                    f.lin = t;
+                    f.tid = make_uint3((unsigned)(t % (int)block.x), (unsigned)((t / (int)block.x) % (int)block.y),
+                                       (unsigned)(t / (int)(block.x * block.y)));
+                    f.done = false;
+                    f.wait = 0;
+#ifdef EMU_FAST_SWITCH
+                    /* a stack that "returns" into trampoline: six saved registers, then its
+                     * address, 16-byte aligned as after a call */
+                    uintptr_t top = ((uintptr_t)stack_of(t, ss) + ss) & ~(uintptr_t)15;
+                    void **sp = (void **)(top - 64);
+                    for (int i = 0; i < 6; i++)
+                        sp[i] = nullptr;
+                    sp[6] = (void *)trampoline;
+                    sp[7] = nullptr;
+                    f.sp = sp;
+#else
+                    getcontext(&f.ctx);
+                    f.ctx.uc_stack.ss_sp = stack_of(t, ss);
+                    f.ctx.uc_stack.ss_size = ss;
+                    f.ctx.uc_link = nullptr;
+                    makecontext(&f.ctx, trampoline, 0);
+#endif
+                }
+                for (;;) {
+                    bool any = false, alive = false;
+                    for (int t = 0; t < nt; t++) {
+                        Fiber &f = c.f[(size_t)t];
+                        if (f.done)
+                            continue;
+                        alive = true;
+                        if (f.wait)
+                            continue;
+                        any = true;
+                        c.cur = t;
+#ifdef EMU_FAST_SWITCH
+                        emu_switch(&c.main_sp, f.sp);
+#else
+                        swapcontext(&c.main, &f.ctx);
+#endif
+                    }
+                    if (!alive)
+                        break;
+                    if (!any) {
+                        c.cur = -1;
+                        die("deadlock: every live thread waits, at a barrier or a warp collective that "
+                            "some threads do not reach");
+                    }
+                }
+                cta() = nullptr;
+            }
+}
+
+inline uint3 thread_idx() { return cta()->f[(size_t)cta()->cur].tid; }
+
+inline unsigned char *smem_at(uint32_t off, size_t n)
+{
+    Cta *c = cta();
+    if ((size_t)off + n > c->smem.size() - 16)
+        die("shared memory access out of bounds");
+    return c->smem.data() + off;
+}
+
+} /* namespace emu */
+
+#define threadIdx (emu::thread_idx())
+#define blockIdx (emu::cta()->bidx)
+#define blockDim (emu::cta()->bdim)
+#define gridDim (emu::cta()->gdim)
+
+inline void __syncthreads() { emu::sync_block(0, 0); }
+inline int __syncthreads_or(int p) { return emu::sync_block(p, 1); }
+inline int __syncthreads_and(int p) { return emu::sync_block(p, 2); }
+inline void __syncwarp(unsigned = 0xffffffffu)
+{
+    emu::warp_op(1, nullptr, 0, nullptr, 0, [](auto &, auto &, int) {});
+}
+
+template <class T> inline T __shfl_xor_sync(unsigned, T v, int o)
+{
+    static_assert(sizeof(T) <= 8, "shfl");
+    T r;
+    emu::warp_op(2, &v, sizeof v, &r, sizeof r, [o](auto &in, auto &out, int lanes) {
+        for (int l = 0; l < lanes; l++)
+            memcpy(out[l], in[(l ^ o) < lanes ? (l ^ o) : l], sizeof(T));
+    });
+    return r;
+}
+
+inline bool __any_sync(unsigned, int pred)
+{
+    int p = pred != 0, r;
+    emu::warp_op(3, &p, sizeof p, &r, sizeof r, [](auto &in, auto &out, int lanes) {
+        int a = 0;
+        for (int l = 0; l < lanes; l++) {
+            int x;
+            memcpy(&x, in[l], sizeof x);
+            a |= x;
+        }
+        for (int l = 0; l < lanes; l++)
+            memcpy(out[l], &a, sizeof a);
+    });
+    return r != 0;
+}
+
+/* ---- the PTX helpers of kernels/dflash_ptx.cuh ---- */
+
+#define DF_DYN_SMEM(name) unsigned char *name = emu::cta()->smem.data()
+
+inline uint32_t df_smem(const void *p)
+{
+    const unsigned char *b = emu::cta()->smem.data();
+    const unsigned char *q = (const unsigned char *)p;
+    if (q < b || q > b + emu::cta()->smem.size())
+        emu::die("df_smem of a pointer outside shared memory");
+    return (uint32_t)(q - b);
+}
+
+inline void df_cp16(uint32_t dst, const void *src, bool ok)
+{
+    unsigned char *d = emu::smem_at(dst, 16);
+    if (dst % 16)
+        emu::die("cp.async destination not 16-byte aligned");
+    if (ok) {
+        if ((uintptr_t)src % 16)
+            emu::die("cp.async source not 16-byte aligned");
+        memcpy(d, src, 16);
+    } else {
+        memset(d, 0, 16);
+    }
+}
+inline void df_commit() {}
+template <int N> inline void df_wait() {}
+
+/* ldmatrix .x4: lane 8i + r gives the address of row r of matrix i; lane l receives, of matrix
+ * i, the two elements at (row l/4, cols 2 (l%4), +1) (.trans: (rows 2 (l%4), +1, col l/4)). */
+inline void df_ldm_impl(uint32_t (&r)[4], uint32_t addr, bool trans)
+{
+    uint32_t out[4];
+    emu::warp_op(trans ? 5 : 4, &addr, sizeof addr, out, sizeof out, [trans](auto &in, auto &o, int lanes) {
+        if (lanes != 32)
+            emu::die("ldmatrix with a partial warp");
+        uint32_t a[32];
+        for (int l = 0; l < 32; l++) {
+            memcpy(&a[l], in[l], 4);
+            if (a[l] % 16)
+                emu::die("ldmatrix row address not 16-byte aligned");
+            emu::smem_at(a[l], 16);
+        }
+        for (int l = 0; l < 32; l++) {
+            uint32_t v[4];
+            for (int i = 0; i < 4; i++) {
+                uint16_t lo, hi;
+                if (!trans) {
+                    const unsigned char *row = emu::smem_at(a[8 * i + l / 4], 16);
+                    memcpy(&lo, row + 4 * (l % 4), 2);
+                    memcpy(&hi, row + 4 * (l % 4) + 2, 2);
+                } else {
+                    const unsigned char *r0 = emu::smem_at(a[8 * i + 2 * (l % 4)], 16);
+                    const unsigned char *r1 = emu::smem_at(a[8 * i + 2 * (l % 4) + 1], 16);
+                    memcpy(&lo, r0 + 2 * (l / 4), 2);
+                    memcpy(&hi, r1 + 2 * (l / 4), 2);
+                }
+                v[i] = (uint32_t)lo | ((uint32_t)hi << 16);
+            }
+            memcpy(o[l], v, sizeof v);
+        }
+    });
+    memcpy(r, out, sizeof out);
+}
+inline void df_ldm(uint32_t (&r)[4], uint32_t addr) { df_ldm_impl(r, addr, false); }
+inline void df_ldm_t(uint32_t (&r)[4], uint32_t addr) { df_ldm_impl(r, addr, true); }
+
+inline float emu_bf(uint32_t v, int hi)
+{
+    uint16_t h = (uint16_t)(hi ? v >> 16 : v & 0xFFFF);
+    uint32_t f = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &f, 4);
+    return x;
+}
+
+/* mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32, fragments as in the PTX ISA (g = lane/4,
+ * t = lane%4): a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..);
+ * b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g); c0, c1 (g, 2t / 2t+1), c2, c3 (g+8, 2t / 2t+1). */
+inline void df_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    struct In {
+        uint32_t a[4], b[2];
+        float c[4];
+    } in;
+    memcpy(in.a, a, sizeof in.a);
+    in.b[0] = b0;
+    in.b[1] = b1;
+    memcpy(in.c, c, sizeof in.c);
+    float out[4];
+    emu::warp_op(6, &in, sizeof in, out, sizeof out, [](auto &ins, auto &o, int lanes) {
+        if (lanes != 32)
+            emu::die("mma with a partial warp");
+        float A[16][16], B[16][8], C[16][8];
+        for (int l = 0; l < 32; l++) {
+            In x;
+            memcpy(&x, ins[l], sizeof x);
+            int g = l / 4, t = l % 4;
+            A[g][2 * t] = emu_bf(x.a[0], 0);
+            A[g][2 * t + 1] = emu_bf(x.a[0], 1);
+            A[g + 8][2 * t] = emu_bf(x.a[1], 0);
+            A[g + 8][2 * t + 1] = emu_bf(x.a[1], 1);
+            A[g][2 * t + 8] = emu_bf(x.a[2], 0);
+            A[g][2 * t + 9] = emu_bf(x.a[2], 1);
+            A[g + 8][2 * t + 8] = emu_bf(x.a[3], 0);
+            A[g + 8][2 * t + 9] = emu_bf(x.a[3], 1);
+            B[2 * t][g] = emu_bf(x.b[0], 0);
+            B[2 * t + 1][g] = emu_bf(x.b[0], 1);
+            B[2 * t + 8][g] = emu_bf(x.b[1], 0);
+            B[2 * t + 9][g] = emu_bf(x.b[1], 1);
+            C[g][2 * t] = x.c[0];
+            C[g][2 * t + 1] = x.c[1];
+            C[g + 8][2 * t] = x.c[2];
+            C[g + 8][2 * t + 1] = x.c[3];
+        }
+        for (int l = 0; l < 32; l++) {
+            int g = l / 4, t = l % 4;
+            float d[4];
+            const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+            for (int e = 0; e < 4; e++) {
+                float s = C[rows[e]][cols[e]];
+                for (int k = 0; k < 16; k++)
+                    s += A[rows[e]][k] * B[k][cols[e]];
+                d[e] = s;
+            }
+            memcpy(o[l], d, sizeof d);
+        }
+    });
+    memcpy(c, out, sizeof out);
+}
+
+inline float df_exp2(float x) { return exp2f(x); }
+
+/* the bf16 in the low / high half of a 32-bit word, as f32 */
+inline float df_bf_lo(uint32_t w)
+{
+    uint32_t f = w << 16;
+    float x;
+    memcpy(&x, &f, 4);
+    return x;
+}
+inline float df_bf_hi(uint32_t w)
+{
+    uint32_t f = w & 0xFFFF0000u;
+    float x;
+    memcpy(&x, &f, 4);
+    return x;
+}
+
+inline uint32_t df_pack(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    uint32_t r;
+    memcpy(&r, &v, 4);
+    return r;
+}
+
+/* device arithmetic intrinsics (the emulator is built with -ffp-contract=off: one rounding each) */
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return sqrtf(a); }
+
+/* element helpers of kernels/be_cuda.cuh */
+template <typename T, int N> struct alignas(sizeof(T) * N) Pack {
+    T v[N];
+};
+typedef __nv_bfloat16 bf16;
+inline float to_f32(float x) { return x; }
+inline float to_f32(bf16 x) { return __bfloat162float(x); }
+template <typename T> inline T from_f32(float x);
+template <> inline float from_f32<float>(float x) { return x; }
+template <> inline bf16 from_f32<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+#endif
