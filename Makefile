@@ -159,15 +159,18 @@ man:
 demo: all
 	@examples/demo $(B)
 
+# The pipelines (shell programs) go beside the programs, with dfl-sh-setup, the library they source.
+PIPELINES := $(filter-out pipelines/dfl-sh-setup,$(wildcard pipelines/dfl-*))
+
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/share/man/man1 \
 	  $(DESTDIR)$(PREFIX)/share/man/man5 $(DESTDIR)$(PREFIX)/share/man/man7
-	install -m 755 $(PROGS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 $(PROGS) $(PIPELINES) $(DESTDIR)$(PREFIX)/bin/
 	install -m 755 $(LIBDFL) $(DESTDIR)$(PREFIX)/lib/
-	for p in pipelines/dfl-*; do [ -f "$$p" ] && install -m 755 "$$p" $(DESTDIR)$(PREFIX)/bin/; done; true
-	for m in man/*.1; do [ -f "$$m" ] && install -m 644 "$$m" $(DESTDIR)$(PREFIX)/share/man/man1/; done; true
-	for m in man/*.5; do [ -f "$$m" ] && install -m 644 "$$m" $(DESTDIR)$(PREFIX)/share/man/man5/; done; true
-	for m in man/*.7; do [ -f "$$m" ] && install -m 644 "$$m" $(DESTDIR)$(PREFIX)/share/man/man7/; done; true
+	install -m 644 pipelines/dfl-sh-setup $(DESTDIR)$(PREFIX)/bin/
+	$(if $(wildcard man/*.1),install -m 644 $(wildcard man/*.1) $(DESTDIR)$(PREFIX)/share/man/man1/)
+	$(if $(wildcard man/*.5),install -m 644 $(wildcard man/*.5) $(DESTDIR)$(PREFIX)/share/man/man5/)
+	$(if $(wildcard man/*.7),install -m 644 $(wildcard man/*.7) $(DESTDIR)$(PREFIX)/share/man/man7/)
 
 clean:
 	rm -rf build build-san build-fuzz
