@@ -611,6 +611,8 @@ lmce_row_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, con
             }
         }
     } else {
+        /* every thread has read lr[label] (xl above) before any thread overwrites the row */
+        __syncthreads();
         for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
             float g = gw * expf(lr[v] - lsef);
             if (v == label)

@@ -16,7 +16,7 @@
  *   attention forward bf16 (P rounded to bf16 for P V):               rel 1e-2,  cos 0.9999
  *   attention backward bf16 (P and dS rounded to bf16):               rel 3e-2,  cos 0.9995
  *   attention f32 (exact kernels):                                     rel 5e-5,  cos 0.999999
- *   (attention gradients: |diff| <= rel |ref| + 4e-6 M per row, M the size of the row's terms,
+ *   (attention gradients: |diff| <= rel |ref| + 1e-5 M per row, M the size of the row's terms,
  *   for rows whose terms cancel; see cmp_grad. A tiled variant whose query rows per CTA are
  *   fewer than group * bs falls back to the exact kernels for that case.)
  *   lse, delta:                                                        rel 1e-4 (bf16), 2e-5 (f32)
@@ -1070,7 +1070,7 @@ static void df_run(const struct df_batch *bt, const struct df_host *h, struct mo
             bimg[run][i] = gb_image(bo[i]);
         if (run > 0)
             continue;
-        const double rt = bf ? 3e-2 : 5e-5, cm = bf ? 0.9995 : 0.999999, ct = 4e-6;
+        const double rt = bf ? 3e-2 : 5e-5, cm = bf ? 0.9995 : 0.999999, ct = 1e-5;
         char w2[260];
         float *x = xmalloc((size_t)((Q > T ? Q : T) * nq + 1) * sizeof *x);
         if (Q > 0) {

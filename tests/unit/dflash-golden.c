@@ -22,8 +22,24 @@ static int failures;
  * relative, activations 5e-2 absolute, gradients 5e-2 x max|g|), and exact counts may differ by
  * 2% of the scored slots (the smallest top-1/top-2 logit gap is 6e-3, within bf16 rounding). */
 #define BF16_TOL_MULT 500.0
+/* Per-value checks in bf16 mode, where x500 does not describe bf16 rounding: activations within
+ * 2% of the tensor's largest |value| (about 2.5 bf16 units in the last place of the largest
+ * values, after a few layers of bf16 matmuls), per-slot cross-entropy within 2% (its logits come
+ * from bf16 z and W); the pooled loss keeps the x500 tolerance (5e-3). */
+#define BF16_ACT_TOL 0.02
+#define BF16_CE_TOL 0.02
 static bool bf16_mode;
 static double count_slack;
+
+static void report2(const char *what, double err, double tol, double tol_bf16, const char *unit)
+{
+    if (bf16_mode)
+        tol = tol_bf16;
+    bool ok = err <= tol;   /* NaN fails */
+    printf("%-34s worst %-12.4g tol %-10.3g %-18s %s\n", what, err, tol, unit, ok ? "ok" : "FAIL");
+    if (!ok)
+        failures++;
+}
 
 static void report(const char *what, double err, double tol, const char *unit)
 {
@@ -33,6 +49,14 @@ static void report(const char *what, double err, double tol, const char *unit)
     printf("%-34s worst %-12.4g tol %-10.3g %-18s %s\n", what, err, tol, unit, ok ? "ok" : "FAIL");
     if (!ok)
         failures++;
+}
+
+static double max_abs(const float *x, uint64_t n)
+{
+    double m = 0;
+    for (uint64_t i = 0; i < n; i++)
+        m = fmax(m, fabs(x[i]));
+    return m;
 }
 
 static const dfl_st_tensor *need(const dfl_st_file *f, const char *name)
@@ -419,6 +443,7 @@ static void check_apply(dfl_draft *m, const dfl_st_file *f, const golden_cfg *g)
     float *p = malloc(dfl_draft_flat_len(m) * 4);
     dfl_draft_download(m, DFL_DRAFT_MASTER, p, &e);
     double worst_big = 0, worst_small = 0;
+    int64_t n_big = 0, flips = 0;
     for (int i = 0; i < nt; i++) {
         char nm[160];
         snprintf(nm, sizeof nm, "after_adamw.%s", t[i].name);
@@ -429,15 +454,22 @@ static void check_apply(dfl_draft *m, const dfl_st_file *f, const golden_cfg *g)
             double d = fabs((double)p[t[i].offset + k] - want[k]);
             if (isnan(d))
                 d = INFINITY;
-            if (fabs(gr[k]) >= 1e-5)
+            if (fabs(gr[k]) >= 1e-5) {
                 worst_big = fmax(worst_big, d);
-            else
+                n_big++;
+                flips += !(d <= g->lr);
+            } else
                 worst_small = fmax(worst_small, d);
         }
         free(want), free(gr);
     }
-    report("after_adamw end to end, |g|>=1e-5", worst_big, 1e-6, "absolute");
-    report("after_adamw end to end, |g|<1e-5", worst_small, 2 * g->lr, "absolute (~lr)");
+    /* bf16: Adam's first update is lr sign(g) (|g| >> eps), so a gradient whose bf16 error
+     * exceeds its size moves its parameter 2 lr the other way; such flips must stay rare */
+    report2("after_adamw end to end, |g|>=1e-5", worst_big, 1e-6, 2 * g->lr + 1e-6, "absolute");
+    report2("after_adamw, |g|>=1e-5 updates flipped", n_big ? (double)flips / (double)n_big : 0, 0,
+            0.01, "fraction");
+    report2("after_adamw end to end, |g|<1e-5", worst_small, 2 * g->lr, 2 * g->lr + 1e-6,
+            "absolute (~lr)");
     free(p);
 }
 
@@ -458,7 +490,7 @@ static void check_activations(dfl_draft *m, const dfl_st_file *f, const packed *
                 worst = fmax(worst, max_abs_diff(mine + (row + i) * H, ref + ((int64_t)s * Smax + i) * H, H, NULL));
             row += p->lens[s];
         }
-        report("dbg.target_ctx (C)", worst, 1e-4, "absolute");
+        report2("dbg.target_ctx (C)", worst, 1e-4, BF16_ACT_TOL * max_abs(ref, t->numel), "absolute");
         free(ref), free(mine);
     }
     float *mine = malloc(Q * H * 4);
@@ -485,7 +517,7 @@ static void check_activations(dfl_draft *m, const dfl_st_file *f, const packed *
                 for (int64_t j = 0; j < bs; j++)
                     worst = fmax(worst, max_abs_diff(mine + (b * bs + j) * H,
                                                      ref + ((int64_t)s * rows + n * bs + j) * H, H, NULL));
-        report(nm, worst, 1e-4, "absolute");
+        report2(nm, worst, 1e-4, BF16_ACT_TOL * max_abs(ref, t->numel), "absolute");
         free(ref);
     }
     free(mine);
@@ -507,7 +539,7 @@ static void check_activations(dfl_draft *m, const dfl_st_file *f, const packed *
                         worst = fmax(worst, fabs(ce[b * bs + j] - ref[gi]) / fmax(1.0, fabs(ref[gi])));
                 }
         report("dbg.weight_mask (scored slots)", bad_mask, 0, "slots differing");
-        report("dbg.ce (scored slots)", worst, 1e-5, "relative");
+        report2("dbg.ce (scored slots)", worst, 1e-5, BF16_CE_TOL, "relative");
         free(ref), free(w0), free(ce), free(w);
     }
 }
