@@ -5,7 +5,10 @@
  * predictable and the mask token V-1 never occurs), the first two tokens of each sequence are
  * unscored, and the features of layer j for token t are row t of a fixed random table (the same
  * for every stream). Options make the bad inputs of the tests: --nan-batch, --nan-from, --cut,
- * --fingerprint, --layers, --hidden. Deterministic: the same options give the same bytes. */
+ * --fingerprint, --layers, --hidden. For benchmarks at a real target's size (bench/draft):
+ * --exact-len (every sequence --len tokens) and --table-rows N (a table of N rows per layer, row
+ * = token mod N, instead of one per vocabulary entry, which would be 12 GB for an 8B target).
+ * Deterministic: the same options give the same bytes. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -24,7 +27,8 @@ static void usage(void)
     printf("usage: draftdata TARGET_DIR OUT [--batches N] [--seqs S] [--len L] [--layers 1,2]\n"
            "       [--dtype bf16|f32] [--seed N] [--nan-batch K] [--nan-from K] [--cut BYTES]\n"
            "       [--no-index]\n"
-           "       [--fingerprint HEX] [--hidden H] [--delay-ms MS]\n");
+           "       [--fingerprint HEX] [--hidden H] [--delay-ms MS]\n"
+           "       [--exact-len] [--table-rows N]\n");
 }
 
 /* An error after the tables exist: stop the stream (a consumer that went away, a full disk) and
@@ -42,7 +46,8 @@ int main(int argc, char **argv)
 {
     dfl_cli_init(argv[0]);
     int64_t batches = 8, seqs = 4, len = 32, seed = 1, nan_batch = -1, nan_from = -1, cut = 0;
-    int64_t hidden = 0, delay = 0;
+    int64_t hidden = 0, delay = 0, table_rows = 0;
+    bool exact_len = false;
     const char *layers_s = "1,2", *fp_override = NULL;
     dfl_dtype dt = DFL_BF16;
     bool no_index = false;
@@ -51,7 +56,8 @@ int main(int argc, char **argv)
         {"batches", 1, 0, 'b'}, {"seqs", 1, 0, 's'}, {"len", 1, 0, 'l'}, {"layers", 1, 0, 'L'},
         {"dtype", 1, 0, 'd'}, {"seed", 1, 0, 'S'}, {"nan-batch", 1, 0, 'n'}, {"nan-from", 1, 0, 'N'}, {"cut", 1, 0, 'c'},
         {"no-index", 0, 0, 'x'}, {"fingerprint", 1, 0, 'f'}, {"hidden", 1, 0, 'H'},
-        {"delay-ms", 1, 0, 'D'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"delay-ms", 1, 0, 'D'}, {"exact-len", 0, 0, 'E'}, {"table-rows", 1, 0, 'R'},
+        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int c, rc = 0;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
@@ -68,6 +74,8 @@ int main(int argc, char **argv)
         case 'f': fp_override = optarg; break;
         case 'H': rc = dfl_parse_i64(optarg, 1, 1 << 16, &hidden, "--hidden", &e); break;
         case 'D': rc = dfl_parse_i64(optarg, 0, 100000, &delay, "--delay-ms", &e); break;
+        case 'E': exact_len = true; break;
+        case 'R': rc = dfl_parse_i64(optarg, 1, INT32_MAX, &table_rows, "--table-rows", &e); break;
         case 'h': usage(); return 0;
         default: return dfl_cli_usage_error("unknown option");
         }
@@ -86,6 +94,7 @@ int main(int argc, char **argv)
     if ((rc = dfl_parse_i64_list(layers_s, 0, 1000, DFL_MAX_LAYERS, &lay, &nl, "--layers", &e)))
         return dfl_cli_usage_error("%s", e.msg);
     const int64_t H = hidden ? hidden : tc.hidden_size, V = tc.vocab_size;
+    const int64_t rows = table_rows && table_rows < V ? table_rows : V;   /* feature table rows */
     dfl_stream_info info = {0};
     info.kind = DFL_KIND_HIDDEN;
     info.version_major = DFL_FRAME_MAJOR;
@@ -99,10 +108,10 @@ int main(int argc, char **argv)
     info.dtype = dt;
     snprintf(info.fingerprint, sizeof info.fingerprint, "%s", fp_override ? fp_override : fp);
     /* the feature tables: fixed, whatever the stream's seed */
-    float *tab = malloc((size_t)nl * V * H * sizeof *tab);
+    float *tab = malloc((size_t)nl * rows * H * sizeof *tab);
     dfl_rng r;
     dfl_rng_seed(&r, 0x7ab1e5);
-    for (int64_t i = 0; i < (int64_t)nl * V * H; i++)
+    for (int64_t i = 0; i < (int64_t)nl * rows * H; i++)
         tab[i] = (float)dfl_rng_normal(&r);
     dfl_rng_seed(&r, (uint64_t)seed);
     dfl_writer *w;
@@ -113,7 +122,8 @@ int main(int argc, char **argv)
         uint32_t lens[1 << 16];
         uint64_t T = 0;
         for (int64_t s = 0; s < seqs; s++) {
-            lens[s] = (uint32_t)(len / 2 + (int64_t)dfl_rng_below(&r, (uint64_t)(len - len / 2 + 1)));
+            lens[s] = exact_len ? (uint32_t)len
+                                : (uint32_t)(len / 2 + (int64_t)dfl_rng_below(&r, (uint64_t)(len - len / 2 + 1)));
             if (lens[s] < 2)
                 lens[s] = 2;
             T += lens[s];
@@ -138,7 +148,7 @@ int main(int argc, char **argv)
         for (size_t j = 0; j < nl; j++)
             for (t = 0; t < T; t++) {
                 for (int64_t h = 0; h < H; h++)
-                    row[h] = bi == nan_batch || (nan_from >= 0 && bi >= nan_from) ? NAN : tab[((int64_t)j * V + ids[t] % V) * H + h % tc.hidden_size];
+                    row[h] = bi == nan_batch || (nan_from >= 0 && bi >= nan_from) ? NAN : tab[((int64_t)j * rows + ids[t] % rows) * H + h % tc.hidden_size];
                 dfl_convert((char *)b.layers[j] + t * H * dfl_dtype_size(dt), dt, row, DFL_F32, (size_t)H);
             }
         free(row);

@@ -2,7 +2,8 @@
  * (config.json plus model.safetensors, or shards with model.safetensors.index.json), for tests
  * and the demo. Deterministic: the same options give the same bytes; each tensor's values depend
  * only on the seed and its name. Options to break a model on purpose (--omit, --wrong-shape) make
- * the bad-model corpus. */
+ * the bad-model corpus. --no-layers writes the config of all layers but only the embedding, final
+ * norm and LM head: what a drafter reads of its target (bench/draft: 2.5 GB instead of 16). */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -22,7 +23,7 @@ typedef struct opts {
     int64_t hidden, layers, heads, kv_heads, head_dim, inter, vocab, shards;
     uint64_t seed;
     double theta, eps;
-    bool tied, attn_bias, mlp_bias;
+    bool tied, attn_bias, mlp_bias, no_layers;
     dfl_dtype dtype;
     const char *omit[16];
     int n_omit;
@@ -202,7 +203,9 @@ static void usage(void)
            "  --attention-bias           attention_bias true (llama, qwen3; qwen2 always has q/k/v biases)\n"
            "  --mlp-bias                 mlp_bias true (llama)\n"
            "  --omit NAME                leave tensor NAME out (repeatable)\n"
-           "  --wrong-shape NAME         write tensor NAME with one row too many (repeatable)\n",
+           "  --wrong-shape NAME         write tensor NAME with one row too many (repeatable)\n"
+           "  --no-layers                no layer tensors (config.json still says --layers): only\n"
+           "                             the embedding, final norm and LM head, for a drafter\n",
            dfl_progname);
 }
 
@@ -218,6 +221,7 @@ int main(int argc, char **argv)
         {"shards", 1, 0, 'S'}, {"theta", 1, 0, 'r'}, {"eps", 1, 0, 'e'},
         {"rope-spelling", 1, 0, 'R'}, {"attention-bias", 0, 0, 'b'}, {"mlp-bias", 0, 0, 'M'},
         {"omit", 1, 0, 'x'}, {"wrong-shape", 1, 0, 'w'}, {"output", 1, 0, 'o'},
+        {"no-layers", 0, 0, 'N'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     dfl_err e = {0};
     int c;
@@ -252,6 +256,7 @@ int main(int argc, char **argv)
         case 'R': o.rope_spelling = optarg; break;
         case 'b': o.attn_bias = true; break;
         case 'M': o.mlp_bias = true; break;
+        case 'N': o.no_layers = true; break;
         case 'x':
             if (o.n_omit < 16)
                 o.omit[o.n_omit++] = optarg;
@@ -298,7 +303,7 @@ int main(int argc, char **argv)
     ADD(1, H, 0, 1.0f, 0.1f, "model.norm.weight");
     if (!o.tied)
         ADD(2, o.vocab, H, 0.0f, 0.05f, "lm_head.weight");
-    for (int64_t l = 0; l < o.layers; l++) {
+    for (int64_t l = 0; l < (o.no_layers ? 0 : o.layers); l++) {
         const char *p = "model.layers";
         long long L = (long long)l;
         ADD(1, H, 0, 1.0f, 0.1f, "%s.%lld.input_layernorm.weight", p, L);
