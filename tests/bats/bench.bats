@@ -1,0 +1,101 @@
+#!/usr/bin/env bats
+# bench/draft: the drafter benchmark script, run here at --shape tiny (CPU, no peer, no ceiling),
+# and the test-tool options it relies on (mktarget --no-layers, draftdata --exact-len and
+# --table-rows). The real run (the 8B shape on a GPU) is the lead's, on the GPU machine.
+load helper
+bats_require_minimum_version 1.5.0
+
+setup() {
+    T="$BATS_TEST_TMPDIR"
+    export OMP_WAIT_POLICY=passive
+}
+
+@test "bench/draft --help prints the usage on stdout and exits 0" {
+    run --separate-stderr "$REPO/bench/draft" --help
+    [ "$status" -eq 0 ]
+    [[ "$output" == "# bench/draft [--quick]"* ]]
+    [[ "$output" == *"drafter_flops()"* ]]
+    [ -z "$stderr" ]
+}
+
+@test "bench/draft: an unknown option or shape exits 1" {
+    run -1 "$REPO/bench/draft" --bogus
+    [[ "$output" == *"unknown option --bogus"* ]]
+    run -1 "$REPO/bench/draft" --shape 70b
+    [[ "$output" == *"8b or tiny"* ]]
+    run -1 "$REPO/bench/draft" --shape tiny --steps many
+}
+
+@test "bench/draft --shape tiny: the table with our tokens/s and TFLOP/s, logs beside it, no scratch left" {
+    export TMPDIR="$T/tmp"
+    mkdir -p "$TMPDIR"
+    run "$REPO/bench/draft" --shape tiny --steps 3 --out "$T/res/bench-draft.txt" "$DFL_BUILD"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    f="$T/res/bench-draft.txt"
+    grep -q '^== results (tiny' "$f"
+    # file and pipe rows: a positive tokens/s and TFLOP/s; no ceiling on the CPU: MFU n/a
+    for row in "ours (file)" "ours (pipe)"; do
+        line=$(grep "^$row " "$f")
+        read -r tps tfl mfu _ <<< "${line#"$row"}"
+        awk -v a="$tps" -v b="$tfl" 'BEGIN { exit !(a + 0 > 0 && b + 0 > 0) }'
+        [ "$mfu" = n/a ]
+    done
+    grep -q '^peer (torch) .*not run (--shape tiny)' "$f"
+    grep -q '^goal (issue #7): ' "$f"
+    # 2 warm-up (the default at --shape tiny) + 3 timed steps: 5 metrics lines a run
+    [ "$(wc -l < "$T/res/bench-draft-logs/metrics-file.jsonl")" -eq 5 ]
+    [ "$(wc -l < "$T/res/bench-draft-logs/metrics-pipe.jsonl")" -eq 5 ]
+    [ -s "$T/res/bench-draft-logs/ours-file.log" ]
+    # scratch removed (in /dev/shm or $TMPDIR)
+    scratch=$(sed -n '1s/.*scratch //p' "$f")
+    [ -n "$scratch" ] && [ ! -e "$scratch" ]
+    [ -z "$(ls "$TMPDIR")" ]
+}
+
+@test "bench/draft --keep keeps the scratch; --quick skips the pipe" {
+    run "$REPO/bench/draft" --shape tiny --quick --keep --out "$T/r.txt" "$DFL_BUILD"
+    [ "$status" -eq 0 ]
+    scratch=$(sed -n '1s/.*scratch //p' "$T/r.txt")
+    [ -d "$scratch/target" ] && [ -s "$scratch/stream.dfl" ]
+    rm -rf "$scratch"
+    grep -q '^ours (file) ' "$T/r.txt"
+    run -1 grep -q '^ours (pipe) ' "$T/r.txt"
+}
+
+@test "bench/draft: a missing program is named, exit 1" {
+    run -1 "$REPO/bench/draft" --shape tiny --out "$T/r.txt" "$T/nobuild"
+    [[ "$output" == *"$T/nobuild/bin/dfl-draft is missing"* ]]
+}
+
+@test "mktarget --no-layers: the config of all layers, only the embedding, norm and LM head" {
+    "$DFL_TOOLS/mktarget" -o "$T/m" --layers 6 --no-layers
+    grep -q '"num_hidden_layers": 6' "$T/m/config.json"
+    hdr=$(head -c 2000 "$T/m/model.safetensors")
+    [ "$(grep -o '"[a-z_.0-9]*weight":' <<< "$hdr" | sort | tr '\n' ' ')" = \
+      '"lm_head.weight": "model.embed_tokens.weight": "model.norm.weight": ' ]
+    # the same bytes as the full model's for the tensors it has
+    "$DFL_TOOLS/mktarget" -o "$T/full" --layers 6
+    "$DFL_TOOLS/mktarget" -o "$T/m2" --layers 6 --no-layers
+    cmp "$T/m/model.safetensors" "$T/m2/model.safetensors"
+    run -1 cmp -s "$T/m/model.safetensors" "$T/full/model.safetensors"
+}
+
+@test "draftdata --exact-len: every sequence has --len tokens; --table-rows changes only the features" {
+    "$DFL_TOOLS/mktarget" -o "$T/m" --no-layers
+    "$DFL_TOOLS/draftdata" "$T/m" "$T/a.dfl" --batches 3 --seqs 2 --len 20 --exact-len
+    run -0 "$DFL_TOOLS/hsdump" "$T/a.dfl"
+    [ "$(grep -c '^batch .* lens 20,20 ' <<< "$output")" -eq 3 ]
+    "$DFL_TOOLS/draftdata" "$T/m" "$T/b.dfl" --batches 3 --seqs 2 --len 20 --exact-len --table-rows 4
+    run -0 "$DFL_TOOLS/hsdump" "$T/b.dfl"
+    b=$output
+    run -0 "$DFL_TOOLS/hsdump" "$T/a.dfl"
+    # the same tokens (ids hash), other features (layer hashes)
+    diff <(grep -o 'ids [0-9a-f]*' <<< "$output") <(grep -o 'ids [0-9a-f]*' <<< "$b")
+    run -1 diff <(grep -o 'L1 [0-9a-f]*' <<< "$output") <(grep -o 'L1 [0-9a-f]*' <<< "$b")
+    # without --exact-len the lengths vary (len/2..len)
+    "$DFL_TOOLS/draftdata" "$T/m" "$T/c.dfl" --batches 3 --seqs 2 --len 20
+    run -0 "$DFL_TOOLS/hsdump" "$T/c.dfl"
+    [ "$(grep -c '^batch .* lens 20,20 ' <<< "$output")" -lt 3 ]
+    run -1 "$DFL_TOOLS/draftdata" "$T/m" "$T/d.dfl" --table-rows 0
+}
