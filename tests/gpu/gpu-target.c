@@ -2,10 +2,8 @@
  * oracles (../shared/oracle/qwen3-tiny-a; tests/fixtures/target/{llama,qwen2}-tiny when
  * present), each sequence alone and all packed in one batch, with the residual adds in the GEMM
  * epilogues (the CUDA default) and as separate passes, and dfl-target --device cuda end to end.
- * Tolerances per row (issue #6, oracle/README.md: "a relative tolerance of a few 1e-2 and a cosine
- * similarity above 0.999 per row"): bf16 activations: relative error ||gpu - ref|| / ||ref||
- * <= 4e-2 and cosine >= 0.999 (measured on the H200: worst row 2.7e-2 on qwen3-tiny-a, whose
- * norms are perturbed away from 1; 1.2e-2 on the llama and qwen2 fixtures); f32 activations: relative error <= 1e-4,
+ * Tolerances per row (issue #6, oracle/README.md): bf16 activations: relative error
+ * ||gpu - ref|| / ||ref|| <= 2e-2 and cosine >= 0.999; f32 activations: relative error <= 1e-4,
  * as on the CPU. Prints a "#" line with the worst figures of each comparison. Skips without a
  * GPU (exit 77). */
 #include <math.h>
@@ -76,6 +74,8 @@ static const float *ref_layer(const ref *r, int s, int k)
 /* Worst per-row relative error and cosine (NaN sticks to the error). */
 typedef struct cmp {
     double rel, cos;
+    int64_t rows, over;   /* rows compared; rows whose relative error is above 2e-2 */
+    double sum_rel;       /* for the mean */
 } cmp;
 
 static void compare(cmp *c, const float *a, const float *b, int64_t rows, int64_t H)
@@ -93,6 +93,9 @@ static void compare(cmp *c, const float *a, const float *b, int64_t rows, int64_
         double cs = ab / (sqrt(aa) * sqrt(den) + 1e-30);
         if (!(rel <= c->rel))
             c->rel = rel;
+        c->rows++;
+        c->over += !(rel <= 2e-2);
+        c->sum_rel += rel;
         if (!(cs >= c->cos))
             c->cos = cs;
     }
@@ -102,7 +105,7 @@ static bool within(const cmp *c, dfl_dtype act)
 {
     if (act == DFL_F32)
         return c->rel <= 1e-4;
-    return c->rel <= 4e-2 && c->cos >= 0.999;
+    return c->rel <= 2e-2 && c->cos >= 0.999;
 }
 
 /* The library forward on CUDA with activations act against a reference directory; fuse: the
@@ -185,8 +188,10 @@ static void forward_vs_ref(const char *dir, dfl_dtype act, bool fuse)
             compare(&packed, host + off[s] * H, ref_layer(&r, s, k), r.len[s], H);
     }
     const char *how = fuse ? "adds in the GEMMs" : "separate adds";
-    printf("# %s act %s, %s: alone rel %.3g cos %.6f; packed rel %.3g cos %.6f\n", dir,
-           dfl_dtype_lower(act), how, alone.rel, alone.cos, packed.rel, packed.cos);
+    printf("# %s act %s, %s: alone rel %.3g cos %.6f; packed rel %.3g cos %.6f (mean rel %.3g; "
+           "%lld of %lld rows above 2e-2)\n", dir, dfl_dtype_lower(act), how, alone.rel, alone.cos,
+           packed.rel, packed.cos, packed.sum_rel / (double)(packed.rows ? packed.rows : 1),
+           (long long)packed.over, (long long)packed.rows);
     T_CHECK(within(&alone, act), "%s %s %s alone: rel %.3g cos %.6f", dir, dfl_dtype_lower(act),
             how, alone.rel, alone.cos);
     T_CHECK(within(&packed, act), "%s %s %s packed: rel %.3g cos %.6f", dir, dfl_dtype_lower(act),
