@@ -155,6 +155,7 @@ struct dfl_draft {
     int64_t T, B, Q;
     int32_t S;
     bool have_step, have_apply;
+    bool step_posted;            /* the last step's results are posted */
 };
 
 /* ---- configuration ------------------------------------------------------------------------- */
@@ -1304,7 +1305,7 @@ static int run_step(dfl_draft *m, in_set *set, bool backward, dfl_err *e)
 int dfl_draft_run(dfl_draft *m, bool backward, dfl_err *e)
 {
     dfl_be *be = m->be;
-    m->have_step = m->have_apply = false;
+    m->have_step = m->have_apply = m->step_posted = false;
     if (!m->embed)
         return dfl_fail(e, DFL_EUSAGE, "drafter step: no target embedding / LM head");
     if (m->n_run >= m->n_staged)
@@ -1340,7 +1341,7 @@ int dfl_draft_apply(dfl_draft *m, const dfl_draft_optim *o, float lr, int64_t t,
         return dfl_fail(e, DFL_EUSAGE, "drafter: apply without a step");
     /* pipelined: when the previous step's results are posted and not collected yet, the caller's
      * t does not count it; adamw takes t + 1, or t when that step turns out skipped (prev_skip) */
-    const bool prev_unread = m->n_posted > m->n_collected;
+    const bool prev_unread = m->n_posted - m->n_collected > (m->step_posted ? 1 : 0);
     TRY(be->ops->copy(be, m->prev_skip, m->skip, sizeof(int32_t)));
     /* Data parallelism: all-reduce the gradients and m->sums over ranks here, so that the norm
      * and the denominator below are global. */
@@ -1361,8 +1362,8 @@ int dfl_draft_apply(dfl_draft *m, const dfl_draft_optim *o, float lr, int64_t t,
 int dfl_draft_post(dfl_draft *m, dfl_err *e)
 {
     dfl_be *be = m->be;
-    if (!m->have_step)
-        return dfl_fail(e, DFL_EUSAGE, "drafter: no step to post");
+    if (!m->have_step || m->step_posted)
+        return dfl_fail(e, DFL_EUSAGE, "drafter: no step to post (or posted already)");
     if (m->n_posted - m->n_collected >= RES_SLOTS)
         return dfl_fail(e, DFL_EUSAGE, "drafter: %d results posted and not collected", RES_SLOTS);
     res_slot *s = &m->slots[m->n_posted % RES_SLOTS];
@@ -1377,7 +1378,7 @@ int dfl_draft_post(dfl_draft *m, dfl_err *e)
     s->have_apply = m->have_apply;
     s->posted = true;
     m->n_posted++;
-    m->have_step = false;   /* a step is posted once */
+    m->step_posted = true;
     return DFL_OK;
 }
 
@@ -1436,7 +1437,9 @@ int dfl_draft_fetch(dfl_draft *m, dfl_draft_stats *st, dfl_err *e)
     memset(st, 0, sizeof *st);
     if (!m->have_step)
         return dfl_fail(e, DFL_EUSAGE, "drafter: no step to fetch");
-    int rc = dfl_draft_post(m, e);
+    if (m->n_collected == m->n_posted)   /* fetched already: read it again (after apply, say) */
+        m->step_posted = false;
+    int rc = m->step_posted ? DFL_OK : dfl_draft_post(m, e);
     while (!rc && m->n_collected < m->n_posted)
         rc = dfl_draft_collect(m, st, e);
     return rc;
