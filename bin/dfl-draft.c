@@ -48,6 +48,7 @@ static void usage(void)
            "      --min-ready N         batches pooled before a step (default 4)\n"
            "      --pool-size N         batches in the pool at most (default 8)\n"
            "      --max-tokens N        size buffers for batches of N tokens (streams)\n"
+           "      --max-blocks N        ... and N blocks (default: the most N tokens can have)\n"
            "      --save-every N        checkpoint every N steps, 0 = only at the end (default 1000)\n"
            "      --keep N              keep the newest N checkpoints, 0 = all (default 0)\n"
            "      --on-save CMD         run CMD CHECKPOINT_DIR after each checkpoint\n"
@@ -59,6 +60,8 @@ static void usage(void)
            "      --init-std X          std of the initial linear weights (default 0.02)\n"
            "      --device DEV          cpu (default), cuda, cuda:N\n"
            "      --threads N           CPU threads (default: all)\n"
+           "      --profile             per log window: input wait, host prep, GPU time, host syncs\n"
+           "      --no-pipeline         read each step's results before the next step (a check)\n"
            "      --no-verify           skip frame checksums\n"
            "      --allow-truncated     train on the complete batches of an input cut short (no END)\n"
            "  -q, --quiet               errors only\n"
@@ -75,7 +78,8 @@ enum {
     O_CONFIG = 256, O_DRAFT_LAYERS, O_BLOCK, O_GAMMA, O_MASK, O_ANCHORS, O_NOISE, O_LR, O_BETAS,
     O_EPS, O_WD, O_CLIP, O_WARMUP, O_TOTAL, O_EPOCHS, O_STOP_AT, O_MIN_READY, O_POOL, O_MAX_TOKENS,
     O_SAVE_EVERY, O_KEEP, O_ON_SAVE, O_SAVE_DTYPE, O_RESUME, O_LOG_EVERY, O_MAX_BAD, O_SEED,
-    O_INIT_STD, O_DEVICE, O_THREADS, O_NO_VERIFY, O_ALLOW_TRUNC, O_VERSION,
+    O_INIT_STD, O_DEVICE, O_THREADS, O_NO_VERIFY, O_ALLOW_TRUNC, O_VERSION, O_MAX_BLOCKS,
+    O_PROFILE, O_NO_PIPELINE,
 };
 
 static const struct option longopts[] = {
@@ -100,6 +104,9 @@ static const struct option longopts[] = {
     {"min-ready", required_argument, 0, O_MIN_READY},
     {"pool-size", required_argument, 0, O_POOL},
     {"max-tokens", required_argument, 0, O_MAX_TOKENS},
+    {"max-blocks", required_argument, 0, O_MAX_BLOCKS},
+    {"profile", no_argument, 0, O_PROFILE},
+    {"no-pipeline", no_argument, 0, O_NO_PIPELINE},
     {"save-every", required_argument, 0, O_SAVE_EVERY},
     {"keep", required_argument, 0, O_KEEP},
     {"on-save", required_argument, 0, O_ON_SAVE},
@@ -199,6 +206,9 @@ int main(int argc, char **argv)
                 o.pool_size = (int)v;
             break;
         case O_MAX_TOKENS: rc = dfl_parse_i64(optarg, 1, INT32_MAX / 2, &o.max_tokens, what, &e); break;
+        case O_MAX_BLOCKS: rc = dfl_parse_i64(optarg, 1, INT32_MAX / 256, &o.max_blocks, what, &e); break;
+        case O_PROFILE: o.profile = true; break;
+        case O_NO_PIPELINE: o.no_pipeline = true; break;
         case O_SAVE_EVERY: rc = dfl_parse_i64(optarg, 0, INT64_MAX / 2, &o.save_every, what, &e); break;
         case O_KEEP:
             if (!(rc = dfl_parse_i64(optarg, 0, 1 << 20, &v, what, &e)))

@@ -149,6 +149,7 @@ static int cu_upload(dfl_be *be, void *dst, const void *src, size_t n)
         at.type = cudaMemoryTypeHost;   /* unknown: be safe */
     }
     if (at.type == cudaMemoryTypeHost) {
+        im->n_syncs++;
         err = cudaStreamSynchronize(im->stream);
         if (err != cudaSuccess)
             return cuda_op_fail(be, DFL_EDEVICE, "upload of %zu bytes: %s", n,
@@ -168,6 +169,7 @@ static int cu_download(dfl_be *be, void *dst, const void *src, size_t n)
     if (rc)
         return rc;
     cudaError_t err = cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, im->stream);
+    im->n_syncs++;
     if (err == cudaSuccess)
         err = cudaStreamSynchronize(im->stream);
     if (err != cudaSuccess)
@@ -208,6 +210,7 @@ static int cu_sync(dfl_be *be, dfl_err *e)
 {
     cuda_impl *im = cuda_of(be);
     cudaError_t err = cudaSetDevice(im->device);
+    im->n_syncs++;
     if (err == cudaSuccess)
         err = cudaStreamSynchronize(im->stream);
     if (im->err_code) {
@@ -738,6 +741,7 @@ extern "C" int dfl_cuda_stream_sync(dfl_be *be, dfl_cuda_stream s, dfl_err *e)
     int rc = api_enter(be, e);
     if (rc)
         return rc;
+    cuda_of(be)->n_syncs++;
     API_TRY(cudaStreamSynchronize(to_stream(s)), "CUDA error while running queued work");
     return 0;
 }
@@ -803,6 +807,10 @@ extern "C" int dfl_cuda_event_sync(dfl_be *be, dfl_cuda_event ev, dfl_err *e)
     int rc = api_enter(be, e);
     if (rc)
         return rc;
+    if (cudaEventQuery(to_event(ev)) == cudaErrorNotReady) {   /* a real wait: count it */
+        cudaGetLastError();
+        cuda_of(be)->n_event_waits++;
+    }
     API_TRY(cudaEventSynchronize(to_event(ev)), "CUDA error while running queued work");
     return 0;
 }
@@ -898,6 +906,12 @@ extern "C" int dfl_cuda_upload_async(dfl_be *be, void *dst_dev, const void *src_
 }
 
 extern "C" void dfl_cuda_freeze(dfl_be *be, bool frozen) { cuda_of(be)->frozen = frozen; }
+
+extern "C" void dfl_cuda_wait_stats(dfl_be *be, dfl_cuda_waits *w)
+{
+    w->syncs = cuda_of(be)->n_syncs;
+    w->event_waits = cuda_of(be)->n_event_waits;
+}
 extern "C" bool dfl_cuda_frozen(dfl_be *be) { return cuda_of(be)->frozen; }
 
 extern "C" void dfl_cuda_mem_stats(dfl_be *be, dfl_cuda_mem *m)

@@ -61,6 +61,8 @@ struct cuda_impl {
     /* allocations */
     bool frozen;
     size_t allocated, peak;
+    /* host waits (dfl_cuda_wait_stats) */
+    uint64_t n_syncs, n_event_waits;
     cuda_alloc_rec *recs;
     size_t n_recs, cap_recs;
     /* matmul plans */

@@ -110,6 +110,18 @@ typedef struct dfl_cuda_mem {
 } dfl_cuda_mem;
 void dfl_cuda_mem_stats(dfl_be *be, dfl_cuda_mem *m);
 
+/* ---- host waits ----
+ * Counts, since the backend opened, of the calls that made the host wait for the device: syncs
+ * = calls that wait until a whole stream has drained (ops->sync, ops->download, ops->upload from
+ * pinned memory, dfl_cuda_stream_sync), after which the GPU idles until the host enqueues more;
+ * event_waits = dfl_cuda_event_sync calls on an event that had not completed yet (the host waited
+ * while later work stayed queued, so the GPU kept running). A steady state with no syncs never
+ * lets the GPU run dry because of the host. */
+typedef struct dfl_cuda_waits {
+    uint64_t syncs, event_waits;
+} dfl_cuda_waits;
+void dfl_cuda_wait_stats(dfl_be *be, dfl_cuda_waits *w);
+
 /* ---- tuning ----
  * Time up to max_algos of cuBLASLt's candidate algorithms for this matmul shape (each `iters`
  * times, on the given buffers: C is overwritten, so pass scratch when beta != 0) and keep the

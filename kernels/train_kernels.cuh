@@ -404,10 +404,13 @@ __device__ __forceinline__ float adamw_one(float &p, float &m, float &v, float g
 /* vec: p, g, m, v 16-byte aligned and pa (if any) aligned to 4 of its elements */
 template <typename W>
 __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, W *pa, int64_t n,
-                             AdamScalars c, const float *gsp, const int32_t *skip, bool vec)
+                             AdamScalars c, AdamScalars c_prev, const int32_t *prev_skip,
+                             const float *gsp, const int32_t *skip, bool vec)
 {
     if (skip && *skip)
         return;
+    if (prev_skip && *prev_skip)   /* the previous update was skipped: this one is step - 1 */
+        c = c_prev;
     const float gs = gsp ? *gsp : 1.0f;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     const int64_t k0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;

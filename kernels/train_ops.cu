@@ -305,7 +305,8 @@ int cuda_block_metrics(dfl_be *be, double *out, const uint8_t *correct, const fl
  * and bc2_sqrt = (float)sqrt(1 - b2^t) computed in double on the host. These are exactly the CPU
  * op's operations (lib/be_cpu_train.c), so results agree bit for bit with a CPU build that does
  * not contract a*b+c into FMAs (the default x86-64 build). p_act gets p rounded to be->wdt
- * (round to nearest even) in the same pass. *skip != 0: nothing is written. */
+ * (round to nearest even) in the same pass. *skip != 0: nothing is written. *prev_skip != 0:
+ * the scalars of step - 1 (computed on the host too) are used. */
 
 int cuda_adamw(dfl_be *be, const dfl_adamw *a)
 {
@@ -316,16 +317,20 @@ int cuda_adamw(dfl_be *be, const dfl_adamw *a)
     int rc = cuda_enter(be);
     if (rc)
         return rc;
-    const double bc1 = 1.0 - pow((double)a->beta1, (double)a->step);
-    const double bc2 = 1.0 - pow((double)a->beta2, (double)a->step);
-    AdamScalars c;
-    c.step_size = (float)((double)a->lr / bc1);
-    c.bc2_sqrt = (float)sqrt(bc2);
-    c.decay = 1.0f - a->lr * a->weight_decay;
-    c.b1w = 1.0f - a->beta1;
-    c.b2 = a->beta2;
-    c.b2w = 1.0f - a->beta2;
-    c.eps = a->eps;
+    AdamScalars c, c_prev;   /* step t, and t - 1 for a skipped previous update (prev_skip) */
+    for (int k = 0; k < 2; k++) {
+        const int64_t t = k == 0 || a->step < 2 ? a->step : a->step - 1;
+        const double bc1 = 1.0 - pow((double)a->beta1, (double)t);
+        const double bc2 = 1.0 - pow((double)a->beta2, (double)t);
+        AdamScalars &x = k == 0 ? c : c_prev;
+        x.step_size = (float)((double)a->lr / bc1);
+        x.bc2_sqrt = (float)sqrt(bc2);
+        x.decay = 1.0f - a->lr * a->weight_decay;
+        x.b1w = 1.0f - a->beta1;
+        x.b2 = a->beta2;
+        x.b2w = 1.0f - a->beta2;
+        x.eps = a->eps;
+    }
     void *pa = a->p_act && a->p_act != (void *)a->p ? a->p_act : NULL;
     bool vec = is_aligned(a->p, 16) && is_aligned(a->g, 16) && is_aligned(a->m, 16) && is_aligned(a->v, 16) &&
                (!pa || is_aligned(pa, 4 * dfl_dtype_size(be->wdt)));
@@ -333,10 +338,10 @@ int cuda_adamw(dfl_be *be, const dfl_adamw *a)
     cudaStream_t s = cuda_of(be)->stream;
     if (pa && be->wdt == DFL_BF16)
         adamw_kernel<bf16><<<g, TR_THREADS, 0, s>>>(a->p, a->g, a->m, a->v, (bf16 *)pa, a->n, c,
-                                                    a->grad_scale, a->skip, vec);
+                                                    c_prev, a->prev_skip, a->grad_scale, a->skip, vec);
     else
         adamw_kernel<float><<<g, TR_THREADS, 0, s>>>(a->p, a->g, a->m, a->v, (float *)pa, a->n, c,
-                                                     a->grad_scale, a->skip, vec);
+                                                     c_prev, a->prev_skip, a->grad_scale, a->skip, vec);
     return cuda_launch_check(be, "adamw");
 }
 

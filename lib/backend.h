@@ -140,6 +140,11 @@ typedef struct dfl_adamw {
     int64_t step;
     const float *grad_scale;    /* backend memory scalar, or NULL for 1 */
     const int32_t *skip;        /* backend memory flag, or NULL */
+    /* backend memory flag, or NULL: when non-zero, the step is step - 1 (step >= 2). For callers
+     * that enqueue an update before they have read whether the previous one was skipped (the
+     * drafter's pipelined loop): they pass the step assuming it was applied, and a copy of the
+     * previous *skip here. */
+    const int32_t *prev_skip;
 } dfl_adamw;
 
 /* The counter-based uniform generator of uniform_noise (the same numbers on every backend):

@@ -500,8 +500,9 @@ int dfl_cpu_adamw(dfl_be *be, const dfl_adamw *a)
     if (a->skip && *a->skip)
         return 0;
     const float gs = a->grad_scale ? *a->grad_scale : 1.0f;
-    const double bc1 = 1.0 - pow((double)a->beta1, (double)a->step);
-    const double bc2 = 1.0 - pow((double)a->beta2, (double)a->step);
+    const int64_t t = a->step - (a->prev_skip && *a->prev_skip && a->step > 1 ? 1 : 0);
+    const double bc1 = 1.0 - pow((double)a->beta1, (double)t);
+    const double bc2 = 1.0 - pow((double)a->beta2, (double)t);
     const float step_size = (float)((double)a->lr / bc1);
     const float bc2_sqrt = (float)sqrt(bc2);
     const float decay = 1.0f - a->lr * a->weight_decay;

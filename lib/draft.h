@@ -7,7 +7,17 @@
  *   dfl_draft_apply(m, &opt, lr, t, e);    gradient norm, clipping, 1/loss_den, AdamW
  *   dfl_draft_fetch(m, &stats, e);         loss, accuracy, norm, per-slot counts, tau (host)
  * Gradients are of loss_num; the division by the (global) loss denominator happens in one place,
- * the backend's clip_scale op called by dfl_draft_apply. */
+ * the backend's clip_scale op called by dfl_draft_apply.
+ *
+ * Pipelined (dfl-draft; the same calls on every backend, no host wait on an asynchronous one):
+ *   dfl_draft_stage(m, &in_{N+1}, e)       host arrays + features into the next input set, upload
+ *                                          enqueued on the copy stream (while step N runs)
+ *   dfl_draft_run(m, true, e)              step N+1 on the compute stream, after its upload
+ *   dfl_draft_apply(m, &opt, lr, t, e)     t counts the updates of the collected steps only
+ *   dfl_draft_post(m, e)                   results -> a host slot, an event after them
+ *   dfl_draft_collect(m, &stats_N, e)      the oldest posted slot (waits for its event)
+ * Up to 2 input sets (1 on the CPU) and 2 result slots; dfl_draft_step = stage + run and
+ * dfl_draft_fetch = post + collect everything. */
 #ifndef DFL_DRAFT_H
 #define DFL_DRAFT_H
 
@@ -101,6 +111,7 @@ typedef struct dfl_draft_stats {
     double tau_sum;                       /* sum over blocks of the acceptance length */
     int64_t tau_blocks;                   /* blocks whose slot 1 is scored */
     int64_t tokens, blocks;
+    double gpu_ms;                        /* the step's device time (timing on), else -1 */
 } dfl_draft_stats;
 
 /* Allocates parameters (f32 master, gradients, AdamW moments, compute copy) on the backend,
@@ -129,14 +140,46 @@ int dfl_draft_upload(dfl_draft *m, int which, const float *src, dfl_err *e);
  * logits at a time (0: 64). */
 int dfl_draft_reserve(dfl_draft *m, int64_t max_tokens, int64_t max_blocks, int64_t lmce_chunk,
                       dfl_err *e);
+/* The reservation: tokens, blocks, bytes of backend memory (0s before dfl_draft_reserve). On an
+ * asynchronous backend (CUDA) the workspace is sized once: a second dfl_draft_reserve for larger
+ * batches fails (DFL_EUSAGE) instead of reallocating, and the first fails at once (DFL_ENOMEM,
+ * with the sizes) when the device has less memory free than it needs. */
+void dfl_draft_capacity(const dfl_draft *m, int64_t *max_tokens, int64_t *max_blocks,
+                        uint64_t *bytes);
+/* The dtype of the features the input sets hold (default f32, which holds any: give the
+ * streams' dtype before dfl_draft_reserve to size them exactly; batches of a narrower float
+ * dtype are accepted too). */
+int dfl_draft_set_feat_dtype(dfl_draft *m, dfl_dtype dt, dfl_err *e);
+/* Timing events around each step (dfl_draft_stats.gpu_ms); set with no results pending. */
+int dfl_draft_set_timing(dfl_draft *m, bool on, dfl_err *e);
 /* Forward and loss (and, with backward, the gradients of loss_num) of one batch. Checks token
  * ids, anchors and sizes against the reservation (DFL_EDATA / DFL_EUSAGE). */
 int dfl_draft_step(dfl_draft *m, const dfl_draft_input *in, bool backward, dfl_err *e);
+/* The two halves of dfl_draft_step. stage checks and copies the batch (in's arrays may be reused
+ * when it returns) and enqueues its upload; run runs the oldest staged batch. */
+int dfl_draft_stage(dfl_draft *m, const dfl_draft_input *in, dfl_err *e);
+int dfl_draft_run(dfl_draft *m, bool backward, dfl_err *e);
 /* Gradient norm, clipping, division by the loss denominator, AdamW step t (1-based count of
- * applied updates) at learning rate lr; nothing changes when the step is non-finite. */
+ * applied updates) at learning rate lr; nothing changes when the step is non-finite. When the
+ * previous step is posted and not collected, t must not count it: whether it was applied is
+ * known only on the device, which then uses t + 1 or t (adamw prev_skip). */
 int dfl_draft_apply(dfl_draft *m, const dfl_draft_optim *o, float lr, int64_t t, dfl_err *e);
-/* Reads back the last step's sums, flags and per-slot counts. */
+/* Reads back the last step's sums, flags and per-slot counts (waits for it). */
 int dfl_draft_fetch(dfl_draft *m, dfl_draft_stats *st, dfl_err *e);
+/* After apply (or a step without one): enqueues the copy of the step's results into a host
+ * slot (2 at most posted and not collected). */
+int dfl_draft_post(dfl_draft *m, dfl_err *e);
+/* The oldest posted step's results (waits for its event: at once when it has long run). */
+int dfl_draft_collect(dfl_draft *m, dfl_draft_stats *st, dfl_err *e);
+/* Results posted and not collected. */
+int dfl_draft_pending(const dfl_draft *m);
+/* A warm-up step (forward and backward, no update) on the largest batch of the reservation, on
+ * synthetic inputs, then a wait for it: every kernel loaded and every plan made before the first
+ * real batch. Leaves the weights, the optimizer and the results of earlier steps unchanged. */
+int dfl_draft_warmup(dfl_draft *m, dfl_err *e);
+/* Host waits so far (the CUDA backend's count: syncs that drained a stream, event waits that
+ * blocked; zeros on the CPU). */
+void dfl_draft_host_waits(const dfl_draft *m, uint64_t *syncs, uint64_t *event_waits);
 
 /* Activations of the last forward, for tests (host copies, f32). */
 enum { DFL_DRAFT_ACT_CTX,      /* C [T, H] */

@@ -2,16 +2,65 @@
  * written against the backend ops only. Every activation the backward needs is kept in the
  * workspace (a backend that is short of memory could recompute a layer's forward instead: each
  * layer's forward reads only its input residual, C and the weights). All buffers are sized by
- * dfl_draft_reserve; a step allocates nothing. */
+ * dfl_draft_reserve; a step allocates nothing.
+ *
+ * The pipeline (draft.h, "Pipelined steps"): a batch is staged into one of IN_SETS input sets
+ * (host arrays, pinned on CUDA, and their backend copies): the host builds and checks the
+ * per-step arrays, copies the features in, and enqueues the upload on the copy stream, which
+ * first waits for the end of the step that last read that set (ev_read); the step waits on the
+ * compute stream for the upload (ev_up); the host rewrites a set's host arrays only after its
+ * last upload has completed. A step's small results (sums, block metrics, scalars, flags: one
+ * contiguous backend block) are copied on the compute stream into one of RES_SLOTS pinned
+ * slots, with an event recorded right after; the host reads a slot when it likes (one step later
+ * in dfl-draft). On the CPU the same code runs with plain copies and no events. */
 #include "draft.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "draft_pipe.h"
 #include "draft_rng.h"
 #include "json.h"
 #include "util.h"
+
+#define IN_SETS 2       /* input sets on an asynchronous backend (1 on the CPU) */
+#define RES_SLOTS 2     /* result slots: the step being read and the one just posted */
+
+/* The backend block of a step's small results (one copy to the host). */
+typedef struct res_layout {
+    size_t sums, bmet, scal, skip, prev_skip, bytes;
+} res_layout;
+
+/* One step's inputs: host arrays (pinned on CUDA) and their backend copies. */
+typedef struct in_set {
+    void *hblock;                /* the host arrays, one allocation */
+    int32_t *h_pos;              /* [T+Q] context positions, then block-slot positions */
+    int32_t *h_tok, *h_labels;   /* [Q] */
+    float *h_weight;             /* [Q] */
+    int32_t *h_ctx_start, *h_anchor; /* [B] */
+    void *h_feat;                /* [k, T, H] feat_dt, rows packed */
+    int32_t *pos, *tok, *labels, *ctx_start, *anchor;   /* backend copies (arena) */
+    float *weight;
+    void *feat;                  /* [k, T, H] feat_dt */
+    /* the batch staged into it */
+    int64_t T, B;
+    int32_t S;
+    dfl_dtype feat_dt;
+    float noise_amp;
+    uint64_t noise_seed;
+    bool full;                   /* staged, not run yet */
+    bool uploaded, read;         /* ev_up / ev_read have been recorded */
+    dfl_dp_event ev_up, ev_read;
+} in_set;
+
+/* One result slot (host, pinned on CUDA). */
+typedef struct res_slot {
+    void *host;                  /* res_layout.bytes */
+    int64_t T, B;
+    bool have_apply, posted;
+    dfl_dp_event ev_start, ev_done;
+} res_slot;
 
 /* Saved activations of one drafter layer. */
 typedef struct layer_acts {
@@ -52,21 +101,39 @@ struct dfl_draft {
     void *embed, *lm_head;       /* [V, H] be->wdt; lm_head == embed when tied */
     float decay[DFL_DRAFT_MAX_BS];
 
-    /* workspace (dfl_draft_reserve) */
-    int64_t capT, capB, chunk;
-    void *arena;                 /* one backend allocation */
-    int32_t *pos;                /* [T+Q] context positions, then block-slot positions */
-    int32_t *tok, *labels;       /* [Q] */
-    float *weight;               /* [Q] */
-    int32_t *ctx_start, *anchor; /* [B] */
-    uint8_t *correct;            /* [Q] */
-    float *ce;                   /* [Q] */
+    /* a step's small results: one backend block (res_layout), allocated with the parameters */
+    void *res;
+    res_layout rl;
     double *sums;                /* [DFL_SUM_COUNT] */
     double *bmet;                /* [2*bs + 2] block_metrics */
     float *scal;                 /* [4] scale, norm, coef */
     int32_t *skip;               /* [1] */
-    void *feat;                  /* [k, T, H] act */
-    void *stage;                 /* [T, H] f32-sized staging for conversions */
+    int32_t *prev_skip;          /* [1] the previous step's skip (adamw prev_skip) */
+    res_slot slots[RES_SLOTS];
+    int64_t n_posted, n_collected;
+    bool timing;
+
+    /* input sets */
+    in_set sets[IN_SETS];
+    int n_sets;
+    int64_t n_staged, n_run;
+    dfl_dtype feat_dt;           /* the features' dtype the sets are sized for */
+
+    /* workspace (dfl_draft_reserve) */
+    int64_t capT, capB, chunk;
+    void *arena;                 /* one backend allocation */
+    uint64_t ws_bytes;
+    /* the step's inputs: pointers into the input set it runs on */
+    int32_t *pos;                /* [T+Q] context positions, then block-slot positions */
+    int32_t *tok, *labels;       /* [Q] */
+    float *weight;               /* [Q] */
+    int32_t *ctx_start, *anchor; /* [B] */
+    const float *h_weight;       /* [Q] the host copies (dfl_draft_activation) */
+    const int32_t *h_labels;     /* [Q] */
+    uint8_t *correct;            /* [Q] */
+    float *ce;                   /* [Q] */
+    void *feat;                  /* [k, T, H] act: the set's features, or featc */
+    void *featc;                 /* [k, T, H] act: features converted from another dtype */
     void *cpre, *C;              /* [T, H] */
     float *rstdc;                /* [T] */
     layer_acts *la;              /* [layers] */
@@ -81,16 +148,14 @@ struct dfl_draft {
     float *delta;                /* [Q*nH] */
     void *dC;                    /* [T, H] */
 
-    /* host mirrors of the per-step arrays */
-    int32_t *h_pos, *h_tok, *h_labels, *h_ctx_start, *h_anchor;
-    float *h_weight;
-    int64_t *h_seq_start;        /* [S+1] */
+    int64_t *h_seq_start;        /* [S+1] host scratch of prepare */
     int64_t capS;
 
     /* the last step */
     int64_t T, B, Q;
     int32_t S;
     bool have_step, have_apply;
+    bool step_posted;            /* the last step's results are posted */
 };
 
 /* ---- configuration ------------------------------------------------------------------------- */
@@ -413,25 +478,93 @@ int dfl_draft_open(dfl_draft **out, dfl_be *be, const dfl_draft_config *c, dfl_e
     be->ops->memset0(be, m->grad, fb);
     be->ops->memset0(be, m->adam_m, fb);
     be->ops->memset0(be, m->adam_v, fb);
+    /* the results block, the result slots and the input sets' events */
+    res_layout *rl = &m->rl;
+    size_t ro = 0;
+    rl->sums = ro;
+    ro += DFL_SUM_COUNT * sizeof(double);
+    rl->bmet = ro;
+    ro += (size_t)(2 * c->block_size + 2) * sizeof(double);
+    rl->scal = ro;
+    ro += 4 * sizeof(float);
+    rl->skip = ro;
+    ro += sizeof(int32_t);
+    rl->prev_skip = ro;
+    ro += sizeof(int32_t);
+    rl->bytes = ro;
+    m->feat_dt = DFL_F32;
+    m->n_sets = dfl_dp_async(be) ? IN_SETS : 1;
+    rc = (m->res = be_alloc(be, rl->bytes, e)) ? DFL_OK : (e ? e->code : DFL_ENOMEM);
+    for (int i = 0; i < RES_SLOTS && !rc; i++) {
+        if (!(m->slots[i].host = dfl_dp_host_alloc(be, rl->bytes, e)))
+            rc = e ? e->code : DFL_ENOMEM;
+        else
+            rc = dfl_dp_event_new(be, &m->slots[i].ev_done, false, e);
+    }
+    for (int i = 0; i < m->n_sets && !rc; i++)
+        if (!(rc = dfl_dp_event_new(be, &m->sets[i].ev_up, false, e)))
+            rc = dfl_dp_event_new(be, &m->sets[i].ev_read, false, e);
+    if (rc) {
+        dfl_draft_close(m);
+        return rc;
+    }
+    m->sums = (double *)((char *)m->res + rl->sums);
+    m->bmet = (double *)((char *)m->res + rl->bmet);
+    m->scal = (float *)((char *)m->res + rl->scal);
+    m->skip = (int32_t *)((char *)m->res + rl->skip);
+    m->prev_skip = (int32_t *)((char *)m->res + rl->prev_skip);
+    be->ops->memset0(be, m->res, rl->bytes);
     *out = m;
     return DFL_OK;
 }
 
+int dfl_draft_set_timing(dfl_draft *m, bool on, dfl_err *e)
+{
+    dfl_be *be = m->be;
+    if (m->n_posted > m->n_collected)
+        return dfl_fail(e, DFL_EUSAGE, "drafter: timing changed with results pending");
+    for (int i = 0; i < RES_SLOTS; i++) {
+        res_slot *s = &m->slots[i];
+        dfl_dp_event_free(be, s->ev_start);
+        dfl_dp_event_free(be, s->ev_done);
+        s->ev_start = s->ev_done = NULL;
+        int rc = (on ? dfl_dp_event_new(be, &s->ev_start, true, e) : DFL_OK);
+        if (!rc)
+            rc = dfl_dp_event_new(be, &s->ev_done, on, e);
+        if (rc)
+            return rc;
+    }
+    m->timing = on;
+    return DFL_OK;
+}
+
+int dfl_draft_set_feat_dtype(dfl_draft *m, dfl_dtype dt, dfl_err *e)
+{
+    if (dt != DFL_BF16 && dt != DFL_F16 && dt != DFL_F32)
+        return dfl_fail(e, DFL_EUNSUP, "drafter: feature dtype %s", dfl_dtype_name(dt));
+    if (m->arena && dt != m->feat_dt)
+        return dfl_fail(e, DFL_EUSAGE, "drafter: feature dtype set after the workspace");
+    m->feat_dt = dt;
+    return DFL_OK;
+}
+
+/* Frees the arena and the input sets' host arrays (the caller made sure that no copy is in
+ * flight: dfl_draft_reserve grows only on a synchronous backend, and close drains first). */
 static void free_workspace(dfl_draft *m)
 {
     if (m->arena)
         m->be->ops->free(m->be, m->arena);
     m->arena = NULL;
-    free(m->h_pos);
-    free(m->h_tok);
-    free(m->h_labels);
-    free(m->h_ctx_start);
-    free(m->h_anchor);
-    free(m->h_weight);
+    for (int i = 0; i < m->n_sets; i++) {
+        in_set *s = &m->sets[i];
+        dfl_dp_host_free(m->be, s->hblock);
+        s->hblock = NULL;
+        s->full = s->uploaded = s->read = false;
+    }
     free(m->h_seq_start);
-    m->h_pos = m->h_tok = m->h_labels = m->h_ctx_start = m->h_anchor = NULL;
-    m->h_weight = NULL;
     m->h_seq_start = NULL;
+    m->h_weight = NULL;
+    m->h_labels = NULL;
     m->capT = m->capB = m->capS = 0;
 }
 
@@ -440,7 +573,25 @@ void dfl_draft_close(dfl_draft *m)
     if (!m)
         return;
     dfl_be *be = m->be;
+    if (m->res && dfl_dp_async(be)) {   /* copies into host buffers may still be in flight */
+        dfl_err se = {0};
+        for (int i = 0; i < m->n_sets; i++)
+            if (m->sets[i].uploaded)
+                dfl_dp_event_wait(be, m->sets[i].ev_up, &se);
+        be->ops->sync(be, &se);
+    }
     free_workspace(m);
+    for (int i = 0; i < RES_SLOTS; i++) {
+        dfl_dp_host_free(be, m->slots[i].host);
+        dfl_dp_event_free(be, m->slots[i].ev_start);
+        dfl_dp_event_free(be, m->slots[i].ev_done);
+    }
+    for (int i = 0; i < IN_SETS; i++) {
+        dfl_dp_event_free(be, m->sets[i].ev_up);
+        dfl_dp_event_free(be, m->sets[i].ev_read);
+    }
+    if (m->res)
+        be->ops->free(be, m->res);
     if (m->wts && m->wts != m->master)
         be->ops->free(be, m->wts);
     if (m->lm_head && m->lm_head != m->embed)
@@ -616,6 +767,25 @@ static void *carve(carver *cv, size_t bytes)
     return p;
 }
 
+/* An input set's arrays: the host ones (host) or the backend ones. */
+static void carve_set(dfl_draft *m, carver *cv, in_set *s, bool host)
+{
+    const dfl_draft_config *c = &m->c;
+    const int64_t T = m->capT, B = m->capB, Q = B * c->block_size;
+    int32_t *pos = carve(cv, (size_t)(T + Q) * 4), *tok = carve(cv, (size_t)Q * 4),
+            *labels = carve(cv, (size_t)Q * 4), *ctx_start = carve(cv, (size_t)B * 4),
+            *anchor = carve(cv, (size_t)B * 4);
+    float *weight = carve(cv, (size_t)Q * 4);
+    void *feat = carve(cv, (size_t)c->n_feat * T * c->hidden * dfl_dtype_size(m->feat_dt));
+    if (host) {
+        s->h_pos = pos, s->h_tok = tok, s->h_labels = labels, s->h_ctx_start = ctx_start;
+        s->h_anchor = anchor, s->h_weight = weight, s->h_feat = feat;
+    } else {
+        s->pos = pos, s->tok = tok, s->labels = labels, s->ctx_start = ctx_start;
+        s->anchor = anchor, s->weight = weight, s->feat = feat;
+    }
+}
+
 static void carve_all(dfl_draft *m, carver *cv)
 {
     const dfl_draft_config *c = &m->c;
@@ -623,20 +793,11 @@ static void carve_all(dfl_draft *m, carver *cv)
     const int64_t T = m->capT, Q = m->capB * c->block_size, H = c->hidden, I = c->intermediate;
     const int64_t NQ = (int64_t)c->n_heads * c->head_dim, NK = (int64_t)c->n_kv * c->head_dim;
     const int64_t TQ = T + Q;
-    m->pos = carve(cv, (size_t)TQ * 4);
-    m->tok = carve(cv, (size_t)Q * 4);
-    m->labels = carve(cv, (size_t)Q * 4);
-    m->weight = carve(cv, (size_t)Q * 4);
-    m->ctx_start = carve(cv, (size_t)m->capB * 4);
-    m->anchor = carve(cv, (size_t)m->capB * 4);
+    for (int i = 0; i < m->n_sets; i++)
+        carve_set(m, cv, &m->sets[i], false);
     m->correct = carve(cv, (size_t)Q);
     m->ce = carve(cv, (size_t)Q * 4);
-    m->sums = carve(cv, DFL_SUM_COUNT * sizeof(double));
-    m->bmet = carve(cv, (size_t)(2 * c->block_size + 2) * sizeof(double));
-    m->scal = carve(cv, 4 * sizeof(float));
-    m->skip = carve(cv, sizeof(int32_t));
-    m->feat = carve(cv, (size_t)c->n_feat * T * H * as);
-    m->stage = carve(cv, (size_t)T * H * 4);
+    m->featc = m->feat_dt != m->be->act ? carve(cv, (size_t)c->n_feat * T * H * as) : NULL;
     m->cpre = carve(cv, (size_t)T * H * as);
     m->C = carve(cv, (size_t)T * H * as);
     m->rstdc = carve(cv, (size_t)T * 4);
@@ -705,37 +866,73 @@ int dfl_draft_reserve(dfl_draft *m, int64_t max_tokens, int64_t max_blocks, int6
     if (max_tokens > INT32_MAX / 2 || max_blocks > INT32_MAX / DFL_DRAFT_MAX_BS)
         return dfl_fail(e, DFL_EUNSUP, "drafter: %lld tokens / %lld blocks per batch is too many",
                         (long long)max_tokens, (long long)max_blocks);
+    if (m->arena && dfl_dp_async(m->be))
+        return dfl_fail(e, DFL_EUSAGE, "drafter: the %s workspace is sized once (%lld tokens, "
+                        "%lld blocks); %lld tokens, %lld blocks do not fit", m->be->name,
+                        (long long)m->capT, (long long)m->capB, (long long)max_tokens,
+                        (long long)max_blocks);
+    for (int i = 0; i < m->n_sets; i++)
+        if (m->sets[i].full)
+            return dfl_fail(e, DFL_EUSAGE, "drafter: workspace resized with a batch staged");
     free_workspace(m);
     m->capT = max_tokens;
     m->capB = max_blocks;
     m->chunk = lmce_chunk;
     carver cv = {NULL, 0};
     carve_all(m, &cv);
+    uint64_t avail = dfl_dp_mem_free(m->be), margin = 256ull << 20;   /* cuBLAS, kernels */
+    if (avail && cv.off + margin > avail) {
+        char b1[32], b2[32], b3[32];
+        int64_t T = m->capT, B = m->capB;
+        m->capT = m->capB = 0;
+        return dfl_fail(e, DFL_ENOMEM, "%s: batches of up to %lld tokens and %lld blocks need %s "
+                        "of device memory for the drafter's workspace (and %s of margin), but only "
+                        "%s is free with the weights loaded; lower --max-tokens / --max-blocks "
+                        "(or --num-anchors)", m->be->name, (long long)T, (long long)B,
+                        dfl_fmt_bytes((double)cv.off, b1, sizeof b1),
+                        dfl_fmt_bytes((double)margin, b2, sizeof b2),
+                        dfl_fmt_bytes((double)avail, b3, sizeof b3));
+    }
     m->arena = be_alloc(m->be, cv.off, e);
     if (!m->arena) {
+        char b1[32];
         m->capT = m->capB = 0;
-        return e ? dfl_err_prefix(e, "drafter workspace for %lld tokens, %lld blocks: ",
-                                  (long long)max_tokens, (long long)max_blocks) : DFL_ENOMEM;
+        return e ? dfl_err_prefix(e, "drafter workspace for %lld tokens, %lld blocks (%s): ",
+                                  (long long)max_tokens, (long long)max_blocks,
+                                  dfl_fmt_bytes((double)cv.off, b1, sizeof b1)) : DFL_ENOMEM;
     }
+    m->ws_bytes = cv.off;
     cv.base = m->arena;
     cv.off = 0;
     carve_all(m, &cv);
     m->be->ops->memset0(m->be, m->arena, cv.off);
-    const int64_t Q = m->capB * m->c.block_size;
-    m->h_pos = malloc((size_t)(m->capT + Q) * 4);
-    m->h_tok = malloc((size_t)Q * 4);
-    m->h_labels = malloc((size_t)Q * 4);
-    m->h_weight = malloc((size_t)Q * 4);
-    m->h_ctx_start = malloc((size_t)m->capB * 4);
-    m->h_anchor = malloc((size_t)m->capB * 4);
+    for (int i = 0; i < m->n_sets; i++) {
+        carver hc = {NULL, 0};
+        carve_set(m, &hc, &m->sets[i], true);
+        if (!(m->sets[i].hblock = dfl_dp_host_alloc(m->be, hc.off, e))) {
+            free_workspace(m);
+            return e ? e->code : DFL_ENOMEM;
+        }
+        hc.base = m->sets[i].hblock;
+        hc.off = 0;
+        carve_set(m, &hc, &m->sets[i], true);
+    }
     m->capS = m->capT;
     m->h_seq_start = malloc((size_t)(m->capS + 1) * sizeof(int64_t));
-    if (!m->h_pos || !m->h_tok || !m->h_labels || !m->h_weight || !m->h_ctx_start ||
-        !m->h_anchor || !m->h_seq_start) {
+    if (!m->h_seq_start) {
         free_workspace(m);
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
     }
     return DFL_OK;
+}
+
+void dfl_draft_capacity(const dfl_draft *m, int64_t *max_tokens, int64_t *max_blocks,
+                        uint64_t *bytes)
+{
+    *max_tokens = m->capT;
+    *max_blocks = m->capB;
+    if (bytes)
+        *bytes = m->arena ? m->ws_bytes : 0;
 }
 
 /* ---- the step ------------------------------------------------------------------------------ */
@@ -790,9 +987,9 @@ static inline void *ACT(dfl_draft *m, void *base, int64_t rows_off, int64_t widt
             return dfl_fail(e, rc_, "drafter step: %s failed (%s)", #x, dfl_code_name(rc_)); \
     } while (0)
 
-/* Builds the per-step arrays on the host (positions, block tokens, labels, weights) and checks
- * the batch. */
-static int prepare(dfl_draft *m, const dfl_draft_input *in, dfl_err *e)
+/* Builds the per-step arrays on the host (positions, block tokens, labels, weights) into a set's
+ * host arrays and checks the batch. */
+static int prepare(dfl_draft *m, const dfl_draft_input *in, in_set *set, dfl_err *e)
 {
     const dfl_draft_config *c = &m->c;
     const int bs = c->block_size;
@@ -809,7 +1006,7 @@ static int prepare(dfl_draft *m, const dfl_draft_input *in, dfl_err *e)
         if (in->seq_lens[s] == 0)
             return dfl_fail(e, DFL_EDATA, "drafter step: sequence %d is empty", s);
         for (uint32_t i = 0; i < in->seq_lens[s]; i++)
-            m->h_pos[t + i] = (int32_t)i;
+            set->h_pos[t + i] = (int32_t)i;
         t += in->seq_lens[s];
         if (t > in->T)
             break;
@@ -833,53 +1030,113 @@ static int prepare(dfl_draft *m, const dfl_draft_input *in, dfl_err *e)
         if (a < 0 || a >= L)
             return dfl_fail(e, DFL_EDATA, "drafter step: block %d: anchor %d outside sequence %d of "
                             "length %lld", b, a, s, (long long)L);
-        m->h_ctx_start[b] = (int32_t)cs;
-        m->h_anchor[b] = a;
+        set->h_ctx_start[b] = (int32_t)cs;
+        set->h_anchor[b] = a;
         for (int j = 0; j < bs; j++) {
             int64_t q = (int64_t)b * bs + j, p = a + j;
-            m->h_tok[q] = j == 0 ? in->input_ids[cs + a] : c->mask_token_id;
-            m->h_pos[T + q] = (int32_t)p;
+            set->h_tok[q] = j == 0 ? in->input_ids[cs + a] : c->mask_token_id;
+            set->h_pos[T + q] = (int32_t)p;
             bool in_range = p < L;
-            m->h_labels[q] = in_range ? in->input_ids[cs + p] : 0;
-            m->h_weight[q] = (j >= 1 && in_range && in->loss_mask[cs + p]) ? m->decay[j] : 0.0f;
+            set->h_labels[q] = in_range ? in->input_ids[cs + p] : 0;
+            set->h_weight[q] = (j >= 1 && in_range && in->loss_mask[cs + p]) ? m->decay[j] : 0.0f;
         }
     }
     return DFL_OK;
 }
 
-static int upload_inputs(dfl_draft *m, const dfl_draft_input *in, dfl_err *e)
+/* Host part of staging: waits until the set's host arrays are free (their last upload has
+ * completed), builds the step's arrays, copies the features in (rows packed). */
+static int fill_set(dfl_draft *m, const dfl_draft_input *in, in_set *set, dfl_err *e)
 {
     dfl_be *be = m->be;
     const dfl_draft_config *c = &m->c;
-    const int64_t T = in->T, B = in->n_blocks, Q = B * c->block_size, H = c->hidden;
-    TRY(be->ops->upload(be, m->pos, m->h_pos, (size_t)(T + Q) * 4));
-    TRY(be->ops->upload(be, m->tok, m->h_tok, (size_t)Q * 4));
-    TRY(be->ops->upload(be, m->labels, m->h_labels, (size_t)Q * 4));
-    TRY(be->ops->upload(be, m->weight, m->h_weight, (size_t)Q * 4));
-    TRY(be->ops->upload(be, m->ctx_start, m->h_ctx_start, (size_t)B * 4));
-    TRY(be->ops->upload(be, m->anchor, m->h_anchor, (size_t)B * 4));
-    /* features: one [T, H] act array per captured layer */
-    const size_t as = dfl_dtype_size(be->act), fs = dfl_dtype_size(in->feat_dt);
-    if (fs == 0 || fs > 4 || !dfl_dtype_is_float(in->feat_dt))
-        return dfl_fail(e, DFL_EUNSUP, "drafter step: feature dtype %s", dfl_dtype_name(in->feat_dt));
+    const int64_t T = in->T, H = c->hidden;
+    const size_t fs = dfl_dtype_size(in->feat_dt);
+    if (!dfl_dtype_is_float(in->feat_dt) || fs > dfl_dtype_size(m->feat_dt) ||
+        (in->feat_dt != be->act && !m->featc))
+        return dfl_fail(e, DFL_EUNSUP, "drafter step: features of dtype %s, the workspace was sized "
+                        "for %s", dfl_dtype_name(in->feat_dt), dfl_dtype_name(m->feat_dt));
+    int rc;
+    if (set->uploaded && (rc = dfl_dp_event_wait(be, set->ev_up, e)))
+        return rc;
+    if ((rc = prepare(m, in, set, e)))
+        return rc;
     for (int j = 0; j < c->n_feat; j++) {
-        void *dst = (char *)m->feat + (size_t)j * T * H * as;
-        bool same = in->feat_dt == be->act;
-        void *to = same ? dst : m->stage;
-        if (in->feat_ld == H) {
-            TRY(be->ops->upload(be, to, in->feat[j], (size_t)(T * H) * fs));
-        } else {
+        char *dst = (char *)set->h_feat + (size_t)j * T * H * fs;
+        if (!in->feat[j])
+            return dfl_fail(e, DFL_EUSAGE, "drafter step: no features for captured layer %d", j);
+        if (in->feat_ld == H)
+            memcpy(dst, in->feat[j], (size_t)(T * H) * fs);
+        else
             for (int64_t t = 0; t < T; t++)
-                TRY(be->ops->upload(be, (char *)to + (size_t)t * H * fs,
-                                    (const char *)in->feat[j] + (size_t)t * in->feat_ld * fs,
-                                    (size_t)H * fs));
-        }
-        if (!same)
-            TRY(be->ops->convert(be, dst, be->act, m->stage, in->feat_dt, T * H));
+                memcpy(dst + (size_t)(t * H) * fs, (const char *)in->feat[j] + (size_t)(t * in->feat_ld) * fs,
+                       (size_t)H * fs);
     }
-    if (in->noise_amp > 0)
-        TRY(be->ops->uniform_noise(be, m->feat, (int64_t)c->n_feat * T * H, in->noise_amp,
-                                   in->noise_seed));
+    set->T = T;
+    set->S = in->S;
+    set->B = in->n_blocks;
+    set->feat_dt = in->feat_dt;
+    set->noise_amp = in->noise_amp;
+    set->noise_seed = in->noise_seed;
+    return DFL_OK;
+}
+
+int dfl_draft_stage(dfl_draft *m, const dfl_draft_input *in, dfl_err *e)
+{
+    dfl_be *be = m->be;
+    if (!m->arena)
+        return dfl_fail(e, DFL_EUSAGE, "drafter step: no workspace (dfl_draft_reserve first)");
+    in_set *set = &m->sets[m->n_staged % m->n_sets];
+    if (set->full)
+        return dfl_fail(e, DFL_EUSAGE, "drafter: %d batches staged and not run", m->n_sets);
+    int rc = fill_set(m, in, set, e);
+    if (rc)
+        return rc;
+    /* the upload, on the copy stream, after the step that last read the set's backend copies */
+    const int64_t T = set->T, B = set->B, Q = B * m->c.block_size;
+    const size_t fb = (size_t)m->c.n_feat * (size_t)(T * m->c.hidden) * dfl_dtype_size(set->feat_dt);
+    if ((set->read && (rc = dfl_dp_stream_wait(be, DFL_DP_COPY, set->ev_read, e))) ||
+        (rc = dfl_dp_upload(be, set->pos, set->h_pos, (size_t)(T + Q) * 4, DFL_DP_COPY, e)) ||
+        (rc = dfl_dp_upload(be, set->tok, set->h_tok, (size_t)Q * 4, DFL_DP_COPY, e)) ||
+        (rc = dfl_dp_upload(be, set->labels, set->h_labels, (size_t)Q * 4, DFL_DP_COPY, e)) ||
+        (rc = dfl_dp_upload(be, set->weight, set->h_weight, (size_t)Q * 4, DFL_DP_COPY, e)) ||
+        (rc = dfl_dp_upload(be, set->ctx_start, set->h_ctx_start, (size_t)B * 4, DFL_DP_COPY, e)) ||
+        (rc = dfl_dp_upload(be, set->anchor, set->h_anchor, (size_t)B * 4, DFL_DP_COPY, e)) ||
+        (rc = dfl_dp_upload(be, set->feat, set->h_feat, fb, DFL_DP_COPY, e)) ||
+        (rc = dfl_dp_record(be, set->ev_up, DFL_DP_COPY, e)))
+        return rc;
+    set->uploaded = true;
+    set->full = true;
+    m->n_staged++;
+    return DFL_OK;
+}
+
+/* The step's inputs on the compute stream: wait for the set's upload, point the model at its
+ * arrays, convert the features to the act dtype when they differ, add the noise. */
+static int use_set(dfl_draft *m, in_set *set, dfl_err *e)
+{
+    dfl_be *be = m->be;
+    const dfl_draft_config *c = &m->c;
+    int rc = dfl_dp_stream_wait(be, DFL_DP_COMPUTE, set->ev_up, e);
+    if (rc)
+        return rc;
+    m->pos = set->pos;
+    m->tok = set->tok;
+    m->labels = set->labels;
+    m->weight = set->weight;
+    m->ctx_start = set->ctx_start;
+    m->anchor = set->anchor;
+    m->h_weight = set->h_weight;
+    m->h_labels = set->h_labels;
+    const int64_t n = (int64_t)c->n_feat * set->T * c->hidden;
+    if (set->feat_dt == be->act) {
+        m->feat = set->feat;
+    } else {
+        m->feat = m->featc;
+        TRY(be->ops->convert(be, m->feat, be->act, set->feat, set->feat_dt, n));
+    }
+    if (set->noise_amp > 0)
+        TRY(be->ops->uniform_noise(be, m->feat, n, set->noise_amp, set->noise_seed));
     return DFL_OK;
 }
 
@@ -979,27 +1236,19 @@ static int layer_backward(dfl_draft *m, int l, dfl_err *e)
     return DFL_OK;
 }
 
-int dfl_draft_step(dfl_draft *m, const dfl_draft_input *in, bool backward, dfl_err *e)
+/* The forward (and backward) of the batch in set (see dfl_draft_run). */
+static int run_step(dfl_draft *m, in_set *set, bool backward, dfl_err *e)
 {
     dfl_be *be = m->be;
     const dfl_draft_config *c = &m->c;
-    m->have_step = m->have_apply = false;
-    if (!m->arena)
-        return dfl_fail(e, DFL_EUSAGE, "drafter step: no workspace (dfl_draft_reserve first)");
-    if (!m->embed)
-        return dfl_fail(e, DFL_EUSAGE, "drafter step: no target embedding / LM head");
-    int rc = prepare(m, in, e);
-    if (rc)
-        return rc;
-    m->T = in->T;
-    m->S = in->S;
-    m->B = in->n_blocks;
+    int rc;
+    m->T = set->T;
+    m->S = set->S;
+    m->B = set->B;
     m->Q = m->B * c->block_size;
     const int64_t T = m->T, Q = m->Q, H = c->hidden;
     const size_t as = dfl_dtype_size(be->act);
     const float eps = (float)c->rms_eps;
-    if ((rc = upload_inputs(m, in, e)))
-        return rc;
     TRY(be->ops->memset0(be, m->sums, DFL_SUM_COUNT * sizeof(double)));
     TRY(be->ops->memset0(be, m->bmet, (size_t)(2 * c->block_size + 2) * sizeof(double)));
     if (backward)
@@ -1034,7 +1283,7 @@ int dfl_draft_step(dfl_draft *m, const dfl_draft_input *in, bool backward, dfl_e
     }
     m->have_step = true;
     if (!backward || Q == 0)
-        return DFL_OK;
+        return DFL_OK;   /* run_step records the set's ev_read */
 
     TRY(be->ops->rmsnorm_bwd(be, m->dh, m->grad + m->off_norm, m->dx, m->hL, W(m, m->off_norm),
                              m->rstdf, Q, H, false));
@@ -1053,11 +1302,47 @@ int dfl_draft_step(dfl_draft *m, const dfl_draft_input *in, bool backward, dfl_e
     return DFL_OK;
 }
 
+int dfl_draft_run(dfl_draft *m, bool backward, dfl_err *e)
+{
+    dfl_be *be = m->be;
+    m->have_step = m->have_apply = m->step_posted = false;
+    if (!m->embed)
+        return dfl_fail(e, DFL_EUSAGE, "drafter step: no target embedding / LM head");
+    if (m->n_run >= m->n_staged)
+        return dfl_fail(e, DFL_EUSAGE, "drafter step: no batch staged");
+    in_set *set = &m->sets[m->n_run % m->n_sets];
+    res_slot *slot = &m->slots[m->n_posted % RES_SLOTS];
+    int rc = use_set(m, set, e);
+    if (!rc && slot->ev_start)
+        rc = dfl_dp_record(be, slot->ev_start, DFL_DP_COMPUTE, e);
+    if (!rc)
+        rc = run_step(m, set, backward, e);
+    /* the set's backend copies may be overwritten once the step's work so far has run */
+    if (!rc && !(rc = dfl_dp_record(be, set->ev_read, DFL_DP_COMPUTE, e)))
+        set->read = true;
+    set->full = false;
+    m->n_run++;
+    return rc;
+}
+
+int dfl_draft_step(dfl_draft *m, const dfl_draft_input *in, bool backward, dfl_err *e)
+{
+    m->have_step = m->have_apply = false;
+    if (m->n_run < m->n_staged)
+        return dfl_fail(e, DFL_EUSAGE, "drafter step: a batch is staged (dfl_draft_run it first)");
+    int rc = dfl_draft_stage(m, in, e);
+    return rc ? rc : dfl_draft_run(m, backward, e);
+}
+
 int dfl_draft_apply(dfl_draft *m, const dfl_draft_optim *o, float lr, int64_t t, dfl_err *e)
 {
     dfl_be *be = m->be;
     if (!m->have_step)
         return dfl_fail(e, DFL_EUSAGE, "drafter: apply without a step");
+    /* pipelined: when the previous step's results are posted and not collected yet, the caller's
+     * t does not count it; adamw takes t + 1, or t when that step turns out skipped (prev_skip) */
+    const bool prev_unread = m->n_posted - m->n_collected > (m->step_posted ? 1 : 0);
+    TRY(be->ops->copy(be, m->prev_skip, m->skip, sizeof(int32_t)));
     /* Data parallelism: all-reduce the gradients and m->sums over ranks here, so that the norm
      * and the denominator below are global. */
     TRY(be->ops->sumsq(be, &m->sums[DFL_SUM_GRAD_SQ], m->grad, m->flat));
@@ -1066,43 +1351,78 @@ int dfl_draft_apply(dfl_draft *m, const dfl_draft_optim *o, float lr, int64_t t,
         .p = m->master, .g = m->grad, .m = m->adam_m, .v = m->adam_v,
         .p_act = m->wts != m->master ? m->wts : NULL, .n = m->flat, .lr = lr,
         .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .weight_decay = o->weight_decay,
-        .step = t, .grad_scale = m->scal, .skip = m->skip,
+        .step = prev_unread ? t + 1 : t, .grad_scale = m->scal, .skip = m->skip,
+        .prev_skip = prev_unread ? m->prev_skip : NULL,
     };
     TRY(be->ops->adamw(be, &a));
     m->have_apply = true;
     return DFL_OK;
 }
 
-int dfl_draft_fetch(dfl_draft *m, dfl_draft_stats *st, dfl_err *e)
+int dfl_draft_post(dfl_draft *m, dfl_err *e)
 {
     dfl_be *be = m->be;
-    const int bs = m->c.block_size;
-    double sums[DFL_SUM_COUNT];
-    float scal[4] = {0};
-    int32_t skip = 0;
-    memset(st, 0, sizeof *st);
-    if (!m->have_step)
-        return dfl_fail(e, DFL_EUSAGE, "drafter: no step to fetch");
-    TRY(be->ops->download(be, sums, m->sums, sizeof sums));
-    if (m->have_apply) {
-        TRY(be->ops->download(be, scal, m->scal, sizeof scal));
-        TRY(be->ops->download(be, &skip, m->skip, sizeof skip));
-    }
-    double bm[2 * DFL_DRAFT_MAX_BS + 2];
-    TRY(be->ops->download(be, bm, m->bmet, (size_t)(2 * bs + 2) * sizeof(double)));
-    int rc = be->ops->sync(be, e);
+    if (!m->have_step || m->step_posted)
+        return dfl_fail(e, DFL_EUSAGE, "drafter: no step to post (or posted already)");
+    if (m->n_posted - m->n_collected >= RES_SLOTS)
+        return dfl_fail(e, DFL_EUSAGE, "drafter: %d results posted and not collected", RES_SLOTS);
+    res_slot *s = &m->slots[m->n_posted % RES_SLOTS];
+    /* on the compute stream, which produced them; the event right after */
+    int rc = dfl_dp_download(be, s->host, m->res, m->rl.bytes, DFL_DP_COMPUTE, e);
+    if (!rc)
+        rc = dfl_dp_record(be, s->ev_done, DFL_DP_COMPUTE, e);
     if (rc)
         return rc;
+    s->T = m->T;
+    s->B = m->B;
+    s->have_apply = m->have_apply;
+    s->posted = true;
+    m->n_posted++;
+    m->step_posted = true;
+    return DFL_OK;
+}
+
+int dfl_draft_pending(const dfl_draft *m) { return (int)(m->n_posted - m->n_collected); }
+
+int dfl_draft_collect(dfl_draft *m, dfl_draft_stats *st, dfl_err *e)
+{
+    dfl_be *be = m->be;
+    memset(st, 0, sizeof *st);
+    st->gpu_ms = -1;
+    if (m->n_collected >= m->n_posted)
+        return dfl_fail(e, DFL_EUSAGE, "drafter: no results posted");
+    res_slot *s = &m->slots[m->n_collected % RES_SLOTS];
+    int rc = dfl_dp_event_wait(be, s->ev_done, e);
+    if (rc)
+        return rc;
+    if (s->ev_start) {
+        float ms;
+        if (dfl_dp_elapsed(be, s->ev_start, s->ev_done, &ms, e) == DFL_OK)
+            st->gpu_ms = ms;
+    }
+    const int bs = m->c.block_size;
+    const char *h = s->host;
+    double sums[DFL_SUM_COUNT], bm[2 * DFL_DRAFT_MAX_BS + 2];
+    float scal[4];
+    int32_t skip;
+    memcpy(sums, h + m->rl.sums, sizeof sums);
+    memcpy(bm, h + m->rl.bmet, (size_t)(2 * bs + 2) * sizeof(double));
+    memcpy(scal, h + m->rl.scal, sizeof scal);
+    memcpy(&skip, h + m->rl.skip, sizeof skip);
+    s->posted = false;
+    m->n_collected++;
     st->loss_num = sums[DFL_SUM_LOSS_NUM];
     st->loss_den = sums[DFL_SUM_LOSS_DEN];
     st->acc_num = sums[DFL_SUM_ACC_NUM];
     st->acc_den = sums[DFL_SUM_ACC_DEN];
-    st->grad_norm = scal[1];
-    st->clip_coef = scal[2];
-    st->skipped = m->have_apply ? skip != 0 : !isfinite(st->loss_num);
+    if (s->have_apply) {
+        st->grad_norm = scal[1];
+        st->clip_coef = scal[2];
+    }
+    st->skipped = s->have_apply ? skip != 0 : !isfinite(st->loss_num);
     st->bs = bs;
-    st->tokens = m->T;
-    st->blocks = m->B;
+    st->tokens = s->T;
+    st->blocks = s->B;
     for (int j = 1; j < bs; j++) {
         st->slot_count[j] = bm[j];
         st->slot_correct[j] = bm[bs + j];
@@ -1110,6 +1430,72 @@ int dfl_draft_fetch(dfl_draft *m, dfl_draft_stats *st, dfl_err *e)
     st->tau_sum = bm[2 * bs];
     st->tau_blocks = (int64_t)bm[2 * bs + 1];
     return DFL_OK;
+}
+
+int dfl_draft_fetch(dfl_draft *m, dfl_draft_stats *st, dfl_err *e)
+{
+    memset(st, 0, sizeof *st);
+    if (!m->have_step)
+        return dfl_fail(e, DFL_EUSAGE, "drafter: no step to fetch");
+    if (m->n_collected == m->n_posted)   /* fetched already: read it again (after apply, say) */
+        m->step_posted = false;
+    int rc = m->step_posted ? DFL_OK : dfl_draft_post(m, e);
+    while (!rc && m->n_collected < m->n_posted)
+        rc = dfl_draft_collect(m, st, e);
+    return rc;
+}
+
+int dfl_draft_warmup(dfl_draft *m, dfl_err *e)
+{
+    dfl_be *be = m->be;
+    const dfl_draft_config *c = &m->c;
+    if (!m->arena)
+        return dfl_fail(e, DFL_EUSAGE, "drafter warm-up: no workspace");
+    if (m->n_run < m->n_staged)
+        return dfl_fail(e, DFL_EUSAGE, "drafter warm-up: a batch is staged");
+    /* one sequence of capT tokens, capB blocks at anchors 0, 1, ...; zero features; every slot
+     * scored */
+    const int64_t T = m->capT, B = m->capB < T ? m->capB : T - 1 > 0 ? T - 1 : 1;
+    const size_t fs = dfl_dtype_size(m->feat_dt);
+    uint32_t len = (uint32_t)T;
+    int32_t *ids = calloc((size_t)T, 4), *bseq = calloc((size_t)B, 4), *banc = calloc((size_t)B, 4);
+    uint8_t *mask = malloc((size_t)T);
+    void *zero = calloc((size_t)(T * c->hidden), fs);
+    int rc = DFL_OK;
+    if (!ids || !bseq || !banc || !mask || !zero) {
+        rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
+        goto out;
+    }
+    memset(mask, 1, (size_t)T);
+    for (int64_t b = 0; b < B; b++)
+        banc[b] = (int32_t)(T > 1 ? b % (T - 1) : 0);
+    dfl_draft_input in = {.T = T, .S = 1, .seq_lens = &len, .input_ids = ids, .loss_mask = mask,
+                          .feat_dt = m->feat_dt, .feat_ld = c->hidden, .n_blocks = (int32_t)B,
+                          .block_seq = bseq, .block_anchor = banc};
+    for (int j = 0; j < c->n_feat; j++)
+        in.feat[j] = zero;
+    /* the results block is the last step's until it is posted: keep it */
+    const bool pending_step = m->have_step;
+    if (pending_step) {
+        rc = dfl_fail(e, DFL_EUSAGE, "drafter warm-up: the last step is not posted");
+        goto out;
+    }
+    if (!(rc = dfl_draft_step(m, &in, true, e)))
+        rc = be->ops->sync(be, e);
+    m->have_step = m->have_apply = false;
+out:
+    free(ids);
+    free(bseq);
+    free(banc);
+    free(mask);
+    free(zero);
+    return rc ? dfl_err_prefix(e, "drafter warm-up on %lld tokens, %lld blocks: ", (long long)T,
+                               (long long)B) : DFL_OK;
+}
+
+void dfl_draft_host_waits(const dfl_draft *m, uint64_t *syncs, uint64_t *event_waits)
+{
+    dfl_dp_waits(m->be, syncs, event_waits);
 }
 
 int dfl_draft_activation(dfl_draft *m, int which, int layer, float *dst, int64_t n, dfl_err *e)

@@ -16,6 +16,7 @@
 #include "draft_ckpt.h"
 #include "draft_data.h"
 #include "draft_input.h"
+#include "draft_pipe.h"
 #include "draft_rng.h"
 #include "hfmodel.h"
 #include "json.h"
@@ -79,6 +80,16 @@ typedef struct run {
     double m_slot_ok[DFL_DRAFT_MAX_BS], m_slot_n[DFL_DRAFT_MAX_BS];
     double last_norm, last_lr;
     int64_t last_saved;
+    /* steps enqueued and not read yet (dfl_draft_post'ed), oldest first */
+    struct pend {
+        int64_t tokens;
+        double lr, waited, prep;
+    } pend[2];
+    int npend;
+    /* --profile over the log window */
+    double p_wait, p_prep, p_gpu;
+    int64_t p_steps, p_gpu_steps, p_first;
+    uint64_t p_syncs, p_evwaits;   /* the counters at the window's start */
     pid_t *children;
     int n_children;
 } run;
@@ -495,6 +506,101 @@ static int grow_blocks(run *r, int64_t blocks, int64_t max_len, dfl_err *e)
     return DFL_OK;
 }
 
+static void profile_reset(run *r)
+{
+    r->p_wait = r->p_prep = r->p_gpu = 0;
+    r->p_steps = r->p_gpu_steps = 0;
+    r->p_first = r->step + 1;
+    dfl_draft_host_waits(r->m, &r->p_syncs, &r->p_evwaits);
+}
+
+/* --profile: one line per log window. syncs: host waits that drained a stream (the GPU idles
+ * after them); event waits: the host waited for a step that was still running, with later work
+ * queued (the GPU is the bottleneck, as it should be). */
+static void profile_write(run *r)
+{
+    if (!r->o->profile || r->p_steps == 0)
+        return;
+    uint64_t syncs, evw;
+    dfl_draft_host_waits(r->m, &syncs, &evw);
+    double n = (double)r->p_steps;
+    char gpu[48] = "n/a";
+    if (r->p_gpu_steps > 0)
+        snprintf(gpu, sizeof gpu, "%.3f ms", r->p_gpu / (double)r->p_gpu_steps);
+    dfl_info("profile: steps %lld-%lld: input wait %.3f ms, host prep %.3f ms, GPU step %s per "
+             "step; host syncs %llu (%.2f per step), event waits %llu", (long long)r->p_first,
+             (long long)r->step, 1e3 * r->p_wait / n, 1e3 * r->p_prep / n, gpu,
+             (unsigned long long)(syncs - r->p_syncs), (double)(syncs - r->p_syncs) / n,
+             (unsigned long long)(evw - r->p_evwaits));
+    profile_reset(r);
+}
+
+/* Reads the oldest enqueued step's results and does what follows a step: counts, the
+ * non-finite check, metrics, a checkpoint when one is due (the caller drained the pipeline
+ * before: save steps are read at once). */
+static int finish_step(run *r, dfl_err *e)
+{
+    const dfl_draft_train_opts *o = r->o;
+    dfl_draft_stats st;
+    struct pend p = r->pend[0];
+    int rc = dfl_draft_collect(r->m, &st, e);
+    if (rc)
+        return dfl_err_prefix(e, "step %lld: ", (long long)r->step + 1);
+    r->pend[0] = r->pend[1];
+    r->npend--;
+    r->step++;
+    r->tokens_seen += p.tokens;
+    r->last_lr = p.lr;
+    r->last_norm = st.grad_norm;
+    r->p_wait += p.waited;
+    r->p_prep += p.prep;
+    r->p_steps++;
+    if (st.gpu_ms >= 0) {
+        r->p_gpu += st.gpu_ms;
+        r->p_gpu_steps++;
+    }
+    if (st.skipped) {
+        r->skipped++;
+        r->bad_run++;
+        dfl_warn("step %lld: non-finite %s: skipped (no update; %lld in a row)",
+                 (long long)r->step, isfinite(st.loss_num) ? "gradient norm" : "loss",
+                 (long long)r->bad_run);
+        if (o->max_bad_steps > 0 && r->bad_run >= o->max_bad_steps)
+            return dfl_fail(e, DFL_ENAN, "%lld non-finite steps in a row (--max-bad-steps %d): "
+                            "stopping; the last good checkpoint is step %lld", (long long)r->bad_run,
+                            o->max_bad_steps, (long long)r->last_saved);
+    } else {
+        r->bad_run = 0;
+        r->adam_t++;
+    }
+    metrics_add(r, &st, p.waited);
+    if (o->log_every > 0 && r->step % o->log_every == 0) {
+        metrics_write(r);
+        profile_write(r);
+    }
+    if (o->save_every > 0 && r->step % o->save_every == 0) {
+        if (r->npend > 0)   /* cannot happen: save steps drain */
+            return dfl_fail(e, DFL_EUSAGE, "step %lld: checkpoint with a step in flight", (long long)r->step);
+        if ((rc = save(r, e)))
+            return rc;
+    }
+    reap_children(r, false);
+    return DFL_OK;
+}
+
+/* Reads every enqueued step (before a checkpoint, a stop, the end). */
+static int drain(run *r, dfl_err *e)
+{
+    int rc = DFL_OK;
+    while (r->npend > 0 && !rc)
+        rc = finish_step(r, e);
+    return rc;
+}
+
+/* The loop, pipelined: while the device runs step N, the host reads the next batch, draws its
+ * anchors, builds and stages its arrays (uploaded on the copy stream), enqueues step N+1, and
+ * then reads step N's results (long done, unless the host is ahead of the GPU). r->step counts
+ * the steps read; r->npend (0..2) those enqueued and not read. */
 static int train_loop(run *r, dfl_err *e)
 {
     const dfl_draft_train_opts *o = r->o;
@@ -502,18 +608,26 @@ static int train_loop(run *r, dfl_err *e)
                            (float)o->max_grad_norm};
     const float noise_amp = (float)(o->noise_std * sqrt(3.0));   /* U(-a, a) has std a/sqrt(3) */
     const uint64_t noise_seed = dfl_hash2(r->seed, 0x4e4f495345ull);
+    const bool grows = !dfl_dp_async(r->be);   /* the CPU may resize between steps */
     int rc = DFL_OK;
     metrics_reset(r);
-    while (r->step < r->total) {
-        if (o->stop && *o->stop)
-            return DFL_EINTR;
-        if (o->stop_at > 0 && r->step >= o->stop_at)
+    profile_reset(r);
+    for (;;) {
+        const int64_t next = r->step + r->npend;   /* steps enqueued so far */
+        if (next >= r->total)
             break;
+        if (o->stop && *o->stop)
+            return (rc = drain(r, e)) ? rc : DFL_EINTR;
+        if (o->stop_at > 0 && next >= o->stop_at)
+            break;
+        double t0 = dfl_now();
         const dfl_batch *b;
         double waited;
         if ((rc = dfl_draft_src_next(r->src, &r->rng, &b, &waited, e)))
             return rc;
         if (!b) {
+            if ((rc = drain(r, e)))
+                return rc;
             dfl_info("the input ended after %lld steps", (long long)r->step);
             break;
         }
@@ -528,51 +642,112 @@ static int train_loop(run *r, dfl_err *e)
             dfl_verbose("batch %llu has no valid anchor: skipped", (unsigned long long)b->index);
             continue;
         }
-        if ((rc = dfl_draft_reserve(r->m, (int64_t)b->n_tokens, nb, 0, e)))
-            return rc;
+        int64_t capT, capB;
+        dfl_draft_capacity(r->m, &capT, &capB, NULL);
+        if ((int64_t)b->n_tokens > capT || nb > capB) {
+            if (!grows)
+                return dfl_fail(e, DFL_EUSAGE, "batch %llu has %lld tokens and %lld blocks, more than "
+                                "the %s workspace was sized for at the start (%lld tokens, %lld "
+                                "blocks); rerun with --max-tokens %lld --max-blocks %lld or more",
+                                (unsigned long long)b->index, (long long)b->n_tokens, (long long)nb,
+                                r->be->name, (long long)capT, (long long)capB,
+                                (long long)(capT > (int64_t)b->n_tokens ? capT : (int64_t)b->n_tokens),
+                                (long long)(capB > nb ? capB : nb));
+            if ((rc = dfl_draft_reserve(r->m, (int64_t)b->n_tokens, nb, 0, e)))
+                return rc;
+        }
         dfl_draft_input in = {
             .T = (int64_t)b->n_tokens, .S = (int32_t)b->n_seqs, .seq_lens = b->seq_lens,
             .input_ids = b->input_ids, .loss_mask = b->loss_mask, .feat_dt = b->dtype,
             .feat_ld = b->hidden, .n_blocks = (int32_t)nb, .block_seq = r->bseq,
             .block_anchor = r->banchor, .noise_amp = noise_amp,
-            .noise_seed = dfl_hash2(noise_seed, (uint64_t)r->step),
+            .noise_seed = dfl_hash2(noise_seed, (uint64_t)next),
         };
         for (uint32_t j = 0; j < b->n_layers && j < DFL_DRAFT_MAX_FEAT; j++)
             in.feat[j] = b->layers[j];
-        const double lr = dfl_draft_lr(o->lr, r->step + 1, r->warmup, r->total);
-        dfl_draft_stats st;
-        if ((rc = dfl_draft_step(r->m, &in, true, e)) ||
+        const double lr = dfl_draft_lr(o->lr, next + 1, r->warmup, r->total);
+        /* t: the updates of the steps read so far; dfl_draft_apply accounts for one in flight */
+        if ((rc = dfl_draft_stage(r->m, &in, e)) || (rc = dfl_draft_run(r->m, true, e)) ||
             (rc = dfl_draft_apply(r->m, &opt, (float)lr, r->adam_t + 1, e)) ||
-            (rc = dfl_draft_fetch(r->m, &st, e)))
-            return dfl_err_prefix(e, "step %lld: ", (long long)r->step + 1);
-        r->step++;
-        r->tokens_seen += (int64_t)b->n_tokens;
-        r->last_lr = lr;
-        r->last_norm = st.grad_norm;
-        if (st.skipped) {
-            r->skipped++;
-            r->bad_run++;
-            dfl_warn("step %lld: non-finite %s: skipped (no update; %lld in a row)",
-                     (long long)r->step, isfinite(st.loss_num) ? "gradient norm" : "loss",
-                     (long long)r->bad_run);
-            if (o->max_bad_steps > 0 && r->bad_run >= o->max_bad_steps)
-                return dfl_fail(e, DFL_ENAN, "%lld non-finite steps in a row (--max-bad-steps %d): "
-                                "stopping; the last good checkpoint is step %lld", (long long)r->bad_run,
-                                o->max_bad_steps, (long long)r->last_saved);
-        } else {
-            r->bad_run = 0;
-            r->adam_t++;
-        }
-        metrics_add(r, &st, waited);
-        if (o->log_every > 0 && r->step % o->log_every == 0)
-            metrics_write(r);
-        if (o->save_every > 0 && r->step % o->save_every == 0 && (rc = save(r, e)))
+            (rc = dfl_draft_post(r->m, e)))
+            return dfl_err_prefix(e, "step %lld: ", (long long)next + 1);
+        r->pend[r->npend++] = (struct pend){.tokens = (int64_t)b->n_tokens, .lr = lr,
+                                            .waited = waited, .prep = dfl_now() - t0 - waited};
+        /* read the previous step (one late); a checkpoint step, or no pipelining, reads all */
+        bool save_due = o->save_every > 0 && (next + 1) % o->save_every == 0;
+        if (save_due || o->no_pipeline)
+            rc = drain(r, e);
+        else if (r->npend > 1)
+            rc = finish_step(r, e);
+        if (rc)
             return rc;
-        reap_children(r, false);
     }
-    if (r->m_steps > 0)
+    if ((rc = drain(r, e)))
+        return rc;
+    if (r->m_steps > 0) {
         metrics_write(r);
+        profile_write(r);
+    }
     return DFL_OK;
+}
+
+/* Most blocks of a batch of T tokens in any number of sequences: max over S of
+ * dfl_draft_max_blocks(T, S, A) = min(T - S, S A), largest near S = T / (A + 1). */
+static int64_t blocks_bound(int64_t T, int A)
+{
+    int64_t best = 0, s0 = T / ((int64_t)A + 1);
+    for (int64_t s = s0 > 1 ? s0 - 1 : 1; s <= s0 + 2 && s <= T; s++) {
+        int64_t b = dfl_draft_max_blocks(T, s, A);
+        if (b > best)
+            best = b;
+    }
+    return best > 0 ? best : 1;
+}
+
+/* The workspace, before the first batch: for the largest batch of the files (their indexes) and
+ * --max-tokens / --max-blocks, whichever is larger. On an asynchronous backend (CUDA) it is sized
+ * once: then a warm-up step on that shape, and no device allocation afterwards. The CPU may start
+ * from nothing and grow with the batches. */
+static int size_workspace(run *r, dfl_err *e)
+{
+    const dfl_draft_train_opts *o = r->o;
+    const bool once = dfl_dp_async(r->be);
+    int rc = dfl_draft_set_feat_dtype(r->m, dfl_draft_src_dtype(r->src), e);
+    if (rc)
+        return rc;
+    int64_t mt = o->max_tokens, mb = o->max_blocks, ft = 0, fb = 0;
+    if (dfl_draft_src_replay(r->src))
+        dfl_draft_src_max(r->src, o->num_anchors, &ft, &fb);
+    if (mt && !mb)
+        mb = blocks_bound(mt, o->num_anchors);
+    if (ft > mt)
+        mt = ft;
+    if (fb > mb)
+        mb = fb;
+    if (mt <= 0) {
+        if (once)
+            return dfl_fail(e, DFL_EUSAGE, "--max-tokens is needed with --device %s when an input is "
+                            "a stream: the workspace is sized before the first batch (give the most "
+                            "tokens a batch will have; --max-blocks too, to size it closer)",
+                            r->be->name);
+        return DFL_OK;
+    }
+    if ((rc = dfl_draft_reserve(r->m, mt, mb, 0, e)))
+        return rc;
+    uint64_t bytes;
+    char b1[32];
+    dfl_draft_capacity(r->m, &mt, &mb, &bytes);
+    dfl_verbose("drafter workspace for %lld tokens, %lld blocks: %s on %s", (long long)mt,
+                (long long)mb, dfl_fmt_bytes((double)bytes, b1, sizeof b1), r->be->name);
+    if (!once)
+        return DFL_OK;
+    double t0 = dfl_now();
+    if ((rc = dfl_draft_warmup(r->m, e)))
+        return rc;
+    dfl_dp_freeze(r->be, true);   /* no device allocation from here on */
+    dfl_verbose("warm-up step on %lld tokens, %lld blocks: %.2f s", (long long)mt, (long long)mb,
+                dfl_now() - t0);
+    return o->profile ? dfl_draft_set_timing(r->m, true, e) : DFL_OK;
 }
 
 int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
@@ -671,12 +846,7 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
             dfl_warn("--resume: the schedule now has %lld steps, the checkpoint's had %lld",
                      (long long)r->total, (long long)t);
     }
-    /* workspace from the largest batch the files hold, or --max-tokens (else it grows with the
-     * batches that arrive) */
-    int64_t mt = o->max_tokens, mb = o->max_tokens;
-    if (!mt && dfl_draft_src_replay(r->src))
-        dfl_draft_src_max(r->src, o->num_anchors, &mt, &mb);
-    if (mt > 0 && (rc = dfl_draft_reserve(r->m, mt, mb > 0 ? mb : 1, 0, e)))
+    if ((rc = size_workspace(r, e)))
         goto out;
     if ((rc = open_metrics(r, e)))
         goto out;
@@ -694,6 +864,8 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
     }
 out:
     dfl_progress_end();
+    if (r->be)
+        dfl_dp_freeze(r->be, false);
     reap_children(r, true);
     free(r->children);
     if (r->metrics_fd >= 0)

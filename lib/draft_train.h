@@ -34,7 +34,8 @@ typedef struct dfl_draft_train_opts {
     int64_t stop_at;             /* 0: none; else stop (with a checkpoint) at this step */
     /* input */
     int pool_size, min_ready;
-    int64_t max_tokens;          /* 0: from the files' indexes, or grow */
+    int64_t max_tokens;          /* 0: from the files' indexes (CPU: or grow) */
+    int64_t max_blocks;          /* 0: from the files' indexes or from max_tokens */
     bool no_verify;
     bool allow_truncated;        /* --allow-truncated: train on the complete batches of a cut input */
     /* checkpoints and metrics */
@@ -44,6 +45,8 @@ typedef struct dfl_draft_train_opts {
     dfl_dtype save_dtype;        /* BF16 or F32 */
     int64_t log_every;
     int max_bad_steps;
+    bool profile;                /* --profile: per log window, host and GPU times, host waits */
+    bool no_pipeline;            /* --no-pipeline: read each step's results before the next */
     uint64_t seed;
     double init_std;
     volatile sig_atomic_t *stop; /* set by a signal handler: save and stop */
