@@ -154,7 +154,7 @@ static void forward_vs_ref(const char *dir, dfl_dtype act, bool fuse)
     ids = malloc((size_t)total * 4);
     mask = calloc((size_t)total, 1);
     uint32_t lens[16];
-    cmp alone = {0, 1}, packed = {0, 1};
+    cmp alone = {.rel = 0, .cos = 1}, packed = {.rel = 0, .cos = 1};
     for (int s = 0; s < r.n_seqs; s++) {
         lens[0] = (uint32_t)r.len[s];
         dfl_batch b = {.index = (uint64_t)s, .n_tokens = (uint64_t)r.len[s], .n_seqs = 1,
@@ -296,7 +296,7 @@ static void test_program(void)
             "%s", e.msg);
     T_CHECK(strcmp(dfl_reader_info(rg)->fingerprint, dfl_reader_info(rc)->fingerprint) == 0,
             "same fingerprint on both devices");
-    cmp c = {0, 1};
+    cmp c = {.rel = 0, .cos = 1};
     int n = 0;
     for (;;) {
         dfl_batch bg, bc;
