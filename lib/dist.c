@@ -702,11 +702,15 @@ static int bcast_op(dfl_dist *d, uint32_t op, void *buf, size_t bytes, dfl_err *
     if (rc || d->world == 1)
         return rc;
     d->seq++;
+    /* the others announce the call first, so that the hub can check that the ranks agree */
     if (d->rank != 0) {
-        if ((rc = recv_hdr(d, 0, op, bytes, &n, e)))
+        if ((rc = send_msg(d, 0, op, NULL, 0, e)) || (rc = recv_hdr(d, 0, op, bytes, &n, e)))
             return rc;
         return recv_all(d, 0, buf, bytes, op_name(op), e);
     }
+    for (int r = 1; r < d->world; r++)
+        if ((rc = recv_hdr(d, r, op, 0, &n, e)))
+            return hub_fail(d, rc);
     for (int r = 1; r < d->world; r++)
         if ((rc = send_msg(d, r, op, buf, bytes, e)))
             return hub_fail(d, rc);
