@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist.h"
 #include "draft_rng.h"
 #include "json.h"
 #include "util.h"
@@ -91,6 +92,7 @@ struct dfl_draft {
     int64_t T, B, Q;
     int32_t S;
     bool have_step, have_apply;
+    dfl_dist *comm;              /* data parallel: sums over ranks in dfl_draft_apply (NULL: one) */
 };
 
 /* ---- configuration ------------------------------------------------------------------------- */
@@ -1053,13 +1055,24 @@ int dfl_draft_step(dfl_draft *m, const dfl_draft_input *in, bool backward, dfl_e
     return DFL_OK;
 }
 
+void dfl_draft_set_comm(dfl_draft *m, dfl_dist *comm) { m->comm = comm; }
+
 int dfl_draft_apply(dfl_draft *m, const dfl_draft_optim *o, float lr, int64_t t, dfl_err *e)
 {
     dfl_be *be = m->be;
     if (!m->have_step)
         return dfl_fail(e, DFL_EUSAGE, "drafter: apply without a step");
     /* Data parallelism: all-reduce the gradients and m->sums over ranks here, so that the norm
-     * and the denominator below are global. */
+     * and the denominator below are global (sums[GRAD_SQ] is still 0 on every rank). */
+    if (m->comm) {
+        int rc = dfl_dist_allreduce(m->comm, m->grad, m->flat, DFL_F32, e);
+        if (!rc)
+            rc = dfl_dist_allreduce(m->comm, m->sums, DFL_SUM_COUNT, DFL_F64, e);
+        if (!rc)
+            rc = dfl_dist_allreduce(m->comm, m->bmet, 2 * m->c.block_size + 2, DFL_F64, e);
+        if (rc)
+            return rc;
+    }
     TRY(be->ops->sumsq(be, &m->sums[DFL_SUM_GRAD_SQ], m->grad, m->flat));
     TRY(be->ops->clip_scale(be, m->scal, m->skip, m->sums, o->max_grad_norm));
     dfl_adamw a = {
