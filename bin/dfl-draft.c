@@ -263,6 +263,8 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     o.stop = &stop_flag;
+    if (!o.rendezvous && getenv("DFL_RENDEZVOUS") && *getenv("DFL_RENDEZVOUS"))
+        o.rendezvous = getenv("DFL_RENDEZVOUS");   /* as dfl-train passes it */
     rc = dfl_draft_train(&o, &e);
     if (rc == DFL_OK || rc == DFL_EINTR) {
         char *lat = dfl_path_join(o.run_dir, "latest");

@@ -61,12 +61,11 @@ same_weights() {
     [ ! -e "$T/rdv" ]   # rank 0 removes the rendezvous file
 }
 
-@test "only rank 0 writes the run directory" {
-    RANK=1 WORLD_SIZE=2 dfl-draft "${A[@]}" --out "$T/elsewhere" --rendezvous "$T/rdv" "$T/s1.dfl" \
-        > /dev/null 2> "$T/e1" &
+@test "only rank 0 writes the run directory (rendezvous from DFL_RENDEZVOUS)" {
+    export DFL_RENDEZVOUS="$T/rdv"
+    RANK=1 WORLD_SIZE=2 dfl-draft "${A[@]}" --out "$T/elsewhere" "$T/s1.dfl" > /dev/null 2> "$T/e1" &
     p1=$!
-    RANK=0 WORLD_SIZE=2 dfl-draft "${A[@]}" --out "$T/r" --rendezvous "$T/rdv" "$T/s0.dfl" \
-        > /dev/null 2> "$T/e0"
+    RANK=0 WORLD_SIZE=2 dfl-draft "${A[@]}" --out "$T/r" "$T/s0.dfl" > /dev/null 2> "$T/e0"
     wait "$p1"
     [ ! -e "$T/elsewhere" ]
     [ -s "$T/r/latest/model.safetensors" ]
