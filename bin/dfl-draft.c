@@ -64,6 +64,10 @@ static void usage(void)
            "      --no-pipeline         read each step's results before the next step (a check)\n"
            "      --no-verify           skip frame checksums\n"
            "      --allow-truncated     train on the complete batches of an input cut short (no END)\n"
+           "      --rendezvous R        data parallel: FILE (shared) or tcp://HOST:PORT of rank 0;\n"
+           "                            ranks from RANK/WORLD_SIZE/LOCAL_RANK or SLURM_* variables;\n"
+           "                            {rank} in an INPUT becomes the rank\n"
+           "      --dist-timeout S      seconds to wait for the other ranks at start (default 600)\n"
            "  -q, --quiet               errors only\n"
            "  -v, --verbose             more detail\n"
            "  -h, --help                this help\n"
@@ -79,7 +83,7 @@ enum {
     O_EPS, O_WD, O_CLIP, O_WARMUP, O_TOTAL, O_EPOCHS, O_STOP_AT, O_MIN_READY, O_POOL, O_MAX_TOKENS,
     O_SAVE_EVERY, O_KEEP, O_ON_SAVE, O_SAVE_DTYPE, O_RESUME, O_LOG_EVERY, O_MAX_BAD, O_SEED,
     O_INIT_STD, O_DEVICE, O_THREADS, O_NO_VERIFY, O_ALLOW_TRUNC, O_VERSION, O_MAX_BLOCKS,
-    O_PROFILE, O_NO_PIPELINE,
+    O_PROFILE, O_NO_PIPELINE, O_RENDEZVOUS, O_DIST_TIMEOUT,
 };
 
 static const struct option longopts[] = {
@@ -120,6 +124,8 @@ static const struct option longopts[] = {
     {"threads", required_argument, 0, O_THREADS},
     {"no-verify", no_argument, 0, O_NO_VERIFY},
     {"allow-truncated", no_argument, 0, O_ALLOW_TRUNC},
+    {"rendezvous", required_argument, 0, O_RENDEZVOUS},
+    {"dist-timeout", required_argument, 0, O_DIST_TIMEOUT},
     {"quiet", no_argument, 0, 'q'},
     {"verbose", no_argument, 0, 'v'},
     {"help", no_argument, 0, 'h'},
@@ -157,6 +163,8 @@ int main(int argc, char **argv)
         case O_CONFIG: o.config_path = optarg; break;
         case O_RESUME: o.resume = optarg; break;
         case O_DEVICE: o.device = optarg; break;
+        case O_RENDEZVOUS: o.rendezvous = optarg; break;
+        case O_DIST_TIMEOUT: rc = num_opt(optarg, 0.1, 86400, &o.dist_timeout, what, &e); break;
         case O_ON_SAVE: o.on_save = optarg; break;
         case O_NO_VERIFY: o.no_verify = true; break;
         case O_ALLOW_TRUNC: o.allow_truncated = true; break;
@@ -264,6 +272,8 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     o.stop = &stop_flag;
+    if (!o.rendezvous && getenv("DFL_RENDEZVOUS") && *getenv("DFL_RENDEZVOUS"))
+        o.rendezvous = getenv("DFL_RENDEZVOUS");   /* as dfl-train passes it */
     rc = dfl_draft_train(&o, &e);
     if (rc == DFL_OK || rc == DFL_EINTR) {
         char *lat = dfl_path_join(o.run_dir, "latest");

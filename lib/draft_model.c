@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "draft_pipe.h"
+#include "dist.h"
 #include "draft_rng.h"
 #include "json.h"
 #include "util.h"
@@ -156,6 +157,7 @@ struct dfl_draft {
     int32_t S;
     bool have_step, have_apply;
     bool step_posted;            /* the last step's results are posted */
+    dfl_dist *comm;              /* data parallel: sums over ranks in dfl_draft_apply (NULL: one) */
 };
 
 /* ---- configuration ------------------------------------------------------------------------- */
@@ -1333,6 +1335,7 @@ int dfl_draft_step(dfl_draft *m, const dfl_draft_input *in, bool backward, dfl_e
     int rc = dfl_draft_stage(m, in, e);
     return rc ? rc : dfl_draft_run(m, backward, e);
 }
+void dfl_draft_set_comm(dfl_draft *m, dfl_dist *comm) { m->comm = comm; }
 
 int dfl_draft_apply(dfl_draft *m, const dfl_draft_optim *o, float lr, int64_t t, dfl_err *e)
 {
@@ -1344,7 +1347,16 @@ int dfl_draft_apply(dfl_draft *m, const dfl_draft_optim *o, float lr, int64_t t,
     const bool prev_unread = m->n_posted - m->n_collected > (m->step_posted ? 1 : 0);
     TRY(be->ops->copy(be, m->prev_skip, m->skip, sizeof(int32_t)));
     /* Data parallelism: all-reduce the gradients and m->sums over ranks here, so that the norm
-     * and the denominator below are global. */
+     * and the denominator below are global (sums[GRAD_SQ] is still 0 on every rank). */
+    if (m->comm) {
+        int rc = dfl_dist_allreduce(m->comm, m->grad, m->flat, DFL_F32, e);
+        if (!rc)
+            rc = dfl_dist_allreduce(m->comm, m->sums, DFL_SUM_COUNT, DFL_F64, e);
+        if (!rc)
+            rc = dfl_dist_allreduce(m->comm, m->bmet, 2 * m->c.block_size + 2, DFL_F64, e);
+        if (rc)
+            return rc;
+    }
     TRY(be->ops->sumsq(be, &m->sums[DFL_SUM_GRAD_SQ], m->grad, m->flat));
     TRY(be->ops->clip_scale(be, m->scal, m->skip, m->sums, o->max_grad_norm));
     dfl_adamw a = {

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "dist.h"
 #include "draft.h"
 #include "draft_ckpt.h"
 #include "draft_data.h"
@@ -48,6 +49,7 @@ void dfl_draft_train_defaults(dfl_draft_train_opts *o)
     o->max_bad_steps = 10;
     o->seed = 0;
     o->init_std = 0.02;
+    o->dist_timeout = 600;
 }
 
 /* Everything one run holds. */
@@ -92,6 +94,11 @@ typedef struct run {
     uint64_t p_syncs, p_evwaits;   /* the counters at the window's start */
     pid_t *children;
     int n_children;
+    /* data parallel: this rank's part of the checkpoint's state ("ranks"), its inputs */
+    dfl_dist *dist;
+    int rank, world;
+    json_t *ranks_state;         /* rank 0 while saving: every rank's rng and data position */
+    char **rank_inputs;
 } run;
 
 /* ---- target and drafter configuration ------------------------------------------------------ */
@@ -214,6 +221,22 @@ static json_t *make_state(run *r)
     json_object_set_new(sch, "next_lr", json_real(dfl_draft_lr(r->o->lr, r->step + 1, r->warmup, r->total)));
     json_object_set_new(j, "schedule", sch);
     json_object_set_new(j, "data", dfl_draft_src_state(r->src));
+    if (r->world > 1) {   /* each rank's generator and input position, for its resume */
+        json_object_set_new(j, "world_size", json_integer(r->world));
+        if (r->ranks_state)
+            json_object_set(j, "ranks", r->ranks_state);
+    }
+    return j;
+}
+
+/* This rank's part of the state: its anchor generator and input position. */
+static json_t *rank_state(run *r)
+{
+    json_t *full = make_state(r), *j = json_object();
+    json_object_set_new(j, "rank", json_integer(r->rank));
+    json_object_set(j, "rng", json_object_get(full, "rng"));
+    json_object_set(j, "data", json_object_get(full, "data"));
+    json_decref(full);
     return j;
 }
 
@@ -258,6 +281,23 @@ static int restore_state(run *r, dfl_err *e)
     if (r->step < 0 || r->adam_t < 0 || r->adam_t > r->step)
         return dfl_fail(e, DFL_EDATA, "%s: step %lld, adam_step %lld", what, (long long)r->step,
                         (long long)r->adam_t);
+    int64_t w = 1;
+    if ((rc = dfl_json_int(j, "world_size", false, &w, what, e)))
+        return rc;
+    if (w != r->world)
+        return dfl_fail(e, DFL_EUSAGE, "%s: the checkpoint was written by %lld rank%s; resume it with "
+                        "as many (this is rank %d of %d): each rank continues its own inputs", what,
+                        (long long)w, w == 1 ? "" : "s", r->rank, r->world);
+    if (r->world > 1) {   /* this rank's generator and input position */
+        const json_t *mine = json_array_get(json_object_get(j, "ranks"), (size_t)r->rank);
+        const json_t *mrng = json_object_get(mine, "rng");
+        if (!json_is_array(mrng) || json_array_size(mrng) != 4)
+            return dfl_fail(e, DFL_EDATA, "%s: no state of rank %d in 'ranks'", what, r->rank);
+        for (int i = 0; i < 4; i++)
+            if (parse_hex64(json_array_get(mrng, (size_t)i), &r->rng.s[i]))
+                return dfl_fail(e, DFL_EDATA, "%s: 'ranks[%d].rng' must be 4 hex strings", what, r->rank);
+        json_object_set(r->state, "data", json_object_get(mine, "data"));
+    }
     return DFL_OK;
 }
 
@@ -329,10 +369,8 @@ static void run_on_save(run *r, const char *dir)
         dfl_warn("--on-save: cannot fork: %s", strerror(errno));
 }
 
-static int save(run *r, dfl_err *e)
+static int save_rank0(run *r, dfl_err *e)
 {
-    if (r->last_saved == r->step)   /* this step is saved already (the end after --save-every) */
-        return DFL_OK;
     json_t *st = make_state(r);
     char *dir = NULL;
     int rc = dfl_draft_ckpt_save(r->m, r->o->run_dir, r->step, st, r->o->save_dtype, &dir, e);
@@ -345,7 +383,6 @@ static int save(run *r, dfl_err *e)
                                   "is intact): ", (long long)r->step, (long long)r->last_saved);
         return dfl_err_prefix(e, "checkpoint of step %lld not written: ", (long long)r->step);
     }
-    r->last_saved = r->step;
     dfl_verbose("checkpoint %s", dir);
     if (r->o->keep > 0 && (rc = dfl_draft_ckpt_prune(r->o->run_dir, r->o->keep, e)))
         dfl_warn("--keep: %s", e->msg);
@@ -353,6 +390,60 @@ static int save(run *r, dfl_err *e)
         run_on_save(r, dir);
     free(dir);
     return DFL_OK;
+}
+
+/* A checkpoint (collective): rank 0 gathers every rank's state and writes it; the others wait
+ * for the outcome, so that no rank goes on before the checkpoint is complete, and all fail
+ * when rank 0 could not write it. */
+static int save(run *r, dfl_err *e)
+{
+    if (r->last_saved == r->step)   /* this step is saved already (the end after --save-every) */
+        return DFL_OK;
+    int rc = DFL_OK;
+    if (r->world > 1) {
+        json_t *mine = rank_state(r);
+        char *text = dfl_json_dump(mine, 0);
+        json_decref(mine);
+        void **parts = NULL;
+        size_t *lens = NULL;
+        rc = text ? dfl_dist_gather(r->dist, text, strlen(text), &parts, &lens, e)
+                  : dfl_fail(e, DFL_ENOMEM, "out of memory");
+        free(text);
+        if (rc)
+            return rc;
+        if (parts) {
+            r->ranks_state = json_array();
+            for (int k = 0; k < r->world; k++) {
+                json_error_t je;
+                json_t *p = json_loadb(parts[k], lens[k], 0, &je);
+                json_array_append_new(r->ranks_state, p ? p : json_null());
+                free(parts[k]);
+            }
+            free(parts);
+            free(lens);
+        }
+    }
+    if (r->rank == 0)
+        rc = save_rank0(r, e);
+    json_decref(r->ranks_state);
+    r->ranks_state = NULL;
+    if (r->world > 1) {   /* rank 0's outcome to all: the barrier after the checkpoint */
+        uint8_t out[4 + sizeof e->msg] = {0};
+        if (r->rank == 0) {
+            out[0] = (uint8_t)rc;
+            if (rc)
+                snprintf((char *)out + 4, sizeof e->msg, "%s", e->msg);
+        }
+        int brc = dfl_dist_bcast(r->dist, out, sizeof out, e);
+        if (brc)
+            return brc;
+        if (r->rank != 0 && out[0])
+            rc = dfl_fail(e, out[0], "rank 0 did not write the checkpoint of step %lld: %.900s",
+                          (long long)r->step, (char *)out + 4);
+    }
+    if (!rc)
+        r->last_saved = r->step;
+    return rc;
 }
 
 /* ---- metrics ------------------------------------------------------------------------------- */
@@ -390,6 +481,10 @@ static json_t *num(double x) { return isfinite(x) ? json_real(x) : json_null(); 
 
 static void metrics_write(run *r)
 {
+    if (r->rank != 0) {   /* the sums are global: rank 0 writes them */
+        metrics_reset(r);
+        return;
+    }
     double dt = dfl_now() - r->m_t0;
     double loss = r->m_den > 0 ? r->m_num / r->m_den : NAN;
     double acc = r->m_accden > 0 ? r->m_acc / r->m_accden : NAN;
@@ -573,6 +668,7 @@ static int finish_step(run *r, dfl_err *e)
         r->bad_run = 0;
         r->adam_t++;
     }
+    st.tokens = p.tokens;   /* over all ranks */
     metrics_add(r, &st, p.waited);
     if (o->log_every > 0 && r->step % o->log_every == 0) {
         metrics_write(r);
@@ -607,7 +703,9 @@ static int train_loop(run *r, dfl_err *e)
     dfl_draft_optim opt = {(float)o->beta1, (float)o->beta2, (float)o->eps, (float)o->weight_decay,
                            (float)o->max_grad_norm};
     const float noise_amp = (float)(o->noise_std * sqrt(3.0));   /* U(-a, a) has std a/sqrt(3) */
-    const uint64_t noise_seed = dfl_hash2(r->seed, 0x4e4f495345ull);
+    uint64_t noise_seed = dfl_hash2(r->seed, 0x4e4f495345ull);
+    if (r->rank > 0)   /* each rank its own noise; rank 0 (and a single rank) as before */
+        noise_seed = dfl_hash2(noise_seed, (uint64_t)r->rank);
     const bool grows = !dfl_dp_async(r->be);   /* the CPU may resize between steps */
     int rc = DFL_OK;
     metrics_reset(r);
@@ -616,32 +714,49 @@ static int train_loop(run *r, dfl_err *e)
         const int64_t next = r->step + r->npend;   /* steps enqueued so far */
         if (next >= r->total)
             break;
-        if (o->stop && *o->stop)
-            return (rc = drain(r, e)) ? rc : DFL_EINTR;
         if (o->stop_at > 0 && next >= o->stop_at)
             break;
         double t0 = dfl_now();
-        const dfl_batch *b;
-        double waited;
-        if ((rc = dfl_draft_src_next(r->src, &r->rng, &b, &waited, e)))
-            return rc;
-        if (!b) {
+        const dfl_batch *b = NULL;
+        double waited = 0;
+        int64_t nb = 0;
+        bool stop = o->stop && *o->stop;
+        while (!stop) {   /* this rank's next batch with blocks, or the end of its input */
+            if ((rc = dfl_draft_src_next(r->src, &r->rng, &b, &waited, e)) == DFL_EINTR)
+                stop = true;
+            else if (rc)
+                return rc;
+            if (!b || stop)
+                break;
+            int64_t maxlen = b->max_len ? b->max_len : (int64_t)b->n_tokens;
+            int64_t maxb = dfl_draft_max_blocks((int64_t)b->n_tokens, b->n_seqs, o->num_anchors);
+            if ((rc = grow_blocks(r, maxb, maxlen, e)))
+                return rc;
+            nb = dfl_draft_blocks(b->seq_lens, (int32_t)b->n_seqs, b->loss_mask, o->num_anchors,
+                                  &r->rng, r->bseq, r->banchor, r->scratch);
+            if (nb > 0)
+                break;
+            r->empty_batches++;   /* nothing to learn from: no step */
+            dfl_verbose("batch %llu has no valid anchor: skipped", (unsigned long long)b->index);
+        }
+        /* every rank steps, or none: a stop anywhere stops all, the end of any rank's input ends
+         * the run (one rank alone: the same, at no cost) */
+        double agree[3] = {b && !stop ? 1 : 0, stop ? 1 : 0,
+                           b && !stop ? (double)b->n_tokens : 0};
+        if ((rc = dfl_dist_sum_host(r->dist, agree, 3, e)))
+            return dfl_err_prefix(e, "step %lld: ", (long long)next + 1);
+        if (agree[1] > 0)
+            return (rc = drain(r, e)) ? rc : DFL_EINTR;
+        if (agree[0] < r->world) {
             if ((rc = drain(r, e)))
                 return rc;
-            dfl_info("the input ended after %lld steps", (long long)r->step);
+            if (r->world > 1 && b)
+                dfl_info("the input of another rank ended after %lld steps", (long long)r->step);
+            else
+                dfl_info("the input ended after %lld steps", (long long)r->step);
             break;
         }
-        int64_t maxlen = b->max_len ? b->max_len : (int64_t)b->n_tokens;
-        int64_t maxb = dfl_draft_max_blocks((int64_t)b->n_tokens, b->n_seqs, o->num_anchors);
-        if ((rc = grow_blocks(r, maxb, maxlen, e)))
-            return rc;
-        int64_t nb = dfl_draft_blocks(b->seq_lens, (int32_t)b->n_seqs, b->loss_mask, o->num_anchors,
-                                      &r->rng, r->bseq, r->banchor, r->scratch);
-        if (nb == 0) {   /* nothing to learn from: no step */
-            r->empty_batches++;
-            dfl_verbose("batch %llu has no valid anchor: skipped", (unsigned long long)b->index);
-            continue;
-        }
+        const int64_t step_tokens = (int64_t)agree[2];   /* over all ranks */
         int64_t capT, capB;
         dfl_draft_capacity(r->m, &capT, &capB, NULL);
         if ((int64_t)b->n_tokens > capT || nb > capB) {
@@ -671,7 +786,7 @@ static int train_loop(run *r, dfl_err *e)
             (rc = dfl_draft_apply(r->m, &opt, (float)lr, r->adam_t + 1, e)) ||
             (rc = dfl_draft_post(r->m, e)))
             return dfl_err_prefix(e, "step %lld: ", (long long)next + 1);
-        r->pend[r->npend++] = (struct pend){.tokens = (int64_t)b->n_tokens, .lr = lr,
+        r->pend[r->npend++] = (struct pend){.tokens = step_tokens, .lr = lr,
                                             .waited = waited, .prep = dfl_now() - t0 - waited};
         /* read the previous step (one late); a checkpoint step, or no pipelining, reads all */
         bool save_due = o->save_every > 0 && (next + 1) % o->save_every == 0;
@@ -750,6 +865,62 @@ static int size_workspace(run *r, dfl_err *e)
     return o->profile ? dfl_draft_set_timing(r->m, true, e) : DFL_OK;
 }
 
+/* The inputs of this rank: "{rank}" in a name becomes the rank, so that one command line can
+ * give every rank its own streams. */
+static int make_rank_inputs(run *r, dfl_err *e)
+{
+    const dfl_draft_train_opts *o = r->o;
+    if (!(r->rank_inputs = calloc((size_t)o->n_inputs, sizeof *r->rank_inputs)))
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    char num[16];
+    snprintf(num, sizeof num, "%d", r->rank);
+    for (int i = 0; i < o->n_inputs; i++) {
+        const char *in = o->inputs[i], *p;
+        size_t len = strlen(in) + 1;
+        for (p = strstr(in, "{rank}"); p; p = strstr(p + 6, "{rank}"))
+            len += strlen(num);
+        char *out = malloc(len), *q = out;
+        if (!(r->rank_inputs[i] = out))
+            return dfl_fail(e, DFL_ENOMEM, "out of memory");
+        while ((p = strstr(in, "{rank}"))) {
+            memcpy(q, in, (size_t)(p - in));
+            q += p - in;
+            q += sprintf(q, "%s", num);
+            in = p + 6;
+        }
+        strcpy(q, in);
+    }
+    return DFL_OK;
+}
+
+/* The ranks must train the same model on the same schedule: checks what they were given and
+ * takes the shortest schedule. */
+static int agree_on_start(run *r, dfl_err *e)
+{
+    int64_t mine[4] = {(int64_t)r->o->seed, dfl_draft_flat_len(r->m), r->step, r->total};
+    int64_t *all = malloc((size_t)r->world * sizeof mine);
+    if (!all)
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    int rc = dfl_dist_allgather(r->dist, mine, sizeof mine, all, e);
+    for (int k = 1; !rc && k < r->world; k++) {
+        const int64_t *a = all + 4 * k;
+        if (a[0] != all[0] || a[1] != all[1] || a[2] != all[2])
+            rc = dfl_fail(e, DFL_EUSAGE, "rank %d differs from rank 0 in its %s (%lld vs %lld): "
+                          "give every rank the same options and checkpoint", k,
+                          a[0] != all[0] ? "--seed" : a[1] != all[1] ? "drafter size" : "resumed step",
+                          (long long)(a[0] != all[0] ? a[0] : a[1] != all[1] ? a[1] : a[2]),
+                          (long long)(a[0] != all[0] ? all[0] : a[1] != all[1] ? all[1] : all[2]));
+        else if (a[3] < r->total) {
+            if (r->rank == 0)
+                dfl_warn("rank %d has %lld steps of input, rank 0 %lld: the schedule takes %lld", k,
+                         (long long)a[3], (long long)mine[3], (long long)a[3]);
+            r->total = a[3];
+        }
+    }
+    free(all);
+    return rc;
+}
+
 int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
 {
     run R = {0}, *r = &R;
@@ -759,11 +930,26 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
     int rc;
     if (o->n_inputs < 1)
         return dfl_fail(e, DFL_EUSAGE, "no input (give hidden-state streams, or - for stdin)");
-    if ((rc = dfl_mkdir_p(o->run_dir, 0777, e)))
+    /* data parallel: this rank joins the others first (rank 0 alone writes the run directory) */
+    dfl_dist_env env;
+    if ((rc = dfl_dist_env_get(&env, e)))
         return rc;
+    dfl_dist_opts dop = {.rank = env.rank, .world = env.world, .local_rank = env.local_rank,
+                         .rendezvous = o->rendezvous, .timeout_s = o->dist_timeout};
+    if ((rc = dfl_dist_open(&r->dist, &dop, e)))
+        return rc;
+    r->rank = env.rank;
+    r->world = env.world;
+    if (r->world > 1)
+        dfl_info("rank %d of %d (local rank %d, from %s), joined through %s", r->rank, r->world,
+                 env.local_rank, env.from, o->rendezvous);
+    if ((rc = make_rank_inputs(r, e)))
+        goto out;
+    if (r->rank == 0 && (rc = dfl_mkdir_p(o->run_dir, 0777, e)))
+        goto out;
     if (o->resume && (rc = dfl_draft_ckpt_resolve(o->resume, &r->resume_dir, e)))
         goto out;
-    if ((rc = dfl_draft_ckpt_clean(o->run_dir, e)))   /* after --resume refused a temporary */
+    if (r->rank == 0 && (rc = dfl_draft_ckpt_clean(o->run_dir, e)))   /* after --resume refused a temporary */
         goto out;
     if ((rc = open_target(r, e)))
         goto out;
@@ -795,7 +981,7 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
         nwant = pre.n_feat;
     }
     dfl_draft_src_opts so = {
-        .n_inputs = o->n_inputs, .inputs = o->inputs, .fingerprint = r->fingerprint,
+        .n_inputs = o->n_inputs, .inputs = (const char *const *)r->rank_inputs, .fingerprint = r->fingerprint,
         .hidden = r->tc.hidden_size, .vocab = r->tc.vocab_size, .n_layers = nwant, .layers = want,
         .epochs = o->epochs, .seed = o->seed, .pool_size = o->pool_size, .min_ready = o->min_ready,
         .no_verify = o->no_verify, .allow_truncated = o->allow_truncated, .stop = o->stop,
@@ -806,9 +992,15 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
     const int32_t *layers = dfl_draft_src_layers(r->src, &nl);
     if ((rc = make_config(r, layers, nl, e)))
         goto out;
-    if ((rc = dfl_be_open(&r->be, o->device ? o->device : "cpu", DFL_DT_INVALID, e)) ||
-        (rc = dfl_draft_open(&r->m, r->be, &r->c, e)) || (rc = load_frozen(r, e)))
+    char dev[32];   /* --device cuda: the GPU of this rank's local rank */
+    snprintf(dev, sizeof dev, "%s", o->device ? o->device : "cpu");
+    if (strcmp(dev, "cuda") == 0)
+        snprintf(dev, sizeof dev, "cuda:%d", env.local_rank);
+    if ((rc = dfl_be_open(&r->be, dev, DFL_DT_INVALID, e)) ||
+        (rc = dfl_draft_open(&r->m, r->be, &r->c, e)) || (rc = load_frozen(r, e)) ||
+        (rc = dfl_dist_attach(r->dist, r->be, e)))
         goto out;
+    dfl_draft_set_comm(r->m, r->dist);
     dfl_info("drafter: %d layers, hidden %lld, %d/%d heads of %d, block %d, gamma %g, mask %d, "
              "target layers from %d streams, %s", r->c.n_layers, (long long)r->c.hidden,
              r->c.n_heads, r->c.n_kv, r->c.head_dim, r->c.block_size, r->c.gamma,
@@ -824,7 +1016,10 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
         r->last_saved = r->step;
         dfl_info("resuming from %s at step %lld", r->resume_dir, (long long)r->step);
     } else {
-        dfl_rng_seed(&r->rng, dfl_hash2(o->seed, 0x414e43484f52ull));
+        uint64_t anchor_seed = dfl_hash2(o->seed, 0x414e43484f52ull);
+        if (r->rank > 0)   /* each rank its own anchors; rank 0 (and a single rank) as before */
+            anchor_seed = dfl_hash2(anchor_seed, (uint64_t)r->rank);
+        dfl_rng_seed(&r->rng, anchor_seed);
         if ((rc = dfl_draft_init_random(r->m, dfl_hash2(o->seed, 0x494e4954ull), o->init_std, e)))
             goto out;
     }
@@ -838,6 +1033,8 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
                       "learning-rate schedule needs its length)");
         goto out;
     }
+    if (r->world > 1 && (rc = agree_on_start(r, e)))
+        goto out;
     r->warmup = (int64_t)ceil(o->warmup_ratio * (double)r->total);
     if (r->state) {
         int64_t t = 0;
@@ -848,7 +1045,7 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
     }
     if ((rc = size_workspace(r, e)))
         goto out;
-    if ((rc = open_metrics(r, e)))
+    if (r->rank == 0 && (rc = open_metrics(r, e)))
         goto out;
     rc = train_loop(r, e);
     if (rc == DFL_OK || rc == DFL_EINTR) {
@@ -861,8 +1058,17 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
         else
             dfl_info("done: %lld steps (%lld skipped), checkpoint %s/step-%07lld", (long long)r->step,
                      (long long)r->skipped, o->run_dir, (long long)r->step);
+        if (rs == DFL_OK) {   /* every rank is here: end the communicator cleanly */
+            dfl_err fe = {0};
+            int rf = dfl_dist_finish(r->dist, &fe);
+            if (rf && rc == DFL_OK) {
+                *e = fe;
+                rc = rf;
+            }
+        }
     }
 out:
+    dfl_dist_close(r->dist);   /* first: on an error, the other ranks learn of it at once */
     dfl_progress_end();
     if (r->be)
         dfl_dp_freeze(r->be, false);
@@ -880,5 +1086,8 @@ out:
     free(r->bseq);
     free(r->banchor);
     free(r->scratch);
+    for (int i = 0; r->rank_inputs && i < o->n_inputs; i++)
+        free(r->rank_inputs[i]);
+    free(r->rank_inputs);
     return rc;
 }

@@ -50,6 +50,9 @@ typedef struct dfl_draft_train_opts {
     uint64_t seed;
     double init_std;
     volatile sig_atomic_t *stop; /* set by a signal handler: save and stop */
+    /* data parallel (rank and world size from the launcher's variables, dist.h) */
+    const char *rendezvous;      /* --rendezvous FILE or tcp://HOST:PORT */
+    double dist_timeout;         /* --dist-timeout: seconds to wait for the other ranks at start */
 } dfl_draft_train_opts;
 
 /* Defaults of every field (the documented ones). */

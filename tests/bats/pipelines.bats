@@ -124,9 +124,10 @@ wait_for() {
     [[ "$output" == *"--draft-gpus: 'x'"* ]]
 }
 
-@test "dfl-train: several dfl-draft GPUs (NCCL ranks) are refused while dfl-draft has no ranks" {
-    run -1 dfl-train -n --device cuda --target-gpus 0-1 --draft-gpus 2,3 --model "$TGT" --out "$T/r" "$F/sh" -- "${D[@]}"
-    [[ "$output" == *"no NCCL ranks yet (pending)"* ]]
+@test "dfl-train: several dfl-draft GPUs run as data-parallel ranks (RANK, WORLD_SIZE, DFL_RENDEZVOUS)" {
+    run -0 dfl-train -n --device cuda --target-gpus 0-1 --draft-gpus 2,3 --model "$TGT" --out "$T/r" "$F/sh" -- "${D[@]}"
+    [[ "$output" == *"RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 DFL_RENDEZVOUS=$T/r/rendezvous "*"--device cuda:2"* ]]
+    [[ "$output" == *"RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 DFL_RENDEZVOUS=$T/r/rendezvous "*"--device cuda:3"* ]]
 }
 
 @test "dfl-train trains on the CPU: checkpoint on stdout, a log per process, PIDs recorded, no FIFO left" {

@@ -8,6 +8,8 @@
  * --fingerprint, --layers, --hidden. For benchmarks at a real target's size (bench/draft):
  * --exact-len (every sequence --len tokens) and --table-rows N (a table of N rows per layer, row
  * = token mod N, instead of one per vocabulary entry, which would be 12 GB for an 8B target).
+ * --also-seed N appends to every batch the sequences that --seed N would make (the batches of
+ * two streams merged: one rank's view of two data-parallel ranks).
  * Deterministic: the same options give the same bytes. */
 #include <getopt.h>
 #include <math.h>
@@ -26,7 +28,7 @@ static void usage(void)
 {
     printf("usage: draftdata TARGET_DIR OUT [--batches N] [--seqs S] [--len L] [--layers 1,2]\n"
            "       [--dtype bf16|f32] [--seed N] [--nan-batch K] [--nan-from K] [--cut BYTES]\n"
-           "       [--no-index]\n"
+           "       [--no-index] [--also-seed N]\n"
            "       [--fingerprint HEX] [--hidden H] [--delay-ms MS]\n"
            "       [--exact-len] [--table-rows N]\n");
 }
@@ -46,7 +48,7 @@ int main(int argc, char **argv)
 {
     dfl_cli_init(argv[0]);
     int64_t batches = 8, seqs = 4, len = 32, seed = 1, nan_batch = -1, nan_from = -1, cut = 0;
-    int64_t hidden = 0, delay = 0, table_rows = 0;
+    int64_t hidden = 0, delay = 0, table_rows = 0, also_seed = -1;
     bool exact_len = false;
     const char *layers_s = "1,2", *fp_override = NULL;
     dfl_dtype dt = DFL_BF16;
@@ -57,7 +59,7 @@ int main(int argc, char **argv)
         {"dtype", 1, 0, 'd'}, {"seed", 1, 0, 'S'}, {"nan-batch", 1, 0, 'n'}, {"nan-from", 1, 0, 'N'}, {"cut", 1, 0, 'c'},
         {"no-index", 0, 0, 'x'}, {"fingerprint", 1, 0, 'f'}, {"hidden", 1, 0, 'H'},
         {"delay-ms", 1, 0, 'D'}, {"exact-len", 0, 0, 'E'}, {"table-rows", 1, 0, 'R'},
-        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"also-seed", 1, 0, 'A'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int c, rc = 0;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
@@ -76,6 +78,7 @@ int main(int argc, char **argv)
         case 'D': rc = dfl_parse_i64(optarg, 0, 100000, &delay, "--delay-ms", &e); break;
         case 'E': exact_len = true; break;
         case 'R': rc = dfl_parse_i64(optarg, 1, INT32_MAX, &table_rows, "--table-rows", &e); break;
+        case 'A': rc = dfl_parse_i64(optarg, 0, INT64_MAX, &also_seed, "--also-seed", &e); break;
         case 'h': usage(); return 0;
         default: return dfl_cli_usage_error("unknown option");
         }
@@ -114,30 +117,42 @@ int main(int argc, char **argv)
     for (int64_t i = 0; i < (int64_t)nl * rows * H; i++)
         tab[i] = (float)dfl_rng_normal(&r);
     dfl_rng_seed(&r, (uint64_t)seed);
+    dfl_rng r2;   /* --also-seed: the second stream's generator */
+    dfl_rng_seed(&r2, (uint64_t)(also_seed >= 0 ? also_seed : 0));
+    const int parts = also_seed >= 0 ? 2 : 1;
+    if (seqs * parts > (1 << 16))
+        return dfl_cli_usage_error("--seqs %lld: too many sequences with --also-seed", (long long)seqs);
     dfl_writer *w;
     dfl_writer_opts wo = {.no_index = no_index};
     if ((rc = dfl_writer_open(&w, out, &info, &wo, &e)))
         return fail(NULL, tab, lay, &e);
     for (int64_t bi = 0; bi < batches; bi++) {
-        uint32_t lens[1 << 16];
+        static uint32_t lens[1 << 16];
+        static int64_t first[1 << 16];
         uint64_t T = 0;
-        for (int64_t s = 0; s < seqs; s++) {
-            lens[s] = exact_len ? (uint32_t)len
-                                : (uint32_t)(len / 2 + (int64_t)dfl_rng_below(&r, (uint64_t)(len - len / 2 + 1)));
-            if (lens[s] < 2)
-                lens[s] = 2;
-            T += lens[s];
+        for (int p = 0; p < parts; p++) {   /* per stream: the lengths, then the first tokens */
+            dfl_rng *g = p ? &r2 : &r;
+            for (int64_t s = p * seqs; s < (p + 1) * seqs; s++) {
+                lens[s] = exact_len ? (uint32_t)len
+                                    : (uint32_t)(len / 2 + (int64_t)dfl_rng_below(g, (uint64_t)(len - len / 2 + 1)));
+                if (lens[s] < 2)
+                    lens[s] = 2;
+                T += lens[s];
+            }
+            for (int64_t s = p * seqs; s < (p + 1) * seqs; s++)
+                first[s] = (int64_t)dfl_rng_below(g, (uint64_t)(V - 1));
         }
+        const int64_t nseq = seqs * parts;
         dfl_batch b;
-        if ((rc = dfl_batch_alloc(&b, T, (uint32_t)seqs, (uint32_t)nl, (uint32_t)H, dt, &e)))
+        if ((rc = dfl_batch_alloc(&b, T, (uint32_t)nseq, (uint32_t)nl, (uint32_t)H, dt, &e)))
             return fail(w, tab, lay, &e);
         uint32_t *sl = (uint32_t *)b.seq_lens;
         int32_t *ids = (int32_t *)b.input_ids;
         uint8_t *mask = (uint8_t *)b.loss_mask;
         uint64_t t = 0;
-        for (int64_t s = 0; s < seqs; s++) {
+        for (int64_t s = 0; s < nseq; s++) {
             sl[s] = lens[s];
-            int64_t tok = (int64_t)dfl_rng_below(&r, (uint64_t)(V - 1));
+            int64_t tok = first[s];
             for (uint32_t i = 0; i < lens[s]; i++, t++) {
                 ids[t] = (int32_t)tok;
                 mask[t] = i >= 2;
