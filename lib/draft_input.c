@@ -632,6 +632,17 @@ static int replay_take(dfl_draft_src *s, bool *got, double *waited, dfl_err *e)
     return DFL_OK;
 }
 
+bool dfl_draft_src_would_wait(dfl_draft_src *s)
+{
+    if (s->replay || !s->started)
+        return false;
+    pthread_mutex_lock(&s->mu);
+    int64_t have = s->pool_n + s->qn;
+    bool wait = !s->err_code && have < s->o.min_ready && s->live > 0;
+    pthread_mutex_unlock(&s->mu);
+    return wait;
+}
+
 int dfl_draft_src_next(dfl_draft_src *s, dfl_rng *rng, const dfl_batch **b, double *waited,
                        dfl_err *e)
 {

@@ -63,6 +63,9 @@ dfl_dtype dfl_draft_src_dtype(const dfl_draft_src *s);
 
 /* Restores the position saved by dfl_draft_src_state (before the first next). */
 int dfl_draft_src_restore(dfl_draft_src *s, const json_t *state, dfl_err *e);
+/* Whether dfl_draft_src_next would block now, waiting for a stream (replay never does): the
+ * trainer reads its steps in flight first, so that an idle run's metrics are not held back. */
+bool dfl_draft_src_would_wait(dfl_draft_src *s);
 /* The batch for the next step, owned by the source until the following call (*b = NULL at the
  * end of the input). *waited: seconds spent blocked on input. Errors of any input (truncated,
  * corrupt) are returned here. */

@@ -722,6 +722,10 @@ static int train_loop(run *r, dfl_err *e)
         int64_t nb = 0;
         bool stop = o->stop && *o->stop;
         while (!stop) {   /* this rank's next batch with blocks, or the end of its input */
+            /* about to wait for a stream: read the steps in flight first (the GPU is idle
+             * anyway), so that the metrics and skip counts of an idle run are up to date */
+            if (r->npend > 0 && dfl_draft_src_would_wait(r->src) && (rc = drain(r, e)))
+                return rc;
             if ((rc = dfl_draft_src_next(r->src, &r->rng, &b, &waited, e)) == DFL_EINTR)
                 stop = true;
             else if (rc)
