@@ -278,7 +278,8 @@ static void test_sizing(void)
     T_CHECK(rc == 1, "a batch over --max-tokens: exit %d, want 1", rc);
     snprintf(p, sizeof p, "%s/pipe-small.err", dir);
     err = slurp(p);
-    T_CHECK(err && strstr(err, "has 1024 tokens") && strstr(err, "sized for at the start (600 tokens"),
+    T_CHECK(err && strstr(err, "error: batch ") && strstr(err, " tokens and ") &&
+                strstr(err, "sized for at the start (600 tokens") && strstr(err, "--max-tokens "),
             "the message names the batch and both sizes:\n%s", err ? err : "");
     free(err);
     rc = sh("cat '%s/h.dfl' | '%s/dfl-draft' %s --device %s --out '%s/pipe-ok' --total-steps 8 "
