@@ -246,34 +246,40 @@ static int env_int(const char *name, int lo, int hi, int *out, dfl_err *e)
     return DFL_OK;
 }
 
-int dfl_dist_env_get(dfl_dist_env *env, dfl_err *e)
+/* Rank, world size and local rank from one launcher's variables (local rank: the rank when its
+ * variable is absent). */
+static int env_ranks(dfl_dist_env *env, const char *world_var, const char *rank_var,
+                     const char *local_var, const char *from, dfl_err *e)
 {
     const int max = 1 << 20;
+    int rc;
+    if ((rc = env_int(world_var, 1, max, &env->world, e)) ||
+        (rc = env_int(rank_var, 0, max, &env->rank, e)))
+        return rc;
+    env->local_rank = env->rank;
+    if (getenv(local_var) && (rc = env_int(local_var, 0, max, &env->local_rank, e)))
+        return rc;
+    env->from = from;
+    return DFL_OK;
+}
+
+int dfl_dist_env_get(dfl_dist_env *env, dfl_err *e)
+{
     env->rank = 0;
     env->world = 1;
     env->local_rank = 0;
     env->from = "none";
-    int rc;
+    int rc = DFL_OK;
     if (getenv("WORLD_SIZE") || getenv("RANK")) {
         if (!getenv("WORLD_SIZE") || !getenv("RANK"))
             return dfl_fail(e, DFL_EUSAGE, "RANK and WORLD_SIZE must be set together (only %s is)",
                             getenv("RANK") ? "RANK" : "WORLD_SIZE");
-        if ((rc = env_int("WORLD_SIZE", 1, max, &env->world, e)) ||
-            (rc = env_int("RANK", 0, max, &env->rank, e)))
-            return rc;
-        env->local_rank = env->rank;
-        if (getenv("LOCAL_RANK") && (rc = env_int("LOCAL_RANK", 0, max, &env->local_rank, e)))
-            return rc;
-        env->from = "RANK/WORLD_SIZE";
+        rc = env_ranks(env, "WORLD_SIZE", "RANK", "LOCAL_RANK", "RANK/WORLD_SIZE", e);
     } else if (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS")) {
-        if ((rc = env_int("SLURM_NTASKS", 1, max, &env->world, e)) ||
-            (rc = env_int("SLURM_PROCID", 0, max, &env->rank, e)))
-            return rc;
-        env->local_rank = env->rank;
-        if (getenv("SLURM_LOCALID") && (rc = env_int("SLURM_LOCALID", 0, max, &env->local_rank, e)))
-            return rc;
-        env->from = "SLURM";
+        rc = env_ranks(env, "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM", e);
     }
+    if (rc)
+        return rc;
     if (env->rank >= env->world)
         return dfl_fail(e, DFL_EUSAGE, "rank %d is not below the world size %d (from %s)", env->rank,
                         env->world, env->from);
