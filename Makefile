@@ -60,8 +60,9 @@ ifeq ($(CUDA),1)
   CPPFLAGS += -DDFL_CUDA=1 -I$(CUDA_HOME)/include
   NVCCFLAGS ?= -O3 -arch=sm_90 -lineinfo
   NVCCALL = -std=c++17 $(NVCCFLAGS) -Ilib -I$(CUDA_HOME)/include -DDFL_CUDA=1 \
+            -DDFL_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"' \
             -Xcompiler -fPIC,-Wall,-Wno-unused-parameter -MMD -MP
-  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl \
+  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl \
             -lcudart_static -ldl -lrt -lstdc++
   CU_OBJS := $(CU_SRCS:%.cu=$(B)/obj/%.o)
 else

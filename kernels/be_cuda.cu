@@ -3,6 +3,8 @@
  * candidate algorithms), the op table, and the C API of kernels/cuda.h. The elementwise ops are
  * in ops.cu, attention in attn.cu. Every op is enqueued on the backend's compute stream; an op
  * that fails records its message, which the next sync reports. */
+#include <dlfcn.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -620,6 +622,11 @@ extern "C" int dfl_be_cuda_open(dfl_be **out, int device, dfl_dtype act, dfl_err
     im->smem_optin = prop.sharedMemPerBlockOptin;
     int rc = 0;
     cublasStatus_t st;
+    char dl[512];
+    if (dfl_cublas_load(dl, sizeof dl)) {
+        rc = dfl_fail(e, DFL_EDEVICE, "%s: %s", name, dl);
+        goto fail;
+    }
     if ((err = cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (err = cudaStreamCreateWithFlags(&im->copy_stream, cudaStreamNonBlocking)) != cudaSuccess) {
         rc = cuda_fail_err(e, err, "cannot create streams", name);
@@ -1028,4 +1035,73 @@ extern "C" int dfl_cuda_attn_set_variant(dfl_be *be, int d, int v, dfl_err *e)
                         "(0..%d)", v, d, cuda_attn_n_variants(d) - 1);
     cuda_of(be)->attn_variant[di] = v;
     return 0;
+}
+
+/* ---- cuBLAS loaded at run time (cublas_dl.cuh) ---------------------------------------------- */
+
+dfl_cublas_api dfl_cublas;
+static pthread_once_t cublas_once = PTHREAD_ONCE_INIT;
+static char cublas_err[480];
+static bool cublas_ok;
+
+static void *cublas_open(const char *base)
+{
+    char name[256];
+    snprintf(name, sizeof name, "%s.so.%d", base, CUBLAS_VER_MAJOR);
+    void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+#ifdef DFL_CUDA_LIBDIR
+    if (!h) {   /* not on the library path: where the build found the toolkit */
+        snprintf(name, sizeof name, "%s/%s.so.%d", DFL_CUDA_LIBDIR, base, CUBLAS_VER_MAJOR);
+        h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    }
+#endif
+    if (!h)
+        snprintf(cublas_err, sizeof cublas_err, "cannot load %s.so.%d (cuBLAS %d, part of the CUDA "
+                 "toolkit; is it on LD_LIBRARY_PATH?): %s", base, CUBLAS_VER_MAJOR, CUBLAS_VER_MAJOR,
+                 dlerror());
+    return h;
+}
+
+static void cublas_load_once(void)
+{
+    void *lt = cublas_open("libcublasLt");
+    void *bl = lt ? cublas_open("libcublas") : NULL;
+    if (!bl)
+        return;
+    bool ok = true;
+#define DFL_SYM(h, field, sym)                                                                      \
+    if (ok && !(*(void **)&dfl_cublas.field = dlsym(h, sym))) {                                    \
+        snprintf(cublas_err, sizeof cublas_err, "cuBLAS has no symbol %s: %s", sym, dlerror());   \
+        ok = false;                                                                                 \
+    }
+    DFL_SYM(lt, LtCreate, "cublasLtCreate")
+    DFL_SYM(lt, LtDestroy, "cublasLtDestroy")
+    DFL_SYM(lt, LtGetStatusString, "cublasLtGetStatusString")
+    DFL_SYM(lt, LtMatmul, "cublasLtMatmul")
+    DFL_SYM(lt, LtMatmulDescCreate, "cublasLtMatmulDescCreate")
+    DFL_SYM(lt, LtMatmulDescDestroy, "cublasLtMatmulDescDestroy")
+    DFL_SYM(lt, LtMatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute")
+    DFL_SYM(lt, LtMatrixLayoutCreate, "cublasLtMatrixLayoutCreate")
+    DFL_SYM(lt, LtMatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy")
+    DFL_SYM(lt, LtMatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate")
+    DFL_SYM(lt, LtMatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy")
+    DFL_SYM(lt, LtMatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute")
+    DFL_SYM(lt, LtMatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic")
+    DFL_SYM(bl, Create, "cublasCreate_v2")
+    DFL_SYM(bl, Destroy, "cublasDestroy_v2")
+    DFL_SYM(bl, SetStream, "cublasSetStream_v2")
+    DFL_SYM(bl, SetWorkspace, "cublasSetWorkspace_v2")
+    DFL_SYM(bl, GetStatusString, "cublasGetStatusString")
+    DFL_SYM(bl, GemmEx, "cublasGemmEx")
+#undef DFL_SYM
+    cublas_ok = ok;
+}
+
+int dfl_cublas_load(char *msg, size_t n)
+{
+    pthread_once(&cublas_once, cublas_load_once);
+    if (cublas_ok)
+        return 0;
+    snprintf(msg, n, "%s", cublas_err);
+    return -1;
 }

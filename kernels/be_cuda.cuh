@@ -5,6 +5,7 @@
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include "cublas_dl.cuh"
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

@@ -420,3 +420,12 @@ signal_stops() { # signal, output mode (stdout|file)
     assert_success
     assert_output ""
 }
+
+@test "cuBLAS is loaded when a CUDA backend opens, not at every start (libdfl does not link it)" {
+    command -v readelf >/dev/null || skip "no readelf"
+    run -0 readelf -d "$DFL_BUILD/lib/libdfl.so"
+    refute_output --partial "libcublas"
+    # the programs still start and say what they are without a GPU
+    run -0 dfl-target --version
+    assert_output --partial "dfl-target"
+}
