@@ -24,7 +24,7 @@
 #define MAX_MARKS 1024             /* open MARKs */
 #define MAX_MEMO (1u << 22)        /* memo slots */
 #define MAX_ARENA (512u << 20)     /* bytes of interpreter values */
-#define MAX_VISITS (1u << 23)      /* nodes visited while flattening */
+#define MAX_VISITS (1u << 20)      /* nodes visited while flattening (checks included) */
 #define MAX_GLOBAL_NAME 256
 
 /* ---------------------------------------------------------------- small string hash map */
@@ -1147,9 +1147,12 @@ static int flatten(flattener *fl, const pv *v, size_t len, int depth)
             int rc = push_key(fl, len, dict ? v->u.seq.items[i] : &idx, &nlen, &bad);
             if (rc)
                 return rc;
-            if (bad) {
-                size_t visits = 0;
-                if (has_tensor(child, depth + 1, &visits))
+            if (bad) {   /* its visits count toward the same bound: sharing cannot multiply them */
+                bool t = has_tensor(child, depth + 1, &fl->visits);
+                if (fl->visits > MAX_VISITS)
+                    return dfl_fail(fl->e, DFL_EDATA, "%s: the saved object has more than %u nodes "
+                                    "(shared references multiply them)", fl->what, MAX_VISITS);
+                if (t)
                     return dfl_fail(fl->e, DFL_EUNSUP, "%s: a dict key of type %s under '%s' "
                                     "cannot name a tensor", fl->what, bad, len ? fl->name : "(root)");
                 continue;

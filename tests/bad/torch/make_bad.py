@@ -108,7 +108,7 @@ def main():
     dag = PROTO2 + b"]q\x00"
     for i in range(40):
         dag += b"]q" + bytes([i + 1]) + b"(h" + bytes([i]) + b"h" + bytes([i]) + b"e"
-    bad("shared_dag.pt", "data", "more than 8388608 nodes", dag + b".")
+    bad("shared_dag.pt", "data", "more than 1048576 nodes", dag + b".")
     bad("no_stop.pt", "truncated", "the pickle ends without STOP", PROTO2 + b"}")
     bad("string_past_end.pt", "truncated", "runs past the end",
         PROTO2 + b"X\xff\xff\xff\x7fabc.")
