@@ -150,7 +150,7 @@ int main(int argc, char **argv)
         case 'q': dfl_log_level = DFL_LOG_ERROR; break;
         case 'v': dfl_log_level = dfl_log_level < DFL_LOG_VERBOSE ? DFL_LOG_VERBOSE : DFL_LOG_DEBUG; break;
         case 'h': usage(); return 0;
-        case 'V': return dfl_cli_version();
+        case 'V': puts(dfl_cli_version_line()); return 0;
         default: return dfl_cli_usage_error("unknown option");
         }
     }

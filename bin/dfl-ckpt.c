@@ -1033,7 +1033,7 @@ int main(int argc, char **argv)
         case 'q': dfl_log_level = DFL_LOG_ERROR; break;
         case 'v': dfl_log_level++; break;
         case O_HELP: usage(); return 0;
-        case O_VERSION: return dfl_cli_version();
+        case O_VERSION: puts(dfl_cli_version_line()); return 0;
         default: return dfl_cli_usage_error("unknown option");
         }
     }

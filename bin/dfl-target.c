@@ -186,7 +186,7 @@ int main(int argc, char **argv)
         case 'q': dfl_log_level = DFL_LOG_ERROR; break;
         case 'v': dfl_log_level = dfl_log_level < DFL_LOG_VERBOSE ? DFL_LOG_VERBOSE : DFL_LOG_DEBUG; break;
         case OPT_HELP: usage(); return 0;
-        case OPT_VERSION: return dfl_cli_version();
+        case OPT_VERSION: puts(dfl_cli_version_line()); return 0;
         default: return dfl_cli_usage_error("unknown or incomplete option");
         }
     }

@@ -28,10 +28,11 @@ int dfl_cli_report(const dfl_err *e)
     return dfl_exit_code(e->code);
 }
 
-int dfl_cli_version(void)
+const char *dfl_cli_version_line(void)
 {
-    printf("%s (dfl) %s\n", dfl_progname, DFL_VERSION);
-    return 0;
+    static char line[160];
+    snprintf(line, sizeof line, "%s (dfl) %s", dfl_progname, DFL_VERSION);
+    return line;
 }
 
 int dfl_cli_usage_error(const char *fmt, ...)

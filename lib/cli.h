@@ -10,8 +10,8 @@
 void dfl_cli_init(const char *argv0);
 /* Prints "prog: error: msg" to stderr and returns dfl_exit_code(e->code). */
 int dfl_cli_report(const dfl_err *e);
-/* Prints "prog (dfl) VERSION" to stdout; returns 0. */
-int dfl_cli_version(void);
+/* "prog (dfl) VERSION", for --version (the program prints it: lib/ never writes to stdout). */
+const char *dfl_cli_version_line(void);
 /* For usage errors: prints "prog: msg\nTry 'prog --help'." and returns 1. */
 int dfl_cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -120,7 +120,7 @@ static double max_abs_diff(const float *a, const float *b, int64_t n, double *bm
         double d = fabs((double)a[i] - b[i]);
         if (!(d <= err))
             err = isnan(d) ? INFINITY : d;
-        if (fabs(b[i]) > mx)
+        if (!(fabs(b[i]) <= mx))   /* a NaN reference makes the bound NaN: the check fails */
             mx = fabs(b[i]);
     }
     if (bmax)
