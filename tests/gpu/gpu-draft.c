@@ -298,13 +298,8 @@ int main(int argc, char **argv)
         device = d;
     if (getenv("DFL_GPU_SMALL"))
         STEPS = 12;
-    const char *b = getenv("DFL_BIN"), *tl = getenv("DFL_TOOLS");
-    snprintf(bin, sizeof bin, "%s", b && *b ? b : "");
-    snprintf(tools, sizeof tools, "%s", tl && *tl ? tl : "");
-    if (!*bin)
-        snprintf(bin, sizeof bin, "%s/../bin", self_dir);
-    if (!*tools)
-        snprintf(tools, sizeof tools, "%s/../tools", self_dir);
+    t_build_dir(bin, sizeof bin, "DFL_BIN", self_dir, "bin");
+    t_build_dir(tools, sizeof tools, "DFL_TOOLS", self_dir, "tools");
     snprintf(dir, sizeof dir, "%s", t_tmpdir());
     if (have_device() && !setup()) {
         printf("not ok - setup (target, hidden states)\n");

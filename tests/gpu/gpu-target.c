@@ -275,13 +275,8 @@ static void test_program(void)
     if (!d)
         T_SKIP("no oracle");
     char bin[4200], tools[4200], cmd[16384], tok[4200], gpu[4200], cpu[4200];
-    const char *b = getenv("DFL_BIN"), *tl = getenv("DFL_TOOLS");
-    snprintf(bin, sizeof bin, "%s", b && *b ? b : "");
-    snprintf(tools, sizeof tools, "%s", tl && *tl ? tl : "");
-    if (!*bin)
-        snprintf(bin, sizeof bin, "%s/../bin", self_dir);
-    if (!*tools)
-        snprintf(tools, sizeof tools, "%s/../tools", self_dir);
+    t_build_dir(bin, sizeof bin, "DFL_BIN", self_dir, "bin");
+    t_build_dir(tools, sizeof tools, "DFL_TOOLS", self_dir, "tools");
     snprintf(tok, sizeof tok, "%s/tok.dfl", t_tmpdir());
     snprintf(gpu, sizeof gpu, "%s/gpu.dfl", t_tmpdir());
     snprintf(cpu, sizeof cpu, "%s/cpu.dfl", t_tmpdir());

@@ -116,4 +116,16 @@ static inline const char *t_tmpdir(void)
     return dir;
 }
 
+/* A directory of the build for a test that runs the programs: $VAR (DFL_BIN, DFL_TOOLS) when
+ * set, else SELF_DIR/../SUB (the test binary lives in BUILD/tests). */
+static inline void t_build_dir(char *out, size_t n, const char *var, const char *self_dir,
+                               const char *sub)
+{
+    const char *v = getenv(var);
+    if (v && *v)
+        snprintf(out, n, "%s", v);
+    else
+        snprintf(out, n, "%s/../%s", self_dir, sub);
+}
+
 #endif
