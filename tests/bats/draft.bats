@@ -301,3 +301,33 @@ losses() { grep -o '"loss":[^,]*' "$1"; }
     ! cmp -s "$T/n1/latest/optimizer.safetensors" "$T/n0/latest/optimizer.safetensors"
     run -1 dfl-draft "${A[@]}" --out "$T/n3" --noise-std -1 "$T/a.dfl"
 }
+
+@test "--profile: one line per log window on stderr (input wait, host prep, host syncs); stdout unchanged" {
+    data "$T/a.dfl"
+    run --separate-stderr dfl-draft "${A[@]}" --out "$T/r" --log-every 2 --profile "$T/a.dfl"
+    [ "$status" -eq 0 ]
+    [ "$output" = "$(cd "$T/r" && pwd -P)/step-0000006" ]
+    [ "$(grep -c '^dfl-draft: profile: steps ' <<<"$stderr")" -eq 3 ]
+    grep -q 'profile: steps 1-2: input wait [0-9.]* ms, host prep [0-9.]* ms, GPU step n/a per step; host syncs 0' <<<"$stderr"
+    grep -q 'host syncs' <<<"$stderr"
+}
+
+@test "--no-pipeline reads each step before the next: the same checkpoint and metrics as the default" {
+    data "$T/a.dfl"
+    run -0 dfl-draft "${A[@]}" --out "$T/p" --log-every 1 "$T/a.dfl"
+    run -0 dfl-draft "${A[@]}" --out "$T/n" --log-every 1 --no-pipeline "$T/a.dfl"
+    run -0 dfl-ckpt --diff "$T/p/latest" "$T/n/latest"
+    assert_output --partial "identical"
+    [ "$(losses "$T/p/metrics.jsonl")" = "$(losses "$T/n/metrics.jsonl")" ]
+}
+
+@test "--max-tokens and --max-blocks: bad values are usage errors; on the CPU a larger batch grows the workspace" {
+    data "$T/a.dfl"
+    run -1 dfl-draft "${A[@]}" --out "$T/r" --max-blocks 0 "$T/a.dfl"
+    assert_output --partial "--max-blocks"
+    [ ! -e "$T/r" ]
+    run -1 dfl-draft "${A[@]}" --out "$T/r" --max-blocks x "$T/a.dfl"
+    assert_output --partial "--max-blocks"
+    run -0 dfl-draft "${A[@]}" --out "$T/r" --total-steps 6 --max-tokens 8 --max-blocks 2 - < "$T/a.dfl"
+    [ "$(readlink "$T/r/latest")" = step-0000006 ]
+}
