@@ -35,12 +35,15 @@ static void usage(void)
            "                        inputs' warm-up shapes or index on a GPU, else the first\n"
            "                        batch; on the CPU larger batches grow them)\n"
            "      --manifest FILE   size the buffers from dfl-bucket's manifest.json\n"
-           "      --inflight N      batches between the forward and the writer (default 2)\n"
+           "      --inflight N      batches between the forward and the writer (default 2;\n"
+           "                        4 with --vmsplice)\n"
            "      --profile[=N]     print the time of each stage every N batches (default 10)\n"
            "      --tune            GPU: time cuBLASLt's GEMM algorithms before the first batch\n"
            "  -o, --output FILE     write to FILE (with an index frame) instead of stdout\n"
            "      --file-io MODE    how FILE is written: write, map or register (default write)\n"
            "      --vmsplice        hand the hidden states to a stdout pipe without copying\n"
+           "      --pipe-size SIZE  enlarge a stdout pipe to SIZE bytes where allowed\n"
+           "                        (default 64M; beyond fs.pipe-max-size needs CAP_SYS_RESOURCE)\n"
            "      --zstd LEVEL      compress frames with zstd at LEVEL (1..19; default off)\n"
            "      --no-index        do not end an output file with an index frame\n"
            "      --info            print the model summary and the captured layers as JSON, exit\n"
@@ -57,7 +60,7 @@ static void usage(void)
 
 enum {
     OPT_DTYPE = 256, OPT_MAX_TOKENS, OPT_MANIFEST, OPT_INFLIGHT, OPT_PROFILE, OPT_TUNE, OPT_FILE_IO,
-    OPT_VMSPLICE, OPT_ZSTD, OPT_NO_INDEX, OPT_INFO, OPT_HELP, OPT_VERSION
+    OPT_VMSPLICE, OPT_PIPE_SIZE, OPT_ZSTD, OPT_NO_INDEX, OPT_INFO, OPT_HELP, OPT_VERSION
 };
 
 static const struct option long_opts[] = {
@@ -72,6 +75,7 @@ static const struct option long_opts[] = {
     {"tune", no_argument, NULL, OPT_TUNE},
     {"file-io", required_argument, NULL, OPT_FILE_IO},
     {"vmsplice", no_argument, NULL, OPT_VMSPLICE},
+    {"pipe-size", required_argument, NULL, OPT_PIPE_SIZE},
     {"output", required_argument, NULL, 'o'},
     {"zstd", required_argument, NULL, OPT_ZSTD},
     {"no-index", no_argument, NULL, OPT_NO_INDEX},
@@ -127,7 +131,7 @@ int main(int argc, char **argv)
     const char *model = NULL, *layers_spec = "auto", *device = "cpu", *output = "-";
     const char *manifest = NULL;
     dfl_dtype dtype = DFL_BF16;
-    int64_t max_tokens = 0, inflight = 2, profile = 0;
+    int64_t max_tokens = 0, inflight = 0, profile = 0;
     int file_io = DFL_FILE_IO_WRITE;
     bool info_only = false, tune = false;
     dfl_writer_opts wopts = {0};
@@ -174,6 +178,13 @@ int main(int argc, char **argv)
                 return dfl_cli_usage_error("--file-io: '%s' is not write, map or register", optarg);
             break;
         case OPT_VMSPLICE: wopts.vmsplice = true; break;
+        case OPT_PIPE_SIZE: {
+            uint64_t v;
+            if (dfl_parse_size(optarg, &v, "--pipe-size", &e) || v < 4096 || v > (1u << 30))
+                return dfl_cli_usage_error("--pipe-size: '%s' is not a size in [4K, 1G]", optarg);
+            wopts.pipe_size = (uint32_t)v;
+            break;
+        }
         case OPT_ZSTD: {
             int64_t v;
             if (dfl_parse_i64(optarg, 1, 19, &v, "--zstd", &e))
@@ -258,7 +269,8 @@ int main(int argc, char **argv)
             .inputs = inputs, .n_inputs = n_inputs, .output = output,
             .n_caps = n_layers, .layers = layers, .dtype = dtype,
             .max_tokens = max_tokens, .manifest = manifest, .grow = be->kind == DFL_BE_CPU,
-            .inflight = (int)inflight, .profile = (int)profile, .file_io = file_io, .tune = tune,
+            .inflight = (int)(inflight ? inflight : wopts.vmsplice ? 4 : 2), /* spliced slots wait for the consumer */
+            .profile = (int)profile, .file_io = file_io, .tune = tune,
             .wopts = wopts, .stop = &stop_signal,
         };
         dfl_target_stats st;

@@ -30,7 +30,8 @@
 #define MAX_JSON_FRAME (16ull << 20)   /* HEADER and NOTE payloads */
 #define END_PAYLOAD 64
 #define END_FRAME 192
-#define READ_CHUNK (4u << 20)          /* read and hash in pieces that stay in cache */
+#define READ_CHUNK (256u << 10)        /* default opts.chunk: read(2) and hash pieces that stay in
+                                          the cache while the producer refills the pipe */
 
 static inline uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static inline uint32_t get32(const uint8_t *p)
@@ -293,28 +294,43 @@ static int copy_failed(dfl_reader *r, dfl_err *e)
     return r->failed;
 }
 
+/* One read(2) of at most n bytes (n <= 1 GiB) through EINTR and EAGAIN: *got is what it returned,
+ * 0 only at end of input. */
+static int read_some(dfl_reader *r, void *buf, size_t n, size_t *got, dfl_err *e)
+{
+    for (;;) {
+        ssize_t k = read(r->fd, buf, n);
+        if (k >= 0) {
+            *got = (size_t)k;
+            return DFL_OK;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) { /* a non-blocking descriptor: wait */
+            struct pollfd pf = {.fd = r->fd, .events = POLLIN};
+            poll(&pf, 1, -1);
+            continue;
+        }
+        *got = 0;
+        return dfl_fail_errno(e, DFL_EIO, errno, "%s: read failed", r->name);
+    }
+}
+
 /* Reads up to n bytes (fewer only at end of input); *got receives the count. */
 static int read_upto(dfl_reader *r, void *buf, size_t n, size_t *got, dfl_err *e)
 {
     uint8_t *p = buf;
     size_t done = 0;
     while (done < n) {
-        size_t chunk = n - done > (1u << 30) ? (1u << 30) : n - done;
-        ssize_t k = read(r->fd, p + done, chunk);
-        if (k < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) { /* a non-blocking descriptor: wait */
-                struct pollfd pf = {.fd = r->fd, .events = POLLIN};
-                poll(&pf, 1, -1);
-                continue;
-            }
+        size_t k;
+        int rc = read_some(r, p + done, n - done > (1u << 30) ? (1u << 30) : n - done, &k, e);
+        if (rc) {
             *got = done;
-            return dfl_fail_errno(e, DFL_EIO, errno, "%s: read failed", r->name);
+            return rc;
         }
         if (k == 0)
             break;
-        done += (size_t)k;
+        done += k;
     }
     *got = done;
     return DFL_OK;
@@ -600,18 +616,21 @@ static int read_body(dfl_reader *r, const uint8_t *h, const fhdr *fh, uint64_t o
         XXH3_64bits_reset(r->xx);
         XXH3_64bits_update(r->xx, h, 64);
     }
+    /* one read(2) at a time, each piece hashed as soon as it is in (in the cache): on a pipe the
+     * producer refills it meanwhile, where gathering a large piece before hashing it would leave
+     * the pipe full (the producer waiting) while we hash, and empty while we gather */
     while (done < body) {
-        size_t want = body - done > READ_CHUNK ? READ_CHUNK : (size_t)(body - done), got;
-        int rc = read_upto(r, dst + done, want, &got, e);
+        size_t want = body - done > r->opts.chunk ? r->opts.chunk : (size_t)(body - done), got;
+        int rc = read_some(r, dst + done, want, &got, e);
         if (rc)
             return sticky(r, rc, e);
+        if (got == 0)
+            return cut(r, fh->seq, off, 64 + done, fh->total, fh, e);
         if (verify) {
             uint64_t hashable = done < body - 8 ? (body - 8 - done < got ? body - 8 - done : got) : 0;
             XXH3_64bits_update(r->xx, dst + done, hashable);
         }
         done += got;
-        if (got < want)
-            return cut(r, fh->seq, off, 64 + done, fh->total, fh, e);
     }
     if (verify && XXH3_64bits_digest(r->xx) != get64(dst + body - 8)) {
         rfail(r, DFL_EDATA, fh->seq, off, "checksum mismatch (the %s frame is corrupt)", type_name(fh->type));
@@ -1096,6 +1115,8 @@ static int reader_new(dfl_reader **out, int fd, bool own_fd, const char *name, c
         r->opts = *opts;
     if (r->opts.max_frame == 0)
         r->opts.max_frame = DEFAULT_MAX_FRAME;
+    if (r->opts.chunk == 0)
+        r->opts.chunk = READ_CHUNK;
     if (!r->name || !r->xx) {
         dfl_reader_close(r);
         return dfl_fail(e, DFL_ENOMEM, "%s: out of memory", name);

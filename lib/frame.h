@@ -138,6 +138,10 @@ typedef struct dfl_reader_opts {
     bool no_verify;              /* skip the trailer checksums (header checks are always verified) */
     bool allow_truncated;        /* a missing END is a clean end, reported by dfl_reader_truncated */
     uint64_t max_frame;          /* largest payload accepted; 0 = default (64 GiB) */
+    uint32_t chunk;              /* a descriptor (pipe, FIFO, socket) is read and hashed in read(2)
+                                    calls of at most this many bytes, each hashed as soon as it
+                                    returns, so that the producer refills the pipe meanwhile;
+                                    0 = default (256 KiB) */
 } dfl_reader_opts;
 
 /* Opens path ("-" = stdin; a regular file is mapped, anything else is read) and reads and checks
@@ -196,6 +200,11 @@ typedef struct dfl_writer_opts {
                                     read(2) the pipe (one that splices it on, e.g. to a socket,
                                     could still see the pages change). Falls back to copying
                                     when the system refuses */
+    uint32_t chunk;              /* payloads are hashed, then written, in pieces of this many
+                                    bytes; 0 = default (256 KiB on a pipe, 4 MiB elsewhere) */
+    uint32_t pipe_size;          /* a pipe is enlarged to this many bytes where the system allows
+                                    it (above /proc/sys/fs/pipe-max-size only with
+                                    CAP_SYS_RESOURCE), else to pipe-max-size; 0 = default (64 MiB) */
 } dfl_writer_opts;
 
 /* Opens path ("-" = stdout) and writes the HEADER frame. A file is written under a temporary name
@@ -223,6 +232,8 @@ int dfl_writer_close(dfl_writer *w, dfl_err *e);
 void dfl_writer_abort(dfl_writer *w);
 /* Bytes written so far. */
 uint64_t dfl_writer_bytes(const dfl_writer *w);
+/* The capacity of the output pipe (after the enlargement of opts.pipe_size); 0 if not a pipe. */
+uint32_t dfl_writer_pipe_bytes(const dfl_writer *w);
 /* With opts.vmsplice: whether the consumer has read the stream up to byte offset `upto` (so
  * that arrays spliced before it may be changed). True when nothing was spliced. */
 bool dfl_writer_consumed(dfl_writer *w, uint64_t upto);

@@ -28,7 +28,11 @@
 #include "json.h"
 #include "util.h"
 
-#define WRITE_CHUNK (4u << 20) /* hash this much, then write it while it is in cache */
+#define WRITE_CHUNK (4u << 20)       /* default opts.chunk: hash this much, then write it while
+                                        it is in the cache */
+#define WRITE_CHUNK_PIPE (256u << 10) /* on a pipe: smaller pieces, so that the consumer drains
+                                        the pipe while the next piece is hashed */
+#define PIPE_SIZE (64u << 20)         /* default opts.pipe_size */
 #define GROUP_IOV 64
 
 static const uint8_t zeros[64];
@@ -61,6 +65,7 @@ struct dfl_writer {
     dfl_index_entry *entries;
     size_t cap;
     XXH3_state_t *xx;
+    uint32_t pipe_bytes;         /* the pipe's capacity after enlarge_pipe; 0: not a pipe */
     ZSTD_CCtx *cctx;
     uint8_t *raw;     /* gathered (and shuffled) payload, for compression */
     size_t rawcap;
@@ -176,7 +181,7 @@ static int write_group(dfl_writer *w, struct iovec *g, const bool *stable, int n
 
 /* Writes one frame whose payload is the concatenation of pieces (stored_len bytes in all):
  * frame header, pieces, padding, trailer. Pieces are hashed and written in groups of about
- * WRITE_CHUNK bytes. stable (may be NULL): which pieces stay unchanged until the consumer has
+ * opts.chunk bytes. stable (may be NULL): which pieces stay unchanged until the consumer has
  * read them (they may be spliced). */
 static int write_frame(dfl_writer *w, uint32_t type, uint32_t flags, const struct iovec *pieces, int npieces,
                        uint64_t stored_len, uint64_t raw_len, const bool *stable, dfl_err *e)
@@ -212,8 +217,8 @@ static int write_frame(dfl_writer *w, uint32_t type, uint32_t flags, const struc
         size_t off = 0;
         while (off < len) {
             size_t take = len - off;
-            if (take > WRITE_CHUNK - gbytes)
-                take = WRITE_CHUNK - gbytes;
+            if (take > w->opts.chunk - gbytes)
+                take = w->opts.chunk - gbytes;
             XXH3_64bits_update(w->xx, base + off, take);
             g[gn].iov_base = (void *)(base + off);
             g[gn].iov_len = take;
@@ -221,7 +226,7 @@ static int write_frame(dfl_writer *w, uint32_t type, uint32_t flags, const struc
             gn++;
             gbytes += take;
             off += take;
-            if (gbytes == WRITE_CHUNK || gn == GROUP_IOV) {
+            if (gbytes == w->opts.chunk || gn == GROUP_IOV) {
                 if ((rc = write_group(w, g, gs, gn, e)))
                     return rc;
                 gn = 0;
@@ -329,9 +334,16 @@ static void writer_free(dfl_writer *w)
     free(w);
 }
 
-/* Enlarges a pipe to the system's maximum (fewer wake-ups per batch); failure is harmless. */
-static void enlarge_pipe(int fd)
+/* Enlarges a pipe (fewer wake-ups per batch, and a producer that can run ahead of its consumer)
+ * to want bytes where the system lets us (above /proc/sys/fs/pipe-max-size only with
+ * CAP_SYS_RESOURCE), else to pipe-max-size; failure is harmless. */
+static void enlarge_pipe(int fd, uint32_t want)
 {
+    int cur = fcntl(fd, F_GETPIPE_SZ);
+    if (cur < 0 || (uint64_t)cur >= want)
+        return;
+    if (want <= INT_MAX && fcntl(fd, F_SETPIPE_SZ, (int)want) >= 0)
+        return;
     long max = 1 << 20;
     FILE *f = fopen("/proc/sys/fs/pipe-max-size", "r");
     if (f) {
@@ -339,8 +351,9 @@ static void enlarge_pipe(int fd)
             max = 1 << 20;
         fclose(f);
     }
-    int cur = fcntl(fd, F_GETPIPE_SZ);
-    if (cur >= 0 && cur < max && max <= INT_MAX)
+    if (max > (long)want)
+        max = (long)want;
+    if (cur < max && max <= INT_MAX)
         (void)fcntl(fd, F_SETPIPE_SZ, (int)max);
 }
 
@@ -367,8 +380,15 @@ static int writer_start(dfl_writer **out, dfl_writer *w, const dfl_stream_info *
         rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot stat", w->name);
         goto fail;
     }
-    if (S_ISFIFO(st.st_mode))
-        enlarge_pipe(w->fd);
+    if (w->opts.pipe_size == 0)
+        w->opts.pipe_size = PIPE_SIZE;
+    if (w->opts.chunk == 0)
+        w->opts.chunk = S_ISFIFO(st.st_mode) ? WRITE_CHUNK_PIPE : WRITE_CHUNK;
+    if (S_ISFIFO(st.st_mode)) {
+        enlarge_pipe(w->fd, w->opts.pipe_size);
+        int ps = fcntl(w->fd, F_GETPIPE_SZ);
+        w->pipe_bytes = ps > 0 ? (uint32_t)ps : 0;
+    }
     /* an INDEX holds stream offsets: only where the stream starts the file */
     bool at_start = S_ISREG(st.st_mode) && lseek(w->fd, 0, SEEK_CUR) == 0;
     w->want_index = at_start && !w->opts.no_index;
@@ -703,6 +723,8 @@ int dfl_writer_note(dfl_writer *w, const json_t *note, dfl_err *e)
         wfail(w, e, rc);
     return rc;
 }
+
+uint32_t dfl_writer_pipe_bytes(const dfl_writer *w) { return w->pipe_bytes; }
 
 uint64_t dfl_writer_bytes(const dfl_writer *w) { return w->bytes; }
 

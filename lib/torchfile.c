@@ -316,7 +316,7 @@ static int pop_mark(unpickler *u, pv ***items, size_t *n)
     if (!u->nmarks)
         return UFAIL(u, DFL_EDATA, "no MARK on the stack");
     size_t m = u->marks[--u->nmarks];
-    *items = u->stack + m;
+    *items = m < u->sp ? u->stack + m : NULL; /* no stack yet (a MARK before any push) */
     *n = u->sp - m;
     u->sp = m;
     return DFL_OK;

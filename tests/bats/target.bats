@@ -337,8 +337,8 @@ signal_stops() { # signal, output mode (stdout|file)
 
 @test "--vmsplice through a pipe to a slow consumer gives the same bytes" {
     dfl-target -q -m "$D/m4" --dtype f32 --layers 0,1,2,3 "$D/big.dfl" | cat >"$BATS_TEST_TMPDIR/a.dfl"
-    for n in 1 2; do
-        dfl-target -q -m "$D/m4" --dtype f32 --layers 0,1,2,3 --vmsplice --inflight "$n" "$D/big.dfl" |
+    for n in 1 2 ""; do   # "": the default (4 slots with --vmsplice)
+        dfl-target -q -m "$D/m4" --dtype f32 --layers 0,1,2,3 --vmsplice ${n:+--inflight "$n"} "$D/big.dfl" |
             { sleep 1; cat; } >"$BATS_TEST_TMPDIR/b.dfl"
         cmp "$BATS_TEST_TMPDIR/a.dfl" "$BATS_TEST_TMPDIR/b.dfl"
     done
@@ -349,6 +349,27 @@ signal_stops() { # signal, output mode (stdout|file)
     assert_output "1"
     run cat "$BATS_TEST_TMPDIR/err"
     assert_output --partial "stdout: the consumer went away (broken pipe)"
+}
+
+@test "--pipe-size: checked; a stdout pipe is enlarged to it (-v says so), the bytes are the same" {
+    run -1 dfl-target -m "$D/m4" --pipe-size 100 --info
+    assert_output --partial "--pipe-size: '100' is not a size in [4K, 1G]"
+    run -1 dfl-target -m "$D/m4" --pipe-size 2G --info
+    assert_output --partial "--pipe-size"
+    dfl-target -q -m "$D/m4" --layers 0,1 "$D/big.dfl" | cat >"$BATS_TEST_TMPDIR/a.dfl"
+    dfl-target -v -m "$D/m4" --layers 0,1 --pipe-size 128K "$D/big.dfl" 2>"$BATS_TEST_TMPDIR/err" |
+        cat >"$BATS_TEST_TMPDIR/b.dfl"
+    cmp "$BATS_TEST_TMPDIR/a.dfl" "$BATS_TEST_TMPDIR/b.dfl"
+    grep -q "output: a pipe of 128 KiB" "$BATS_TEST_TMPDIR/err"
+    # the default asks for 64M and gets at least the system's pipe-max-size (or 64M)
+    dfl-target -v -m "$D/m4" --layers 0,1 "$D/big.dfl" 2>"$BATS_TEST_TMPDIR/err" | cat >/dev/null
+    max=$(cat /proc/sys/fs/pipe-max-size)
+    [ "$max" -le $((64 << 20)) ] || max=$((64 << 20))
+    grep -q "output: a pipe of $((max >> 10)) KiB" "$BATS_TEST_TMPDIR/err" ||
+        grep -q "output: a pipe of 65536 KiB" "$BATS_TEST_TMPDIR/err"
+    # a file is no pipe
+    dfl-target -v -m "$D/m4" --layers 0,1 -o "$BATS_TEST_TMPDIR/c.dfl" "$D/big.dfl" 2>"$BATS_TEST_TMPDIR/err"
+    ! grep -q "output: a pipe" "$BATS_TEST_TMPDIR/err"
 }
 
 @test "--profile=N prints the stage times every N batches and a total" {
