@@ -783,6 +783,7 @@ static bool chunk_keep(const dfl_bucket_run *r, bk_chunk *c, const dfl_sample *s
 static void chunk_scan(const dfl_bucket_run *r, bk_chunk *c, dfl_sample *s)
 {
     const char *p = c->data, *end = c->data + c->size;
+    s->count_ids = !c->spill && !r->o.vocab_size; /* the ids of a mapped part are read when written */
     while (p < end) {
         const char *le;
         bool blank = false;
