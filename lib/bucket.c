@@ -1476,26 +1476,71 @@ static int fetch_sample(const dfl_bucket_run *r, uint32_t idx, int32_t *ids, uin
     return DFL_OK;
 }
 
-static int build_batch(const dfl_bucket_run *r, uint32_t bi, dfl_batch *out, dfl_sample *s, dfl_err *e)
+/* A batch being built, in arrays that are kept from one batch to the next (the batch points into
+ * them: it owns nothing). */
+typedef struct bk_slot {
+    dfl_batch b;
+    uint32_t *lens;            /* [cap_seqs] */
+    int32_t *ids;              /* [cap_tokens] */
+    uint8_t *mask;             /* [cap_tokens] */
+    size_t cap_seqs, cap_tokens;
+} bk_slot;
+
+static void slot_free(bk_slot *sl)
+{
+    free(sl->lens);
+    free(sl->ids);
+    free(sl->mask);
+    memset(sl, 0, sizeof *sl);
+}
+
+/* Room for T tokens in S sequences (the old contents are not kept). */
+static int slot_reserve(bk_slot *sl, uint64_t T, uint32_t S, dfl_err *e)
+{
+    if (S > sl->cap_seqs) {
+        free(sl->lens);
+        sl->cap_seqs = 0;
+        if (!(sl->lens = malloc((size_t)S * sizeof *sl->lens)))
+            return dfl_fail(e, DFL_ENOMEM, "out of memory for a batch of %u sequences", S);
+        sl->cap_seqs = S;
+    }
+    if (T > sl->cap_tokens) {
+        free(sl->ids);
+        free(sl->mask);
+        sl->mask = NULL;
+        sl->cap_tokens = 0;
+        if (!(sl->ids = malloc((size_t)T * sizeof *sl->ids)) || !(sl->mask = malloc((size_t)T)))
+            return dfl_fail(e, DFL_ENOMEM, "out of memory for a batch of %llu tokens", (unsigned long long)T);
+        sl->cap_tokens = (size_t)T;
+    }
+    return DFL_OK;
+}
+
+static int build_batch(const dfl_bucket_run *r, uint32_t bi, bk_slot *out, dfl_sample *s, dfl_err *e)
 {
     const dfl_bk_batch *b = &r->batches[bi];
-    int rc = dfl_batch_alloc(out, b->n_tokens, b->n_seqs, 0, 0, DFL_DT_INVALID, e);
+    int rc = slot_reserve(out, b->n_tokens, b->n_seqs, e);
     if (rc)
         return rc;
-    uint32_t *lens = (uint32_t *)out->seq_lens;   /* [S] */
-    int32_t *ids = (int32_t *)out->input_ids;     /* [T] */
-    uint8_t *mask = (uint8_t *)out->loss_mask;    /* [T] */
     uint64_t off = 0;
     for (uint32_t k = 0; k < b->n_seqs; k++) {
         uint32_t idx = r->members[b->first + k];
         uint32_t n = r->samples[idx].n_tokens;
-        lens[k] = n;
-        rc = fetch_sample(r, idx, ids + off, mask + off, s, e);
+        out->lens[k] = n;
+        rc = fetch_sample(r, idx, out->ids + off, out->mask + off, s, e);
         if (rc)
             return rc;
         off += n;
     }
-    out->max_len = b->max_len;
+    dfl_batch *d = &out->b;
+    memset(d, 0, sizeof *d);
+    d->n_tokens = b->n_tokens;
+    d->n_seqs = b->n_seqs;
+    d->max_len = b->max_len;
+    d->dtype = DFL_DT_INVALID;
+    d->seq_lens = out->lens;
+    d->input_ids = out->ids;
+    d->loss_mask = out->mask;
     return DFL_OK;
 }
 
@@ -1612,7 +1657,7 @@ static void progress_write(dfl_bucket_run *r, uint32_t shard, uint64_t done, uin
 
 typedef struct write_ctx {
     dfl_bucket_run *r;
-    dfl_batch *b;              /* [slots] */
+    bk_slot *b;                /* [slots] */
     uint32_t *which;           /* [slots] batch id */
     int *rc;                   /* [slots] */
     dfl_err *err;              /* [slots] */
@@ -1625,14 +1670,89 @@ static void write_work(void *ctx, int slot, int worker)
     w->rc[slot] = build_batch(w->r, w->which[slot], &w->b[slot], &w->scratch[worker], &w->err[slot]);
 }
 
+/* ---- shard files ----
+ * A shard is written through a descriptor of ours, so that a finished one can be fsynced (and
+ * closed) by the syncer thread while the next shards are written: fsync waits for the disk, and
+ * on the writing thread it would hold up the whole pipeline. Every shard has been synced before
+ * any is moved into place. */
+
+#define SYNC_SLOTS 16
+
+typedef struct sync_ctx {
+    int fd[SYNC_SLOTS];
+    uint32_t shard[SYNC_SLOTS];
+    int err[SYNC_SLOTS];       /* errno of a failed fsync or close, 0: none */
+} sync_ctx;
+
+static void sync_work(void *ctx, int slot, int worker)
+{
+    (void)worker;
+    sync_ctx *c = ctx;
+    int err = fsync(c->fd[slot]) != 0 ? errno : 0;
+    if (close(c->fd[slot]) != 0 && !err)
+        err = errno;
+    c->err[slot] = err;
+}
+
+/* The shard being written, and the syncer of the finished ones. */
+typedef struct bk_out {
+    dfl_writer *w;             /* NULL: none open */
+    int fd;
+    uint32_t shard;
+    bk_pool sync;
+    sync_ctx sc;
+    uint64_t sent, synced;
+    int sync_err;              /* the first failure */
+    uint32_t sync_err_shard;
+} bk_out;
+
+static int out_start(bk_out *o, dfl_err *e)
+{
+    memset(o, 0, sizeof *o);
+    o->fd = -1;
+    return pool_start(&o->sync, 1, SYNC_SLOTS, sync_work, &o->sc, e);
+}
+
+/* Waits for the oldest shard handed to the syncer. */
+static void out_synced(bk_out *o)
+{
+    int s = (int)(o->synced % SYNC_SLOTS);
+    pool_wait(&o->sync, s);
+    if (o->sc.err[s] && !o->sync_err) {
+        o->sync_err = o->sc.err[s];
+        o->sync_err_shard = o->sc.shard[s];
+    }
+    o->synced++;
+}
+
+/* Waits for the syncer to finish every shard handed to it, and stops it. */
+static int out_stop(dfl_bucket_run *r, bk_out *o, dfl_err *e)
+{
+    while (o->synced < o->sent)
+        out_synced(o);
+    pool_stop(&o->sync);
+    if (o->sync_err)
+        return dfl_fail_errno(e, DFL_EIO, o->sync_err, "%s/shard-%05u.dfl: fsync failed", r->tmp,
+                              o->sync_err_shard);
+    return DFL_OK;
+}
+
 /* Opens the writer of shard s (in the temporary directory). */
-static int shard_open(dfl_bucket_run *r, uint32_t s, dfl_writer **w, dfl_err *e)
+static int out_open(dfl_bucket_run *r, bk_out *o, uint32_t s, dfl_err *e)
 {
     char name[32];
     snprintf(name, sizeof name, "shard-%05u.dfl", s);
     char *path = dfl_path_join(r->tmp, name);
     if (!path)
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int err = errno;
+        int rc = dfl_fail_errno(e, DFL_EIO, err, "%s: cannot create", path);
+        free(path);
+        return rc;
+    }
+    fchmod(fd, 0644); /* whatever the umask, as a file renamed into place by dfl_writer_open */
     dfl_stream_info info;
     memset(&info, 0, sizeof info);
     info.kind = DFL_KIND_TOKENS;
@@ -1642,16 +1762,51 @@ static int shard_open(dfl_bucket_run *r, uint32_t s, dfl_writer **w, dfl_err *e)
     info.vocab_size = r->o.vocab_size;
     info.dtype = DFL_DT_INVALID;
     info.meta = shard_meta(r, s);
-    int rc = info.meta ? dfl_writer_open(w, path, &info, NULL, e) : dfl_fail(e, DFL_ENOMEM, "out of memory");
+    int rc = info.meta ? dfl_writer_open_fd(&o->w, fd, path, &info, NULL, e)
+                       : dfl_fail(e, DFL_ENOMEM, "out of memory");
     json_decref(info.meta);
     free(path);
-    return rc;
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    o->fd = fd;
+    o->shard = s;
+    return DFL_OK;
 }
 
-static int shard_close(dfl_bucket_run *r, dfl_writer *w, dfl_err *e)
+/* Finishes the open shard (INDEX and END) and hands it to the syncer. */
+static int out_close(dfl_bucket_run *r, bk_out *o, dfl_err *e)
 {
-    r->out_bytes += dfl_writer_bytes(w);
-    return dfl_writer_close(w, e);
+    r->out_bytes += dfl_writer_bytes(o->w);
+    int rc = dfl_writer_close(o->w, e);
+    o->w = NULL;
+    if (rc) {
+        close(o->fd);
+        o->fd = -1;
+        return rc;
+    }
+    if (o->sent - o->synced == SYNC_SLOTS)
+        out_synced(o);
+    int s = (int)(o->sent % SYNC_SLOTS);
+    o->sc.fd[s] = o->fd;
+    o->sc.shard[s] = o->shard;
+    o->sc.err[s] = 0;
+    pool_submit(&o->sync, s);
+    o->sent++;
+    o->fd = -1;
+    return DFL_OK;
+}
+
+/* Drops the open shard, if any (its file goes with the temporary directory). */
+static void out_abort(bk_out *o)
+{
+    if (!o->w)
+        return;
+    dfl_writer_abort(o->w);
+    o->w = NULL;
+    close(o->fd);
+    o->fd = -1;
 }
 
 /* Every shard into the temporary directory: workers build batches (in any order), this thread
@@ -1666,16 +1821,19 @@ static int write_shards(dfl_bucket_run *r, dfl_err *e)
     wc.err = calloc((size_t)n_slots, sizeof *wc.err);
     wc.scratch = calloc((size_t)r->threads, sizeof *wc.scratch);
     bk_pool pool;
+    bk_out o;
     int rc = DFL_OK;
+    bool out_started = false;
     if (!wc.b || !wc.which || !wc.rc || !wc.err || !wc.scratch)
         rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
     if (!rc)
+        out_started = !(rc = out_start(&o, e));
+    if (!rc)
         rc = pool_start(&pool, r->threads, n_slots, write_work, &wc, e);
     if (!rc) {
-        dfl_writer *w = NULL;
         uint32_t shard = 0;           /* the next shard to open */
         uint64_t filled = 0, done = 0, n = r->n_batches;
-        while (done < n || (!rc && shard < r->o.shards) || w) {
+        while (done < n || (!rc && shard < r->o.shards) || o.w) {
             while (!rc && filled < n && filled - done < (uint64_t)n_slots) {
                 int s = (int)(filled % (uint64_t)n_slots);
                 wc.which[s] = r->shard_list[filled];
@@ -1683,16 +1841,14 @@ static int write_shards(dfl_bucket_run *r, dfl_err *e)
                 filled++;
             }
             if (done == n) { /* close the last shard, and write the empty ones after it */
-                if (w) {
-                    int rc2 = rc ? (dfl_writer_abort(w), rc) : shard_close(r, w, e);
+                if (o.w) {
+                    int rc2 = rc ? (out_abort(&o), rc) : out_close(r, &o, e);
                     rc = rc ? rc : rc2;
-                    w = NULL;
                 }
                 while (!rc && shard < r->o.shards) {
-                    rc = shard_open(r, shard++, &w, e);
+                    rc = out_open(r, &o, shard++, e);
                     if (!rc)
-                        rc = shard_close(r, w, e);
-                    w = NULL;
+                        rc = out_close(r, &o, e);
                 }
                 break;
             }
@@ -1703,35 +1859,32 @@ static int write_shards(dfl_bucket_run *r, dfl_err *e)
                 rc = wc.rc[s];
                 *e = wc.err[s];
             }
-            while (!rc && (!w || shard <= bs)) { /* move on to batch's shard, writing empty ones */
-                if (w) {
-                    rc = shard_close(r, w, e);
-                    w = NULL;
-                    if (rc)
-                        break;
-                }
-                rc = shard_open(r, shard++, &w, e);
+            while (!rc && (!o.w || shard <= bs)) { /* move on to batch's shard, writing empty ones */
+                if (o.w && (rc = out_close(r, &o, e)))
+                    break;
+                rc = out_open(r, &o, shard++, e);
             }
             if (!rc)
-                rc = dfl_writer_batch(w, &wc.b[s], e);
-            dfl_batch_free(&wc.b[s]);
+                rc = dfl_writer_batch(o.w, &wc.b[s].b, e);
             done++;
             if (!rc && stopped(r))
                 rc = stop_fail(e);
             if (!rc)
-                progress_write(r, shard - 1, done, r->out_bytes + dfl_writer_bytes(w));
-            if (rc && w) {
-                dfl_writer_abort(w);
-                w = NULL;
-            }
+                progress_write(r, shard - 1, done, r->out_bytes + dfl_writer_bytes(o.w));
+            if (rc)
+                out_abort(&o);
             if (rc && done == filled)
                 break;
         }
-        if (w)
-            dfl_writer_abort(w);
+        out_abort(&o);
         pool_stop(&pool);
         for (int i = 0; i < n_slots; i++)
-            dfl_batch_free(&wc.b[i]);
+            slot_free(&wc.b[i]);
+    }
+    if (out_started) {
+        dfl_err e2;
+        int rc2 = out_stop(r, &o, rc ? &e2 : e);
+        rc = rc ? rc : rc2;
     }
     if (wc.scratch)
         for (int i = 0; i < r->threads; i++)
