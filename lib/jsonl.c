@@ -484,20 +484,36 @@ enum { LIST_IDS, LIST_COUNT, LIST_MASK, LIST_LABELS }; /* LIST_COUNT: ids checke
 
 #define BLOCK 64
 #define BLOCK_READ (BLOCK + 8) /* bytes a block may read: an element's 8 bytes can start at 63 */
-#define BLOCK_WAIT 8           /* after a block that took nothing: elements read one by one */
+#define BLOCK_WAIT 8           /* after a block that took nothing: elements read one by one, */
+#define BLOCK_WAIT_MAX 128     /* twice as many after each such block in a row, up to this */
+
+typedef struct list_try {
+    int wait;                  /* elements to read one by one before the next block */
+    int after;                 /* the wait after a block that takes nothing */
+} list_try;
 
 static inline __attribute__((always_inline)) uint64_t block_mask(__m128i eq, int k)
 {
     return (uint64_t)(uint32_t)_mm_movemask_epi8(eq) << (16 * k);
 }
 
+static inline __attribute__((always_inline)) unsigned popcount64(uint64_t x)
+{
+    x -= (x >> 1) & 0x5555555555555555ull;                                /* 2-bit sums */
+    x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull); /* 4-bit sums */
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0Full;                           /* byte sums */
+    return (unsigned)((x * 0x0101010101010101ull) >> 56);
+}
+
 /* The elements of the kind's form in the block at p, the start of an element; at least
  * BLOCK_READ bytes from p are readable. Values go to out (int32 ids, or mask bytes; nothing for
- * LIST_COUNT), *pp after the separator of the last one taken; returns how many were taken. */
+ * LIST_COUNT), *pp after the separator of the last one taken; returns how many were taken. A
+ * mask block may write up to BLOCK / 2 bytes to out. */
 static inline __attribute__((always_inline)) size_t list_block(const char **pp, int kind, void *out)
 {
     const char *p = *pp;
-    uint64_t dig = 0, com = 0, sp = 0, neg = 0, zero = 0;
+    bool sign = kind == LIST_LABELS, ones = kind == LIST_MASK || kind == LIST_LABELS;
+    uint64_t dig = 0, com = 0, sp = 0, neg = 0, zero = 0, one = 0;
     for (int k = 0; k < BLOCK / 16; k++) {
         __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * k));
         __m128i t = _mm_sub_epi8(x, _mm_set1_epi8('0'));
@@ -505,68 +521,71 @@ static inline __attribute__((always_inline)) size_t list_block(const char **pp, 
         com |= block_mask(_mm_cmpeq_epi8(x, _mm_set1_epi8(',')), k);
         sp |= block_mask(_mm_cmpeq_epi8(x, _mm_set1_epi8(' ')), k);
         zero |= block_mask(_mm_cmpeq_epi8(t, _mm_setzero_si128()), k);
-        if (kind == LIST_LABELS)
+        if (ones)
+            one |= block_mask(_mm_cmpeq_epi8(t, _mm_set1_epi8(1)), k);
+        if (sign)
             neg |= block_mask(_mm_cmpeq_epi8(x, _mm_set1_epi8('-')), k);
     }
     uint64_t first = dig & ~(dig << 1);                          /* first digit of a run */
-    uint64_t start = kind == LIST_LABELS ? (first & ~(neg << 1)) | neg : first;
+    uint64_t start = sign ? (first & ~(neg << 1)) | neg : first;
     uint64_t last = dig & ~(dig >> 1);                           /* last digit of a run */
     uint64_t comma = last & (com >> 1);                          /* followed by ',' */
     uint64_t two = comma & (sp >> 2) & (start >> 3);             /* by ", " and an element */
     uint64_t sep = (comma & (start >> 2)) | two;                 /* by a separator and an element */
     uint64_t bad = ~(dig | com | sp | neg) | (com & ~(sep << 1)) | (sp & ~(two << 2)) | (last & ~sep) |
                    (first & zero & (dig >> 1));                  /* a leading zero */
-    if (kind == LIST_LABELS)
-        bad |= neg & ~(dig >> 1);                                /* '-' not before a digit */
-    if (kind == LIST_COUNT) {                                    /* 9 digits in a row: one by one */
-        uint64_t d2 = dig & (dig >> 1), d4 = d2 & (d2 >> 2);
-        bad |= d4 & (d4 >> 4) & (dig >> 8);
-    }
+    uint64_t d2 = dig & (dig >> 1), d4 = d2 & (d2 >> 2), d8 = d4 & (d4 >> 4); /* k digits from here */
+    if (kind == LIST_MASK)
+        bad |= d2 | (dig & ~(zero | one));                       /* not one digit, 0 or 1 */
+    else if (sign)                                               /* '-' not before a digit; 19 digits */
+        bad |= (neg & ~(dig >> 1)) | (d8 & (d8 >> 8) & (d2 >> 16) & (dig >> 18));
+    else
+        bad |= d8 & (dig >> 8);                                  /* 9 digits: one by one */
     uint64_t ends = sep & ((bad & -bad) - 1);                    /* the elements before the first bad byte */
-    if (kind == LIST_COUNT) {
-        if (!ends)
-            return 0;
-        unsigned e = 63 - (unsigned)__builtin_clzll(ends);
-        *pp = p + e + 2 + ((two >> e) & 1);
-        return (size_t)__builtin_popcountll(ends);
-    }
-    size_t n = 0;
-    unsigned next = 0;
-    while (ends) {
-        unsigned s = (unsigned)__builtin_ctzll(start), e = (unsigned)__builtin_ctzll(ends);
-        if (kind == LIST_IDS) {
-            if (e - s >= 8) /* 9 digits or more: one by one */
-                break;
+    if (!ends)
+        return 0;
+    unsigned hi = 63 - (unsigned)__builtin_clzll(ends);          /* the last one taken */
+    *pp = p + hi + 2 + ((two >> hi) & 1);
+    if (kind == LIST_IDS) {
+        size_t n = 0;
+        do {
+            unsigned s = (unsigned)__builtin_ctzll(start), e = (unsigned)__builtin_ctzll(ends);
             uint64_t x;
             memcpy(&x, p + s, 8);
-            ((int32_t *)out)[n] = (int32_t)swar_value(x, (int)(e - s + 1));
-        } else if (kind == LIST_MASK) {
-            if (e != s || p[s] > '1')
-                break;
-            ((uint8_t *)out)[n] = (uint8_t)(p[s] - '0');
-        } else {
-            if (e - s > 17u + (p[s] == '-')) /* more than 18 digits: one by one (and declined) */
-                break;
-            ((uint8_t *)out)[n] = !(e - s == 3 && memcmp(p + s, "-100", 4) == 0);
-        }
-        n++;
-        next = e + 2 + (unsigned)((two >> e) & 1);
-        start &= start - 1;
-        ends &= ends - 1;
+            ((int32_t *)out)[n++] = (int32_t)swar_value(x, (int)(e - s + 1));
+            start &= start - 1;
+            ends &= ends - 1;
+        } while (ends);
+        return n;
     }
-    *pp = p + next;
+    size_t n = popcount64(ends);
+    if (kind == LIST_COUNT)
+        return n;
+    /* the first bytes of the elements taken, and those whose mask is 0 ('0', "-100") */
+    uint64_t at = kind == LIST_MASK ? ends : start & (hi == 63 ? ~0ull : (2ull << hi) - 1);
+    uint64_t off = kind == LIST_MASK ? at & zero : at & neg & (one >> 1) & (zero >> 2) & (zero >> 3) & (last >> 3);
+    uint8_t *o = out;
+    if (off == 0 || off == at) { /* the usual runs of 0 or of 1 */
+        memset(o, off == 0, BLOCK / 2);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            o[i] = !((off >> __builtin_ctzll(at)) & 1);
+            at &= at - 1;
+        }
+    }
     return n;
 }
 
 /* Reads blocks of a list while they take elements, growing the array to n + BLOCK / 2 first
- * (a block holds at most 32 elements). *wait counts down the elements to read one by one after a
- * block that took none. Returns 1 when elements were taken, 0 when none, -1 when out of memory. */
+ * (a block holds at most 32 elements). After a block that took none, t says how many elements
+ * to read one by one (a list not in the usual form, such as true and false, is then tried less
+ * and less often). Returns 1 when elements were taken, 0 when none, -1 when out of memory. */
 static inline __attribute__((always_inline)) int list_blocks(const char **pp, const char *end, int kind,
                                                              void **arr, size_t *cap, size_t sz, size_t *n,
-                                                             int *wait)
+                                                             list_try *t)
 {
-    if (*wait) {
-        (*wait)--;
+    if (t->wait) {
+        t->wait--;
         return 0;
     }
     size_t n0 = *n;
@@ -575,10 +594,13 @@ static inline __attribute__((always_inline)) int list_blocks(const char **pp, co
             return -1;
         size_t k = list_block(pp, kind, kind == LIST_COUNT ? NULL : (char *)*arr + *n * sz);
         if (!k) {
-            if (*n == n0)
-                *wait = BLOCK_WAIT;
+            if (*n == n0) {
+                t->wait = t->after;
+                t->after = t->after < BLOCK_WAIT_MAX ? 2 * t->after : BLOCK_WAIT_MAX;
+            }
             break;
         }
+        t->after = BLOCK_WAIT;
         *n += k;
     }
     return *n > n0;
@@ -597,14 +619,14 @@ static int fast_ids(dfl_sample *s, const char **pp, const char *end)
         p++;
     } else {
 #ifdef LIST_BLOCKS
-        int wait = 0;
+        list_try t = {0, BLOCK_WAIT};
 #endif
         for (;;) {
 #ifdef LIST_BLOCKS
             if (s->count_ids)
-                list_blocks(&p, end, LIST_COUNT, NULL, NULL, 0, &n, &wait);
+                list_blocks(&p, end, LIST_COUNT, NULL, NULL, 0, &n, &t);
             else if (list_blocks(&p, end, LIST_IDS, (void **)&s->ids, &s->ids_cap, sizeof *s->ids, &n,
-                                 &wait) < 0)
+                                 &t) < 0)
                 return -1;
 #endif
             uint64_t v;
@@ -644,11 +666,11 @@ static int fast_mask(dfl_sample *s, const char **pp, const char *end)
         p++;
     } else {
 #ifdef LIST_BLOCKS
-        int wait = 0;
+        list_try t = {0, BLOCK_WAIT};
 #endif
         for (;;) {
 #ifdef LIST_BLOCKS
-            if (list_blocks(&p, end, LIST_MASK, (void **)&s->mask, &s->mask_cap, 1, &n, &wait) < 0)
+            if (list_blocks(&p, end, LIST_MASK, (void **)&s->mask, &s->mask_cap, 1, &n, &t) < 0)
                 return -1;
 #endif
             if (p >= end)
@@ -673,7 +695,8 @@ static int fast_mask(dfl_sample *s, const char **pp, const char *end)
             if (n == s->mask_cap && !GROW(s->mask, s->mask_cap, n + 1))
                 return -1;
             s->mask[n++] = v;
-            if (end - p >= 3 && p[0] == ',' && p[1] == ' ' && (p[2] == '0' || p[2] == '1')) {
+            if (end - p >= 3 && p[0] == ',' && p[1] == ' ' &&
+                (p[2] == '0' || p[2] == '1' || p[2] == 't' || p[2] == 'f')) {
                 p += 2; /* the usual ", " */
                 continue;
             }
@@ -701,11 +724,11 @@ static int fast_labels(dfl_sample *s, const char **pp, const char *end)
         p++;
     } else {
 #ifdef LIST_BLOCKS
-        int wait = 0;
+        list_try t = {0, BLOCK_WAIT};
 #endif
         for (;;) {
 #ifdef LIST_BLOCKS
-            if (list_blocks(&p, end, LIST_LABELS, (void **)&s->lab, &s->lab_cap, 1, &n, &wait) < 0)
+            if (list_blocks(&p, end, LIST_LABELS, (void **)&s->lab, &s->lab_cap, 1, &n, &t) < 0)
                 return -1;
 #endif
             if (p >= end)

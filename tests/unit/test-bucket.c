@@ -350,6 +350,8 @@ static void lput_list(lbuf *b, dfl_rng *r, int kind, size_t n, size_t prompt, ui
                 lput_num(b, r, 1 + (int)dfl_rng_below(r, 8));
         } else if (kind == 1) {
             lput(b, o ? odd_mask[dfl_rng_below(r, DFL_ARRAY_LEN(odd_mask))] : i < prompt ? "0" : "1");
+        } else if (kind == 3) { /* true and false, with a 0 or 1 now and then */
+            lput(b, o ? (i < prompt ? "0" : "1") : i < prompt ? "false" : "true");
         } else {
             if (o)
                 lput(b, odd_lab[dfl_rng_below(r, DFL_ARRAY_LEN(odd_lab))]);
@@ -371,12 +373,12 @@ static void test_long_lists(void)
     for (int it = 0; it < 6000; it++) {
         size_t n = 1 + dfl_rng_below(&r, 300), prompt = dfl_rng_below(&r, n + 1);
         uint64_t odd = dfl_rng_below(&r, 3) == 0 ? 1000000 : 20 + dfl_rng_below(&r, 400);
-        int kind = (int)dfl_rng_below(&r, 3); /* ids only, loss_mask, labels */
+        int kind = (int)dfl_rng_below(&r, 4); /* ids only, loss_mask, labels, loss_mask of booleans */
         b.n = 0;
         lput(&b, "{\"id\": 7, \"input_ids\": ");
         lput_list(&b, &r, 0, n, 0, odd);
         if (kind) {
-            lput(&b, kind == 1 ? ", \"loss_mask\": " : ", \"labels\": ");
+            lput(&b, kind == 2 ? ", \"labels\": " : ", \"loss_mask\": ");
             size_t m = dfl_rng_below(&r, 50) == 0 ? n + 1 : n;
             lput_list(&b, &r, kind, m, prompt, odd);
         }
