@@ -1639,49 +1639,25 @@ fail:
     return NULL;
 }
 
-static void progress_write(dfl_bucket_run *r, uint32_t shard, uint64_t done, uint64_t bytes)
-{
-    double now = dfl_now();
-    if (now - r->t_last < 1.0)
-        return;
-    r->t_last = now;
-    double dt = now - r->t_scan;
-    char a[16], b[16];
-    double rate = dt > 0 ? (double)done / dt : 0;
-    dfl_progress("writing shard %u of %u: %llu of %zu batches (%.0f%%), %s, %s/s, ETA %.0f s", shard + 1,
-                 r->o.shards, (unsigned long long)done, r->n_batches,
-                 r->n_batches ? 100.0 * (double)done / (double)r->n_batches : 100.0,
-                 dfl_fmt_bytes((double)bytes, a, sizeof a), dfl_fmt_bytes(dt > 0 ? (double)bytes / dt : 0, b, sizeof b),
-                 rate > 0 ? (double)(r->n_batches - done) / rate : 0.0);
-}
-
-typedef struct write_ctx {
-    dfl_bucket_run *r;
-    bk_slot *b;                /* [slots] */
-    uint32_t *which;           /* [slots] batch id */
-    int *rc;                   /* [slots] */
-    dfl_err *err;              /* [slots] */
-    dfl_sample *scratch;       /* [threads] */
-} write_ctx;
-
-static void write_work(void *ctx, int slot, int worker)
-{
-    write_ctx *w = ctx;
-    w->rc[slot] = build_batch(w->r, w->which[slot], &w->b[slot], &w->scratch[worker], &w->err[slot]);
-}
-
-/* ---- shard files ----
+/* ---- writing the shards ----
  * A shard is written through a descriptor of ours, so that a finished one can be fsynced (and
- * closed) by the syncer thread while the next shards are written: fsync waits for the disk, and
- * on the writing thread it would hold up the whole pipeline. Every shard has been synced before
- * any is moved into place. */
+ * closed) by the syncer thread while the others are written: fsync waits for the disk. Every
+ * shard has been synced before any is moved into place.
+ *
+ * The threads write several shards at once, each in a lane of its own, and every thread takes
+ * the next piece of work there is: opening a lane's next shard, writing the batches built at the
+ * front of a lane (one thread at a time in a lane, in order), closing a finished shard, or else
+ * building a lane's next batch (reading its samples) into a free slot. So the writing (checks,
+ * hashing, the copy into the page cache) is spread over the threads like the reading, and no
+ * thread waits while there is work. What a shard holds does not depend on who wrote what. */
 
 #define SYNC_SLOTS 16
+#define LANE_SLOTS 4               /* batches built ahead in a lane */
 
 typedef struct sync_ctx {
     int fd[SYNC_SLOTS];
     uint32_t shard[SYNC_SLOTS];
-    int err[SYNC_SLOTS];       /* errno of a failed fsync or close, 0: none */
+    int err[SYNC_SLOTS];           /* errno of a failed fsync or close, 0: none */
 } sync_ctx;
 
 static void sync_work(void *ctx, int slot, int worker)
@@ -1694,51 +1670,94 @@ static void sync_work(void *ctx, int slot, int worker)
     c->err[slot] = err;
 }
 
-/* The shard being written, and the syncer of the finished ones. */
-typedef struct bk_out {
-    dfl_writer *w;             /* NULL: none open */
-    int fd;
-    uint32_t shard;
-    bk_pool sync;
-    sync_ctx sc;
+typedef struct bk_syncer {
+    pthread_mutex_t mu;            /* over what follows (the pool has its own) */
+    bk_pool pool;
+    sync_ctx c;
     uint64_t sent, synced;
-    int sync_err;              /* the first failure */
-    uint32_t sync_err_shard;
-} bk_out;
+    int err;                       /* the first failure */
+    uint32_t err_shard;
+} bk_syncer;
 
-static int out_start(bk_out *o, dfl_err *e)
+/* Waits for the oldest shard handed over (y->mu held). */
+static void syncer_wait_one(bk_syncer *y)
 {
-    memset(o, 0, sizeof *o);
-    o->fd = -1;
-    return pool_start(&o->sync, 1, SYNC_SLOTS, sync_work, &o->sc, e);
-}
-
-/* Waits for the oldest shard handed to the syncer. */
-static void out_synced(bk_out *o)
-{
-    int s = (int)(o->synced % SYNC_SLOTS);
-    pool_wait(&o->sync, s);
-    if (o->sc.err[s] && !o->sync_err) {
-        o->sync_err = o->sc.err[s];
-        o->sync_err_shard = o->sc.shard[s];
+    int s = (int)(y->synced % SYNC_SLOTS);
+    pool_wait(&y->pool, s);
+    if (y->c.err[s] && !y->err) {
+        y->err = y->c.err[s];
+        y->err_shard = y->c.shard[s];
     }
-    o->synced++;
+    y->synced++;
 }
 
-/* Waits for the syncer to finish every shard handed to it, and stops it. */
-static int out_stop(dfl_bucket_run *r, bk_out *o, dfl_err *e)
+/* Hands a finished shard's descriptor over: it is fsynced and closed. */
+static void syncer_add(bk_syncer *y, int fd, uint32_t shard)
 {
-    while (o->synced < o->sent)
-        out_synced(o);
-    pool_stop(&o->sync);
-    if (o->sync_err)
-        return dfl_fail_errno(e, DFL_EIO, o->sync_err, "%s/shard-%05u.dfl: fsync failed", r->tmp,
-                              o->sync_err_shard);
+    pthread_mutex_lock(&y->mu);
+    if (y->sent - y->synced == SYNC_SLOTS)
+        syncer_wait_one(y);
+    int s = (int)(y->sent % SYNC_SLOTS);
+    y->c.fd[s] = fd;
+    y->c.shard[s] = shard;
+    y->c.err[s] = 0;
+    pool_submit(&y->pool, s);
+    y->sent++;
+    pthread_mutex_unlock(&y->mu);
+}
+
+/* Waits for every shard handed over, and stops the syncer. */
+static int syncer_stop(dfl_bucket_run *r, bk_syncer *y, dfl_err *e)
+{
+    pthread_mutex_lock(&y->mu);
+    while (y->synced < y->sent)
+        syncer_wait_one(y);
+    pthread_mutex_unlock(&y->mu);
+    pool_stop(&y->pool);
+    pthread_mutex_destroy(&y->mu);
+    if (y->err)
+        return dfl_fail_errno(e, DFL_EIO, y->err, "%s/shard-%05u.dfl: fsync failed", r->tmp, y->err_shard);
     return DFL_OK;
 }
 
-/* Opens the writer of shard s (in the temporary directory). */
-static int out_open(dfl_bucket_run *r, bk_out *o, uint32_t s, dfl_err *e)
+enum { LANE_IDLE, LANE_OPEN };
+
+typedef struct bk_lane {
+    int state;                     /* LANE_IDLE: no shard; LANE_OPEN */
+    bool busy;                     /* a thread opens, writes or closes it */
+    dfl_writer *w;
+    int fd;
+    uint32_t shard;
+    uint64_t first, count;         /* its batches: shard_list[first .. first + count) */
+    uint64_t built, written;       /* batches given out to build; written */
+    uint64_t bytes;                /* written to its shard so far (for the progress line) */
+    bk_slot slot[LANE_SLOTS];      /* batch i in slot i % LANE_SLOTS */
+    int slot_state[LANE_SLOTS];    /* SLOT_FREE, SLOT_BUSY (being built), SLOT_DONE */
+    int slot_rc[LANE_SLOTS];
+    dfl_err slot_err[LANE_SLOTS];
+} bk_lane;
+
+typedef struct bk_writing {
+    dfl_bucket_run *r;
+    pthread_mutex_t mu;            /* over all of it, but the slots being built and the lanes busy */
+    pthread_cond_t cv;             /* some work may have come (or the end) */
+    bk_lane *lane;
+    int n_lanes;
+    uint32_t next_shard;           /* the next shard to open */
+    uint32_t shards_done;
+    uint64_t batches_done;
+    int rc;                        /* the first failure */
+    dfl_err e;
+    bk_syncer sync;
+} bk_writing;
+
+typedef struct write_arg {
+    bk_writing *W;
+    dfl_sample scratch;
+} write_arg;
+
+/* Opens shard s in lane L (mu not held; L busy). */
+static int lane_open(dfl_bucket_run *r, bk_lane *L, uint32_t s, dfl_err *e)
 {
     char name[32];
     snprintf(name, sizeof name, "shard-%05u.dfl", s);
@@ -1762,7 +1781,7 @@ static int out_open(dfl_bucket_run *r, bk_out *o, uint32_t s, dfl_err *e)
     info.vocab_size = r->o.vocab_size;
     info.dtype = DFL_DT_INVALID;
     info.meta = shard_meta(r, s);
-    int rc = info.meta ? dfl_writer_open_fd(&o->w, fd, path, &info, NULL, e)
+    int rc = info.meta ? dfl_writer_open_fd(&L->w, fd, path, &info, NULL, e)
                        : dfl_fail(e, DFL_ENOMEM, "out of memory");
     json_decref(info.meta);
     free(path);
@@ -1770,130 +1789,235 @@ static int out_open(dfl_bucket_run *r, bk_out *o, uint32_t s, dfl_err *e)
         close(fd);
         return rc;
     }
-    o->fd = fd;
-    o->shard = s;
+    L->fd = fd;
     return DFL_OK;
 }
 
-/* Finishes the open shard (INDEX and END) and hands it to the syncer. */
-static int out_close(dfl_bucket_run *r, bk_out *o, dfl_err *e)
+/* Writes INDEX and END to the lane's shard and hands it to the syncer (mu not held; L busy). */
+static int lane_close(bk_writing *W, bk_lane *L, dfl_err *e)
 {
-    r->out_bytes += dfl_writer_bytes(o->w);
-    int rc = dfl_writer_close(o->w, e);
-    o->w = NULL;
-    if (rc) {
-        close(o->fd);
-        o->fd = -1;
-        return rc;
+    int rc = dfl_writer_close(L->w, e);
+    L->w = NULL;
+    if (rc)
+        close(L->fd);
+    else
+        syncer_add(&W->sync, L->fd, L->shard);
+    L->fd = -1;
+    return rc;
+}
+
+/* Writes the lane's batches [from, to), built (mu not held; L busy). */
+static int lane_write(bk_lane *L, uint64_t from, uint64_t to, dfl_err *e)
+{
+    for (uint64_t i = from; i < to; i++) {
+        int s = (int)(i % LANE_SLOTS);
+        if (L->slot_rc[s]) {
+            *e = L->slot_err[s];
+            return L->slot_rc[s];
+        }
+        int rc = dfl_writer_batch(L->w, &L->slot[s].b, e);
+        if (rc)
+            return rc;
     }
-    if (o->sent - o->synced == SYNC_SLOTS)
-        out_synced(o);
-    int s = (int)(o->sent % SYNC_SLOTS);
-    o->sc.fd[s] = o->fd;
-    o->sc.shard[s] = o->shard;
-    o->sc.err[s] = 0;
-    pool_submit(&o->sync, s);
-    o->sent++;
-    o->fd = -1;
     return DFL_OK;
 }
 
-/* Drops the open shard, if any (its file goes with the temporary directory). */
-static void out_abort(bk_out *o)
+static void writing_progress(bk_writing *W)
 {
-    if (!o->w)
+    dfl_bucket_run *r = W->r;
+    double now = dfl_now();
+    if (now - r->t_last < 1.0)
         return;
-    dfl_writer_abort(o->w);
-    o->w = NULL;
-    close(o->fd);
-    o->fd = -1;
+    r->t_last = now;
+    uint64_t bytes = r->out_bytes, done = W->batches_done;
+    for (int i = 0; i < W->n_lanes; i++)
+        bytes += W->lane[i].bytes;
+    double dt = now - r->t_scan;
+    char a[16], b[16];
+    double rate = dt > 0 ? (double)done / dt : 0;
+    dfl_progress("writing: %u of %u shards done, %llu of %zu batches (%.0f%%), %s, %s/s, ETA %.0f s",
+                 W->shards_done, r->o.shards, (unsigned long long)done, r->n_batches,
+                 r->n_batches ? 100.0 * (double)done / (double)r->n_batches : 100.0,
+                 dfl_fmt_bytes((double)bytes, a, sizeof a), dfl_fmt_bytes(dt > 0 ? (double)bytes / dt : 0, b, sizeof b),
+                 rate > 0 ? (double)(r->n_batches - done) / rate : 0.0);
 }
 
-/* Every shard into the temporary directory: workers build batches (in any order), this thread
- * writes them in shard order. */
+/* A lane that is not busy and has opening, writing or closing to do (mu held), or NULL. */
+static bk_lane *lane_to_write(bk_writing *W)
+{
+    for (int i = 0; i < W->n_lanes; i++) {
+        bk_lane *L = &W->lane[i];
+        if (L->busy)
+            continue;
+        if (L->state == LANE_IDLE ? W->next_shard < W->r->o.shards
+                                  : L->written == L->count ||
+                                        (L->written < L->built &&
+                                         L->slot_state[L->written % LANE_SLOTS] == SLOT_DONE))
+            return L;
+    }
+    return NULL;
+}
+
+/* The open lane with a batch to build and a free slot for it, the least ahead (mu held), or NULL. */
+static bk_lane *lane_to_build(bk_writing *W)
+{
+    bk_lane *best = NULL;
+    for (int i = 0; i < W->n_lanes; i++) {
+        bk_lane *L = &W->lane[i];
+        if (L->state == LANE_OPEN && L->built < L->count && L->built - L->written < LANE_SLOTS &&
+            (!best || L->built - L->written < best->built - best->written))
+            best = L;
+    }
+    return best;
+}
+
+/* What every writing thread runs, until every shard is written or something failed. */
+static void *write_main(void *arg)
+{
+    write_arg *a = arg;
+    bk_writing *W = a->W;
+    dfl_bucket_run *r = W->r;
+    dfl_err e;
+    pthread_mutex_lock(&W->mu);
+    while (!W->rc && W->shards_done < r->o.shards) {
+        int rc = DFL_OK;
+        bk_lane *L = lane_to_write(W);
+        if (L) {
+            L->busy = true;
+            if (L->state == LANE_IDLE) {
+                uint32_t s = W->next_shard++;
+                uint64_t first = r->shard_start[s], count = r->shard_start[s + 1] - first;
+                pthread_mutex_unlock(&W->mu);
+                rc = lane_open(r, L, s, &e);
+                pthread_mutex_lock(&W->mu);
+                if (!rc) {
+                    L->state = LANE_OPEN;
+                    L->shard = s;
+                    L->first = first;
+                    L->count = count;
+                    L->built = L->written = 0;
+                }
+            } else if (L->written == L->count) {
+                r->out_bytes += dfl_writer_bytes(L->w);
+                L->bytes = 0;
+                pthread_mutex_unlock(&W->mu);
+                rc = lane_close(W, L, &e);
+                pthread_mutex_lock(&W->mu);
+                L->state = LANE_IDLE;
+                W->shards_done += !rc;
+            } else {
+                uint64_t from = L->written, to = from;
+                while (to < L->built && L->slot_state[to % LANE_SLOTS] == SLOT_DONE)
+                    to++;
+                pthread_mutex_unlock(&W->mu);
+                rc = lane_write(L, from, to, &e);
+                pthread_mutex_lock(&W->mu);
+                for (uint64_t i = from; i < to; i++)
+                    L->slot_state[i % LANE_SLOTS] = SLOT_FREE;
+                L->written = to;
+                L->bytes = dfl_writer_bytes(L->w);
+                W->batches_done += to - from;
+                if (!rc)
+                    writing_progress(W);
+            }
+            L->busy = false;
+        } else if ((L = lane_to_build(W))) {
+            uint64_t b = L->built++;
+            int s = (int)(b % LANE_SLOTS);
+            uint32_t bi = r->shard_list[L->first + b];
+            L->slot_state[s] = SLOT_BUSY;
+            pthread_mutex_unlock(&W->mu);
+            L->slot_rc[s] = build_batch(r, bi, &L->slot[s], &a->scratch, &L->slot_err[s]);
+            pthread_mutex_lock(&W->mu);
+            L->slot_state[s] = SLOT_DONE;
+        } else {
+            pthread_cond_wait(&W->cv, &W->mu);
+            continue;
+        }
+        if (!rc && stopped(r))
+            rc = stop_fail(&e);
+        if (rc && !W->rc) {
+            W->rc = rc;
+            W->e = e;
+        }
+        pthread_cond_broadcast(&W->cv);
+    }
+    pthread_mutex_unlock(&W->mu);
+    return NULL;
+}
+
+/* Every shard into the temporary directory, by r->threads threads (this one and the others). */
 static int write_shards(dfl_bucket_run *r, dfl_err *e)
 {
-    int n_slots = 4 * r->threads;
-    write_ctx wc = {r, NULL, NULL, NULL, NULL, NULL};
-    wc.b = calloc((size_t)n_slots, sizeof *wc.b);
-    wc.which = calloc((size_t)n_slots, sizeof *wc.which);
-    wc.rc = calloc((size_t)n_slots, sizeof *wc.rc);
-    wc.err = calloc((size_t)n_slots, sizeof *wc.err);
-    wc.scratch = calloc((size_t)r->threads, sizeof *wc.scratch);
-    bk_pool pool;
-    bk_out o;
-    int rc = DFL_OK;
-    bool out_started = false;
-    if (!wc.b || !wc.which || !wc.rc || !wc.err || !wc.scratch)
-        rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
-    if (!rc)
-        out_started = !(rc = out_start(&o, e));
-    if (!rc)
-        rc = pool_start(&pool, r->threads, n_slots, write_work, &wc, e);
-    if (!rc) {
-        uint32_t shard = 0;           /* the next shard to open */
-        uint64_t filled = 0, done = 0, n = r->n_batches;
-        while (done < n || (!rc && shard < r->o.shards) || o.w) {
-            while (!rc && filled < n && filled - done < (uint64_t)n_slots) {
-                int s = (int)(filled % (uint64_t)n_slots);
-                wc.which[s] = r->shard_list[filled];
-                pool_submit(&pool, s);
-                filled++;
-            }
-            if (done == n) { /* close the last shard, and write the empty ones after it */
-                if (o.w) {
-                    int rc2 = rc ? (out_abort(&o), rc) : out_close(r, &o, e);
-                    rc = rc ? rc : rc2;
-                }
-                while (!rc && shard < r->o.shards) {
-                    rc = out_open(r, &o, shard++, e);
-                    if (!rc)
-                        rc = out_close(r, &o, e);
-                }
-                break;
-            }
-            int s = (int)(done % (uint64_t)n_slots);
-            pool_wait(&pool, s);
-            uint32_t bs = r->batches[wc.which[s]].shard;
-            if (!rc && wc.rc[s]) {
-                rc = wc.rc[s];
-                *e = wc.err[s];
-            }
-            while (!rc && (!o.w || shard <= bs)) { /* move on to batch's shard, writing empty ones */
-                if (o.w && (rc = out_close(r, &o, e)))
-                    break;
-                rc = out_open(r, &o, shard++, e);
-            }
-            if (!rc)
-                rc = dfl_writer_batch(o.w, &wc.b[s].b, e);
-            done++;
-            if (!rc && stopped(r))
-                rc = stop_fail(e);
-            if (!rc)
-                progress_write(r, shard - 1, done, r->out_bytes + dfl_writer_bytes(o.w));
-            if (rc)
-                out_abort(&o);
-            if (rc && done == filled)
-                break;
+    bk_writing W;
+    memset(&W, 0, sizeof W);
+    W.r = r;
+    int n_th = r->threads;
+    W.n_lanes = (uint32_t)n_th < r->o.shards ? n_th : (int)r->o.shards;
+    W.lane = calloc((size_t)W.n_lanes, sizeof *W.lane);
+    write_arg *args = calloc((size_t)n_th, sizeof *args);
+    pthread_t *th = calloc((size_t)n_th, sizeof *th);
+    if (!W.lane || !args || !th) {
+        free(W.lane);
+        free(args);
+        free(th);
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    }
+    for (int i = 0; i < W.n_lanes; i++)
+        W.lane[i].fd = -1;
+    pthread_mutex_init(&W.mu, NULL);
+    pthread_cond_init(&W.cv, NULL);
+    pthread_mutex_init(&W.sync.mu, NULL);
+    int rc = pool_start(&W.sync.pool, 1, SYNC_SLOTS, sync_work, &W.sync.c, e);
+    bool sync_started = !rc;
+    int started = 0;
+    for (int i = 0; i < n_th && !rc; i++) {
+        args[i].W = &W;
+        if (i == 0)
+            continue; /* this thread */
+        int err = pthread_create(&th[i], NULL, write_main, &args[i]);
+        if (err)
+            rc = dfl_fail_errno(e, DFL_EIO, err, "cannot start a worker thread");
+        else
+            started = i;
+    }
+    if (rc) {
+        pthread_mutex_lock(&W.mu);
+        W.rc = rc;
+        W.e = *e;
+        pthread_cond_broadcast(&W.cv);
+        pthread_mutex_unlock(&W.mu);
+    } else {
+        write_main(&args[0]);
+    }
+    for (int i = 1; i <= started; i++)
+        pthread_join(th[i], NULL);
+    rc = W.rc;
+    if (rc)
+        *e = W.e;
+    for (int i = 0; i < W.n_lanes; i++) {
+        bk_lane *L = &W.lane[i];
+        if (L->w) {
+            dfl_writer_abort(L->w);
+            close(L->fd);
         }
-        out_abort(&o);
-        pool_stop(&pool);
-        for (int i = 0; i < n_slots; i++)
-            slot_free(&wc.b[i]);
+        for (int s = 0; s < LANE_SLOTS; s++)
+            slot_free(&L->slot[s]);
     }
-    if (out_started) {
+    if (sync_started) {
         dfl_err e2;
-        int rc2 = out_stop(r, &o, rc ? &e2 : e);
+        int rc2 = syncer_stop(r, &W.sync, rc ? &e2 : e);
         rc = rc ? rc : rc2;
+    } else {
+        pthread_mutex_destroy(&W.sync.mu);
     }
-    if (wc.scratch)
-        for (int i = 0; i < r->threads; i++)
-            dfl_sample_free(&wc.scratch[i]);
-    free(wc.scratch);
-    free(wc.b);
-    free(wc.which);
-    free(wc.rc);
-    free(wc.err);
+    for (int i = 0; i < n_th; i++)
+        dfl_sample_free(&args[i].scratch);
+    pthread_mutex_destroy(&W.mu);
+    pthread_cond_destroy(&W.cv);
+    free(W.lane);
+    free(args);
+    free(th);
     dfl_progress_end();
     return rc;
 }
