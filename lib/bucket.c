@@ -783,6 +783,7 @@ static bool chunk_keep(const dfl_bucket_run *r, bk_chunk *c, const dfl_sample *s
 static void chunk_scan(const dfl_bucket_run *r, bk_chunk *c, dfl_sample *s)
 {
     const char *p = c->data, *end = c->data + c->size;
+    s->count_ids = !c->spill && !r->o.vocab_size; /* the ids of a mapped part are read when written */
     while (p < end) {
         const char *le;
         bool blank = false;
@@ -1475,26 +1476,71 @@ static int fetch_sample(const dfl_bucket_run *r, uint32_t idx, int32_t *ids, uin
     return DFL_OK;
 }
 
-static int build_batch(const dfl_bucket_run *r, uint32_t bi, dfl_batch *out, dfl_sample *s, dfl_err *e)
+/* A batch being built, in arrays that are kept from one batch to the next (the batch points into
+ * them: it owns nothing). */
+typedef struct bk_slot {
+    dfl_batch b;
+    uint32_t *lens;            /* [cap_seqs] */
+    int32_t *ids;              /* [cap_tokens] */
+    uint8_t *mask;             /* [cap_tokens] */
+    size_t cap_seqs, cap_tokens;
+} bk_slot;
+
+static void slot_free(bk_slot *sl)
+{
+    free(sl->lens);
+    free(sl->ids);
+    free(sl->mask);
+    memset(sl, 0, sizeof *sl);
+}
+
+/* Room for T tokens in S sequences (the old contents are not kept). */
+static int slot_reserve(bk_slot *sl, uint64_t T, uint32_t S, dfl_err *e)
+{
+    if (S > sl->cap_seqs) {
+        free(sl->lens);
+        sl->cap_seqs = 0;
+        if (!(sl->lens = malloc((size_t)S * sizeof *sl->lens)))
+            return dfl_fail(e, DFL_ENOMEM, "out of memory for a batch of %u sequences", S);
+        sl->cap_seqs = S;
+    }
+    if (T > sl->cap_tokens) {
+        free(sl->ids);
+        free(sl->mask);
+        sl->mask = NULL;
+        sl->cap_tokens = 0;
+        if (!(sl->ids = malloc((size_t)T * sizeof *sl->ids)) || !(sl->mask = malloc((size_t)T)))
+            return dfl_fail(e, DFL_ENOMEM, "out of memory for a batch of %llu tokens", (unsigned long long)T);
+        sl->cap_tokens = (size_t)T;
+    }
+    return DFL_OK;
+}
+
+static int build_batch(const dfl_bucket_run *r, uint32_t bi, bk_slot *out, dfl_sample *s, dfl_err *e)
 {
     const dfl_bk_batch *b = &r->batches[bi];
-    int rc = dfl_batch_alloc(out, b->n_tokens, b->n_seqs, 0, 0, DFL_DT_INVALID, e);
+    int rc = slot_reserve(out, b->n_tokens, b->n_seqs, e);
     if (rc)
         return rc;
-    uint32_t *lens = (uint32_t *)out->seq_lens;   /* [S] */
-    int32_t *ids = (int32_t *)out->input_ids;     /* [T] */
-    uint8_t *mask = (uint8_t *)out->loss_mask;    /* [T] */
     uint64_t off = 0;
     for (uint32_t k = 0; k < b->n_seqs; k++) {
         uint32_t idx = r->members[b->first + k];
         uint32_t n = r->samples[idx].n_tokens;
-        lens[k] = n;
-        rc = fetch_sample(r, idx, ids + off, mask + off, s, e);
+        out->lens[k] = n;
+        rc = fetch_sample(r, idx, out->ids + off, out->mask + off, s, e);
         if (rc)
             return rc;
         off += n;
     }
-    out->max_len = b->max_len;
+    dfl_batch *d = &out->b;
+    memset(d, 0, sizeof *d);
+    d->n_tokens = b->n_tokens;
+    d->n_seqs = b->n_seqs;
+    d->max_len = b->max_len;
+    d->dtype = DFL_DT_INVALID;
+    d->seq_lens = out->lens;
+    d->input_ids = out->ids;
+    d->loss_mask = out->mask;
     return DFL_OK;
 }
 
@@ -1593,45 +1639,139 @@ fail:
     return NULL;
 }
 
-static void progress_write(dfl_bucket_run *r, uint32_t shard, uint64_t done, uint64_t bytes)
+/* ---- writing the shards ----
+ * A shard is written through a descriptor of ours, so that a finished one can be fsynced (and
+ * closed) by the syncer thread while the others are written: fsync waits for the disk. Every
+ * shard has been synced before any is moved into place.
+ *
+ * The threads write several shards at once, each in a lane of its own, and every thread takes
+ * the next piece of work there is: opening a lane's next shard, writing the batches built at the
+ * front of a lane (one thread at a time in a lane, in order), closing a finished shard, or else
+ * building a lane's next batch (reading its samples) into a free slot. So the writing (checks,
+ * hashing, the copy into the page cache) is spread over the threads like the reading, and no
+ * thread waits while there is work. What a shard holds does not depend on who wrote what. */
+
+#define SYNC_SLOTS 16
+#define LANE_SLOTS 4               /* batches built ahead in a lane */
+
+typedef struct sync_ctx {
+    int fd[SYNC_SLOTS];
+    uint32_t shard[SYNC_SLOTS];
+    int err[SYNC_SLOTS];           /* errno of a failed fsync or close, 0: none */
+} sync_ctx;
+
+static void sync_work(void *ctx, int slot, int worker)
 {
-    double now = dfl_now();
-    if (now - r->t_last < 1.0)
-        return;
-    r->t_last = now;
-    double dt = now - r->t_scan;
-    char a[16], b[16];
-    double rate = dt > 0 ? (double)done / dt : 0;
-    dfl_progress("writing shard %u of %u: %llu of %zu batches (%.0f%%), %s, %s/s, ETA %.0f s", shard + 1,
-                 r->o.shards, (unsigned long long)done, r->n_batches,
-                 r->n_batches ? 100.0 * (double)done / (double)r->n_batches : 100.0,
-                 dfl_fmt_bytes((double)bytes, a, sizeof a), dfl_fmt_bytes(dt > 0 ? (double)bytes / dt : 0, b, sizeof b),
-                 rate > 0 ? (double)(r->n_batches - done) / rate : 0.0);
+    (void)worker;
+    sync_ctx *c = ctx;
+    int err = fsync(c->fd[slot]) != 0 ? errno : 0;
+    if (close(c->fd[slot]) != 0 && !err)
+        err = errno;
+    c->err[slot] = err;
 }
 
-typedef struct write_ctx {
+typedef struct bk_syncer {
+    pthread_mutex_t mu;            /* over what follows (the pool has its own) */
+    bk_pool pool;
+    sync_ctx c;
+    uint64_t sent, synced;
+    int err;                       /* the first failure */
+    uint32_t err_shard;
+} bk_syncer;
+
+/* Waits for the oldest shard handed over (y->mu held). */
+static void syncer_wait_one(bk_syncer *y)
+{
+    int s = (int)(y->synced % SYNC_SLOTS);
+    pool_wait(&y->pool, s);
+    if (y->c.err[s] && !y->err) {
+        y->err = y->c.err[s];
+        y->err_shard = y->c.shard[s];
+    }
+    y->synced++;
+}
+
+/* Hands a finished shard's descriptor over: it is fsynced and closed. */
+static void syncer_add(bk_syncer *y, int fd, uint32_t shard)
+{
+    pthread_mutex_lock(&y->mu);
+    if (y->sent - y->synced == SYNC_SLOTS)
+        syncer_wait_one(y);
+    int s = (int)(y->sent % SYNC_SLOTS);
+    y->c.fd[s] = fd;
+    y->c.shard[s] = shard;
+    y->c.err[s] = 0;
+    pool_submit(&y->pool, s);
+    y->sent++;
+    pthread_mutex_unlock(&y->mu);
+}
+
+/* Waits for every shard handed over, and stops the syncer. */
+static int syncer_stop(dfl_bucket_run *r, bk_syncer *y, dfl_err *e)
+{
+    pthread_mutex_lock(&y->mu);
+    while (y->synced < y->sent)
+        syncer_wait_one(y);
+    pthread_mutex_unlock(&y->mu);
+    pool_stop(&y->pool);
+    pthread_mutex_destroy(&y->mu);
+    if (y->err)
+        return dfl_fail_errno(e, DFL_EIO, y->err, "%s/shard-%05u.dfl: fsync failed", r->tmp, y->err_shard);
+    return DFL_OK;
+}
+
+enum { LANE_IDLE, LANE_OPEN };
+
+typedef struct bk_lane {
+    int state;                     /* LANE_IDLE: no shard; LANE_OPEN */
+    bool busy;                     /* a thread opens, writes or closes it */
+    dfl_writer *w;
+    int fd;
+    uint32_t shard;
+    uint64_t first, count;         /* its batches: shard_list[first .. first + count) */
+    uint64_t built, written;       /* batches given out to build; written */
+    uint64_t bytes;                /* written to its shard so far (for the progress line) */
+    bk_slot slot[LANE_SLOTS];      /* batch i in slot i % LANE_SLOTS */
+    int slot_state[LANE_SLOTS];    /* SLOT_FREE, SLOT_BUSY (being built), SLOT_DONE */
+    int slot_rc[LANE_SLOTS];
+    dfl_err slot_err[LANE_SLOTS];
+} bk_lane;
+
+typedef struct bk_writing {
     dfl_bucket_run *r;
-    dfl_batch *b;              /* [slots] */
-    uint32_t *which;           /* [slots] batch id */
-    int *rc;                   /* [slots] */
-    dfl_err *err;              /* [slots] */
-    dfl_sample *scratch;       /* [threads] */
-} write_ctx;
+    pthread_mutex_t mu;            /* over all of it, but the slots being built and the lanes busy */
+    pthread_cond_t cv;             /* some work may have come (or the end) */
+    bk_lane *lane;
+    int n_lanes;
+    uint32_t next_shard;           /* the next shard to open */
+    uint32_t shards_done;
+    uint64_t batches_done;
+    int rc;                        /* the first failure */
+    dfl_err e;
+    bk_syncer sync;
+} bk_writing;
 
-static void write_work(void *ctx, int slot, int worker)
-{
-    write_ctx *w = ctx;
-    w->rc[slot] = build_batch(w->r, w->which[slot], &w->b[slot], &w->scratch[worker], &w->err[slot]);
-}
+typedef struct write_arg {
+    bk_writing *W;
+    dfl_sample scratch;
+} write_arg;
 
-/* Opens the writer of shard s (in the temporary directory). */
-static int shard_open(dfl_bucket_run *r, uint32_t s, dfl_writer **w, dfl_err *e)
+/* Opens shard s in lane L (mu not held; L busy). */
+static int lane_open(dfl_bucket_run *r, bk_lane *L, uint32_t s, dfl_err *e)
 {
     char name[32];
     snprintf(name, sizeof name, "shard-%05u.dfl", s);
     char *path = dfl_path_join(r->tmp, name);
     if (!path)
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int err = errno;
+        int rc = dfl_fail_errno(e, DFL_EIO, err, "%s: cannot create", path);
+        free(path);
+        return rc;
+    }
+    fchmod(fd, 0644); /* whatever the umask, as a file renamed into place by dfl_writer_open */
     dfl_stream_info info;
     memset(&info, 0, sizeof info);
     info.kind = DFL_KIND_TOKENS;
@@ -1641,105 +1781,243 @@ static int shard_open(dfl_bucket_run *r, uint32_t s, dfl_writer **w, dfl_err *e)
     info.vocab_size = r->o.vocab_size;
     info.dtype = DFL_DT_INVALID;
     info.meta = shard_meta(r, s);
-    int rc = info.meta ? dfl_writer_open(w, path, &info, NULL, e) : dfl_fail(e, DFL_ENOMEM, "out of memory");
+    int rc = info.meta ? dfl_writer_open_fd(&L->w, fd, path, &info, NULL, e)
+                       : dfl_fail(e, DFL_ENOMEM, "out of memory");
     json_decref(info.meta);
     free(path);
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    L->fd = fd;
+    return DFL_OK;
+}
+
+/* Writes INDEX and END to the lane's shard and hands it to the syncer (mu not held; L busy). */
+static int lane_close(bk_writing *W, bk_lane *L, dfl_err *e)
+{
+    int rc = dfl_writer_close(L->w, e);
+    L->w = NULL;
+    if (rc)
+        close(L->fd);
+    else
+        syncer_add(&W->sync, L->fd, L->shard);
+    L->fd = -1;
     return rc;
 }
 
-static int shard_close(dfl_bucket_run *r, dfl_writer *w, dfl_err *e)
+/* Writes the lane's batches [from, to), built (mu not held; L busy). */
+static int lane_write(bk_lane *L, uint64_t from, uint64_t to, dfl_err *e)
 {
-    r->out_bytes += dfl_writer_bytes(w);
-    return dfl_writer_close(w, e);
+    for (uint64_t i = from; i < to; i++) {
+        int s = (int)(i % LANE_SLOTS);
+        if (L->slot_rc[s]) {
+            *e = L->slot_err[s];
+            return L->slot_rc[s];
+        }
+        int rc = dfl_writer_batch(L->w, &L->slot[s].b, e);
+        if (rc)
+            return rc;
+    }
+    return DFL_OK;
 }
 
-/* Every shard into the temporary directory: workers build batches (in any order), this thread
- * writes them in shard order. */
+static void writing_progress(bk_writing *W)
+{
+    dfl_bucket_run *r = W->r;
+    double now = dfl_now();
+    if (now - r->t_last < 1.0)
+        return;
+    r->t_last = now;
+    uint64_t bytes = r->out_bytes, done = W->batches_done;
+    for (int i = 0; i < W->n_lanes; i++)
+        bytes += W->lane[i].bytes;
+    double dt = now - r->t_scan;
+    char a[16], b[16];
+    double rate = dt > 0 ? (double)done / dt : 0;
+    dfl_progress("writing: %u of %u shards done, %llu of %zu batches (%.0f%%), %s, %s/s, ETA %.0f s",
+                 W->shards_done, r->o.shards, (unsigned long long)done, r->n_batches,
+                 r->n_batches ? 100.0 * (double)done / (double)r->n_batches : 100.0,
+                 dfl_fmt_bytes((double)bytes, a, sizeof a), dfl_fmt_bytes(dt > 0 ? (double)bytes / dt : 0, b, sizeof b),
+                 rate > 0 ? (double)(r->n_batches - done) / rate : 0.0);
+}
+
+/* A lane that is not busy and has opening, writing or closing to do (mu held), or NULL. */
+static bk_lane *lane_to_write(bk_writing *W)
+{
+    for (int i = 0; i < W->n_lanes; i++) {
+        bk_lane *L = &W->lane[i];
+        if (L->busy)
+            continue;
+        if (L->state == LANE_IDLE ? W->next_shard < W->r->o.shards
+                                  : L->written == L->count ||
+                                        (L->written < L->built &&
+                                         L->slot_state[L->written % LANE_SLOTS] == SLOT_DONE))
+            return L;
+    }
+    return NULL;
+}
+
+/* The open lane with a batch to build and a free slot for it, the least ahead (mu held), or NULL. */
+static bk_lane *lane_to_build(bk_writing *W)
+{
+    bk_lane *best = NULL;
+    for (int i = 0; i < W->n_lanes; i++) {
+        bk_lane *L = &W->lane[i];
+        if (L->state == LANE_OPEN && L->built < L->count && L->built - L->written < LANE_SLOTS &&
+            (!best || L->built - L->written < best->built - best->written))
+            best = L;
+    }
+    return best;
+}
+
+/* What every writing thread runs, until every shard is written or something failed. */
+static void *write_main(void *arg)
+{
+    write_arg *a = arg;
+    bk_writing *W = a->W;
+    dfl_bucket_run *r = W->r;
+    dfl_err e;
+    pthread_mutex_lock(&W->mu);
+    while (!W->rc && W->shards_done < r->o.shards) {
+        int rc = DFL_OK;
+        bk_lane *L = lane_to_write(W);
+        if (L) {
+            L->busy = true;
+            if (L->state == LANE_IDLE) {
+                uint32_t s = W->next_shard++;
+                uint64_t first = r->shard_start[s], count = r->shard_start[s + 1] - first;
+                pthread_mutex_unlock(&W->mu);
+                rc = lane_open(r, L, s, &e);
+                pthread_mutex_lock(&W->mu);
+                if (!rc) {
+                    L->state = LANE_OPEN;
+                    L->shard = s;
+                    L->first = first;
+                    L->count = count;
+                    L->built = L->written = 0;
+                }
+            } else if (L->written == L->count) {
+                r->out_bytes += dfl_writer_bytes(L->w);
+                L->bytes = 0;
+                pthread_mutex_unlock(&W->mu);
+                rc = lane_close(W, L, &e);
+                pthread_mutex_lock(&W->mu);
+                L->state = LANE_IDLE;
+                W->shards_done += !rc;
+            } else {
+                uint64_t from = L->written, to = from;
+                while (to < L->built && L->slot_state[to % LANE_SLOTS] == SLOT_DONE)
+                    to++;
+                pthread_mutex_unlock(&W->mu);
+                rc = lane_write(L, from, to, &e);
+                pthread_mutex_lock(&W->mu);
+                for (uint64_t i = from; i < to; i++)
+                    L->slot_state[i % LANE_SLOTS] = SLOT_FREE;
+                L->written = to;
+                L->bytes = dfl_writer_bytes(L->w);
+                W->batches_done += to - from;
+                if (!rc)
+                    writing_progress(W);
+            }
+            L->busy = false;
+        } else if ((L = lane_to_build(W))) {
+            uint64_t b = L->built++;
+            int s = (int)(b % LANE_SLOTS);
+            uint32_t bi = r->shard_list[L->first + b];
+            L->slot_state[s] = SLOT_BUSY;
+            pthread_mutex_unlock(&W->mu);
+            L->slot_rc[s] = build_batch(r, bi, &L->slot[s], &a->scratch, &L->slot_err[s]);
+            pthread_mutex_lock(&W->mu);
+            L->slot_state[s] = SLOT_DONE;
+        } else {
+            pthread_cond_wait(&W->cv, &W->mu);
+            continue;
+        }
+        if (!rc && stopped(r))
+            rc = stop_fail(&e);
+        if (rc && !W->rc) {
+            W->rc = rc;
+            W->e = e;
+        }
+        pthread_cond_broadcast(&W->cv);
+    }
+    pthread_mutex_unlock(&W->mu);
+    return NULL;
+}
+
+/* Every shard into the temporary directory, by r->threads threads (this one and the others). */
 static int write_shards(dfl_bucket_run *r, dfl_err *e)
 {
-    int n_slots = 4 * r->threads;
-    write_ctx wc = {r, NULL, NULL, NULL, NULL, NULL};
-    wc.b = calloc((size_t)n_slots, sizeof *wc.b);
-    wc.which = calloc((size_t)n_slots, sizeof *wc.which);
-    wc.rc = calloc((size_t)n_slots, sizeof *wc.rc);
-    wc.err = calloc((size_t)n_slots, sizeof *wc.err);
-    wc.scratch = calloc((size_t)r->threads, sizeof *wc.scratch);
-    bk_pool pool;
-    int rc = DFL_OK;
-    if (!wc.b || !wc.which || !wc.rc || !wc.err || !wc.scratch)
-        rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
-    if (!rc)
-        rc = pool_start(&pool, r->threads, n_slots, write_work, &wc, e);
-    if (!rc) {
-        dfl_writer *w = NULL;
-        uint32_t shard = 0;           /* the next shard to open */
-        uint64_t filled = 0, done = 0, n = r->n_batches;
-        while (done < n || (!rc && shard < r->o.shards) || w) {
-            while (!rc && filled < n && filled - done < (uint64_t)n_slots) {
-                int s = (int)(filled % (uint64_t)n_slots);
-                wc.which[s] = r->shard_list[filled];
-                pool_submit(&pool, s);
-                filled++;
-            }
-            if (done == n) { /* close the last shard, and write the empty ones after it */
-                if (w) {
-                    int rc2 = rc ? (dfl_writer_abort(w), rc) : shard_close(r, w, e);
-                    rc = rc ? rc : rc2;
-                    w = NULL;
-                }
-                while (!rc && shard < r->o.shards) {
-                    rc = shard_open(r, shard++, &w, e);
-                    if (!rc)
-                        rc = shard_close(r, w, e);
-                    w = NULL;
-                }
-                break;
-            }
-            int s = (int)(done % (uint64_t)n_slots);
-            pool_wait(&pool, s);
-            uint32_t bs = r->batches[wc.which[s]].shard;
-            if (!rc && wc.rc[s]) {
-                rc = wc.rc[s];
-                *e = wc.err[s];
-            }
-            while (!rc && (!w || shard <= bs)) { /* move on to batch's shard, writing empty ones */
-                if (w) {
-                    rc = shard_close(r, w, e);
-                    w = NULL;
-                    if (rc)
-                        break;
-                }
-                rc = shard_open(r, shard++, &w, e);
-            }
-            if (!rc)
-                rc = dfl_writer_batch(w, &wc.b[s], e);
-            dfl_batch_free(&wc.b[s]);
-            done++;
-            if (!rc && stopped(r))
-                rc = stop_fail(e);
-            if (!rc)
-                progress_write(r, shard - 1, done, r->out_bytes + dfl_writer_bytes(w));
-            if (rc && w) {
-                dfl_writer_abort(w);
-                w = NULL;
-            }
-            if (rc && done == filled)
-                break;
-        }
-        if (w)
-            dfl_writer_abort(w);
-        pool_stop(&pool);
-        for (int i = 0; i < n_slots; i++)
-            dfl_batch_free(&wc.b[i]);
+    bk_writing W;
+    memset(&W, 0, sizeof W);
+    W.r = r;
+    int n_th = r->threads;
+    W.n_lanes = (uint32_t)n_th < r->o.shards ? n_th : (int)r->o.shards;
+    W.lane = calloc((size_t)W.n_lanes, sizeof *W.lane);
+    write_arg *args = calloc((size_t)n_th, sizeof *args);
+    pthread_t *th = calloc((size_t)n_th, sizeof *th);
+    if (!W.lane || !args || !th) {
+        free(W.lane);
+        free(args);
+        free(th);
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
     }
-    if (wc.scratch)
-        for (int i = 0; i < r->threads; i++)
-            dfl_sample_free(&wc.scratch[i]);
-    free(wc.scratch);
-    free(wc.b);
-    free(wc.which);
-    free(wc.rc);
-    free(wc.err);
+    for (int i = 0; i < W.n_lanes; i++)
+        W.lane[i].fd = -1;
+    pthread_mutex_init(&W.mu, NULL);
+    pthread_cond_init(&W.cv, NULL);
+    pthread_mutex_init(&W.sync.mu, NULL);
+    int rc = pool_start(&W.sync.pool, 1, SYNC_SLOTS, sync_work, &W.sync.c, e);
+    bool sync_started = !rc;
+    int started = 0;
+    for (int i = 0; i < n_th && !rc; i++) {
+        args[i].W = &W;
+        if (i == 0)
+            continue; /* this thread */
+        int err = pthread_create(&th[i], NULL, write_main, &args[i]);
+        if (err)
+            rc = dfl_fail_errno(e, DFL_EIO, err, "cannot start a worker thread");
+        else
+            started = i;
+    }
+    if (rc) {
+        pthread_mutex_lock(&W.mu);
+        W.rc = rc;
+        W.e = *e;
+        pthread_cond_broadcast(&W.cv);
+        pthread_mutex_unlock(&W.mu);
+    } else {
+        write_main(&args[0]);
+    }
+    for (int i = 1; i <= started; i++)
+        pthread_join(th[i], NULL);
+    rc = W.rc;
+    if (rc)
+        *e = W.e;
+    for (int i = 0; i < W.n_lanes; i++) {
+        bk_lane *L = &W.lane[i];
+        if (L->w) {
+            dfl_writer_abort(L->w);
+            close(L->fd);
+        }
+        for (int s = 0; s < LANE_SLOTS; s++)
+            slot_free(&L->slot[s]);
+    }
+    if (sync_started) {
+        dfl_err e2;
+        int rc2 = syncer_stop(r, &W.sync, rc ? &e2 : e);
+        rc = rc ? rc : rc2;
+    } else {
+        pthread_mutex_destroy(&W.sync.mu);
+    }
+    for (int i = 0; i < n_th; i++)
+        dfl_sample_free(&args[i].scratch);
+    pthread_mutex_destroy(&W.mu);
+    pthread_cond_destroy(&W.cv);
+    free(W.lane);
+    free(args);
+    free(th);
     dfl_progress_end();
     return rc;
 }

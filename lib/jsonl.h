@@ -38,6 +38,8 @@ typedef struct dfl_sample {
     int32_t *ids;       /* [n] token ids */
     uint8_t *mask;      /* [n] loss mask, 0 or 1 */
     size_t n;
+    bool count_ids;     /* set by the caller: the fast path checks and counts input_ids (n) but
+                           does not keep them (ids is not to be read); much faster */
     /* internal: capacities and the mask sources seen on the line */
     size_t ids_cap, mask_cap, lab_cap;
     uint8_t *lab;       /* mask derived from labels */

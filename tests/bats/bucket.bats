@@ -164,11 +164,15 @@ assert_bad() {
 
 @test "same inputs and seed give byte-identical output, whatever the threads" {
     gen data.jsonl 500
-    run -0 dfl-bucket --shards 2 --seed 4 -j 1 -o a data.jsonl
-    run -0 dfl-bucket --shards 2 --seed 4 -j 3 -o b data.jsonl
-    cmp a/shard-00000.dfl b/shard-00000.dfl
-    cmp a/shard-00001.dfl b/shard-00001.dfl
-    cmp a/manifest.json b/manifest.json
+    # fewer, as many and more shards than threads (shards are written several at once)
+    for shards in 1 2 5; do
+        run -0 dfl-bucket --shards $shards --seed 4 -j 1 -o a$shards data.jsonl
+        for j in 2 3 4; do
+            run -0 dfl-bucket --shards $shards --seed 4 -j $j -o b$shards-$j data.jsonl
+            for f in a$shards/*; do cmp "$f" "b$shards-$j/${f#a$shards/}"; done
+            [ "$(ls b$shards-$j | wc -l)" = $((shards + 1)) ]
+        done
+    done
 }
 
 @test "another seed gives another order" {

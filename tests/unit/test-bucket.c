@@ -294,6 +294,137 @@ static void test_mutations(void)
     T_CHECK(agree_fast * 10 >= total * 8, "fast path took %d of %d good mutations", agree_fast, total);
 }
 
+/* Long lists, where the fast path reads 64 bytes at a time: mostly in the usual form (numbers of
+ * up to 8 digits after "," or ", "), with now and then an element or a separator that is not
+ * (other whitespace, 9 digits or more, leading zeros, signs, fractions, true, 2), so that blocks
+ * stop at every kind of byte and in every position. */
+typedef struct lbuf {
+    char *p;
+    size_t n, cap;
+} lbuf;
+
+static void lput(lbuf *b, const char *s)
+{
+    size_t k = strlen(s);
+    if (b->n + k + 1 > b->cap) {
+        b->cap = (b->n + k + 1) * 2;
+        b->p = realloc(b->p, b->cap);
+        if (!b->p)
+            abort();
+    }
+    memcpy(b->p + b->n, s, k + 1);
+    b->n += k;
+}
+
+static void lput_num(lbuf *b, dfl_rng *r, int digits)
+{
+    char t[32];
+    int k = 0;
+    t[k++] = (char)('1' + dfl_rng_below(r, 9));
+    while (k < digits)
+        t[k++] = (char)('0' + dfl_rng_below(r, 10));
+    t[k] = 0;
+    lput(b, t);
+}
+
+/* 1 in `odd` elements or separators is out of the usual form */
+static void lput_list(lbuf *b, dfl_rng *r, int kind, size_t n, size_t prompt, uint64_t odd)
+{
+    static const char *const seps[] = {" , ", ",\t", ",  ", "\r,", " ,", ",\r "};
+    static const char *const odd_ids[] = {"0", "012", "-5", "1.0", "1e3", "true", "2147483647", "2147483648",
+                                          "123456789", "00", "-0", "99999999999"};
+    static const char *const odd_mask[] = {"2", "true", "false", "01", "1.0", "-0", "10", "null"};
+    static const char *const odd_lab[] = {"-0", "-01", "-", "--1", "-1000", "-10", "-100.0", "0",
+                                          "1234567890123456789", "-123456789012345678", "-1e2", "+1"};
+    bool compact = dfl_rng_below(r, 4) == 0;
+    lput(b, "[");
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            lput(b, dfl_rng_below(r, odd) == 0 ? seps[dfl_rng_below(r, DFL_ARRAY_LEN(seps))]
+                                               : compact ? "," : ", ");
+        bool o = dfl_rng_below(r, odd) == 0;
+        if (kind == 0) {
+            if (o)
+                lput(b, odd_ids[dfl_rng_below(r, DFL_ARRAY_LEN(odd_ids))]);
+            else
+                lput_num(b, r, 1 + (int)dfl_rng_below(r, 8));
+        } else if (kind == 1) {
+            lput(b, o ? odd_mask[dfl_rng_below(r, DFL_ARRAY_LEN(odd_mask))] : i < prompt ? "0" : "1");
+        } else if (kind == 3) { /* true and false, with a 0 or 1 now and then */
+            lput(b, o ? (i < prompt ? "0" : "1") : i < prompt ? "false" : "true");
+        } else {
+            if (o)
+                lput(b, odd_lab[dfl_rng_below(r, DFL_ARRAY_LEN(odd_lab))]);
+            else if (i < prompt)
+                lput(b, "-100");
+            else
+                lput_num(b, r, 1 + (int)dfl_rng_below(r, 8));
+        }
+    }
+    lput(b, "]");
+}
+
+static void test_long_lists(void)
+{
+    dfl_rng r;
+    dfl_rng_seed(&r, 777);
+    lbuf b = {0};
+    int good = 0, fast_good = 0;
+    for (int it = 0; it < 6000; it++) {
+        size_t n = 1 + dfl_rng_below(&r, 300), prompt = dfl_rng_below(&r, n + 1);
+        uint64_t odd = dfl_rng_below(&r, 3) == 0 ? 1000000 : 20 + dfl_rng_below(&r, 400);
+        int kind = (int)dfl_rng_below(&r, 4); /* ids only, loss_mask, labels, loss_mask of booleans */
+        b.n = 0;
+        lput(&b, "{\"id\": 7, \"input_ids\": ");
+        lput_list(&b, &r, 0, n, 0, odd);
+        if (kind) {
+            lput(&b, kind == 2 ? ", \"labels\": " : ", \"loss_mask\": ");
+            size_t m = dfl_rng_below(&r, 50) == 0 ? n + 1 : n;
+            lput_list(&b, &r, kind, m, prompt, odd);
+        }
+        lput(&b, "}");
+        size_t len = b.n;
+        char what[64];
+        snprintf(what, sizeof what, "long line %d", it);
+        int f;
+        int j = compare_paths(b.p, len, &f, what);
+        good += j;
+        fast_good += j && f == 1;
+        /* the same line counted (ids not kept), and followed by more text (a line and what comes
+         * after it in the buffer) */
+        dfl_sample a = {0}, c = {0};
+        int fa = dfl_sample_parse_fast(&a, b.p, len);
+        c.count_ids = true;
+        int fc = dfl_sample_parse_fast(&c, b.p, len);
+        T_EQ_INT(fc, fa, what);
+        if (fc == 1 && fa == 1) {
+            T_CHECK(c.n == a.n, "%s: counted %zu ids, read %zu", what, c.n, a.n);
+            T_CHECK(c.n == a.n && memcmp(c.mask, a.mask, a.n) == 0, "%s: masks differ when counting", what);
+        }
+        lput(&b, "\n");
+        for (int k = 0; k < 40; k++)
+            lput(&b, dfl_rng_below(&r, 2) ? "1, " : "23,");
+        const char *eol = NULL;
+        int fe = dfl_sample_parse_fast_eol(&c, b.p, b.p + b.n, &eol);
+        T_EQ_INT(fe, fa, what);
+        if (fe == 1) {
+            T_CHECK(eol == b.p + len, "%s: the line ends at %td, not %zu", what, eol - b.p, len);
+            T_CHECK(c.n == a.n, "%s: %zu ids before a newline, %zu alone", what, c.n, a.n);
+        }
+        dfl_sample_free(&a);
+        dfl_sample_free(&c);
+        if (t_case_failed_) {
+            fprintf(stderr, "  line: %.*s\n", (int)len, b.p);
+            break;
+        }
+    }
+    free(b.p);
+
+    /* both verdicts occur, and the fast path takes nearly all good lines */
+    T_CHECK(good > 1000 && good < 5900, "%d of 6000 long lines parse", good);
+    T_CHECK(fast_good * 100 >= good * 95, "fast path took %d of %d good long lines", fast_good, good);
+}
+
 /* ---- planning ---- */
 
 static void test_rng(void)
@@ -543,6 +674,7 @@ int main(int argc, char **argv)
     T_RUN(test_depth);
     T_RUN(test_messages);
     T_RUN(test_mutations);
+    T_RUN(test_long_lists);
     T_RUN(test_rng);
     T_RUN(test_spec);
     T_RUN(test_auto_bounds);
