@@ -36,7 +36,7 @@ static void usage(void)
            "                        batch; on the CPU larger batches grow them)\n"
            "      --manifest FILE   size the buffers from dfl-bucket's manifest.json\n"
            "      --inflight N      batches between the forward and the writer (default 2;\n"
-           "                        4 with --vmsplice)\n"
+           "                        4 with --vmsplice into a pipe)\n"
            "      --profile[=N]     print the time of each stage every N batches (default 10)\n"
            "      --tune            GPU: time cuBLASLt's GEMM algorithms before the first batch\n"
            "  -o, --output FILE     write to FILE (with an index frame) instead of stdout\n"
@@ -269,8 +269,7 @@ int main(int argc, char **argv)
             .inputs = inputs, .n_inputs = n_inputs, .output = output,
             .n_caps = n_layers, .layers = layers, .dtype = dtype,
             .max_tokens = max_tokens, .manifest = manifest, .grow = be->kind == DFL_BE_CPU,
-            .inflight = (int)(inflight ? inflight : wopts.vmsplice ? 4 : 2), /* spliced slots wait for the consumer */
-            .profile = (int)profile, .file_io = file_io, .tune = tune,
+            .inflight = (int)inflight, .profile = (int)profile, .file_io = file_io, .tune = tune,
             .wopts = wopts, .stop = &stop_signal,
         };
         dfl_target_stats st;

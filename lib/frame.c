@@ -294,10 +294,12 @@ static int copy_failed(dfl_reader *r, dfl_err *e)
     return r->failed;
 }
 
-/* One read(2) of at most n bytes (n <= 1 GiB) through EINTR and EAGAIN: *got is what it returned,
+/* One read(2) of at most n bytes (and 1 GiB) through EINTR and EAGAIN: *got is what it returned,
  * 0 only at end of input. */
 static int read_some(dfl_reader *r, void *buf, size_t n, size_t *got, dfl_err *e)
 {
+    if (n > (1u << 30))
+        n = 1u << 30;
     for (;;) {
         ssize_t k = read(r->fd, buf, n);
         if (k >= 0) {
@@ -323,7 +325,7 @@ static int read_upto(dfl_reader *r, void *buf, size_t n, size_t *got, dfl_err *e
     size_t done = 0;
     while (done < n) {
         size_t k;
-        int rc = read_some(r, p + done, n - done > (1u << 30) ? (1u << 30) : n - done, &k, e);
+        int rc = read_some(r, p + done, n - done, &k, e);
         if (rc) {
             *got = done;
             return rc;

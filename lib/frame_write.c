@@ -336,14 +336,16 @@ static void writer_free(dfl_writer *w)
 
 /* Enlarges a pipe (fewer wake-ups per batch, and a producer that can run ahead of its consumer)
  * to want bytes where the system lets us (above /proc/sys/fs/pipe-max-size only with
- * CAP_SYS_RESOURCE), else to pipe-max-size; failure is harmless. */
-static void enlarge_pipe(int fd, uint32_t want)
+ * CAP_SYS_RESOURCE), else to pipe-max-size; failure is harmless. Returns the pipe's capacity
+ * then (0 if unknown). */
+static uint32_t enlarge_pipe(int fd, uint32_t want)
 {
     int cur = fcntl(fd, F_GETPIPE_SZ);
     if (cur < 0 || (uint64_t)cur >= want)
-        return;
-    if (want <= INT_MAX && fcntl(fd, F_SETPIPE_SZ, (int)want) >= 0)
-        return;
+        return cur > 0 ? (uint32_t)cur : 0;
+    int got = want <= INT_MAX ? fcntl(fd, F_SETPIPE_SZ, (int)want) : -1;
+    if (got > 0)
+        return (uint32_t)got;
     long max = 1 << 20;
     FILE *f = fopen("/proc/sys/fs/pipe-max-size", "r");
     if (f) {
@@ -353,8 +355,9 @@ static void enlarge_pipe(int fd, uint32_t want)
     }
     if (max > (long)want)
         max = (long)want;
-    if (cur < max && max <= INT_MAX)
-        (void)fcntl(fd, F_SETPIPE_SZ, (int)max);
+    if (cur < max && max <= INT_MAX && (got = fcntl(fd, F_SETPIPE_SZ, (int)max)) > 0)
+        return (uint32_t)got;
+    return (uint32_t)cur;
 }
 
 static int writer_start(dfl_writer **out, dfl_writer *w, const dfl_stream_info *info, const dfl_writer_opts *opts,
@@ -384,11 +387,8 @@ static int writer_start(dfl_writer **out, dfl_writer *w, const dfl_stream_info *
         w->opts.pipe_size = PIPE_SIZE;
     if (w->opts.chunk == 0)
         w->opts.chunk = S_ISFIFO(st.st_mode) ? WRITE_CHUNK_PIPE : WRITE_CHUNK;
-    if (S_ISFIFO(st.st_mode)) {
-        enlarge_pipe(w->fd, w->opts.pipe_size);
-        int ps = fcntl(w->fd, F_GETPIPE_SZ);
-        w->pipe_bytes = ps > 0 ? (uint32_t)ps : 0;
-    }
+    if (S_ISFIFO(st.st_mode))
+        w->pipe_bytes = enlarge_pipe(w->fd, w->opts.pipe_size);
     /* an INDEX holds stream offsets: only where the stream starts the file */
     bool at_start = S_ISREG(st.st_mode) && lseek(w->fd, 0, SEEK_CUR) == 0;
     w->want_index = at_start && !w->opts.no_index;

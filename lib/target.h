@@ -142,7 +142,8 @@ typedef struct dfl_target_run_opts {
                                     buffers (NULL: none) */
     bool grow;                   /* a larger batch grows the buffers (else: error) */
     int inflight;                /* output slots: batches between the forward and the writer
-                                    (0 = default, 2) */
+                                    (0 = default: 2, and 4 when wopts.vmsplice splices into a
+                                    pipe, where a slot waits until the consumer has read it) */
     int profile;                 /* print stage times every `profile` batches (0 = off) */
     int file_io;                 /* -o FILE: DFL_FILE_IO_* */
     bool tune;                   /* CUDA: time cuBLASLt's candidate algorithms for the largest

@@ -1229,9 +1229,12 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
     info.meta = meta;
     if ((rc = dfl_writer_open(&p->w, o->output, &info, &o->wopts, e)))
         goto done;
+    bool spliced = o->wopts.vmsplice && dfl_writer_pipe_bytes(p->w);
+    if (spliced && o->inflight <= 0)
+        p->n_slots = 4; /* a spliced slot is held until the consumer has read it */
     if (dfl_writer_pipe_bytes(p->w))
         dfl_log(DFL_LOG_VERBOSE, "output: a pipe of %u KiB%s", dfl_writer_pipe_bytes(p->w) >> 10,
-                o->wopts.vmsplice ? ", vmsplice" : "");
+                spliced ? ", vmsplice" : "");
     p->file_io = DFL_FILE_IO_WRITE;
     if (o->file_io != DFL_FILE_IO_WRITE && dfl_writer_can_reserve(p->w)) {
         p->file_io = o->file_io == DFL_FILE_IO_REGISTER && !p->cuda ? DFL_FILE_IO_MAP : o->file_io;

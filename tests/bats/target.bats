@@ -344,6 +344,16 @@ signal_stops() { # signal, output mode (stdout|file)
     done
 }
 
+@test "--vmsplice: 4 output slots by default into a pipe, 2 into a file (nothing is spliced there)" {
+    dfl-target -v -m "$D/m4" --layers 0,1 --vmsplice "$D/tok3.dfl" 2>"$BATS_TEST_TMPDIR/err" | cat >/dev/null
+    grep -q "output: a pipe of .* KiB, vmsplice" "$BATS_TEST_TMPDIR/err"
+    grep -q "4 output slots" "$BATS_TEST_TMPDIR/err"
+    dfl-target -v -m "$D/m4" --layers 0,1 --vmsplice -o "$BATS_TEST_TMPDIR/o.dfl" "$D/tok3.dfl" 2>"$BATS_TEST_TMPDIR/err"
+    grep -q "2 output slots" "$BATS_TEST_TMPDIR/err"
+    dfl-target -v -m "$D/m4" --layers 0,1 --vmsplice --inflight 3 "$D/tok3.dfl" 2>"$BATS_TEST_TMPDIR/err" | cat >/dev/null
+    grep -q "3 output slots" "$BATS_TEST_TMPDIR/err"
+}
+
 @test "--vmsplice: a consumer that goes away ends the run with exit 1" {
     run bash -c "dfl-target -m '$D/m4' --dtype f32 --layers 0,1,2,3 --vmsplice '$D/big.dfl' 2>'$BATS_TEST_TMPDIR/err' | head -c 1 >/dev/null; echo \${PIPESTATUS[0]}"
     assert_output "1"
