@@ -31,7 +31,7 @@ CC ?= cc
 OPT ?= -O2
 CFLAGS ?= $(OPT) -g
 WARN := -Wall -Wextra -Wshadow -Wno-unused-parameter -Wformat=2 -Wvla -Wno-format-truncation
-CPPFLAGS := -Ilib -I/usr/include/x86_64-linux-gnu -D_GNU_SOURCE -DDFL_VERSION='"$(VERSION)"'
+CPPFLAGS := $(foreach d,base formats backends models train,-Ilib/$(d)) -I/usr/include/x86_64-linux-gnu -D_GNU_SOURCE -DDFL_VERSION='"$(VERSION)"'
 ALLCFLAGS = -std=gnu11 $(CFLAGS) $(WARN) -fPIC -fopenmp -pthread $(SANFLAGS) -MMD -MP
 LDLIBS := -lzstd -larchive -lxxhash -ljansson -lopenblas -lm
 LDFLAGS_ALL = -fopenmp -pthread $(SANFLAGS) $(LDFLAGS)
@@ -49,7 +49,8 @@ FUZZ_LDLIBS := $(LDLIBS)
 FUZZ_SRCS := $(sort $(wildcard tests/fuzz/fuzz-*.c))
 FUZZERS := $(FUZZ_SRCS:tests/fuzz/%.c=$(FB)/%)
 
-LIB_SRCS := $(sort $(wildcard lib/*.c))
+LIB_DIRS := base formats backends models train
+LIB_SRCS := $(sort $(foreach d,$(LIB_DIRS),$(wildcard lib/$(d)/*.c)))
 CU_SRCS := $(sort $(wildcard kernels/*.cu))
 BIN_SRCS := $(sort $(wildcard bin/*.c))
 UNIT_SRCS := $(sort $(wildcard tests/unit/*.c))
@@ -59,7 +60,7 @@ TOOL_SRCS := $(sort $(wildcard tests/tools/*.c))
 ifeq ($(CUDA),1)
   CPPFLAGS += -DDFL_CUDA=1 -I$(CUDA_HOME)/include
   NVCCFLAGS ?= -O3 -arch=sm_90 -lineinfo
-  NVCCALL = -std=c++17 $(NVCCFLAGS) -Ilib -I$(CUDA_HOME)/include -DDFL_CUDA=1 \
+  NVCCALL = -std=c++17 $(NVCCFLAGS) $(foreach d,$(LIB_DIRS),-Ilib/$(d)) -I$(CUDA_HOME)/include -DDFL_CUDA=1 \
             -DDFL_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"' \
             -Xcompiler -fPIC,-Wall,-Wno-unused-parameter -MMD -MP
   LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl \

@@ -1,5 +1,5 @@
 /* dfl-bucket: shard a tokenized dataset (JSON Lines) into sequence-length-bucketed token-batch
- * streams, one per dfl-target worker, with a manifest. The work is in lib/bucket.c. */
+ * streams, one per dfl-target worker, with a manifest. The work is in lib/train/bucket.c. */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /* dfl-draft: trains a DFlash drafter from hidden-state streams (dfl-draft(1)). Options, then
- * lib/draft_train.c does the work. */
+ * lib/train/draft_train.c does the work. */
 #include <getopt.h>
 #include <omp.h>
 #include <signal.h>

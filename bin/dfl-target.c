@@ -1,6 +1,6 @@
 /* dfl-target: runs a frozen target model (Hugging Face qwen3 / llama / qwen2) over token-batch
  * streams and writes the hidden states of chosen layers as a hidden-state stream. Options here;
- * the model is lib/target.c, the read-forward-write loop lib/target_run.c. */
+ * the model is lib/models/target.c, the read-forward-write loop lib/train/target_run.c. */
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>

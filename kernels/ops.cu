@@ -1,7 +1,7 @@
 /* ops.cu: the CUDA backend's elementwise and row ops for the target model: dtype conversion,
  * embedding gather, RMSNorm (with the residual add fused), per-head q/k RMSNorm fused with RoPE,
  * SwiGLU, add, and the scale/bias pass used by matmul. T is the activation type (bf16 or f32);
- * all arithmetic is f32 with one rounding per output, as the CPU reference (lib/be_cpu_ops.c)
+ * all arithmetic is f32 with one rounding per output, as the CPU reference (lib/backends/be_cpu_ops.c)
  * computes in f32. Rows use 16-byte accesses when sizes and pointers allow, scalar ones
  * otherwise; every kernel reads and writes device memory once. */
 #include <math.h>

@@ -1,7 +1,7 @@
 /* train_ops.cu: the CUDA backend's drafter training ops other than attention: RMSNorm backward,
  * per-head q/k RMSNorm + RoPE backward, SwiGLU backward, the fused LM head + cross-entropy
  * (lmce), the gradient sum of squares, the clipping scalars, AdamW and the uniform feature noise.
- * The CPU reference is lib/be_cpu_train.c; T is the activation type (bf16 or f32), arithmetic is
+ * The CPU reference is lib/backends/be_cpu_train.c; T is the activation type (bf16 or f32), arithmetic is
  * f32 (double where the CPU op sums many terms in double), one rounding per output.
  *
  * Determinism: no float atomics anywhere. Every reduction over rows (the weight gradients of the
@@ -303,7 +303,7 @@ int cuda_block_metrics(dfl_be *be, double *out, const uint8_t *correct, const fl
  *   denom = sqrt(vi) / bc2_sqrt + eps;  p = pi - step_size * (mi / denom)
  * with decay = 1 - lr wd, b1w = 1 - b1, b2w = 1 - b2 (f32), step_size = (float)(lr / (1 - b1^t))
  * and bc2_sqrt = (float)sqrt(1 - b2^t) computed in double on the host. These are exactly the CPU
- * op's operations (lib/be_cpu_train.c), so results agree bit for bit with a CPU build that does
+ * op's operations (lib/backends/be_cpu_train.c), so results agree bit for bit with a CPU build that does
  * not contract a*b+c into FMAs (the default x86-64 build). p_act gets p rounded to be->wdt
  * (round to nearest even) in the same pass. *skip != 0: nothing is written. *prev_skip != 0:
  * the scalars of step - 1 (computed on the host too) are used. */

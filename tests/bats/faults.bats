@@ -7,7 +7,7 @@
 # every wait is bounded (a hang fails the test), and BATS_TEST_TIMEOUT is the backstop.
 # Programs: dfl-draft, dfl-target, dfl-bucket, dfl-ckpt. Tools: stall (a producer that stops
 # and waits to be killed), poison (plants a NaN or Inf), draftdata, mktokens, hsdump; the test
-# hook DFL_TEST_FAULT of lib/draft_ckpt.c.
+# hook DFL_TEST_FAULT of lib/formats/draft_ckpt.c.
 load helper
 bats_require_minimum_version 1.5.0
 PATH="$DFL_TOOLS:$PATH"

@@ -1,6 +1,6 @@
 /* emu-train.cc: runs the kernels of kernels/train_kernels.cuh (rmsnorm_bwd, qknorm_rope_bwd,
  * swiglu_bwd, sumsq, adamw, uniform_noise and lmce's row and sum kernels) in the SIMT emulator
- * (simt.h) on small random inputs and compares them with the CPU ops (lib/be_cpu_train.c). The
+ * (simt.h) on small random inputs and compares them with the CPU ops (lib/backends/be_cpu_train.c). The
  * launch configurations are chosen here (the GPU test covers the backend's own choices); lmce's
  * GEMMs are done on the host. Built and run by tests/emu/run. Exit 0 when everything agrees. */
 #include "simt.h"

@@ -1,4 +1,4 @@
-/* fuzz-config.c: libFuzzer harness for config.json (lib/hfmodel.c over lib/json.c).
+/* fuzz-config.c: libFuzzer harness for config.json (lib/formats/hfmodel.c over lib/base/json.c).
  *
  * The input is a config.json. It is parsed with dfl_json_parse (bounds: size, nesting, NUL
  * bytes, duplicate keys) and, when it is an object, with dfl_hf_config_parse; it is also loaded

@@ -8,8 +8,8 @@
  * table must be computable. As a trainer state (its "data" member, or the whole object): restored
  * into an input source over two small hidden-state files made once (replay mode), and when the
  * restore is accepted the source is drained: every batch it hands out must be one of the files'.
- * (The rest of trainer_state.json is parsed by a static function of lib/draft_train.c, with the
- * typed getters of lib/json.c that fuzz-config exercises.) */
+ * (The rest of trainer_state.json is parsed by a static function of lib/train/draft_train.c, with the
+ * typed getters of lib/base/json.c that fuzz-config exercises.) */
 #include <stdbool.h>
 #include <sys/stat.h>
 

@@ -1,4 +1,4 @@
-/* fuzz-frame.c: libFuzzer harness for the .dfl frame reader (lib/frame.c).
+/* fuzz-frame.c: libFuzzer harness for the .dfl frame reader (lib/formats/frame.c).
  *
  * The input is a .dfl stream. Each input is read four times:
  *   1. as it is, from a mapped file;      2. as it is, through read(2) (a file read at an offset

@@ -1,4 +1,4 @@
-/* fuzz-jsonl.c: libFuzzer harness for the JSON Lines sample reader (lib/jsonl.c).
+/* fuzz-jsonl.c: libFuzzer harness for the JSON Lines sample reader (lib/formats/jsonl.c).
  *
  * The input is a data file: plain JSON Lines, or compressed, or a tar/zip archive of them (the
  * seeds hold some of each). It is opened with dfl_input_open as dfl-bucket opens its inputs,

@@ -1,4 +1,4 @@
-/* fuzz-safetensors.c: libFuzzer harness for the safetensors reader (lib/safetensors.c).
+/* fuzz-safetensors.c: libFuzzer harness for the safetensors reader (lib/formats/safetensors.c).
  *
  * The input is a .safetensors file. It is opened with dfl_st_open (through /proc/self/fd of an
  * in-memory file, so the real mapping path runs) and as a one-file model with dfl_st_model_open;

@@ -1,4 +1,4 @@
-/* fuzz-stindex.c: libFuzzer harness for sharded model directories (lib/safetensors.c,
+/* fuzz-stindex.c: libFuzzer harness for sharded model directories (lib/formats/safetensors.c,
  * dfl_st_model_open through model.safetensors.index.json).
  *
  * The input is the index JSON. It is written into a scratch model directory that holds a few

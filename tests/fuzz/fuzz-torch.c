@@ -1,4 +1,4 @@
-/* fuzz-torch.c: libFuzzer harness for the torch.save reader (lib/torchfile.c: zip through
+/* fuzz-torch.c: libFuzzer harness for the torch.save reader (lib/formats/torchfile.c: zip through
  * libarchive, and the pickle interpreter).
  *
  * Two kinds of input:

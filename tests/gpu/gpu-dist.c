@@ -1,4 +1,4 @@
-/* gpu-dist.c: the NCCL path of the data-parallel communicator (lib/dist.c) on real GPUs:
+/* gpu-dist.c: the NCCL path of the data-parallel communicator (lib/train/dist.c) on real GPUs:
  *  - world size 1 through NCCL on one GPU (what a single-GPU dfl-draft with nccl runs): the
  *    all-reduce of device buffers is the identity, enqueued on the compute stream;
  *  - two ranks on two GPUs (forked processes, a rendezvous file): f32 and f64 device buffers

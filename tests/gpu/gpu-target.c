@@ -1,4 +1,4 @@
-/* gpu-target.c: the target forward (lib/target.c) on the CUDA backend against the transformers
+/* gpu-target.c: the target forward (lib/models/target.c) on the CUDA backend against the transformers
  * oracles (../shared/oracle/qwen3-tiny-a; tests/fixtures/target/{llama,qwen2}-tiny when
  * present), each sequence alone and all packed in one batch, with the residual adds in the GEMM
  * epilogues (the CUDA default) and as separate passes, and dfl-target --device cuda end to end.

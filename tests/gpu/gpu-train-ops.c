@@ -1,5 +1,5 @@
 /* gpu-train-ops.c: the CUDA backend's drafter ops (kernels/train_ops.cu, kernels/dflash_attn.cu)
- * against the CPU reference ops (lib/be_cpu_train.c) on random inputs, in bf16 mode
+ * against the CPU reference ops (lib/backends/be_cpu_train.c) on random inputs, in bf16 mode
  * (be->act = bf16) and f32 mode: rmsnorm_bwd, qknorm_rope_bwd, swiglu_bwd, dflash_attn (forward
  * and backward; every tile variant, the exact f32 kernels, odd shapes), lmce, sumsq, clip_scale,
  * adamw and uniform_noise. Without a GPU (or in a build without CUDA) every case is skipped and

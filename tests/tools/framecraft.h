@@ -1,6 +1,6 @@
 /* framecraft.h: byte-level helpers to craft and damage .dfl streams (dfl-frame(5)), shared by
  * tests/unit/test-frame.c and tests/tools/mkframes.c. Written from the man page, independently of
- * lib/frame.c, so that they also check that the page says enough to build a stream. */
+ * lib/formats/frame.c, so that they also check that the page says enough to build a stream. */
 #ifndef DFL_FRAMECRAFT_H
 #define DFL_FRAMECRAFT_H
 

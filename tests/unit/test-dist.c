@@ -1,4 +1,4 @@
-/* test-dist.c: the socket transport of the data-parallel communicator (lib/dist.c), with ranks
+/* test-dist.c: the socket transport of the data-parallel communicator (lib/train/dist.c), with ranks
  * as forked processes on this machine: all-reduce sums exact and in rank order (f32 and f64,
  * buffers larger than the hub's chunk), barrier, broadcast, all-gather, gather, host sums, the
  * tcp:// and file rendezvous (including a stale file from an earlier run), and the failures: a

@@ -1,4 +1,4 @@
-/* test-frame.c: the .dfl frame reader and writer (lib/frame.h, dfl-frame(5)): round trips through
+/* test-frame.c: the .dfl frame reader and writer (lib/formats/frame.h, dfl-frame(5)): round trips through
  * files (mapped) and pipes, the index, frame listing, determinism, truncation at every offset,
  * every flipped bit, crafted defects, and the committed corpus of bad streams. */
 #include <dirent.h>

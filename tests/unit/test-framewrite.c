@@ -1,4 +1,4 @@
-/* test-framewrite.c: the frame writer's ways of copying less (lib/frame.h): batch frames
+/* test-framewrite.c: the frame writer's ways of copying less (lib/formats/frame.h): batch frames
  * reserved in a file, filled in place and committed (the file byte-identical to one written with
  * dfl_writer_batch, for any dtype, layer count and batch shape; reservations made on one thread
  * while another commits; the order, shape and state rules; a given-up frame; no file left

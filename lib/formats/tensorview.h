@@ -1,6 +1,6 @@
 /* tensorview.h: a read-only view of one named tensor in memory (a mapping or a buffer), the
  * common currency between the file readers (safetensors, torch.save files, .dfl streams) and
- * the code that lists, scans, compares and converts tensors (lib/scan.h, dfl-ckpt). */
+ * the code that lists, scans, compares and converts tensors (lib/formats/scan.h, dfl-ckpt). */
 #ifndef DFL_TENSORVIEW_H
 #define DFL_TENSORVIEW_H
 

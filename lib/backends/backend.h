@@ -253,7 +253,7 @@ void dfl_be_close(dfl_be *be);
 /* True when this build has the CUDA backend and a usable GPU exists. */
 bool dfl_be_cuda_available(void);
 
-/* CPU backend constructor (lib/be_cpu.c); the CUDA one is in kernels/. */
+/* CPU backend constructor (lib/backends/be_cpu.c); the CUDA one is in kernels/. */
 int dfl_be_cpu_open(dfl_be **be, int threads, dfl_err *e);
 #ifdef DFL_CUDA
 int dfl_be_cuda_open(dfl_be **be, int device, dfl_dtype act, dfl_err *e);

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #ifdef DFL_CUDA
-#include "../kernels/cuda.h"
+#include "../../kernels/cuda.h"
 #define CUDA_BE(be) ((be)->kind == DFL_BE_CUDA)
 
 static dfl_cuda_stream stream_of(dfl_be *be, int s)

@@ -11,7 +11,7 @@
  *                        caller stages ids, positions and cu_seqlens, and
  *                        dfl_target_forward_staged enqueues the layers)
  * and a driver that reads token batches and writes hidden-state batches (dfl_target_run,
- * lib/target_run.c: a reader thread, the forward, device-to-host copies on a second stream and a
+ * lib/train/target_run.c: a reader thread, the forward, device-to-host copies on a second stream and a
  * writer thread, overlapped). */
 #ifndef DFL_TARGET_H
 #define DFL_TARGET_H

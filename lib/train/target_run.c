@@ -38,7 +38,7 @@
 #include "util.h"
 
 #ifdef DFL_CUDA
-#include "../kernels/cuda.h"
+#include "../../kernels/cuda.h"
 #endif
 
 #define IN_DEPTH 4         /* token batches read and staged ahead */

@@ -837,7 +837,7 @@ int dfl_sample_parse_fast(dfl_sample *s, const char *line, size_t n)
 
 /* ---- the jansson path ---- */
 
-/* Nesting depth of the text, as lib/json.c counts it (strings skipped). */
+/* Nesting depth of the text, as lib/base/json.c counts it (strings skipped). */
 static bool depth_ok(const char *s, size_t n, int max)
 {
     int d = 0;

@@ -7,7 +7,7 @@
  *                                        position that is not trained on (loss_mask 0 there)
  * When both loss_mask and labels are present, loss_mask wins and labels is ignored like any
  * other key. Other keys may hold any JSON value and are ignored. Duplicate keys (anywhere on
- * the line) are an error, as everywhere in dfl (lib/json.h). Blank lines are skipped.
+ * the line) are an error, as everywhere in dfl (lib/base/json.h). Blank lines are skipped.
  *
  * Parsing has two paths that give the same answer: a fast scanner specialised for these lines,
  * which either parses a line completely (valid JSON, valid sample) or declines it, and the
@@ -30,7 +30,7 @@
 #include "err.h"
 #include "json.h"
 
-/* Longest line accepted, in bytes: the limit of lib/json.h (64 MiB). */
+/* Longest line accepted, in bytes: the limit of lib/base/json.h (64 MiB). */
 #define DFL_JSONL_MAX_LINE DFL_JSON_MAX_BYTES
 
 /* One parsed sample. The arrays are scratch owned by the struct and reused line after line. */

@@ -1,5 +1,5 @@
 /* bucket.h: turning tokenized samples into sequence-length-bucketed token-batch streams
- * (dfl-bucket): reading and checking the samples (lib/jsonl.h), bucketing by length, packing
+ * (dfl-bucket): reading and checking the samples (lib/formats/jsonl.h), bucketing by length, packing
  * into batches of at most max_tokens tokens, a seeded shuffle, dealing batches to shards with
  * balanced token totals, and writing the shards (.dfl token-batch streams) and manifest.json.
  *

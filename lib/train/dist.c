@@ -29,7 +29,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include "../kernels/cuda.h"
+#include "../../kernels/cuda.h"
 #endif
 
 enum {
