@@ -1,4 +1,4 @@
-"""dflash_torch.py: the PyTorch peer of dfl-draft's GPU step, written from DFLASH.md:
+"""dflash_torch.py: the PyTorch peer of dfl-draft's GPU step, written from doc/dflash-step.md:
 flex_attention with the DFlash block mask, torch.compile, bf16 autocast over fp32 master weights,
 fused AdamW, global-norm clipping. Packed batches (sequences concatenated, positions restart).
 

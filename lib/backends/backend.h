@@ -56,7 +56,7 @@ typedef struct dfl_attn_varlen {
     float scale;                 /* usually d^-0.5 */
 } dfl_attn_varlen;
 
-/* DFlash drafter attention (DFLASH.md section 5, step 4) over a packed batch.
+/* DFlash drafter attention (doc/dflash-step.md section 3, steps 3-5) over a packed batch.
  * Block b (0..n_blocks-1) has bs query slots at rows b*bs .. b*bs+bs-1 of q / k_blk / v_blk / o.
  * Its queries attend to context rows ctx_start[b] .. ctx_start[b] + anchor[b] - 1 of k_ctx/v_ctx
  * (the sequence's rows before its anchor; ctx_start is the sequence's first row) and to all bs
@@ -128,7 +128,7 @@ typedef struct dfl_lmce {
 
 /* AdamW on f32 master weights, one call per tensor or over one flat buffer of all parameters.
  * g is multiplied by *grad_scale (backend scalar, e.g. clip coefficient / loss_den) first; if
- * *skip != 0 nothing changes. torch.optim.AdamW(foreach=False) semantics (DFLASH.md section 8),
+ * *skip != 0 nothing changes. torch.optim.AdamW(foreach=False) semantics (doc/dflash-step.md section 5),
  * step t >= 1: m = m + (1-b1) (g - m) (torch's lerp); v = b2 v + (1-b2) g^2;
  * p = p (1 - lr wd) - (lr / (1-b1^t)) m / (sqrt(v) / sqrt(1-b2^t) + eps), the bias corrections
  * in double. If p_act is non-NULL it receives p converted to be->wdt. */
@@ -241,7 +241,7 @@ struct dfl_be {
     /* RoPE inverse frequencies 1/theta^(2i/d) are computed in f32 and then rounded to this dtype
      * when it is DFL_BF16 or DFL_F16 (anything else: kept in f32). Transformers does this to a
      * model loaded in bf16 (the inv_freq buffer is cast with the model), so the target forward
-     * sets it to its checkpoint's dtype to match; the drafter leaves it 0 (f32, DFLASH.md). */
+     * sets it to its checkpoint's dtype to match; the drafter leaves it 0 (f32, doc/dflash-step.md). */
     dfl_dtype rope_dtype;
     const dfl_be_ops *ops;
     void *impl;             /* backend state */

@@ -51,7 +51,7 @@ int dfl_hf_fingerprint_of(const json_t *cfg, const dfl_st_model *m, char out[33]
 /* Same, opening DIR (config.json and the safetensors weights) itself. */
 int dfl_hf_fingerprint(const char *dir, char out[33], dfl_err *e);
 
-/* Default captured layers for an N-layer target (DESIGN.md, SpecForge's rule):
+/* Default captured layers for an N-layer target (SpecForge's rule, dfl-target(1)):
  * K' = min(K, N - 3), at least 1; K' = 1 gives N / 2 (integer division); otherwise
  * layer i = round(1 + i (N - 4) / (K' - 1)), i = 0..K'-1, rounding halves to even (exact
  * rational arithmetic, as Python's round). The result is ascending, distinct and < N.

@@ -1,4 +1,4 @@
-/* draft.h: the DFlash drafter (DFLASH.md): its configuration, its parameters, and one training
+/* draft.h: the DFlash drafter (doc/dflash-step.md): its configuration, its parameters, and one training
  * step (forward, loss, backward, clipping, AdamW) over a packed batch, written once against the
  * backend ops of backend.h so that every backend runs the same model code.
  *
@@ -49,7 +49,7 @@ typedef struct dfl_draft_config {
     int64_t bos_token_id, eos_token_id; /* -1 = unknown (written when known) */
 } dfl_draft_config;
 
-/* SpecForge's default target layers for n features of a T-layer target (DFLASH.md section 2). */
+/* SpecForge's default target layers for n features of a T-layer target (dfl-draft(1)). */
 void dfl_draft_default_layers(int n_target_layers, int n, int32_t *out);
 /* Checks sizes (positive, heads divisible, head_dim even, mask id < vocab, ...). */
 int dfl_draft_config_check(const dfl_draft_config *c, dfl_err *e);
@@ -62,7 +62,7 @@ json_t *dfl_draft_config_to_json(const dfl_draft_config *c);
 
 /* One trainable tensor of the flat parameter buffer. */
 typedef struct dfl_draft_tensor {
-    char name[64];               /* state_dict name (DFLASH.md section 3), no prefix */
+    char name[64];               /* state_dict name (doc/dflash-step.md section 1), no prefix */
     int ndim;
     int64_t shape[2];
     int64_t numel;

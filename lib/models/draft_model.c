@@ -1,4 +1,4 @@
-/* draft_model.c: the DFlash drafter's parameters and training step (DFLASH.md sections 5-8),
+/* draft_model.c: the DFlash drafter's parameters and training step (doc/dflash-step.md sections 3-5),
  * written against the backend ops only. Every activation the backward needs is kept in the
  * workspace (a backend that is short of memory could recompute a layer's forward instead: each
  * layer's forward reads only its input residual, C and the weights). All buffers are sized by

@@ -1,5 +1,5 @@
 /* draft_data.h: what the drafter trainer does to its input batches on the host: random anchors
- * and blocks (DFLASH.md section 4, with SpecForge's random subset), and the upper bound on blocks
+ * and blocks (doc/dflash-step.md section 2, with SpecForge's random subset), and the upper bound on blocks
  * used to size the workspace. */
 #ifndef DFL_DRAFT_DATA_H
 #define DFL_DRAFT_DATA_H

@@ -1,7 +1,8 @@
-/* dflash-golden FILE: computes the DFlash training step of a golden file (DFLASH.md section 10:
- * weights, inputs and fixed anchors, written by SpecForge) with the drafter model code on the CPU
+/* dflash-golden FILE: computes the DFlash training step of a golden file (its keys are listed in
+ * the oracle's own documentation, ../shared/DFLASH.md section 10: weights, inputs and fixed
+ * anchors, written by SpecForge) with the drafter model code on the CPU
  * backend, and compares the loss, accuracy, every gradient, the activations saved under dbg.*,
- * per-sequence parts and the AdamW step against the file, within DFLASH.md section 11's
+ * per-sequence parts and the AdamW step against the file, within doc/dflash-step.md section 6's
  * tolerances. The configuration comes from the file's metadata ("config", "adamw"), and where a
  * field is missing, from the tensor shapes. Prints the worst error of each check; exits 0 only if
  * every check passes (1 on a failed check, 2 on an unreadable file). */
@@ -18,7 +19,7 @@
 static int failures;
 
 /* --act bf16 (on a GPU): bf16 storage of activations and compute weights. Tolerances are then
- * multiplied by BF16_TOL_MULT (DFLASH.md section 11's float32 thresholds x 500: loss 5e-3
+ * multiplied by BF16_TOL_MULT (doc/dflash-step.md section 6's float32 thresholds x 500: loss 5e-3
  * relative, activations 5e-2 absolute, gradients 5e-2 x max|g|), and exact counts may differ by
  * 2% of the scored slots (the smallest top-1/top-2 logit gap is 6e-3, within bf16 rounding). */
 #define BF16_TOL_MULT 500.0
@@ -429,7 +430,7 @@ static void check_adamw(dfl_be *be, dfl_draft *m, const dfl_st_file *f, const go
 }
 
 /* End to end: the drafter's own gradients through dfl_draft_apply (no clipping), compared with
- * after_adamw: tight where the golden |g| >= 1e-5, about lr where smaller (DFLASH.md s. 11). */
+ * after_adamw: tight where the golden |g| >= 1e-5, about lr where smaller (doc/dflash-step.md section 6). */
 static void check_apply(dfl_draft *m, const dfl_st_file *f, const golden_cfg *g)
 {
     dfl_draft_optim o = {(float)g->beta1, (float)g->beta2, (float)g->eps, (float)g->wd, 0.0f};

@@ -169,7 +169,7 @@ static void test_config_json(void)
 
 static void test_tensor_table(void)
 {
-    /* DFLASH.md section 3: 25 tensors, 1,377,920 values */
+    /* doc/dflash-step.md section 1: 3 + 11 * 2 = 25 tensors, 1,377,920 values */
     dfl_draft_config c = {0};
     c.hidden = 256, c.vocab = 2048, c.intermediate = 512, c.n_layers = 2, c.n_heads = 8, c.n_kv = 4;
     c.head_dim = 32, c.n_feat = 3;

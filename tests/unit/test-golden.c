@@ -1,6 +1,6 @@
 /* test-golden.c: runs build/tests/dflash-golden on the shared SpecForge golden
  * ($DFL_ORACLE/dflash-tiny/golden.safetensors): the drafter's training step must reproduce it
- * within DFLASH.md section 11's tolerances. Skipped when the oracle directory is absent. */
+ * within doc/dflash-step.md section 6's tolerances. Skipped when the oracle directory is absent. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>

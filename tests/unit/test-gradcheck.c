@@ -4,7 +4,7 @@
  * definitions.
  * The scalar checked is L = sum(r * forward(x)) for a fixed random r, so the op's backward with
  * dout = r must equal dL/dx. Errors are measured relative to the largest |gradient| of each
- * tensor (the golden test's rule, DFLASH.md section 11). */
+ * tensor (the golden test's rule, doc/dflash-step.md section 6). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
