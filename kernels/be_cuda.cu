@@ -508,6 +508,7 @@ static void cuda_ops_fill(void)
     cuda_ops.memset0 = cu_memset0;
     cuda_ops.copy = cu_copy;
     cuda_ops.sync = cu_sync;
+    cuda_device_ops_fill(&cuda_ops);
     cuda_ops.convert = cuda_convert;
     cuda_ops.matmul = cu_matmul;
     cuda_ops.embedding = cuda_embedding;
@@ -616,6 +617,12 @@ extern "C" int dfl_be_cuda_open(dfl_be **out, int device, dfl_dtype act, dfl_err
     be->act = act;
     be->wdt = act;
     be->threads = 1;
+    be->async = true;
+    be->device_comm = true;
+    be->fuse_residual = true;
+    /* each chunk of the LM head re-reads the whole [V, H] head: chunks must be large for the two
+     * GEMMs to be compute-bound */
+    be->lmce_rows = 1024;
     be->impl = im;
     im->device = device;
     im->sm_count = prop.multiProcessorCount;

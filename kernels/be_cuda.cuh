@@ -91,6 +91,8 @@ int cuda_op_fail(dfl_be *be, int code, const char *fmt, ...) __attribute__((form
 int cuda_launch_check(dfl_be *be, const char *op);
 /* Device of the backend made current on this thread. */
 int cuda_enter(dfl_be *be);
+/* be_cuda_device.cu: the device-plumbing and communicator ops of the table. */
+void cuda_device_ops_fill(dfl_be_ops *o);
 
 /* ---- element helpers for kernels ---- */
 __device__ __forceinline__ float to_f32(float x) { return x; }

@@ -1,6 +1,7 @@
 /* backend.c: choosing a backend from a --device string. */
 #include "backend.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +46,16 @@ int dfl_be_open(dfl_be **be, const char *device, dfl_dtype act, dfl_err *e)
 #endif
     }
     return dfl_fail(e, DFL_EUSAGE, "--device: '%s' is not cpu, cuda or cuda:N", device);
+}
+
+const char *dfl_be_device_for_rank(const char *device, int local_rank, char *buf, size_t n)
+{
+    if (device && strcmp(device, "cuda") == 0) {
+        snprintf(buf, n, "cuda:%d", local_rank);
+        return buf;
+    }
+    snprintf(buf, n, "%s", device ? device : "cpu");
+    return buf;
 }
 
 void dfl_be_close(dfl_be *be)

@@ -159,6 +159,29 @@ static inline float dfl_noise_u01(uint64_t seed, uint64_t i)
     return (float)(z >> 40) * (1.0f / 16777216.0f);
 }
 
+/* ---- device plumbing ----
+ * What code outside the backends needs of a device besides the ops above: two named streams,
+ * events, pinned host memory, asynchronous copies, the allocation freeze, memory figures, GEMM
+ * tuning and a device communicator. lib/ reaches a device only through these (no CUDA or NCCL
+ * header outside lib/backends/ and kernels/). A backend that runs every op at once (be->async
+ * false: the CPU) implements them trivially: events are complete when recorded, asynchronous
+ * copies are plain copies, pinned memory is malloc'ed, freeze and tuning do nothing.
+ * Every op above runs on DFL_STREAM_COMPUTE; DFL_STREAM_COPY is a second stream for copies that
+ * overlap compute, ordered against the first with events. */
+typedef struct dfl_be_event_s *dfl_be_event;   /* opaque; NULL on a backend without events */
+typedef struct dfl_be_comm_s *dfl_be_comm;     /* opaque device communicator */
+enum { DFL_STREAM_COMPUTE = 0, DFL_STREAM_COPY = 1 };
+
+typedef struct dfl_be_mem {
+    uint64_t total, free;       /* the device's memory, bytes (0 when not a GPU) */
+    uint64_t allocated, peak;   /* held now / at most through alloc */
+    uint64_t n_allocs;          /* live allocations */
+    uint64_t backend_bytes;     /* the backend's own buffers (workspaces) */
+} dfl_be_mem;
+
+/* A communicator's identity, made by rank 0 and sent to the others (dist.c's sockets). */
+#define DFL_COMM_ID_BYTES 128
+
 typedef struct dfl_be_ops {
     /* memory */
     void *(*alloc)(dfl_be *be, size_t bytes, dfl_err *e);
@@ -168,6 +191,60 @@ typedef struct dfl_be_ops {
     int (*memset0)(dfl_be *be, void *dst, size_t bytes);
     int (*copy)(dfl_be *be, void *dst, const void *src, size_t bytes);
     int (*sync)(dfl_be *be, dfl_err *e);  /* wait for all enqueued work; reports async errors */
+    /* device plumbing (see above) */
+    /* Host memory for asynchronous copies: pinned on a GPU, malloc'ed elsewhere. */
+    void *(*host_alloc)(dfl_be *be, size_t bytes, dfl_err *e);
+    void (*host_free)(dfl_be *be, void *p);
+    /* Page-lock an existing mapping so that copies from or into it run asynchronously. */
+    int (*host_register)(dfl_be *be, void *p, size_t bytes, bool read_only, dfl_err *e);
+    int (*host_unregister)(dfl_be *be, void *p, dfl_err *e);
+    /* timing: an event that can be given to event_elapsed. */
+    int (*event_new)(dfl_be *be, dfl_be_event *ev, bool timing, dfl_err *e);
+    void (*event_free)(dfl_be *be, dfl_be_event ev);
+    /* Captures the work enqueued on the stream so far. */
+    int (*event_record)(dfl_be *be, dfl_be_event ev, int stream, dfl_err *e);
+    /* Future work on the stream waits for ev (no host wait). */
+    int (*stream_wait)(dfl_be *be, int stream, dfl_be_event ev, dfl_err *e);
+    /* *done = whether ev has completed (never blocks). */
+    int (*event_query)(dfl_be *be, dfl_be_event ev, bool *done, dfl_err *e);
+    /* The host waits for ev (returns at once when it has completed). */
+    int (*event_sync)(dfl_be *be, dfl_be_event ev, dfl_err *e);
+    /* Milliseconds between two completed timing events (0 on a backend without events). */
+    int (*event_elapsed)(dfl_be *be, dfl_be_event a, dfl_be_event b, float *ms, dfl_err *e);
+    /* The host waits until everything enqueued on the stream has run. */
+    int (*stream_sync)(dfl_be *be, int stream, dfl_err *e);
+    /* Copies enqueued on a stream; the host buffer must stay untouched until an event recorded
+     * after the copy has completed (asynchronous only with host_alloc'ed or registered memory). */
+    int (*upload_async)(dfl_be *be, void *dst, const void *src, size_t bytes, int stream, dfl_err *e);
+    int (*download_async)(dfl_be *be, void *dst, const void *src, size_t bytes, int stream, dfl_err *e);
+    /* After freeze(be, true) every alloc fails with a message saying so (the steady state
+     * allocates nothing); freeze(be, false) allows it again. */
+    void (*freeze)(dfl_be *be, bool frozen);
+    /* Counts of the host's waits for the device since the backend opened: whole-stream syncs and
+     * waits on events not yet complete (0 on the CPU). */
+    void (*wait_stats)(dfl_be *be, uint64_t *syncs, uint64_t *event_waits);
+    int (*mem_info)(dfl_be *be, dfl_be_mem *m, dfl_err *e);
+    /* Times up to max_algos candidate algorithms for this matmul shape (iters runs each, on the
+     * given buffers: C is overwritten) and keeps the fastest for later calls of the same shape;
+     * best_ms / first_ms: the chosen one's time and the library's first choice (0 when the backend
+     * has nothing to tune). */
+    int (*matmul_tune)(dfl_be *be, const dfl_mm *m, int max_algos, int iters, float *best_ms,
+                       float *first_ms, dfl_err *e);
+
+    /* The device communicator (be->device_comm: NCCL on CUDA; absent on the CPU, where the host
+     * carries the sums). comm_id: rank 0 makes the identity the other ranks join with.
+     * comm_init, comm_allreduce (a sum in place over all ranks, f32 or f64, enqueued on the
+     * compute stream) and comm_finalize may return before the communicator has finished: poll
+     * comm_status until *busy is false. An error (returned, with its message in e) leaves the
+     * communicator unusable: comm_abort it. */
+    int (*comm_id)(dfl_be *be, uint8_t id[DFL_COMM_ID_BYTES], dfl_err *e);
+    int (*comm_init)(dfl_be *be, dfl_be_comm *c, int world, int rank,
+                     const uint8_t id[DFL_COMM_ID_BYTES], dfl_err *e);
+    int (*comm_status)(dfl_be *be, dfl_be_comm c, bool *busy, dfl_err *e);
+    int (*comm_allreduce)(dfl_be *be, dfl_be_comm c, void *buf, int64_t n, dfl_dtype dt, dfl_err *e);
+    int (*comm_finalize)(dfl_be *be, dfl_be_comm c, dfl_err *e);
+    void (*comm_abort)(dfl_be *be, dfl_be_comm c);    /* never blocks */
+    void (*comm_destroy)(dfl_be *be, dfl_be_comm c);
 
     /* y[n] (dt) = convert(x[n] (st)); float types only */
     int (*convert)(dfl_be *be, void *y, dfl_dtype dt, const void *x, dfl_dtype st, int64_t n);
@@ -243,6 +320,12 @@ struct dfl_be {
      * model loaded in bf16 (the inv_freq buffer is cast with the model), so the target forward
      * sets it to its checkpoint's dtype to match; the drafter leaves it 0 (f32, doc/dflash-step.md). */
     dfl_dtype rope_dtype;
+    /* What the backend does differently, for model and driver code that must know (it never
+     * asks which backend it runs on): */
+    bool async;             /* ops are enqueued and run later (events and streams matter) */
+    bool device_comm;       /* has the comm_* ops */
+    bool fuse_residual;     /* the target forward fuses residual adds into add_rmsnorm */
+    int64_t lmce_rows;      /* rows of the LM head + cross-entropy per chunk (lmce's chunk_rows) */
     const dfl_be_ops *ops;
     void *impl;             /* backend state */
 };
@@ -250,6 +333,9 @@ struct dfl_be {
 /* "cpu", "cuda", "cuda:N". act_dtype DFL_DT_INVALID = the backend's default. */
 int dfl_be_open(dfl_be **be, const char *device, dfl_dtype act_dtype, dfl_err *e);
 void dfl_be_close(dfl_be *be);
+/* The device a rank of a data-parallel run opens for a --device string: a GPU kind without an
+ * index ("cuda") means the GPU of the rank's local rank; anything else is taken as given. */
+const char *dfl_be_device_for_rank(const char *device, int local_rank, char *buf, size_t n);
 /* True when this build has the CUDA backend and a usable GPU exists. */
 bool dfl_be_cuda_available(void);
 
@@ -276,5 +362,28 @@ static inline void dfl_rope_inv_freq(float *inv, int d, float theta, dfl_dtype r
 
 /* Helpers over ops, for readable model code. */
 static inline void *be_alloc(dfl_be *be, size_t bytes, dfl_err *e) { return be->ops->alloc(be, bytes, e); }
+
+/* The drafter's pipelined step names its streams and events through these (their names date from
+ * when they were wrappers of their own); each is one op of the table. */
+typedef dfl_be_event dfl_dp_event;
+enum { DFL_DP_COMPUTE = DFL_STREAM_COMPUTE, DFL_DP_COPY = DFL_STREAM_COPY };
+static inline bool dfl_dp_async(dfl_be *be) { return be->async; }
+static inline void *dfl_dp_host_alloc(dfl_be *be, size_t bytes, dfl_err *e) { return be->ops->host_alloc(be, bytes, e); }
+static inline void dfl_dp_host_free(dfl_be *be, void *p) { be->ops->host_free(be, p); }
+static inline int dfl_dp_event_new(dfl_be *be, dfl_dp_event *ev, bool timing, dfl_err *e) { return be->ops->event_new(be, ev, timing, e); }
+static inline void dfl_dp_event_free(dfl_be *be, dfl_dp_event ev) { be->ops->event_free(be, ev); }
+static inline int dfl_dp_record(dfl_be *be, dfl_dp_event ev, int stream, dfl_err *e) { return be->ops->event_record(be, ev, stream, e); }
+static inline int dfl_dp_stream_wait(dfl_be *be, int stream, dfl_dp_event ev, dfl_err *e) { return be->ops->stream_wait(be, stream, ev, e); }
+static inline int dfl_dp_event_wait(dfl_be *be, dfl_dp_event ev, dfl_err *e) { return be->ops->event_sync(be, ev, e); }
+static inline int dfl_dp_elapsed(dfl_be *be, dfl_dp_event a, dfl_dp_event b, float *ms, dfl_err *e) { return be->ops->event_elapsed(be, a, b, ms, e); }
+static inline int dfl_dp_upload(dfl_be *be, void *dst, const void *src, size_t bytes, int stream, dfl_err *e) { return be->ops->upload_async(be, dst, src, bytes, stream, e); }
+static inline int dfl_dp_download(dfl_be *be, void *dst, const void *src, size_t bytes, int stream, dfl_err *e) { return be->ops->download_async(be, dst, src, bytes, stream, e); }
+static inline void dfl_dp_waits(dfl_be *be, uint64_t *syncs, uint64_t *event_waits) { be->ops->wait_stats(be, syncs, event_waits); }
+static inline void dfl_dp_freeze(dfl_be *be, bool frozen) { be->ops->freeze(be, frozen); }
+static inline uint64_t dfl_dp_mem_free(dfl_be *be)
+{
+    dfl_be_mem m = {0};
+    return be->ops->mem_info(be, &m, NULL) == 0 ? m.free : 0;
+}
 
 #endif

@@ -4,6 +4,7 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -145,8 +146,18 @@ static const dfl_be_ops cpu_ops = {
     .uniform_noise = dfl_cpu_uniform_noise,
 };
 
+/* The op table: the ops above and the device plumbing of be_cpu_device.c. */
+static dfl_be_ops cpu_table;
+static pthread_once_t cpu_table_once = PTHREAD_ONCE_INIT;
+static void cpu_table_fill(void)
+{
+    cpu_table = cpu_ops;
+    dfl_cpu_device_ops(&cpu_table);
+}
+
 int dfl_be_cpu_open(dfl_be **out, int threads, dfl_err *e)
 {
+    pthread_once(&cpu_table_once, cpu_table_fill);
     dfl_be *be = calloc(1, sizeof *be);
     if (!be)
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
@@ -155,7 +166,11 @@ int dfl_be_cpu_open(dfl_be **out, int threads, dfl_err *e)
     be->act = DFL_F32;
     be->wdt = DFL_F32;
     be->threads = threads > 0 ? threads : omp_get_max_threads();
-    be->ops = &cpu_ops;
+    be->async = false;
+    be->device_comm = false;
+    be->fuse_residual = false;
+    be->lmce_rows = 64;
+    be->ops = &cpu_table;
     *out = be;
     return DFL_OK;
 }

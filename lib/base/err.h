@@ -13,7 +13,7 @@ enum {
     DFL_EUSAGE,   /* bad option or argument (exit 1) */
     DFL_EIO,      /* system or I/O error: open, read, write, mmap (exit 1) */
     DFL_ENOMEM,   /* out of memory, host or device (exit 1) */
-    DFL_EDEVICE,  /* no GPU, CUDA/cuBLAS/NCCL failure (exit 1) */
+    DFL_EDEVICE,  /* no GPU, a failure of the GPU or its libraries (exit 1) */
     DFL_EPIPE,    /* the consumer went away (exit 1) */
     DFL_EINTR,    /* stopped by a signal (exit 1) */
     DFL_EDATA,    /* invalid data: bad magic, checksum, structure, value (exit 2) */

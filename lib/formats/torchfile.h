@@ -35,7 +35,7 @@ enum dfl_torch_flags {
 typedef struct dfl_torch_tensor {
     dfl_tensor_view v;            /* name, dtype, shape, data (contiguous) */
     const char *storage;          /* storage key (the entry <prefix>/data/<key>) */
-    const char *location;         /* "cpu", "cuda:0", ... as saved */
+    const char *location;         /* the device named at save time ("cpu", ...) */
     uint64_t storage_offset;      /* in elements */
     int64_t stride[DFL_MAX_DIMS]; /* in elements, as saved */
     bool gathered;                /* a non-contiguous view, copied into a contiguous buffer */

@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "draft_pipe.h"
 #include "dist.h"
 #include "draft_rng.h"
 #include "json.h"
@@ -846,7 +845,7 @@ int dfl_draft_reserve(dfl_draft *m, int64_t max_tokens, int64_t max_blocks, int6
         /* CPU: small chunks stay in cache. GPU: each chunk re-reads the whole [V, H] head, so
          * chunks must be large for the two GEMMs to be compute-bound (1024 rows x 152K vocab
          * = 622 MB of f32 work space), but no larger than the rows there are. */
-        lmce_chunk = m->be->kind == DFL_BE_CUDA ? 1024 : 64;
+        lmce_chunk = m->be->lmce_rows > 0 ? m->be->lmce_rows : 64;
         int64_t rows = (max_blocks < 1 ? 1 : max_blocks) * m->c.block_size;
         if (lmce_chunk > rows)
             lmce_chunk = rows;

@@ -187,7 +187,7 @@ int dfl_target_open(dfl_target **out, dfl_be *be, const char *dir, int n_load, d
     if (!t)
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
     t->be = be;
-    t->fuse_residual = be->kind == DFL_BE_CUDA;
+    t->fuse_residual = be->fuse_residual;
     json_t *cfg = NULL;
     dfl_st_model *m = NULL;
     loader L = {.t = t};

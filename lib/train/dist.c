@@ -1,6 +1,6 @@
 /* dist.c: the data-parallel communicator (see dist.h): launcher variables, the rendezvous, the
- * socket star around rank 0 that carries the host collectives, and the NCCL communicator with
- * its watchdog for device buffers.
+ * socket star around rank 0 that carries the host collectives, and the backend's device
+ * communicator with its watchdog for device buffers.
  *
  * Wire format (little-endian, every message): a 16-byte header u32 op, u32 seq, u64 bytes, then
  * the bytes. seq counts the collectives of this communicator; the hub checks that every rank's
@@ -25,12 +25,6 @@
 
 #include "util.h"
 
-#ifdef DFL_CUDA
-#include <cuda_runtime_api.h>
-#include <nccl.h>
-
-#include "../../kernels/cuda.h"
-#endif
 
 enum {
     OP_HELLO = 1, OP_WELCOME, OP_ABORT, OP_ALLREDUCE_F32, OP_ALLREDUCE_F64, OP_BARRIER, OP_BCAST,
@@ -41,7 +35,7 @@ static const char *op_name(uint32_t op)
 {
     static const char *names[] = {"?", "hello", "welcome", "abort", "allreduce(f32)",
                                   "allreduce(f64)", "barrier", "broadcast", "allgather", "gather",
-                                  "finish", "nccl-id"};
+                                  "finish", "comm-id"};
     return op < sizeof names / sizeof *names ? names[op] : "?";
 }
 
@@ -55,19 +49,18 @@ struct dfl_dist {
     char where[300];             /* the rendezvous, for messages */
     uint32_t seq;
     bool finished;
-    pthread_mutex_t mu;          /* err, broken, the NCCL communicator */
+    pthread_mutex_t mu;          /* err, broken, the device communicator */
     bool broken;
     dfl_err err;                 /* latched */
     void *scratch;               /* CHUNK bytes (hub) */
     dfl_be *be;
-#ifdef DFL_CUDA
-    ncclComm_t nccl;
-    bool nccl_used;
+    /* the backend's device communicator, when it has one and it is used */
+    dfl_be_comm comm;
+    bool comm_wanted;
     pthread_t wd;
     bool wd_running;
     pthread_cond_t wd_cv;
     bool wd_stop;
-#endif
 };
 
 /* ---- little helpers ------------------------------------------------------------------------ */
@@ -600,10 +593,8 @@ int dfl_dist_open(dfl_dist **out, const dfl_dist_opts *o, dfl_err *e)
     d->world = o->world;
     d->local_rank = o->local_rank;
     pthread_mutex_init(&d->mu, NULL);
-#ifdef DFL_CUDA
     pthread_cond_init(&d->wd_cv, NULL);
-    d->nccl_used = o->nccl_always || o->world > 1;
-#endif
+    d->comm_wanted = o->device_comm_always || o->world > 1;
     snprintf(d->where, sizeof d->where, "%s", o->rendezvous ? o->rendezvous : "(none)");
     if (o->world == 1) {
         *out = d;
@@ -808,9 +799,12 @@ int dfl_dist_sum_host(dfl_dist *d, double *v, int n, dfl_err *e)
     return sock_allreduce(d, v, (size_t)n * sizeof *v, true, e);
 }
 
-/* ---- NCCL ---------------------------------------------------------------------------------- */
+/* ---- the device communicator ---------------------------------------------------------------
+ * The backend's collective library (be->device_comm) sums device buffers; the sockets above
+ * carry its identity from rank 0 and watch the peers. A watchdog thread polls the communicator
+ * and the sockets, and aborts the communicator when it failed or a peer is gone, so that no rank
+ * hangs in a collective whose peer died. */
 
-#ifdef DFL_CUDA
 /* Whether a control socket reports its peer gone (never consumes data). */
 static int peer_gone(dfl_dist *d)
 {
@@ -824,16 +818,16 @@ static int peer_gone(dfl_dist *d)
     return -1;
 }
 
-/* Called with d->mu held: abort the NCCL communicator and latch the reason. */
+/* Called with d->mu held: abort the communicator and latch the reason. */
 static void abort_locked(dfl_dist *d, const char *why)
 {
     if (!d->broken) {
         d->broken = true;
         dfl_fail(&d->err, DFL_EDEVICE, "rank %d of %d: %s", d->rank, d->world, why);
     }
-    if (d->nccl) {
-        ncclCommAbort(d->nccl);
-        d->nccl = NULL;
+    if (d->comm) {
+        d->be->ops->comm_abort(d->be, d->comm);
+        d->comm = NULL;
     }
 }
 
@@ -850,21 +844,19 @@ static void *watchdog(void *arg)
             ts.tv_nsec -= 1000000000L;
         }
         pthread_cond_timedwait(&d->wd_cv, &d->mu, &ts);
-        if (d->wd_stop || !d->nccl)
+        if (d->wd_stop || !d->comm)
             continue;
-        ncclResult_t st = ncclSuccess;
-        char why[700];
-        if (ncclCommGetAsyncError(d->nccl, &st) == ncclSuccess && st != ncclSuccess &&
-            st != ncclInProgress) {
-            snprintf(why, sizeof why, "NCCL failed: %s (%s)", ncclGetErrorString(st),
-                     ncclGetLastError(d->nccl));
-            abort_locked(d, why);
+        bool busy;
+        dfl_err ce = {0};
+        if (d->be->ops->comm_status(d->be, d->comm, &busy, &ce)) {
+            abort_locked(d, ce.msg);
             continue;
         }
         int r = peer_gone(d);
         if (r >= 0) {
+            char why[300];
             snprintf(why, sizeof why, "rank %d exited or lost its connection (see its messages); "
-                     "NCCL communicator aborted", r);
+                     "device communicator aborted", r);
             abort_locked(d, why);
         }
     }
@@ -872,49 +864,72 @@ static void *watchdog(void *arg)
     return NULL;
 }
 
-/* Waits while a non-blocking NCCL call is in progress (called with d->mu held). */
-static ncclResult_t nccl_wait_locked(dfl_dist *d, ncclResult_t r, double timeout)
+/* After a communicator call returned rc (with its message in ce): waits while the call is in
+ * progress (called with d->mu held). Aborts the communicator on a failure, a gone peer or the
+ * timeout, and returns the latched error. */
+static int comm_wait_locked(dfl_dist *d, int rc, const dfl_err *ce, const char *what, double timeout)
 {
     double deadline = dfl_now() + timeout;
-    while (r == ncclInProgress) {
-        if (ncclCommGetAsyncError(d->nccl, &r) != ncclSuccess)
-            return ncclInternalError;
-        if (r != ncclInProgress)
-            break;
-        if (peer_gone(d) >= 0 || dfl_now() > deadline)
-            return ncclRemoteError;
+    char why[600];
+    if (rc) {
+        snprintf(why, sizeof why, "%s", ce->msg);
+        abort_locked(d, why);
+        return d->err.code;
+    }
+    for (;;) {
+        if (d->broken || !d->comm)
+            return d->broken ? d->err.code : DFL_EDEVICE;
+        bool busy;
+        dfl_err se = {0};
+        if (d->be->ops->comm_status(d->be, d->comm, &busy, &se)) {
+            snprintf(why, sizeof why, "%s: %s", what, se.msg);
+            abort_locked(d, why);
+            return d->err.code;
+        }
+        if (!busy)
+            return DFL_OK;
+        int r = peer_gone(d);
+        if (r >= 0 || dfl_now() > deadline) {
+            if (r >= 0)
+                snprintf(why, sizeof why, "%s: rank %d exited or lost its connection", what, r);
+            else
+                snprintf(why, sizeof why, "%s: no progress in %.0f s", what, timeout);
+            abort_locked(d, why);
+            return d->err.code;
+        }
         usleep(1000);
     }
-    return r;
 }
 
-static int nccl_init(dfl_dist *d, dfl_err *e)
+static int comm_init(dfl_dist *d, dfl_err *e)
 {
-    int dev = 0;
-    if (sscanf(d->be->name, "cuda:%d", &dev) != 1)
-        dev = 0;
-    if (cudaSetDevice(dev) != cudaSuccess)
-        return latch(d, e, DFL_EDEVICE, "cudaSetDevice(%d) failed", dev);
-    ncclUniqueId id;
-    memset(&id, 0, sizeof id);
+    dfl_be *be = d->be;
+    uint8_t id[DFL_COMM_ID_BYTES];
+    memset(id, 0, sizeof id);
+    dfl_err ie = {0};
     int rc;
-    if (d->rank == 0 && ncclGetUniqueId(&id) != ncclSuccess)
-        rc = latch(d, e, DFL_EDEVICE, "ncclGetUniqueId failed: %s", ncclGetLastError(NULL));
+    if (d->rank == 0 && be->ops->comm_id(be, id, &ie))
+        rc = latch(d, e, DFL_EDEVICE, "%s", ie.msg);
     else
-        rc = bcast_op(d, OP_ID, &id, sizeof id, e);
+        rc = bcast_op(d, OP_ID, id, sizeof id, e);
     if (rc)
         return d->rank == 0 ? hub_fail(d, rc) : rc;
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = 0;
     pthread_mutex_lock(&d->mu);
-    ncclResult_t r = ncclCommInitRankConfig(&d->nccl, d->world, id, d->rank, &cfg);
-    if (d->nccl)
-        r = nccl_wait_locked(d, r, 600);
-    if (r != ncclSuccess) {
-        char why[600];
-        snprintf(why, sizeof why, "NCCL communicator on cuda:%d not created: %s (%s)", dev,
-                 ncclGetErrorString(r), d->nccl ? ncclGetLastError(d->nccl) : "");
-        abort_locked(d, why);
+    rc = be->ops->comm_init(be, &d->comm, d->world, d->rank, id, &ie);
+    if (rc && d->comm) {
+        be->ops->comm_abort(be, d->comm);
+        d->comm = NULL;
+    }
+    char what[96];
+    snprintf(what, sizeof what, "device communicator on %s not created", be->name);
+    if (rc || !d->comm) {
+        if (!rc)
+            snprintf(ie.msg, sizeof ie.msg, "%s", what);
+        abort_locked(d, ie.msg);
+    } else {
+        rc = comm_wait_locked(d, 0, &ie, what, 600);
+    }
+    if (rc || d->broken) {
         if (e)
             *e = d->err;
         pthread_mutex_unlock(&d->mu);
@@ -938,53 +953,38 @@ static void stop_watchdog(dfl_dist *d)
     d->wd_running = false;
 }
 
-static int nccl_allreduce(dfl_dist *d, void *buf, int64_t n, dfl_dtype dt, dfl_err *e)
+static int comm_allreduce(dfl_dist *d, void *buf, int64_t n, dfl_dtype dt, dfl_err *e)
 {
-    cudaStream_t s = (cudaStream_t)dfl_cuda_compute_stream(d->be);
     pthread_mutex_lock(&d->mu);
-    if (d->broken || !d->nccl) {
+    if (d->broken || !d->comm) {
         pthread_mutex_unlock(&d->mu);
-        return d->broken ? dfl_dist_check(d, e) : latch(d, e, DFL_EDEVICE, "no NCCL communicator");
+        return d->broken ? dfl_dist_check(d, e) : latch(d, e, DFL_EDEVICE, "no device communicator");
     }
-    ncclResult_t r = ncclAllReduce(buf, buf, (size_t)n, dt == DFL_F64 ? ncclDouble : ncclFloat,
-                                   ncclSum, d->nccl, s);
-    r = nccl_wait_locked(d, r, 600);
-    if (r != ncclSuccess) {
-        char why[600];
-        snprintf(why, sizeof why, "ncclAllReduce of %lld values failed: %s (%s)", (long long)n,
-                 ncclGetErrorString(r), ncclGetLastError(d->nccl));
-        abort_locked(d, why);
-    }
-    int rc = d->broken ? d->err.code : DFL_OK;
+    dfl_err ce = {0};
+    int rc = d->be->ops->comm_allreduce(d->be, d->comm, buf, n, dt, &ce);
+    char what[96];
+    snprintf(what, sizeof what, "all-reduce of %lld values", (long long)n);
+    rc = comm_wait_locked(d, rc, &ce, what, 600);
+    if (d->broken)
+        rc = d->err.code;
     if (rc && e)
         *e = d->err;
     pthread_mutex_unlock(&d->mu);
     return rc;
 }
-#endif
 
 int dfl_dist_attach(dfl_dist *d, dfl_be *be, dfl_err *e)
 {
     d->be = be;
-#ifdef DFL_CUDA
-    if (be->kind == DFL_BE_CUDA) {
-        if (!d->nccl_used)
-            return DFL_OK;
-        return nccl_init(d, e);
-    }
-    d->nccl_used = false;
-#endif
+    if (be->device_comm && d->comm_wanted)
+        return comm_init(d, e);
+    d->comm_wanted = false;
     return DFL_OK;
 }
 
-bool dfl_dist_uses_nccl(const dfl_dist *d)
+bool dfl_dist_uses_device_comm(const dfl_dist *d)
 {
-#ifdef DFL_CUDA
-    return d && d->be && d->be->kind == DFL_BE_CUDA && d->nccl_used;
-#else
-    (void)d;
-    return false;
-#endif
+    return d && d->be && d->be->device_comm && d->comm_wanted;
 }
 
 int dfl_dist_allreduce(dfl_dist *d, void *buf, int64_t n, dfl_dtype dt, dfl_err *e)
@@ -993,12 +993,10 @@ int dfl_dist_allreduce(dfl_dist *d, void *buf, int64_t n, dfl_dtype dt, dfl_err 
         return dfl_fail(e, DFL_EUSAGE, "dist allreduce: f32 or f64 only (got %s)", dfl_dtype_lower(dt));
     if (!d)
         return DFL_OK;
-#ifdef DFL_CUDA
-    if (dfl_dist_uses_nccl(d))
-        return nccl_allreduce(d, buf, n, dt, e);
-    if (d->be && d->be->kind == DFL_BE_CUDA && d->world > 1)
-        return latch(d, e, DFL_EDEVICE, "dist allreduce: a CUDA buffer without NCCL");
-#endif
+    if (dfl_dist_uses_device_comm(d))
+        return comm_allreduce(d, buf, n, dt, e);
+    if (d->be && d->be->async && d->world > 1)
+        return latch(d, e, DFL_EDEVICE, "dist allreduce: a device buffer without a device communicator");
     if (d->world == 1 || n <= 0)
         return dfl_dist_check(d, e);
     return sock_allreduce(d, buf, (size_t)n * dfl_dtype_size(dt), dt == DFL_F64, e);
@@ -1011,19 +1009,14 @@ int dfl_dist_finish(dfl_dist *d, dfl_err *e)
     if (!d)
         return DFL_OK;
     int rc = DFL_OK;
-#ifdef DFL_CUDA
     stop_watchdog(d);
     pthread_mutex_lock(&d->mu);
-    if (d->nccl && !d->broken) {
-        ncclResult_t r = nccl_wait_locked(d, ncclCommFinalize(d->nccl), 600);
-        if (r != ncclSuccess) {
-            char why[300];
-            snprintf(why, sizeof why, "NCCL finalize failed: %s", ncclGetErrorString(r));
-            abort_locked(d, why);
-        }
+    if (d->comm && !d->broken) {
+        dfl_err ce = {0};
+        int frc = d->be->ops->comm_finalize(d->be, d->comm, &ce);
+        comm_wait_locked(d, frc, &ce, "communicator finalize", 600);
     }
     pthread_mutex_unlock(&d->mu);
-#endif
     if (!(rc = sock_barrier(d, OP_FINISH, e)))
         d->finished = true;
     return rc;
@@ -1033,17 +1026,15 @@ void dfl_dist_close(dfl_dist *d)
 {
     if (!d)
         return;
-#ifdef DFL_CUDA
     stop_watchdog(d);
-    if (d->nccl) {
+    if (d->comm) {
         if (d->finished && !d->broken)
-            ncclCommDestroy(d->nccl);
+            d->be->ops->comm_destroy(d->be, d->comm);
         else
-            ncclCommAbort(d->nccl);
-        d->nccl = NULL;
+            d->be->ops->comm_abort(d->be, d->comm);
+        d->comm = NULL;
     }
     pthread_cond_destroy(&d->wd_cv);
-#endif
     if (!d->finished && d->broken)
         hub_abort_others(d);
     if (d->fd)

@@ -6,8 +6,9 @@
  *    broadcast from rank 0, all-gather and gather of small host data, and the all-reduce of
  *    host buffers (the CPU backend's buffers). The hub sums in rank order 0, 1, 2, ... so that
  *    every rank gets the same bytes and a run repeats exactly.
- *  - device (CUDA backend): one NCCL communicator; dfl_dist_allreduce of backend buffers is an
- *    ncclAllReduce enqueued on the backend's compute stream (no host synchronization).
+ *  - device (a backend with be->device_comm, the GPU's): the backend's communicator (backend.h
+ *    comm_*); dfl_dist_allreduce of backend buffers is an all-reduce enqueued on the backend's
+ *    compute stream (no host synchronization).
  *
  * Rendezvous:
  *  - "FILE": rank 0 listens on an ephemeral TCP port and writes "host port nonce" to FILE
@@ -21,15 +22,15 @@
  *
  * Failure: a rank that exits closes its sockets; any rank waiting on it fails at once with a
  * message naming it (rank 0 also passes the reason to the others before it gives up). TCP
- * keep-alive notices a host that vanished. With NCCL, a watchdog thread polls the NCCL
- * communicator's asynchronous error and the control sockets; when a peer is gone it aborts the
- * NCCL communicator (so that kernels waiting on the peer end) and latches the error, which every
+ * keep-alive notices a host that vanished. With a device communicator, a watchdog thread polls
+ * its asynchronous error and the control sockets; when a peer is gone it aborts the
+ * communicator (so that kernels waiting on the peer end) and latches the error, which every
  * later call returns (dfl_dist_check). A live peer that stops calling is waited for (like
  * torch.distributed without a timeout).
  *
  * World size 1 (no launcher variables): every collective returns at once (all-reduce of one
- * rank is the identity); no socket, no NCCL, unless nccl_always (tests) asks for an NCCL
- * communicator of one rank. */
+ * rank is the identity); no socket, no device communicator, unless device_comm_always (tests)
+ * asks for a device communicator of one rank. */
 #ifndef DFL_DIST_H
 #define DFL_DIST_H
 
@@ -57,22 +58,23 @@ typedef struct dfl_dist_opts {
     int rank, world, local_rank;
     const char *rendezvous;      /* FILE or tcp://HOST:PORT; required when world > 1 */
     double timeout_s;            /* rendezvous wait (<= 0: 600 s) */
-    bool nccl_always;            /* NCCL even for world size 1 (tests) */
+    bool device_comm_always;     /* a device communicator even for world size 1 (tests) */
 } dfl_dist_opts;
 
 /* Joins the ranks (control plane). Returns when every rank has joined. */
 int dfl_dist_open(dfl_dist **d, const dfl_dist_opts *o, dfl_err *e);
-/* The backend whose buffers dfl_dist_allreduce sums. CUDA: creates the NCCL communicator on the
- * backend's device (collective: every rank calls it) and starts the watchdog. CPU: nothing. */
+/* The backend whose buffers dfl_dist_allreduce sums. With be->device_comm: creates the backend's
+ * communicator on its device (collective: every rank calls it) and starts the watchdog. CPU:
+ * nothing. */
 int dfl_dist_attach(dfl_dist *d, dfl_be *be, dfl_err *e);
 int dfl_dist_rank(const dfl_dist *d);
 int dfl_dist_size(const dfl_dist *d);
 int dfl_dist_local_rank(const dfl_dist *d);
-/* Whether device buffers go through NCCL. */
-bool dfl_dist_uses_nccl(const dfl_dist *d);
+/* Whether device buffers go through the backend's device communicator. */
+bool dfl_dist_uses_device_comm(const dfl_dist *d);
 
 /* In place: buf (n values of dt, DFL_F32 or DFL_F64, memory of the attached backend; host
- * memory when none is attached) becomes the sum over ranks. NCCL: enqueued on the compute
+ * memory when none is attached) becomes the sum over ranks. Device communicator: enqueued on the compute
  * stream, returns at once. Sockets: returns when done. */
 int dfl_dist_allreduce(dfl_dist *d, void *buf, int64_t n, dfl_dtype dt, dfl_err *e);
 /* Host collectives over the control plane (every rank calls them in the same order). */
@@ -98,7 +100,8 @@ void dfl_draft_set_comm(struct dfl_draft *m, dfl_dist *d);
 
 /* Clean end: every rank calls it after its last collective; returns when all have. Then close. */
 int dfl_dist_finish(dfl_dist *d, dfl_err *e);
-/* Frees everything; without a finish first (an error path), aborts NCCL and closes the sockets,
+/* Frees everything; without a finish first (an error path), aborts the device communicator and
+ * closes the sockets,
  * which the other ranks see as this rank's end. NULL is fine. */
 void dfl_dist_close(dfl_dist *d);
 

@@ -17,7 +17,6 @@
 #include "draft_ckpt.h"
 #include "draft_data.h"
 #include "draft_input.h"
-#include "draft_pipe.h"
 #include "draft_rng.h"
 #include "hfmodel.h"
 #include "json.h"
@@ -824,7 +823,7 @@ static int64_t blocks_bound(int64_t T, int A)
 }
 
 /* The workspace, before the first batch: for the largest batch of the files (their indexes) and
- * --max-tokens / --max-blocks, whichever is larger. On an asynchronous backend (CUDA) it is sized
+ * --max-tokens / --max-blocks, whichever is larger. On an asynchronous backend (a GPU) it is sized
  * once: then a warm-up step on that shape, and no device allocation afterwards. The CPU may start
  * from nothing and grow with the batches. */
 static int size_workspace(run *r, dfl_err *e)
@@ -996,10 +995,8 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
     const int32_t *layers = dfl_draft_src_layers(r->src, &nl);
     if ((rc = make_config(r, layers, nl, e)))
         goto out;
-    char dev[32];   /* --device cuda: the GPU of this rank's local rank */
-    snprintf(dev, sizeof dev, "%s", o->device ? o->device : "cpu");
-    if (strcmp(dev, "cuda") == 0)
-        snprintf(dev, sizeof dev, "cuda:%d", env.local_rank);
+    char dev[32];
+    dfl_be_device_for_rank(o->device, env.local_rank, dev, sizeof dev);
     if ((rc = dfl_be_open(&r->be, dev, DFL_DT_INVALID, e)) ||
         (rc = dfl_draft_open(&r->m, r->be, &r->c, e)) || (rc = load_frozen(r, e)) ||
         (rc = dfl_dist_attach(r->dist, r->be, e)))

@@ -3,13 +3,13 @@
  *   reader   reads the token-batch streams, checks every batch against the model and stages its
  *            lengths, ids, mask, positions and cu_seqlens, up to IN_DEPTH batches ahead;
  *   forward  (the calling thread) takes a staged batch and a free output slot and enqueues the
- *            batch: on CUDA the uploads of its inputs, the forward and the copies of the captured
+ *            batch: on a GPU the uploads of its inputs, the forward and the copies of the captured
  *            layers to the slot's pinned host buffers, all asynchronous; it waits for the writer
  *            only when every slot is in flight, and never for the GPU;
  *   writer   takes the slots in order, waits for their copies (an event, on its own thread),
  *            frames, checksums and writes them, and gives the slots back.
  *
- * On CUDA, batch i uses output slot i % inflight and device capture set i % 2:
+ * On a GPU, batch i uses output slot i % inflight and device capture set i % 2:
  *   compute stream: upload(i) | wait set_free[i % 2] | forward(i) into the set | record done(i)
  *   copy stream:    wait done(i) | copy the set to the slot | record copied(i), set_free[i % 2]
  * so a capture set is overwritten only after the copies out of it have completed (ordered on the
@@ -19,7 +19,7 @@
  *
  * Device memory is one arena (activations and the two capture sets) sized before the first batch:
  * from --max-tokens, a dfl-bucket manifest, the inputs' warm-up shapes (their header's meta) or
- * index, or else the first batch. On CUDA a warm-up forward on the largest shape precedes the
+ * index, or else the first batch. On a GPU a warm-up forward on the largest shape precedes the
  * first batch and device allocation is frozen after it. A signal stops the run at a batch
  * boundary (no END frame). */
 #include <errno.h>
@@ -37,13 +37,10 @@
 #include "target.h"
 #include "util.h"
 
-#ifdef DFL_CUDA
-#include "../../kernels/cuda.h"
-#endif
 
 #define IN_DEPTH 4         /* token batches read and staged ahead */
 #define MAX_INFLIGHT 64
-#define CAP_SETS 2         /* device capture sets (CUDA) */
+#define CAP_SETS 2         /* device capture sets (GPU) */
 #define POLL_NS 50000000L  /* waits wake up this often to look at the stop flag */
 
 /* ------------------------------------------------------------------------------------------ */
@@ -327,7 +324,7 @@ typedef struct slot {
     uint32_t max_len;
     uint32_t *lens;            /* [max S] */
     uint8_t *mask;             /* [max T] */
-    /* one host block (mmap-ed; pinned on CUDA): the staged inputs, then the layer buffers */
+    /* one host block (mmap-ed; pinned on a GPU): the staged inputs, then the layer buffers */
     void *block;
     size_t block_bytes;
     bool block_pinned;
@@ -337,10 +334,8 @@ typedef struct slot {
     /* the frame reserved in a file output, when writing in place */
     bool mapped, registered;
     dfl_frame_res res;
-    int set;                   /* device capture set used (CUDA) */
-#ifdef DFL_CUDA
-    dfl_cuda_event ev_start, ev_done, ev_copied;
-#endif
+    int set;                   /* device capture set used (asynchronous backend) */
+    dfl_be_event ev_start, ev_done, ev_copied;
     prof pf;
 } slot;
 
@@ -363,19 +358,16 @@ typedef struct pipeline {
     dfl_target *t;
     dfl_be *be;
     const dfl_target_run_opts *o;
-    bool cuda;
+    bool async;                /* the backend runs ops asynchronously (a GPU): streams, events, pinned copies */
     int K;                     /* captured layers */
     int64_t H;
     size_t ds;                 /* bytes per element of the stream dtype */
     int n_slots;
     int64_t max_t, max_s;      /* what the buffers hold */
     dfl_target_ws *ws;
-    void *sets[CAP_SETS][DFL_MAX_LAYERS]; /* device capture sets (CUDA), in ws->extra */
+    void *sets[CAP_SETS][DFL_MAX_LAYERS]; /* device capture sets (GPU), in ws->extra */
     bool set_used[CAP_SETS];
-#ifdef DFL_CUDA
-    dfl_cuda_event set_free[CAP_SETS];
-    dfl_cuda_stream compute, copy;
-#endif
+    dfl_be_event set_free[CAP_SETS];
     slot slots[MAX_INFLIGHT];
     bool slots_ready;
     int file_io;               /* what is in effect */
@@ -397,22 +389,18 @@ static void slot_free(pipeline *p, slot *s)
     s->lens = NULL;
     s->mask = NULL;
     if (s->block) {
-#ifdef DFL_CUDA
         if (s->block_pinned)
-            dfl_cuda_host_unregister(p->be, s->block, NULL);
-#endif
+            p->be->ops->host_unregister(p->be, s->block, NULL);
         munmap(s->block, s->block_bytes);
     }
     s->block = NULL;
     s->block_pinned = false;
-#ifdef DFL_CUDA
-    if (p->cuda) {
-        dfl_cuda_event_destroy(p->be, s->ev_start);
-        dfl_cuda_event_destroy(p->be, s->ev_done);
-        dfl_cuda_event_destroy(p->be, s->ev_copied);
+    if (p->async) {
+        p->be->ops->event_free(p->be, s->ev_start);
+        p->be->ops->event_free(p->be, s->ev_done);
+        p->be->ops->event_free(p->be, s->ev_copied);
         s->ev_start = s->ev_done = s->ev_copied = NULL;
     }
-#endif
 }
 
 static void slots_free(pipeline *p)
@@ -429,7 +417,7 @@ static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 static int slots_new(pipeline *p, dfl_err *e)
 {
     uint64_t T = (uint64_t)p->max_t, S = (uint64_t)p->max_s;
-    bool layers = p->cuda || p->file_io == DFL_FILE_IO_WRITE;
+    bool layers = p->async || p->file_io == DFL_FILE_IO_WRITE;
     uint64_t stage = align_up(4 * (2 * T + S + 1), 4096);
     uint64_t lb = align_up(T * (uint64_t)p->H * p->ds, 4096);
     uint64_t bytes = stage + (layers ? lb * (uint64_t)p->K : 0);
@@ -453,24 +441,23 @@ static int slots_new(pipeline *p, dfl_err *e)
         s->cu = s->pos + T;
         for (int k = 0; k < p->K; k++)
             s->host[k] = layers ? (char *)b + stage + (uint64_t)k * lb : NULL;
-#ifdef DFL_CUDA
-        if (p->cuda) {
-            int rc = dfl_cuda_host_register(p->be, b, (size_t)bytes, false, e);
+        if (p->async) {
+            dfl_be *be = p->be;
+            int rc = be->ops->host_register(be, b, (size_t)bytes, false, e);
             if (rc)
                 return dfl_err_prefix(e, "output buffers: ");
             s->block_pinned = true;
             bool timing = p->o->profile > 0;
-            if ((rc = dfl_cuda_event_create(p->be, &s->ev_start, timing, e)) ||
-                (rc = dfl_cuda_event_create(p->be, &s->ev_done, timing, e)) ||
-                (rc = dfl_cuda_event_create(p->be, &s->ev_copied, timing, e)))
+            if ((rc = be->ops->event_new(be, &s->ev_start, timing, e)) ||
+                (rc = be->ops->event_new(be, &s->ev_done, timing, e)) ||
+                (rc = be->ops->event_new(be, &s->ev_copied, timing, e)))
                 return rc;
         }
-#endif
     }
     p->slots_ready = true;
     char b1[32];
     dfl_verbose("%d output slots of %s%s", p->n_slots, dfl_fmt_bytes((double)bytes, b1, sizeof b1),
-                p->cuda ? " (pinned)" : "");
+                p->async ? " (pinned)" : "");
     return DFL_OK;
 }
 
@@ -494,7 +481,7 @@ static void prof_print(const pipeline *p, const char *what, const prof *f, doubl
     double busy = wall > 0 ? f->forward / wall : 0;
     const char *verdict;
     if (busy >= 0.9)
-        verdict = p->cuda ? "the GPU is the bottleneck" : "the forward is the bottleneck";
+        verdict = p->async ? "the GPU is the bottleneck" : "the forward is the bottleneck";
     else if (f->slot_wait >= f->in_wait)
         verdict = "the output is the bottleneck (the writer, or the consumer of the stream)";
     else
@@ -502,12 +489,11 @@ static void prof_print(const pipeline *p, const char *what, const prof *f, doubl
     dfl_info("profile: %s: %llu tokens in %.3f s, %.0f tokens/s; %s busy %.0f%%; forward thread: "
              "input wait %.3f s, enqueue %.3f s, output wait %.3f s; %s: forward %.3f s%s%.3f s; "
              "writer: copy wait %.3f s, write %.3f s; %s", what, (unsigned long long)f->tokens,
-             wall, wall > 0 ? (double)f->tokens / wall : 0.0, p->cuda ? "GPU" : "forward",
-             100 * busy, f->in_wait, f->enqueue, f->slot_wait, p->cuda ? "GPU" : "CPU", f->forward,
-             p->cuda ? ", copy " : ", copy (none) ", f->copy, f->copy_wait, f->write, verdict);
+             wall, wall > 0 ? (double)f->tokens / wall : 0.0, p->async ? "GPU" : "forward",
+             100 * busy, f->in_wait, f->enqueue, f->slot_wait, p->async ? "GPU" : "CPU", f->forward,
+             p->async ? ", copy " : ", copy (none) ", f->copy, f->copy_wait, f->write, verdict);
 }
 
-#ifdef DFL_CUDA
 /* Makes sure a registered mapping's pages are dirty after the GPU wrote them by DMA (a write
  * through the CPU marks them; DMA into pinned pages may not), so that they reach the file. */
 static void touch_pages(void *p, size_t n)
@@ -518,7 +504,6 @@ static void touch_pages(void *p, size_t n)
         *b = *b;
     }
 }
-#endif
 
 /* Writes batch j (its slot's frame). */
 static int write_one(pipeline *p, uint64_t j, dfl_err *e)
@@ -526,21 +511,19 @@ static int write_one(pipeline *p, uint64_t j, dfl_err *e)
     slot *s = slot_of(p, j);
     int rc = DFL_OK;
     double t0 = dfl_now();
-#ifdef DFL_CUDA
-    if (p->cuda) {
-        if ((rc = dfl_cuda_event_sync(p->be, s->ev_copied, e)))
+    if (p->async) {
+        if ((rc = p->be->ops->event_sync(p->be, s->ev_copied, e)))
             return dfl_err_prefix(e, "batch %llu: ", (unsigned long long)j);
         if (p->o->profile) {
             float a = 0, b = 0;
             dfl_err pe = {0};
-            if (!dfl_cuda_event_elapsed(p->be, s->ev_start, s->ev_done, &a, &pe) &&
-                !dfl_cuda_event_elapsed(p->be, s->ev_done, s->ev_copied, &b, &pe)) {
+            if (!p->be->ops->event_elapsed(p->be, s->ev_start, s->ev_done, &a, &pe) &&
+                !p->be->ops->event_elapsed(p->be, s->ev_done, s->ev_copied, &b, &pe)) {
                 s->pf.forward = a / 1e3;
                 s->pf.copy = b / 1e3;
             }
         }
     }
-#endif
     double t1 = dfl_now();
     dfl_batch ob;
     memset(&ob, 0, sizeof ob);
@@ -554,17 +537,15 @@ static int write_one(pipeline *p, uint64_t j, dfl_err *e)
     ob.input_ids = s->ids;
     ob.loss_mask = s->mask;
     if (s->mapped) {
-#ifdef DFL_CUDA
         if (s->registered) {
-            dfl_cuda_host_unregister(p->be, s->res.map, NULL);
+            p->be->ops->host_unregister(p->be, s->res.map, NULL);
             s->registered = false;
             touch_pages(s->res.map, s->res.map_len);
-        } else if (p->cuda) {
+        } else if (p->async) {
             size_t n = (size_t)s->T * (size_t)p->H * p->ds;
             for (int k = 0; k < p->K; k++)
                 memcpy(s->res.layers[k], s->host[k], n);
         }
-#endif
         rc = dfl_writer_commit(p->w, &s->res, &ob, e);
         s->mapped = false;
     } else {
@@ -840,7 +821,7 @@ static int plan_shape(pipeline *p, dfl_reader *first, shape *sh, dfl_err *e)
     }
     if (o->manifest)
         return shape_of_manifest(o->manifest, sh, e);
-    if (!p->cuda)
+    if (!p->async)
         return DFL_OK; /* the CPU sizes from the first batch and grows */
     shape all = {0};
     for (int i = 0; i < o->n_inputs; i++) {
@@ -868,14 +849,6 @@ static int plan_shape(pipeline *p, dfl_reader *first, shape *sh, dfl_err *e)
 /* ------------------------------------------------------------------------------------------ */
 /* device memory, warm-up */
 
-#ifdef DFL_CUDA
-static int device_index(const dfl_be *be)
-{
-    const char *c = strchr(be->name, ':');
-    return c ? atoi(c + 1) : 0;
-}
-#endif
-
 /* Activations and capture sets for batches of max_t tokens, in one arena. */
 static int buffers_new(pipeline *p, int64_t max_t, int64_t max_s, dfl_err *e)
 {
@@ -883,15 +856,14 @@ static int buffers_new(pipeline *p, int64_t max_t, int64_t max_s, dfl_err *e)
     p->max_t = max_t;
     p->max_s = max_s;
     uint64_t set_layer = align_up((uint64_t)max_t * (uint64_t)p->H * p->ds, 256);
-    uint64_t caps = p->cuda ? set_layer * (uint64_t)p->K * CAP_SETS : 0;
-#ifdef DFL_CUDA
-    if (p->cuda) {
+    uint64_t caps = p->async ? set_layer * (uint64_t)p->K * CAP_SETS : 0;
+    if (p->async) {
         char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32];
         uint64_t act = dfl_target_ws_bytes(t, max_t, max_s);
-        dfl_cuda_props pr;
-        if (act && dfl_cuda_device_props(device_index(p->be), &pr, NULL) == 0) {
+        dfl_be_mem pr;
+        if (act && p->be->ops->mem_info(p->be, &pr, NULL) == 0 && pr.total) {
             uint64_t margin = 512ull << 20; /* cuBLAS, kernels loaded on first use */
-            if (act + caps + margin > pr.mem_free)
+            if (act + caps + margin > pr.free)
                 return dfl_fail(e, DFL_ENOMEM, "%s: batches of up to %lld tokens need %s of device "
                                 "memory (activations %s, capture buffers %s, and %s of margin), but "
                                 "only %s of %s is free with the weights (%s) loaded; lower "
@@ -900,16 +872,15 @@ static int buffers_new(pipeline *p, int64_t max_t, int64_t max_s, dfl_err *e)
                                 dfl_fmt_bytes((double)act, b2, sizeof b2),
                                 dfl_fmt_bytes((double)caps, b3, sizeof b3),
                                 dfl_fmt_bytes((double)margin, b4, sizeof b4),
-                                dfl_fmt_bytes((double)pr.mem_free, b5, sizeof b5),
-                                dfl_fmt_bytes((double)pr.mem_total, b6, sizeof b6),
+                                dfl_fmt_bytes((double)pr.free, b5, sizeof b5),
+                                dfl_fmt_bytes((double)pr.total, b6, sizeof b6),
                                 dfl_fmt_bytes((double)t->weight_bytes, b7, sizeof b7));
         }
     }
-#endif
     int rc = dfl_target_ws_new_ex(t, max_t, max_s, caps, &p->ws, e);
     if (rc)
         return rc;
-    for (int c = 0; c < CAP_SETS && p->cuda; c++)
+    for (int c = 0; c < CAP_SETS && p->async; c++)
         for (int k = 0; k < p->K; k++)
             p->sets[c][k] = (char *)p->ws->extra + ((uint64_t)c * (uint64_t)p->K + (uint64_t)k) * set_layer;
     char b1[32];
@@ -919,7 +890,6 @@ static int buffers_new(pipeline *p, int64_t max_t, int64_t max_s, dfl_err *e)
     return DFL_OK;
 }
 
-#ifdef DFL_CUDA
 /* A forward on a made-up batch of the largest shape (token ids spread over the vocabulary), so
  * that kernels are loaded, cuBLASLt plans exist and (--tune) the GEMMs' algorithms are chosen
  * before the first real batch. */
@@ -973,7 +943,7 @@ static int warm_up(pipeline *p, const shape *sh, dfl_err *e)
             goto out;
         for (int i = 0; i < 4; i++) {
             float best = 0, first = 0;
-            if ((rc = dfl_cuda_matmul_tune(be, &mm[i], 16, 10, &best, &first, e))) {
+            if ((rc = be->ops->matmul_tune(be, &mm[i], 16, 10, &best, &first, e))) {
                 dfl_err_prefix(e, "--tune %s: ", names[i]);
                 goto out;
             }
@@ -988,27 +958,24 @@ out:
     free(cu);
     return rc;
 }
-#endif
 
-/* Buffers and output slots for batches of up to mt tokens in ms sequences; on CUDA then the
+/* Buffers and output slots for batches of up to mt tokens in ms sequences; on a GPU then the
  * warm-up on shape sh and the freeze of device allocation. */
 static int size_buffers(pipeline *p, int64_t mt, int64_t ms, const shape *sh, dfl_err *e)
 {
     int rc;
     if ((rc = buffers_new(p, mt, ms, e)) || (rc = slots_new(p, e)))
         return rc;
-#ifdef DFL_CUDA
-    if (p->cuda) {
+    if (p->async) {
         if ((rc = warm_up(p, sh, e)))
             return rc;
-        dfl_cuda_freeze(p->be, true); /* no device allocation from here on */
-        dfl_cuda_mem mem;
-        dfl_cuda_mem_stats(p->be, &mem);
+        p->be->ops->freeze(p->be, true); /* no device allocation from here on */
+        dfl_be_mem mem = {0};
+        p->be->ops->mem_info(p->be, &mem, NULL);
         char b1[32];
         dfl_verbose("%s: %s of device memory held (weights, activations, capture buffers); "
                     "allocation frozen", p->be->name, dfl_fmt_bytes((double)mem.allocated, b1, sizeof b1));
     }
-#endif
     return DFL_OK;
 }
 
@@ -1029,8 +996,7 @@ static void slot_fill(slot *s, const in_item *it)
     memcpy(s->cu, it->cu, (size_t)(it->n_seqs + 1) * 4);
 }
 
-#ifdef DFL_CUDA
-/* After an op failed on CUDA: the backend's own message (kept until the next sync). */
+/* After an op failed on an asynchronous backend: the backend's own message (kept until the next sync). */
 static int op_error(pipeline *p, int rc, dfl_err *e)
 {
     dfl_err be_err = {0};
@@ -1041,10 +1007,9 @@ static int op_error(pipeline *p, int rc, dfl_err *e)
     }
     return rc;
 }
-#endif
 
 /* Enqueues batch i in its slot: reserves its frame when writing in place, uploads its inputs,
- * runs the forward and (CUDA) the copies. */
+ * runs the forward and (GPU) the copies. */
 static int submit(pipeline *p, uint64_t i, dfl_err *e)
 {
     slot *s = slot_of(p, i);
@@ -1057,20 +1022,18 @@ static int submit(pipeline *p, uint64_t i, dfl_err *e)
         if ((rc = dfl_writer_reserve(p->w, s->T, s->S, &s->res, e)))
             return rc;
         s->mapped = true;
-#ifdef DFL_CUDA
-        if (p->cuda && p->can_register) {
+        if (p->async && p->can_register) {
             dfl_err re = {0};
-            if (dfl_cuda_host_register(be, s->res.map, s->res.map_len, false, &re) == 0) {
+            if (be->ops->host_register(be, s->res.map, s->res.map_len, false, &re) == 0) {
                 s->registered = true;
             } else {
                 p->can_register = false;
                 dfl_verbose("%s; copying through pinned buffers instead", re.msg);
             }
         }
-#endif
     }
     void *caps[DFL_MAX_LAYERS];
-    if (!p->cuda) {
+    if (!p->async) {
         for (int k = 0; k < p->K; k++)
             caps[k] = s->mapped ? s->res.layers[k] : s->host[k];
         double t0 = dfl_now();
@@ -1084,37 +1047,34 @@ static int submit(pipeline *p, uint64_t i, dfl_err *e)
         s->pf.forward = dfl_now() - t0;
         return rc;
     }
-#ifdef DFL_CUDA
     int set = (int)(i % CAP_SETS);
     s->set = set;
-    dfl_cuda_stream cs = p->compute, xs = p->copy;
+    enum { cs = DFL_STREAM_COMPUTE, xs = DFL_STREAM_COPY };
     size_t lb = (size_t)T * (size_t)p->H * p->ds;
-    if ((p->o->profile && (rc = dfl_cuda_event_record(be, s->ev_start, cs, e))) ||
-        (rc = dfl_cuda_upload_async(be, p->ws->ids, s->ids, (size_t)T * 4, cs, e)) ||
-        (rc = dfl_cuda_upload_async(be, p->ws->pos, s->pos, (size_t)T * 4, cs, e)) ||
-        (rc = dfl_cuda_upload_async(be, p->ws->cu, s->cu, (size_t)(S + 1) * 4, cs, e)) ||
-        (p->set_used[set] && (rc = dfl_cuda_stream_wait_event(be, cs, p->set_free[set], e))))
+    const dfl_be_ops *op = be->ops;
+    if ((p->o->profile && (rc = op->event_record(be, s->ev_start, cs, e))) ||
+        (rc = op->upload_async(be, p->ws->ids, s->ids, (size_t)T * 4, cs, e)) ||
+        (rc = op->upload_async(be, p->ws->pos, s->pos, (size_t)T * 4, cs, e)) ||
+        (rc = op->upload_async(be, p->ws->cu, s->cu, (size_t)(S + 1) * 4, cs, e)) ||
+        (p->set_used[set] && (rc = op->stream_wait(be, cs, p->set_free[set], e))))
         return dfl_err_prefix(e, "batch %llu: ", (unsigned long long)s->in_index);
     if ((rc = dfl_target_forward_staged(t, p->ws, s->in_index, T, S, (int32_t)s->max_len, p->K,
                                         p->o->layers, p->o->dtype, p->sets[set], e)))
         return op_error(p, rc, e);
-    if ((rc = dfl_cuda_event_record(be, s->ev_done, cs, e)) ||
-        (rc = dfl_cuda_stream_wait_event(be, xs, s->ev_done, e)))
+    if ((rc = op->event_record(be, s->ev_done, cs, e)) ||
+        (rc = op->stream_wait(be, xs, s->ev_done, e)))
         return dfl_err_prefix(e, "batch %llu: ", (unsigned long long)s->in_index);
     for (int k = 0; k < p->K; k++) {
         void *dst = s->registered ? s->res.layers[k] : s->host[k];
-        if ((rc = dfl_cuda_download_async(be, dst, p->sets[set][k], lb, xs, e)))
+        if ((rc = op->download_async(be, dst, p->sets[set][k], lb, xs, e)))
             return dfl_err_prefix(e, "batch %llu: copying layer %d: ",
                                   (unsigned long long)s->in_index, p->o->layers[k]);
     }
-    if ((rc = dfl_cuda_event_record(be, s->ev_copied, xs, e)) ||
-        (rc = dfl_cuda_event_record(be, p->set_free[set], xs, e)))
+    if ((rc = op->event_record(be, s->ev_copied, xs, e)) ||
+        (rc = op->event_record(be, p->set_free[set], xs, e)))
         return dfl_err_prefix(e, "batch %llu: ", (unsigned long long)s->in_index);
     p->set_used[set] = true;
     return DFL_OK;
-#else
-    return dfl_fail(e, DFL_EDEVICE, "this build has no CUDA support");
-#endif
 }
 
 /* Makes sure the buffers hold a batch of T tokens in S sequences: sized at the first batch when
@@ -1173,7 +1133,7 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
     p->t = t;
     p->be = t->be;
     p->o = o;
-    p->cuda = t->be->kind == DFL_BE_CUDA;
+    p->async = t->be->async;
     p->K = o->n_caps;
     p->H = t->cfg.hidden_size;
     p->ds = dfl_dtype_size(o->dtype);
@@ -1202,15 +1162,11 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
     /* the first input is opened here, so that a bad one fails before any output */
     if ((rc = open_input(o->inputs[0], &q->first, e)))
         goto done;
-#ifdef DFL_CUDA
-    if (p->cuda) {
-        p->compute = dfl_cuda_compute_stream(p->be);
-        p->copy = dfl_cuda_copy_stream(p->be);
+    if (p->async) {
         for (int c = 0; c < CAP_SETS; c++)
-            if ((rc = dfl_cuda_event_create(p->be, &p->set_free[c], false, e)))
+            if ((rc = p->be->ops->event_new(p->be, &p->set_free[c], false, e)))
                 goto done;
     }
-#endif
 
     dfl_stream_info info;
     memset(&info, 0, sizeof info);
@@ -1237,7 +1193,7 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
                 spliced ? ", vmsplice" : "");
     p->file_io = DFL_FILE_IO_WRITE;
     if (o->file_io != DFL_FILE_IO_WRITE && dfl_writer_can_reserve(p->w)) {
-        p->file_io = o->file_io == DFL_FILE_IO_REGISTER && !p->cuda ? DFL_FILE_IO_MAP : o->file_io;
+        p->file_io = o->file_io == DFL_FILE_IO_REGISTER && !p->async ? DFL_FILE_IO_MAP : o->file_io;
         p->can_register = p->file_io == DFL_FILE_IO_REGISTER;
     }
 
@@ -1358,22 +1314,18 @@ done:
         dfl_progress_end();
         return rc;
     }
-#ifdef DFL_CUDA
-    if (p->cuda) {
+    if (p->async) {
         /* nothing may still be copying into buffers about to be freed */
         dfl_err se = {0};
-        dfl_cuda_stream_sync(p->be, p->compute, &se);
-        dfl_cuda_stream_sync(p->be, p->copy, &se);
+        p->be->ops->stream_sync(p->be, DFL_STREAM_COMPUTE, &se);
+        p->be->ops->stream_sync(p->be, DFL_STREAM_COPY, &se);
         p->be->ops->sync(p->be, &se);
     }
-#endif
     for (int k = 0; k < p->n_slots && p->slots_ready; k++) {
         slot *s = &p->slots[k];
         if (s->mapped) {
-#ifdef DFL_CUDA
             if (s->registered)
-                dfl_cuda_host_unregister(p->be, s->res.map, NULL);
-#endif
+                p->be->ops->host_unregister(p->be, s->res.map, NULL);
             if (p->w)
                 dfl_writer_unreserve(p->w, &s->res);
         }
@@ -1384,13 +1336,11 @@ done:
         in_free(q);
     slots_free(p);
     dfl_target_ws_free(t, p->ws);
-#ifdef DFL_CUDA
-    if (p->cuda) {
-        dfl_cuda_freeze(p->be, false);
+    if (p->async) {
+        p->be->ops->freeze(p->be, false);
         for (int c = 0; c < CAP_SETS; c++)
-            dfl_cuda_event_destroy(p->be, p->set_free[c]);
+            p->be->ops->event_free(p->be, p->set_free[c]);
     }
-#endif
     json_decref(meta);
     if (rc == DFL_EPIPE)
         dfl_fail(e, DFL_EPIPE, "%s: the consumer went away (broken pipe) after %llu batches",

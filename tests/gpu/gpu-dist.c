@@ -65,7 +65,7 @@ static int setup(int rank, int world, const char *rdv, dfl_be **be, dfl_dist **d
     char dev[16];
     snprintf(dev, sizeof dev, "cuda:%d", rank);
     dfl_dist_opts o = {.rank = rank, .world = world, .local_rank = rank, .rendezvous = rdv,
-                       .timeout_s = 60, .nccl_always = true};
+                       .timeout_s = 60, .device_comm_always = true};
     int rc = dfl_be_open(be, dev, DFL_DT_INVALID, &e);
     if (!rc)
         rc = dfl_dist_open(d, &o, &e);
@@ -127,7 +127,7 @@ static void world1_rank(int rank, int world)
     dfl_dist *d = NULL;
     dfl_err e = {0};
     if (setup(rank, world, NULL, &be, &d) == 0) {
-        T_CHECK(dfl_dist_uses_nccl(d), "NCCL communicator of one rank");
+        T_CHECK(dfl_dist_uses_device_comm(d), "NCCL communicator of one rank");
         reduce_and_check(be, d, rank, world, 100003);
         T_CHECK(dfl_dist_finish(d, &e) == 0, "finish: %s", e.msg);
     }
@@ -150,7 +150,7 @@ static void two_rank(int rank, int world)
     dfl_dist *d = NULL;
     dfl_err e = {0};
     if (setup(rank, world, g_rdv, &be, &d) == 0) {
-        T_CHECK(dfl_dist_uses_nccl(d), "NCCL");
+        T_CHECK(dfl_dist_uses_device_comm(d), "NCCL");
         reduce_and_check(be, d, rank, world, ((int64_t)1 << 22) + 3);
         T_CHECK(dfl_dist_barrier(d, &e) == 0, "barrier: %s", e.msg);
         T_CHECK(dfl_dist_finish(d, &e) == 0, "finish: %s", e.msg);

@@ -224,7 +224,7 @@ static void test_world_one(void)
     T_CHECK(dfl_dist_allreduce(d, x, 3, DFL_F32, &e) == 0, "%s", e.msg);
     T_CHECK(x[0] == 1 && x[1] == 2 && x[2] == 3, "identity");
     T_CHECK(dfl_dist_barrier(d, &e) == 0, "%s", e.msg);
-    T_CHECK(!dfl_dist_uses_nccl(d), "no NCCL without a CUDA backend");
+    T_CHECK(!dfl_dist_uses_device_comm(d), "no NCCL without a CUDA backend");
     T_CHECK(dfl_dist_finish(d, &e) == 0, "%s", e.msg);
     dfl_dist_close(d);
 }
