@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int t_pass_, t_fail_, t_skip_, t_case_failed_, t_case_skipped_;
 static const char *t_name_ = "test";
@@ -126,6 +127,34 @@ static inline void t_build_dir(char *out, size_t n, const char *var, const char 
         snprintf(out, n, "%s", v);
     else
         snprintf(out, n, "%s/../%s", self_dir, sub);
+}
+
+/* The directory of this binary, from argv[0] ("." when it has no slash). */
+static inline const char *t_self_dir(const char *argv0)
+{
+    static char dir[4096];
+    const char *slash = strrchr(argv0, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - argv0) : 1, slash ? argv0 : ".");
+    return dir;
+}
+
+/* The source tree: $DFL_SRCDIR when set, else three levels above this binary
+ * (<root>/build/tests/<test>); "." when neither is known. */
+static inline const char *t_src_root(void)
+{
+    static char root[4096];
+    const char *env = getenv("DFL_SRCDIR");
+    if (env && *env)
+        return env;
+    ssize_t n = readlink("/proc/self/exe", root, sizeof root - 1);
+    root[n > 0 ? n : 0] = 0;
+    for (int i = 0; i < 3; i++) {
+        char *slash = strrchr(root, '/');
+        if (!slash)
+            return ".";
+        *slash = 0;
+    }
+    return root;
 }
 
 #endif
