@@ -375,9 +375,10 @@ static void progress(ev *v, bool force)
 }
 
 /* Evaluates every sequence of one batch. */
-static int eval_batch(ev *v, const char *path, const dfl_batch *b, dfl_err *e)
+static int eval_batch(ev *v, int input, const dfl_batch *b, dfl_err *e)
 {
     const int bs = v->c.block_size;
+    const char *path = v->o->inputs[input];
     const int64_t S = b->n_seqs;
     int rc = grow(v, S, e);
     if (rc)
@@ -483,6 +484,9 @@ static int eval_batch(ev *v, const char *path, const dfl_batch *b, dfl_err *e)
             }
             v->info->forwards++;
             v->info->blocks += B;
+            if (v->o->on_forward)
+                v->o->on_forward(v->o->ctx, input, (int64_t)b->index, first, B, v->bseq, v->banchor,
+                                 v->correct, bs);
         }
         /* the walks, as far as the computed anchors reach */
         for (int64_t s = first; s <= last_s; s++) {
@@ -568,7 +572,7 @@ int dfl_eval_run(const dfl_eval_opts *o, dfl_eval_stats *st, dfl_eval_info *info
             bool eos = false;
             if ((rc = dfl_reader_next(v.rd[i], &b, &eos, e)) || eos)
                 break;
-            rc = eval_batch(&v, o->inputs[i], &b, e);
+            rc = eval_batch(&v, i, &b, e);
             dfl_reader_recycle(v.rd[i], &b);
             if (rc)
                 break;
