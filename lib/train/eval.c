@@ -175,27 +175,19 @@ static int load_target(ev *v, dfl_err *e)
     return rc;
 }
 
-/* The drafter's config: the target's sizes, then the checkpoint's config.json. */
+/* The drafter's config: all of it from the checkpoint's config.json (a Qwen3 config with the
+ * DFlash fields), the loss decay aside (not used here). */
 static int load_config(ev *v, const char *dir, dfl_err *e)
 {
     dfl_draft_config *c = &v->c;
-    memset(c, 0, sizeof *c);
-    c->hidden = v->tc.hidden_size;
-    c->vocab = v->tc.vocab_size;
-    c->intermediate = v->tc.intermediate_size;
-    c->n_heads = (int)v->tc.n_heads;
-    c->n_kv = (int)v->tc.n_kv_heads;
-    c->head_dim = (int)v->tc.head_dim;
-    c->rms_eps = v->tc.rms_norm_eps;
-    c->rope_theta = v->tc.rope_theta;
-    c->block_size = 16;
-    c->gamma = 7.0;
-    c->mask_token_id = -1;
-    c->bos_token_id = c->eos_token_id = -1;
-    c->max_position = 40960;
+    *c = (dfl_draft_config){.block_size = 16, .gamma = 7.0, .mask_token_id = -1, .rms_eps = 1e-6,
+                            .rope_theta = 1e6, .bos_token_id = -1, .eos_token_id = -1,
+                            .max_position = 40960};
     int rc = dfl_draft_ckpt_config(dir, c, e);
     if (rc)
         return rc;
+    if (c->n_feat >= 1 && c->mask_token_id >= 0 && (rc = dfl_draft_config_check(c, e)))
+        return dfl_err_prefix(e, "%s/config.json: ", dir);
     if (c->mask_token_id < 0)
         return dfl_fail(e, DFL_EDATA, "%s/config.json: no dflash_config.mask_token_id", dir);
     if (c->n_feat < 1)
