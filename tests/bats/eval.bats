@@ -18,8 +18,11 @@ setup() {
 
 # ids PREFIX N TOKEN: PREFIX then N times TOKEN, comma-separated
 ids() { local s=$1 i; for ((i = 0; i < $2; i++)); do s+=",$3"; done; echo "$s"; }
-# num KEY: a value of the JSON object in $output, as jq writes it (whole numbers without ".0")
-num() { jq -c ".$1" <<< "$output"; }
+# num KEY: a value (a number, a string or an array of numbers) of the JSON object in $output, as
+# dfl-eval writes it (compact)
+num() { grep -o "\"$1\":\(\[[^]]*\]\|[^,}]*\)" <<< "$output" | head -1 | cut -d: -f2-; }
+# less the fields that measure time or depend on how the anchors were batched
+stable() { sed 's/"seconds":[^,}]*//; s/"drafter_forwards":[0-9]*//; s/"blocks_computed":[0-9]*//'; }
 
 @test "--help, --version, usage errors" {
     run --separate-stderr dfl-eval --help
@@ -47,11 +50,11 @@ num() { jq -c ".$1" <<< "$output"; }
     draftdata "$TGT" "$T/s.dfl" --batches 2 --seqs 3 --ids "$(ids 7,9 17 0)"
     run --separate-stderr dfl-eval --draft "$T/zero" --target "$TGT" "$T/s.dfl"
     [ "$status" -eq 0 ]
-    [ "$(num tau)" = 8 ]
+    [ "$(num tau)" = 8.0 ]
     [ "$(num steps)" = 12 ]
     [ "$(num tokens)" = 96 ]
     [ "$(num histogram)" = "[0,0,0,0,0,0,0,12]" ]
-    [ "$(num slot_acceptance)" = "[1,1,1,1,1,1,1]" ]
+    [ "$(num slot_acceptance)" = "[1.0,1.0,1.0,1.0,1.0,1.0,1.0]" ]
     # 6 sequences: 6 prefills + 12 steps for 6 * 17 tokens
     [ "$(num target_forwards)" = 18 ]
     [ "$(num response_tokens)" = 102 ]
@@ -60,7 +63,7 @@ num() { jq -c ".$1" <<< "$output"; }
     [[ "$stderr" == *"speed-up bound 5.67x"* ]]
     # the same at a smaller block: 16 tokens = 4 blocks of 4
     run dfl-eval -q --draft "$T/zero" --target "$TGT" --block-size 4 "$T/s.dfl"
-    [ "$(num tau)" = 4 ]
+    [ "$(num tau)" = 4.0 ]
     [ "$(num block_size)" = 4 ]
     [ "$(num trained_block_size)" = 8 ]
     [ "$(num histogram)" = "[0,0,0,24]" ]
@@ -73,10 +76,10 @@ num() { jq -c ".$1" <<< "$output"; }
 @test "a drafter that always misses: tau = 1" {
     draftdata "$TGT" "$T/s.dfl" --batches 1 --seqs 2 --ids "$(ids 7,9 17 5)"
     run dfl-eval -q --draft "$T/zero" --target "$TGT" "$T/s.dfl"
-    [ "$(num tau)" = 1 ]
+    [ "$(num tau)" = 1.0 ]
     [ "$(num steps)" = 32 ]
     [ "$(num histogram)" = "[32,0,0,0,0,0,0,0]" ]
-    [ "$(num speedup_bound)" = 1 ]
+    [ "$(num speedup_bound)" = 1.0 ]
 }
 
 @test "a hand-worked case: tau 3.5" {
@@ -97,14 +100,14 @@ num() { jq -c ".$1" <<< "$output"; }
     [ "$(num slot_acceptance)" = "[0.75,0.5,0.3333333333,0.5,0.5,0.5,0.5]" ]
     [ "$(num target_forwards)" = 5 ]
     [ "$(num response_tokens)" = 15 ]
-    [ "$(num speedup_bound)" = 3 ]
+    [ "$(num speedup_bound)" = 3.0 ]
 }
 
 @test "two turns: each response span is decoded on its own" {
     # spans 2-5 (5 0 0 0) and 8-11 (5 0 0 5); 6-7 is the user's turn: 3 tokens then 3 tokens
     draftdata "$TGT" "$T/s.dfl" --batches 1 --seqs 1 --ids 7,9,5,0,0,0,3,3,5,0,0,5 --mask 001111001111
     run dfl-eval -q --draft "$T/zero" --target "$TGT" "$T/s.dfl"
-    [ "$(num tau)" = 3 ]
+    [ "$(num tau)" = 3.0 ]
     [ "$(num spans)" = 2 ]
     [ "$(num histogram)" = "[0,0,2,0,0,0,0,0]" ]
     [ "$(num target_forwards)" = 4 ]
@@ -116,8 +119,9 @@ num() { jq -c ".$1" <<< "$output"; }
     run --separate-stderr dfl-eval -q --per-sequence --draft "$T/zero" --target "$TGT" "$T/a.dfl" "$T/b.dfl"
     [ "$status" -eq 0 ]
     [ "$(wc -l <<< "$output")" -eq 9 ]
-    [ "$(jq -r 'select(.kind == "sequence") | "\(.input | sub(".*/"; "")) \(.batch) \(.sequence) \(.tau)"' <<< "$output" | tr '\n' ' ')" = \
-      "a.dfl 0 0 8 a.dfl 0 1 8 a.dfl 0 2 8 a.dfl 1 0 8 a.dfl 1 1 8 a.dfl 1 2 8 b.dfl 0 0 1 b.dfl 0 1 1 " ]
+    [ "$(grep '"kind":"sequence"' <<< "$output" |
+         sed 's/.*"input":"[^"]*\/\([^"]*\)","batch":\([0-9]*\),"sequence":\([0-9]*\),.*"tau":\([0-9.]*\).*/\1 \2 \3 \4/' |
+         tr '\n' ' ')" = "a.dfl 0 0 8.0 a.dfl 0 1 8.0 a.dfl 0 2 8.0 a.dfl 1 0 8.0 a.dfl 1 1 8.0 a.dfl 1 2 8.0 b.dfl 0 0 1.0 b.dfl 0 1 1.0 " ]
     output=$(tail -1 <<< "$output")
     [ "$(num kind)" = '"total"' ]
     [ "$(num steps)" = $((12 + 16)) ]
@@ -128,14 +132,13 @@ num() { jq -c ".$1" <<< "$output"; }
     dfl-draft --target "$TGT" --mask-token-id 63 --draft-layers 1 --block-size 8 --num-anchors 16 \
         --out "$T/r" --epochs 4 --lr 1e-2 --save-every 0 -q "$T/a.dfl" >/dev/null
     draftdata "$TGT" "$T/h.dfl" --batches 3 --seqs 4 --len 60 --seed 9
-    fields='del(.seconds, .drafter_forwards, .blocks_computed)'
-    ref=$(dfl-eval -q --draft "$T/r" --target "$TGT" "$T/h.dfl" | jq -c "$fields")
-    tau=$(jq .tau <<< "$ref")
+    ref=$(dfl-eval -q --draft "$T/r" --target "$TGT" "$T/h.dfl" | stable)
+    tau=$(output=$ref num tau)
     # learnt something, and decoding gets less than every slot
     awk -v t="$tau" 'BEGIN { exit !(t > 1.5 && t < 8) }'
     for mb in 1 5 64; do
         for mt in 60 100; do
-            out=$(dfl-eval -q --draft "$T/r/latest" --target "$TGT" --max-blocks $mb --max-tokens $mt "$T/h.dfl" | jq -c "$fields")
+            out=$(dfl-eval -q --draft "$T/r/latest" --target "$TGT" --max-blocks $mb --max-tokens $mt "$T/h.dfl" | stable)
             [ "$out" = "$ref" ]
         done
     done
@@ -143,7 +146,7 @@ num() { jq -c ".$1" <<< "$output"; }
     run dfl-eval -q --draft "$T/r" --target "$TGT" --max-blocks 1 "$T/h.dfl"
     [ "$(num blocks_computed)" = "$(num steps)" ]
     [ "$(num drafter_forwards)" = "$(num steps)" ]
-    out=$(dfl-eval -q --draft "$T/r" --target "$TGT" - < "$T/h.dfl" | jq -c "$fields")
+    out=$(dfl-eval -q --draft "$T/r" --target "$TGT" - < "$T/h.dfl" | stable)
     [ "$out" = "$ref" ]
     # a context that does not fit
     run -1 dfl-eval -q --draft "$T/r" --target "$TGT" --max-tokens 20 "$T/h.dfl"
