@@ -190,6 +190,15 @@ enum { DFL_DRAFT_ACT_CTX,      /* C [T, H] */
        DFL_DRAFT_ACT_LABEL };  /* per-slot label [Q] (as float) */
 int dfl_draft_activation(dfl_draft *m, int which, int layer, float *dst, int64_t n, dfl_err *e);
 
+/* Forward-only evaluation (dfl-eval): runs the drafter on in's blocks (no loss backward, no
+ * noise) and writes to the host, for block b and slot j, correct[b * bs + j] = 1 when the
+ * drafter's most likely token at that slot (the first of equal maxima) is the sequence's own
+ * token at anchor + j; 0 for slot 0 (the anchor's known token), for slots past the end of the
+ * sequence and for slots whose loss_mask is 0. Every scored slot counts alike (the loss decay
+ * plays no part). Waits for the result; nothing may be staged or pending. correct holds
+ * n_blocks * bs bytes. */
+int dfl_draft_eval(dfl_draft *m, const dfl_draft_input *in, uint8_t *correct, dfl_err *e);
+
 /* Learning rate at optimizer step s (1-based) of total: linear warmup over warmup steps
  * (lr * s / warmup), then cosine decay to 0 at s = total. */
 double dfl_draft_lr(double lr, int64_t s, int64_t warmup, int64_t total);

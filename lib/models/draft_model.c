@@ -1562,3 +1562,27 @@ double dfl_draft_lr(double lr, int64_t s, int64_t warmup, int64_t total)
         p = 1;
     return lr * 0.5 * (1.0 + cos(M_PI * p));
 }
+
+int dfl_draft_eval(dfl_draft *m, const dfl_draft_input *in, uint8_t *correct, dfl_err *e)
+{
+    dfl_be *be = m->be;
+    const int bs = m->c.block_size;
+    if (m->n_run < m->n_staged || m->n_posted > m->n_collected)
+        return dfl_fail(e, DFL_EUSAGE, "drafter evaluation: a step is staged or pending");
+    if (in->noise_amp > 0)
+        return dfl_fail(e, DFL_EUSAGE, "drafter evaluation: no feature noise");
+    /* every slot in range weighs 1, so that no decay underflow leaves one unscored */
+    float decay[DFL_DRAFT_MAX_BS];
+    memcpy(decay, m->decay, sizeof decay);
+    for (int j = 0; j < bs; j++)
+        m->decay[j] = 1.0f;
+    int rc = dfl_draft_step(m, in, false, e);
+    memcpy(m->decay, decay, sizeof decay);
+    if (!rc && in->n_blocks > 0 &&
+        be->ops->download(be, correct, m->correct, (size_t)in->n_blocks * (size_t)bs))
+        rc = dfl_fail(e, DFL_EDEVICE, "drafter evaluation: download failed");
+    if (!rc)
+        rc = be->ops->sync(be, e);
+    m->have_step = m->have_apply = false;
+    return rc;
+}

@@ -781,3 +781,9 @@ int dfl_draft_src_restore(dfl_draft_src *s, const json_t *st, dfl_err *e)
     }
     return DFL_OK;
 }
+
+int dfl_draft_check_stream(const dfl_draft_src_opts *o, const char *path, const dfl_stream_info *si,
+                           dfl_err *e)
+{
+    return check_header(o, path, si, e);
+}

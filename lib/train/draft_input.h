@@ -46,6 +46,11 @@ typedef struct dfl_draft_src_opts {
     volatile sig_atomic_t *stop; /* when set, a wait for input returns DFL_EINTR */
 } dfl_draft_src_opts;
 
+/* The check dfl_draft_src_open makes of each input's header (the fingerprint, the hidden size,
+ * the vocabulary, the layers of o; a mismatch is DFL_EMISMATCH naming path and what differs),
+ * for readers of streams that do not train (dfl-eval). */
+int dfl_draft_check_stream(const dfl_draft_src_opts *o, const char *path, const dfl_stream_info *si,
+                           dfl_err *e);
 /* Opens and checks every input (a mismatch is DFL_EMISMATCH naming the input and what differs),
  * and in replay mode reads the files' indexes. No thread runs yet. */
 int dfl_draft_src_open(dfl_draft_src **s, const dfl_draft_src_opts *o, dfl_err *e);

@@ -99,3 +99,25 @@ setup() {
     [ "$(grep -c '^batch .* lens 20,20 ' <<< "$output")" -lt 3 ]
     run -1 "$DFL_TOOLS/draftdata" "$T/m" "$T/d.dfl" --table-rows 0
 }
+
+@test "bench/eval --shape tiny: tokens/s of a dfl-eval run, no scratch left; bad options exit 1" {
+    run --separate-stderr "$REPO/bench/eval" --help
+    [ "$status" -eq 0 ]
+    [[ "$output" == "# bench/eval "* ]]
+    run -1 "$REPO/bench/eval" --bogus
+    run -1 "$REPO/bench/eval" --shape 70b
+    run -1 "$REPO/bench/eval" --shape tiny --tokens 10
+    export TMPDIR="$T/tmp"
+    mkdir -p "$TMPDIR"
+    run "$REPO/bench/eval" --shape tiny --tokens 512 --out "$T/res/bench-eval.txt" "$DFL_BUILD"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    f="$T/res/bench-eval.txt"
+    grep -q '^== results (tiny, --device cpu)' "$f"
+    line=$(grep '^response tokens: ' "$f")
+    [[ "$line" == "response tokens: 496 in "* ]]   # 4 batches of 2 x 64 tokens, 62 each
+    tps=$(sed 's/.*: \([0-9.]*\) tokens\/s.*/\1/' <<< "$line")
+    awk -v a="$tps" 'BEGIN { exit !(a + 0 > 0) }'
+    grep -q '"tau":' "$T/res/bench-eval-logs/eval.json"
+    [ -z "$(ls -A "$TMPDIR")" ]
+}

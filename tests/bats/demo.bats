@@ -1,12 +1,13 @@
 #!/usr/bin/env bats
 # The built-in example (examples/demo, what `make demo` runs), with fewer samples and so fewer
-# steps: the whole pipeline runs, and prints tau at the start and at the end, the checkpoint
-# (finite, in the public DFlash layout) and the curves.
+# steps: the whole pipeline runs, and prints tau at the start and at the end, the offline tau of
+# the final checkpoint on held-out samples (dfl-eval), the checkpoint (finite, in the public
+# DFlash layout) and the curves.
 load helper
 bats_require_minimum_version 1.5.0
 
 setup() {
-    for p in dfl-bucket dfl-target dfl-draft dfl-ckpt; do
+    for p in dfl-bucket dfl-target dfl-draft dfl-ckpt dfl-eval; do
         command -v "$p" >/dev/null || skip "$p not built"
     done
     [ -x "$DFL_TOOLS/demodata" ] && [ -x "$DFL_TOOLS/mktarget" ] || skip "tools not built"
@@ -20,6 +21,16 @@ setup() {
     [ "$status" -eq 0 ]
     [[ "$output" == *"tau at the start: "* ]]
     [[ "$output" == *"tau at the end: "* ]]
+    # the offline tau, and what each tau means
+    [[ "$output" == *"it is not what a server accepts"* ]]
+    [[ "$output" == *"greedy speculative decoding"* ]]
+    off=$(grep -o 'offline tau: *[0-9.]*' <<<"$output" | awk '{print $3}')
+    awk -v a="$off" 'BEGIN { exit !(a >= 1 && a <= 8) }'
+    # it is dfl-eval's record of the final checkpoint, made by dfl-train --eval
+    [[ "$stderr" == *'$ dfl-train '*' --eval heldout.dfl '* ]]
+    step=$(grep -o 'step-[0-9]*' "$T/demo/ckpt.txt" | cut -d- -f2)
+    rec=$(grep "^{\"step\":$((10#$step)),\"kind\":\"eval\"," "$T/demo/run/metrics.jsonl" | grep -o '"eval_tau":[0-9.]*' | cut -d: -f2)
+    [ "$(printf '%.2f' "$rec")" = "$off" ]
     # the commands are shown as a user would type them
     [[ "$stderr" == *'$ dfl-bucket --shards 2 '* ]]
     [[ "$stderr" == *'$ dfl-train --model target --out run --device cpu '* ]]

@@ -147,6 +147,44 @@ wait_for() {
     if command -v dfl-ckpt >/dev/null; then dfl-ckpt -q --check-nan "$output"; fi
 }
 
+@test "dfl-train --eval: dfl-eval on each checkpoint beside the training, its tau in metrics.jsonl" {
+    command -v dfl-eval >/dev/null || skip "dfl-eval not built"
+    # held-out hidden states: the big set's first shard through dfl-target, once
+    dfl-target -q --model "$TGT" --layers 1,2 -o "$T/held.dfl" "$F/big/shard-00000.dfl"
+    run --separate-stderr dfl-train --model "$TGT" --out "$T/r" --layers 1,2 --eval "$T/held.dfl" \
+        --eval-opt --block-size=3 "$F/sh" -- "${D[@]}" --save-every 4
+    [ "$status" -eq 0 ]
+    batches=$(grep -A1 '"counts"' "$F/sh/manifest.json" | grep -o '[0-9]*' | head -1)
+    # one record per checkpoint (steps 4, 8, ... and the last), after dfl-draft's own lines
+    saves=$(( batches / 4 + (batches % 4 > 0) ))
+    [ "$(grep -c '"kind":"eval"' "$T/r/metrics.jsonl")" -eq "$saves" ]
+    [ "$(grep -vc '"kind":"eval"' "$T/r/metrics.jsonl")" -eq "$batches" ]
+    grep -q "^{\"step\":$batches,\"kind\":\"eval\",\"eval_tau\":[0-9.]*,\"eval_speedup_bound\":" "$T/r/metrics.jsonl"
+    # dfl-eval's own report, with the options given
+    grep -q -- "--block-size=3 $T/held.dfl --draft" "$T/r/logs/eval.log"
+    grep -q "blocks of 3 (trained: 4)" "$T/r/logs/eval.log"
+    [[ "$stderr" == *"offline tau "*" on the held-out streams (dfl-eval)"* ]]
+    no_orphans "$T/r/pids"
+    # the tau of the last checkpoint is dfl-eval's on it
+    want=$(dfl-eval -q --block-size 3 --draft "$T/r/latest" --target "$TGT" "$T/held.dfl" | grep -o '"tau":[0-9.]*' | cut -d: -f2)
+    grep -q "^{\"step\":$batches,\"kind\":\"eval\",\"eval_tau\":$want," "$T/r/metrics.jsonl"
+    if command -v gnuplot >/dev/null; then dfl-plot -q "$T/r" >/dev/null; png "$T/r/metrics.png"; fi
+}
+
+@test "dfl-train --eval: usage errors" {
+    run -1 dfl-train --model "$TGT" --out "$T/r" --eval "$T/none.dfl" "$F/sh" -- "${D[@]}"
+    [[ "$output" == *"--eval $T/none.dfl: not a file"* ]]
+    touch "$T/h.dfl"
+    run -1 dfl-train --model "$TGT" --out "$T/r" --eval "$T/h.dfl" "$F/sh" -- "${D[@]}" --on-save true
+    [[ "$output" == *"give one or the other"* ]]
+    run -1 dfl-train --model "$TGT" --out "$T/r" --eval-device cpu "$F/sh" -- "${D[@]}"
+    [[ "$output" == *"need --eval"* ]]
+    run dfl-train --dry-run --model "$TGT" --out "$T/r" --eval "$T/h.dfl" "$F/sh" -- "${D[@]}"
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"# after each checkpoint CKPT: "*"dfl-eval --progress 0 --target "*" --draft CKPT"* ]]
+    [[ "$output" == *"--on-save "*"dfl-train"*"--eval-hook"* ]]
+}
+
 @test "dfl-train with one worker reads both shards in order" {
     run --separate-stderr dfl-train -q --workers 1 --model "$TGT" --out "$T/r" --layers 1,2 "$F/sh" -- "${D[@]}"
     [ "$status" -eq 0 ]
@@ -386,6 +424,20 @@ png() { # FILE: the PNG signature
     png "$T/run/metrics.png"
     [ "$(stat -c %s "$T/run/metrics.png")" -gt 10000 ]
     ! ls -a "$T/run" | grep -q dfl-plot
+}
+
+@test "dfl-plot draws dfl-eval's records of dfl-train --eval beside the training tau" {
+    command -v gnuplot >/dev/null || skip "gnuplot not installed"
+    metrics
+    printf '{"step":2,"kind":"eval","eval_tau":1.5,"eval_speedup_bound":1.4,"eval_response_tokens":100,"eval_sequences":3}\n' >>"$T/run/metrics.jsonl"
+    run --separate-stderr dfl-plot -o "$T/e.png" "$T/run"
+    [ "$status" -eq 0 ]
+    png "$T/e.png"
+    # the eval record is not a training line
+    [[ "$stderr" == *": $(($(wc -l <"$T/run/metrics.jsonl") - 1)) lines of "* ]]
+    # an eval record alone is no metrics
+    printf '{"step":2,"kind":"eval","eval_tau":1.5}\n' >"$T/only.jsonl"
+    run -2 dfl-plot -o "$T/o.png" "$T/only.jsonl"
 }
 
 @test "dfl-plot -o, --size, a metrics file given by name, and values that are null" {

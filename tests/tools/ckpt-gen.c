@@ -8,6 +8,12 @@
  *   ckpt-gen stream OUT NBATCHES DTYPE [NAN...]     a hidden-state .dfl stream: layers 1,9,17,
  *                                                   hidden 64, 2 or 3 sequences per batch
  *   ckpt-gen tokens OUT NBATCHES                    a token-batch .dfl stream
+ *   ckpt-gen drafter DIR CONFIG [NAN...]            a drafter checkpoint for CONFIG (a DFlash
+ *                                                   config.json) as dfl-eval reads it: f32
+ *                                                   weights in [-2, 2) and config.json; norm.weight
+ *                                                   is all zero, so that every logit is 0 and the
+ *                                                   drafter proposes token 0 (the first of equal
+ *                                                   maxima) at every slot
  *
  * NAN is TENSOR:INDEX:VALUE (VALUE nan, inf or -inf), where TENSOR is a tensor name, or for a
  * stream "batch<N>.layer<L>". NUMEL accepts K/M/G suffixes (powers of 1024). */
@@ -17,7 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "draft.h"
 #include "dtype.h"
+#include "json.h"
 #include "frame.h"
 #include "safetensors.h"
 #include "util.h"
@@ -237,6 +245,48 @@ static void write_stream(const char *out, int nbatches, bool hidden, dfl_dtype d
         die(out, &e);
 }
 
+/* A drafter checkpoint whose proposals are known: token 0 everywhere (see the top). */
+static void write_drafter(const char *dir, const char *config, const plant *pl, size_t np)
+{
+    dfl_err e;
+    json_t *j;
+    dfl_draft_config c = {.block_size = 16, .gamma = 7, .rms_eps = 1e-6, .rope_theta = 1e6,
+                          .mask_token_id = -1};
+    if (dfl_json_load_file(config, &j, &e) || dfl_draft_config_from_json(&c, j, config, &e))
+        die(config, &e);
+    json_decref(j);
+    dfl_draft_tensor *t;
+    int64_t flat;
+    int n = dfl_draft_tensors(&c, &t, &flat);
+    if (n < 0 || dfl_mkdir_p(dir, 0755, &e))
+        die(dir, n < 0 ? NULL : &e);
+    float *buf = malloc((size_t)flat * sizeof *buf);
+    dfl_st_writer *w = dfl_st_writer_new();
+    if (!buf || !w)
+        die("out of memory", NULL);
+    for (int i = 0; i < n; i++) {
+        float *p = buf + t[i].offset;
+        fill(p, DFL_F32, (uint64_t)t[i].numel);
+        if (strcmp(t[i].name, "norm.weight") == 0)
+            memset(p, 0, (size_t)t[i].numel * sizeof *p);
+        apply_plants(t[i].name, p, DFL_F32, (uint64_t)t[i].numel, pl, np);
+        if (dfl_st_writer_add(w, t[i].name, DFL_F32, t[i].ndim, t[i].shape, p, &e))
+            die(t[i].name, &e);
+    }
+    char *path = dfl_path_join(dir, "model.safetensors"), *cfg = dfl_path_join(dir, "config.json");
+    char *text = NULL;
+    size_t len = 0;
+    if (dfl_st_write(w, path, &e) || dfl_read_file(config, 1 << 20, &text, &len, &e) ||
+        dfl_write_file_atomic(cfg, text, len, &e))
+        die(dir, &e);
+    dfl_st_writer_free(w);
+    free(text);
+    free(path);
+    free(cfg);
+    free(buf);
+    free(t);
+}
+
 int main(int argc, char **argv)
 {
     plant pl[64];
@@ -257,13 +307,17 @@ int main(int argc, char **argv)
             die("stream: DTYPE must be a float type", NULL);
         size_t np = parse_plants(argc - 5, argv + 5, pl, 64);
         write_stream(argv[2], atoi(argv[3]), true, dt, pl, np);
+    } else if (argc >= 4 && strcmp(argv[1], "drafter") == 0) {
+        size_t np = parse_plants(argc - 4, argv + 4, pl, 64);
+        write_drafter(argv[2], argv[3], pl, np);
     } else if (argc == 4 && strcmp(argv[1], "tokens") == 0) {
         write_stream(argv[2], atoi(argv[3]), false, DFL_DT_INVALID, NULL, 0);
     } else {
         fprintf(stderr, "usage: ckpt-gen st OUT DTYPE NTENSORS NUMEL [NAN...]\n"
                         "       ckpt-gen ckpt DIR [NAN...]\n"
                         "       ckpt-gen stream OUT NBATCHES DTYPE [NAN...]\n"
-                        "       ckpt-gen tokens OUT NBATCHES\n");
+                        "       ckpt-gen tokens OUT NBATCHES\n"
+                        "       ckpt-gen drafter DIR CONFIG [NAN...]\n");
         return 1;
     }
     return 0;

@@ -10,6 +10,8 @@
  * = token mod N, instead of one per vocabulary entry, which would be 12 GB for an 8B target).
  * --also-seed N appends to every batch the sequences that --seed N would make (the batches of
  * two streams merged: one rank's view of two data-parallel ranks).
+ * --ids A,B,C... makes every sequence exactly these tokens, and --mask 0011.. (one 0/1 a token)
+ * gives their loss_mask (default: the first two 0), for dfl-eval's hand-worked cases.
  * Deterministic: the same options give the same bytes. */
 #include <getopt.h>
 #include <math.h>
@@ -30,7 +32,7 @@ static void usage(void)
            "       [--dtype bf16|f32] [--seed N] [--nan-batch K] [--nan-from K] [--cut BYTES]\n"
            "       [--no-index] [--also-seed N]\n"
            "       [--fingerprint HEX] [--hidden H] [--delay-ms MS]\n"
-           "       [--exact-len] [--table-rows N]\n");
+           "       [--exact-len] [--table-rows N] [--ids A,B,.. [--mask 0011..]]\n");
 }
 
 /* An error after the tables exist: stop the stream (a consumer that went away, a full disk) and
@@ -50,7 +52,9 @@ int main(int argc, char **argv)
     int64_t batches = 8, seqs = 4, len = 32, seed = 1, nan_batch = -1, nan_from = -1, cut = 0;
     int64_t hidden = 0, delay = 0, table_rows = 0, also_seed = -1;
     bool exact_len = false;
-    const char *layers_s = "1,2", *fp_override = NULL;
+    const char *layers_s = "1,2", *fp_override = NULL, *mask_s = NULL;
+    int64_t *fixed = NULL;   /* --ids */
+    size_t n_fixed = 0;
     dfl_dtype dt = DFL_BF16;
     bool no_index = false;
     dfl_err e = {0};
@@ -59,7 +63,8 @@ int main(int argc, char **argv)
         {"dtype", 1, 0, 'd'}, {"seed", 1, 0, 'S'}, {"nan-batch", 1, 0, 'n'}, {"nan-from", 1, 0, 'N'}, {"cut", 1, 0, 'c'},
         {"no-index", 0, 0, 'x'}, {"fingerprint", 1, 0, 'f'}, {"hidden", 1, 0, 'H'},
         {"delay-ms", 1, 0, 'D'}, {"exact-len", 0, 0, 'E'}, {"table-rows", 1, 0, 'R'},
-        {"also-seed", 1, 0, 'A'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"also-seed", 1, 0, 'A'}, {"ids", 1, 0, 'I'}, {"mask", 1, 0, 'M'}, {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
     int c, rc = 0;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
@@ -79,6 +84,8 @@ int main(int argc, char **argv)
         case 'E': exact_len = true; break;
         case 'R': rc = dfl_parse_i64(optarg, 1, INT32_MAX, &table_rows, "--table-rows", &e); break;
         case 'A': rc = dfl_parse_i64(optarg, 0, INT64_MAX, &also_seed, "--also-seed", &e); break;
+        case 'I': rc = dfl_parse_i64_list(optarg, 0, INT32_MAX, 1 << 20, &fixed, &n_fixed, "--ids", &e); break;
+        case 'M': mask_s = optarg; break;
         case 'h': usage(); return 0;
         default: return dfl_cli_usage_error("unknown option");
         }
@@ -87,6 +94,10 @@ int main(int argc, char **argv)
     }
     if (argc - optind != 2)
         return dfl_cli_usage_error("expected TARGET_DIR OUT");
+    if (mask_s && (!fixed || strlen(mask_s) != n_fixed || strspn(mask_s, "01") != n_fixed))
+        return dfl_cli_usage_error("--mask needs --ids and one 0 or 1 per token");
+    if (fixed && n_fixed < 2)
+        return dfl_cli_usage_error("--ids: at least 2 tokens");
     const char *dir = argv[optind], *out = argv[optind + 1];
     dfl_hf_config tc;
     char fp[33];
@@ -133,7 +144,7 @@ int main(int argc, char **argv)
         for (int p = 0; p < parts; p++) {   /* per stream: the lengths, then the first tokens */
             dfl_rng *g = p ? &r2 : &r;
             for (int64_t s = p * seqs; s < (p + 1) * seqs; s++) {
-                lens[s] = exact_len ? (uint32_t)len
+                lens[s] = fixed ? (uint32_t)n_fixed : exact_len ? (uint32_t)len
                                     : (uint32_t)(len / 2 + (int64_t)dfl_rng_below(g, (uint64_t)(len - len / 2 + 1)));
                 if (lens[s] < 2)
                     lens[s] = 2;
@@ -154,8 +165,8 @@ int main(int argc, char **argv)
             sl[s] = lens[s];
             int64_t tok = first[s];
             for (uint32_t i = 0; i < lens[s]; i++, t++) {
-                ids[t] = (int32_t)tok;
-                mask[t] = i >= 2;
+                ids[t] = fixed ? (int32_t)fixed[i] : (int32_t)tok;
+                mask[t] = mask_s ? mask_s[i] == '1' : i >= 2;
                 tok = (5 * tok + 3) % (V - 1);
             }
         }
@@ -187,5 +198,6 @@ int main(int argc, char **argv)
     }
     free(tab);
     free(lay);
+    free(fixed);
     return 0;
 }
