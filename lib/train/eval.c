@@ -12,7 +12,6 @@
 #include "backend.h"
 #include "draft_ckpt.h"
 #include "draft_input.h"
-#include "draft_pipe.h"
 #include "frame.h"
 #include "hfmodel.h"
 #include "json.h"
