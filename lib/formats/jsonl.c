@@ -75,10 +75,11 @@ static int finish(dfl_sample *s, dfl_err *e)
 
 /* ---- the fast scanner ----
  * Every function takes the position p and the end of the line, and returns the position after
- * what it read, or NULL to decline. It accepts only valid JSON, with the same rules as
- * dfl_json_parse (jansson with duplicate keys rejected, nesting of at most DFL_JSON_MAX_DEPTH):
- * strings are checked for control characters, escapes (\u0000 and lone surrogates are refused,
- * as jansson does) and UTF-8 (no overlong forms, surrogates or code points above U+10FFFF);
+ * what it read, or NULL to decline. It accepts only valid JSON, with the rules of the jansson
+ * path (duplicate keys rejected, nesting of at most DFL_JSON_MAX_DEPTH, \u0000 allowed in string
+ * values): strings are checked for control characters, escapes (lone surrogates are refused, as
+ * jansson does; \u0000 is declined: jansson takes it in a value, not in a key) and UTF-8 (no
+ * overlong forms, surrogates or code points above U+10FFFF);
  * integers must fit in 64 bits and reals must not overflow. Whatever it is unsure of, it
  * declines: the jansson path then decides. */
 
@@ -874,7 +875,9 @@ int dfl_sample_parse_json(dfl_sample *s, const char *line, size_t n, dfl_err *e)
     if (!depth_ok(line, n, DFL_JSON_MAX_DEPTH))
         return dfl_fail(e, DFL_EDATA, "JSON nested deeper than %d levels", DFL_JSON_MAX_DEPTH);
     json_error_t je;
-    json_t *root = json_loadb(line, n, JSON_REJECT_DUPLICATES, &je);
+    /* JSON_ALLOW_NUL: a string value may hold \u0000 (the keys read here hold no strings, and
+     * the values of other keys are never used) */
+    json_t *root = json_loadb(line, n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
     if (!root)
         return dfl_fail(e, DFL_EDATA, "not valid JSON (column %d): %s", je.column, je.text);
     int rc = DFL_OK;

@@ -302,6 +302,42 @@ assert_bad() {
     [ "$(mj out 'm["on_error"]')" = skip ]
 }
 
+@test "other keys may hold \u0000 in a string" {
+    printf '%s\n' '{"text": "a\u0000b", "input_ids": [1, 2]}' '{"input_ids": [3], "m": {"k": ["\u0000"]}}' > nul.jsonl
+    run -0 dfl-bucket -o out nul.jsonl
+    [ "$(mj out 'm["counts"]["samples"]')" = 2 ]
+    run -0 dfl-bucket --stats - < nul.jsonl
+    run -2 dfl-bucket -o out2 - <<< '{"input_ids": [1], "a\u0000": 1}'
+    assert_output --partial "(stdin):1: not valid JSON"
+}
+
+# a line of 64 MiB + 1 byte (valid JSON) between two good samples, as FILE
+overlong() {
+    python3 -c '
+import sys
+n = 64 * 1024 * 1024 + 1
+head = "{\"input_ids\": [1, 2], \"t\": \""
+with open(sys.argv[1], "w") as f:
+    f.write("{\"input_ids\": [5]}\n" + head + "x" * (n - len(head) - 2) + "\"}\n{\"input_ids\": [6]}\n")' "$1"
+}
+
+@test "a line over 64 MiB is refused alike in a plain file, through stdin and gzip, and in --stats" {
+    overlong long.jsonl
+    gzip -1 -c long.jsonl > long.jsonl.gz
+    for src in long.jsonl long.jsonl.gz -; do
+        run -2 dfl-bucket -o out "$src" < long.jsonl
+        assert_output --partial ":2: line longer than the limit of 67108864 bytes"
+        assert_no_output out
+        run -2 dfl-bucket --stats "$src" < long.jsonl
+        assert_output --partial ":2: line longer than the limit of 67108864 bytes"
+        run -0 dfl-bucket --on-error skip -o out "$src" < long.jsonl
+        assert_output --partial "skipped 1 bad record; the first: "
+        [ "$(mj out 'm["counts"]["samples"]')" = 2 ]
+        [ "$(mj out 'm["counts"]["lines"]')" = 3 ]
+        rm -rf out
+    done
+}
+
 @test "--on-error skip with nothing good left fails" {
     printf '%s\n' '{"input_ids": []}' 'x' > allbad.jsonl
     run -2 dfl-bucket --on-error skip -o out allbad.jsonl

@@ -33,6 +33,7 @@ static const tline corpus[] = {
     {SLOW, "{\"input_ids\": [5, 6], \"loss_mask\": [1, 0], \"labels\": [1.5, \"x\"]}", 2, "10"},
     {OK, "{\"input_ids\": [5, 6], \"loss_mask\": null, \"labels\": [-100, 3]}", 2, "01"},
     {OK, "{\"input_ids\": [5, 6], \"labels\": null}", 2, "11"},
+    {SLOW, "{\"text\": \"a\\u0000b\", \"input_ids\": [5, 6], \"m\": [\"\\u0000\"]}", 2, "11"}, /* \u0000 in other values */
     {OK, "{\"input_ids\": [0, 2147483647]}", 2, "11"},
     {SLOW, "{\"input_ids\": [-0]}", 1, "1"},
     {OK, "{\"text\": \"a \\\"quoted\\\" \\\\ \\/ \\b\\f\\n\\r\\t x\", \"input_ids\": [1]}", 1, "1"},
@@ -80,7 +81,7 @@ static const tline corpus[] = {
     {BAD, "{\"input_ids\": [1], \"a\": 1, \"a\": 2}", -1, NULL},
     {BAD, "{\"input_ids\": [1], \"a\": {\"b\": 1, \"b\": 2}}", -1, NULL},
     {BAD, "{\"input_ids\": [1], \"input\\u005fids\": [2]}", -1, NULL},
-    {BAD, "{\"input_ids\": [1], \"a\": \"\\u0000\"}", -1, NULL},
+    {BAD, "{\"input_ids\": [1], \"a\\u0000\": 1}", -1, NULL}, /* \u0000 in a key */
     {BAD, "{\"input_ids\": [1], \"a\": \"\\ud800\"}", -1, NULL},
     {BAD, "{\"input_ids\": [1], \"a\": \"\\udc00\"}", -1, NULL},
     {BAD, "{\"input_ids\": [1], \"a\": \"\\ud800\\u0041\"}", -1, NULL},
