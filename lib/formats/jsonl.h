@@ -88,6 +88,9 @@ uint64_t dfl_input_consumed(const dfl_input *in);
 uint64_t dfl_input_size(const dfl_input *in);
 void dfl_input_close(dfl_input *in);
 
+/* CRC-32 of gzip (ISO-HDLC, reflected 0xEDB88320) of n bytes, continuing crc (0 to start). */
+uint32_t dfl_crc32(uint32_t crc, const void *buf, size_t n);
+
 /* Does an archive member name look like JSON Lines data (.jsonl, .json, .ndjson, each optionally
  * followed by .gz, .zst, .zstd, .xz, .bz2, .lz4)? */
 bool dfl_jsonl_member_name(const char *name);

@@ -667,6 +667,38 @@ static void test_deal(void)
     }
 }
 
+/* dfl_crc32 (the gzip CRC-32): the check value of the catalogue, then against a bit-at-a-time
+ * reference over every length to 64 and every start alignment, and split at any point. */
+static uint32_t crc_ref(uint32_t crc, const uint8_t *p, size_t n)
+{
+    crc = ~crc;
+    for (size_t i = 0; i < n; i++) {
+        crc ^= p[i];
+        for (int k = 0; k < 8; k++)
+            crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1)));
+    }
+    return ~crc;
+}
+
+static void test_crc32(void)
+{
+    T_EQ_INT(dfl_crc32(0, "123456789", 9), 0xCBF43926u, "crc32 check value");
+    T_EQ_INT(dfl_crc32(0, "", 0), 0, "crc32 of nothing");
+    uint8_t buf[600];
+    uint64_t x = 88172645463325252ull;
+    for (size_t i = 0; i < sizeof buf; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        buf[i] = (uint8_t)x;
+    }
+    int bad = 0;
+    for (size_t off = 0; off < 8; off++)
+        for (size_t n = 0; n <= 64; n++)
+            bad += dfl_crc32(0, buf + off, n) != crc_ref(0, buf + off, n);
+    for (size_t cut = 0; cut <= 520; cut += 13)
+        bad += dfl_crc32(dfl_crc32(0, buf, cut), buf + cut, 520 - cut) != crc_ref(0, buf, 520);
+    T_EQ_INT(bad, 0, "crc32 disagreements with the reference");
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -682,5 +714,6 @@ int main(int argc, char **argv)
     T_RUN(test_pack_rules);
     T_RUN(test_pack_random);
     T_RUN(test_deal);
+    T_RUN(test_crc32);
     return t_done();
 }
