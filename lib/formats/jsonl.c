@@ -1017,7 +1017,37 @@ int dfl_sample_parse(dfl_sample *s, const char *line, size_t n, bool *blank, dfl
 #define ZHIST 16 /* bytes of the previous source chunk kept before the current one */
 
 static uint32_t crc_tab[8][256];
+#if defined(__x86_64__)
+#define CRC_CLMUL 1
+#include <immintrin.h>
+static bool crc_has_clmul;
+static uint64_t crc_k128[2], crc_k512[2]; /* folding constants (see crc_fold_const) */
+#endif
 static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+#if CRC_CLMUL
+static uint32_t reflect32(uint32_t v)
+{
+    uint32_t r = 0;
+    for (int i = 0; i < 32; i++)
+        r |= ((v >> i) & 1u) << (31 - i);
+    return r;
+}
+
+/* Folding (carry-less multiplication) for the reflected CRC, worked out here: a 16-byte block
+ * X, bit k of which (little-endian lanes) is the coefficient of x^(127-k), is moved D bits
+ * further along the message as X x^D mod P, a value of at most 96 bits added into the block
+ * there: with H and L its lanes (bit i: x^(63-i)), X x^D = H x^(64+D) + L x^D, and
+ * clmul(H, c) has bit k for x^(127-k) when c has bit j for x^(64-j). So c = K x for
+ * K = x^(E-1) mod P (E = 64+D, or D): bits 32..63 of c hold K reflected. */
+static uint64_t crc_fold_const(int e)
+{
+    uint32_t k = 1; /* x^0, in the normal (unreflected) order: bit d is x^d */
+    for (int i = 0; i < e - 1; i++)
+        k = (k & 0x80000000u) ? (k << 1) ^ 0x04C11DB7u : k << 1;
+    return (uint64_t)reflect32(k) << 32;
+}
+#endif
 
 static void crc_init(void)
 {
@@ -1030,16 +1060,21 @@ static void crc_init(void)
     for (uint32_t i = 0; i < 256; i++)
         for (int t = 1; t < 8; t++)
             crc_tab[t][i] = (crc_tab[t - 1][i] >> 8) ^ crc_tab[0][crc_tab[t - 1][i] & 0xFF];
+#if CRC_CLMUL
+    crc_has_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+    crc_k128[0] = crc_fold_const(64 + 128);
+    crc_k128[1] = crc_fold_const(128);
+    crc_k512[0] = crc_fold_const(64 + 512);
+    crc_k512[1] = crc_fold_const(512);
+#endif
 }
 
-uint32_t dfl_crc32(uint32_t crc, const void *buf, size_t n)
+/* The CRC register (not inverted) after n more bytes, by table (slicing by 8). */
+static uint32_t crc_table_run(uint32_t crc, const uint8_t *p, size_t n)
 {
-    pthread_once(&crc_once, crc_init);
-    const uint8_t *p = buf;
-    crc = ~crc;
     for (; n && ((uintptr_t)p & 7); n--)
         crc = crc_tab[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
-    for (; n >= 8; n -= 8, p += 8) { /* slicing by 8 (little-endian words) */
+    for (; n >= 8; n -= 8, p += 8) { /* little-endian words */
         uint64_t w;
         memcpy(&w, p, 8);
         uint32_t lo = (uint32_t)w ^ crc, hi = (uint32_t)(w >> 32);
@@ -1049,7 +1084,53 @@ uint32_t dfl_crc32(uint32_t crc, const void *buf, size_t n)
     }
     for (; n; n--)
         crc = crc_tab[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
-    return ~crc;
+    return crc;
+}
+
+#if CRC_CLMUL
+__attribute__((target("pclmul,sse4.1"))) static inline __m128i crc_fold(__m128i x, __m128i k, __m128i next)
+{
+    return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11)),
+                         next);
+}
+
+/* The register after n >= 64 more bytes: the register is added into the first 4 bytes (the
+ * message's value mod P is what the register tracks), four blocks fold 64 bytes at a time, then
+ * into one block and 16 bytes at a time; the last block and the rest go through the table (the
+ * register of a block from 0 is its value times x^32 mod P, as for the message it stands for). */
+__attribute__((target("pclmul,sse4.1"))) static uint32_t crc_clmul_run(uint32_t crc, const uint8_t *p, size_t n)
+{
+    const __m128i k512 = _mm_loadu_si128((const __m128i *)crc_k512);
+    const __m128i k128 = _mm_loadu_si128((const __m128i *)crc_k128);
+    __m128i x0 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_cvtsi32_si128((int)crc));
+    __m128i x1 = _mm_loadu_si128((const __m128i *)(p + 16));
+    __m128i x2 = _mm_loadu_si128((const __m128i *)(p + 32));
+    __m128i x3 = _mm_loadu_si128((const __m128i *)(p + 48));
+    for (p += 64, n -= 64; n >= 64; p += 64, n -= 64) {
+        x0 = crc_fold(x0, k512, _mm_loadu_si128((const __m128i *)p));
+        x1 = crc_fold(x1, k512, _mm_loadu_si128((const __m128i *)(p + 16)));
+        x2 = crc_fold(x2, k512, _mm_loadu_si128((const __m128i *)(p + 32)));
+        x3 = crc_fold(x3, k512, _mm_loadu_si128((const __m128i *)(p + 48)));
+    }
+    x1 = crc_fold(x0, k128, x1);
+    x2 = crc_fold(x1, k128, x2);
+    x3 = crc_fold(x2, k128, x3);
+    for (; n >= 16; p += 16, n -= 16)
+        x3 = crc_fold(x3, k128, _mm_loadu_si128((const __m128i *)p));
+    uint8_t last[16];
+    _mm_storeu_si128((__m128i *)last, x3);
+    return crc_table_run(crc_table_run(0, last, 16), p, n);
+}
+#endif
+
+uint32_t dfl_crc32(uint32_t crc, const void *buf, size_t n)
+{
+    pthread_once(&crc_once, crc_init);
+#if CRC_CLMUL
+    if (crc_has_clmul && n >= 64)
+        return ~crc_clmul_run(~crc, buf, n);
+#endif
+    return ~crc_table_run(~crc, buf, n);
 }
 
 static uint32_t le32(const uint8_t *p)
