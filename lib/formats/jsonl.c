@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <jansson.h>
 #include <math.h>
@@ -75,10 +76,11 @@ static int finish(dfl_sample *s, dfl_err *e)
 
 /* ---- the fast scanner ----
  * Every function takes the position p and the end of the line, and returns the position after
- * what it read, or NULL to decline. It accepts only valid JSON, with the same rules as
- * dfl_json_parse (jansson with duplicate keys rejected, nesting of at most DFL_JSON_MAX_DEPTH):
- * strings are checked for control characters, escapes (\u0000 and lone surrogates are refused,
- * as jansson does) and UTF-8 (no overlong forms, surrogates or code points above U+10FFFF);
+ * what it read, or NULL to decline. It accepts only valid JSON, with the rules of the jansson
+ * path (duplicate keys rejected, nesting of at most DFL_JSON_MAX_DEPTH, \u0000 allowed in string
+ * values): strings are checked for control characters, escapes (lone surrogates are refused, as
+ * jansson does; \u0000 is declined: jansson takes it in a value, not in a key) and UTF-8 (no
+ * overlong forms, surrogates or code points above U+10FFFF);
  * integers must fit in 64 bits and reals must not overflow. Whatever it is unsure of, it
  * declines: the jansson path then decides. */
 
@@ -874,7 +876,9 @@ int dfl_sample_parse_json(dfl_sample *s, const char *line, size_t n, dfl_err *e)
     if (!depth_ok(line, n, DFL_JSON_MAX_DEPTH))
         return dfl_fail(e, DFL_EDATA, "JSON nested deeper than %d levels", DFL_JSON_MAX_DEPTH);
     json_error_t je;
-    json_t *root = json_loadb(line, n, JSON_REJECT_DUPLICATES, &je);
+    /* JSON_ALLOW_NUL: a string value may hold \u0000 (the keys read here hold no strings, and
+     * the values of other keys are never used) */
+    json_t *root = json_loadb(line, n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
     if (!root)
         return dfl_fail(e, DFL_EDATA, "not valid JSON (column %d): %s", je.column, je.text);
     int rc = DFL_OK;
@@ -993,7 +997,177 @@ int dfl_sample_parse(dfl_sample *s, const char *line, size_t n, bool *blank, dfl
     return dfl_sample_parse_json(s, line, n, e);
 }
 
-/* ---- inputs through libarchive ---- */
+/* ---- inputs through libarchive ----
+ * A compressed input (or archive member) is read by a reader of its own, a "zlayer": libarchive's
+ * filters and its raw format over the compressed bytes, which come from our own callback. That
+ * lets dfl check what libarchive does not:
+ *  - the end: the decompressor must take the compressed data to its last byte. libarchive stops
+ *    quietly at bytes that do not start another member (trailing garbage, or a member cut inside
+ *    its header); both are invalid data here.
+ *  - gzip: libarchive checks neither the CRC-32 nor the length (ISIZE) of a member. The source is
+ *    scanned for member headers (1f 8b 08); the 8 bytes before a header are a trailer candidate,
+ *    which ends the member where its length says, if that falls in the output block during which
+ *    the header was consumed and the CRC-32 of the output since the member's start agrees. The
+ *    last member's trailer is the last 8 bytes of the input, and it must agree too.
+ * A tar or zip archive inside a compressed input is read by a second reader over the zlayer's
+ * output. zstd, xz, bzip2 and lz4 check their own checksums (in libzstd, liblzma, libbz2 and
+ * libarchive). */
+
+#define RBUF_SIZE (1u << 20)
+#define ZHIST 16 /* bytes of the previous source chunk kept before the current one */
+
+static uint32_t crc_tab[8][256];
+#if defined(__x86_64__)
+#define CRC_CLMUL 1
+#include <immintrin.h>
+static bool crc_has_clmul;
+static uint64_t crc_k128[2], crc_k512[2]; /* folding constants (see crc_fold_const) */
+#endif
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+#if CRC_CLMUL
+static uint32_t reflect32(uint32_t v)
+{
+    uint32_t r = 0;
+    for (int i = 0; i < 32; i++)
+        r |= ((v >> i) & 1u) << (31 - i);
+    return r;
+}
+
+/* Folding (carry-less multiplication) for the reflected CRC, worked out here: a 16-byte block
+ * X, bit k of which (little-endian lanes) is the coefficient of x^(127-k), is moved D bits
+ * further along the message as X x^D mod P, a value of at most 96 bits added into the block
+ * there: with H and L its lanes (bit i: x^(63-i)), X x^D = H x^(64+D) + L x^D, and
+ * clmul(H, c) has bit k for x^(127-k) when c has bit j for x^(64-j). So c = K x for
+ * K = x^(E-1) mod P (E = 64+D, or D): bits 32..63 of c hold K reflected. */
+static uint64_t crc_fold_const(int e)
+{
+    uint32_t k = 1; /* x^0, in the normal (unreflected) order: bit d is x^d */
+    for (int i = 0; i < e - 1; i++)
+        k = (k & 0x80000000u) ? (k << 1) ^ 0x04C11DB7u : k << 1;
+    return (uint64_t)reflect32(k) << 32;
+}
+#endif
+
+static void crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_tab[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc_tab[t][i] = (crc_tab[t - 1][i] >> 8) ^ crc_tab[0][crc_tab[t - 1][i] & 0xFF];
+#if CRC_CLMUL
+    crc_has_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+    crc_k128[0] = crc_fold_const(64 + 128);
+    crc_k128[1] = crc_fold_const(128);
+    crc_k512[0] = crc_fold_const(64 + 512);
+    crc_k512[1] = crc_fold_const(512);
+#endif
+}
+
+/* The CRC register (not inverted) after n more bytes, by table (slicing by 8). */
+static uint32_t crc_table_run(uint32_t crc, const uint8_t *p, size_t n)
+{
+    for (; n && ((uintptr_t)p & 7); n--)
+        crc = crc_tab[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    for (; n >= 8; n -= 8, p += 8) { /* little-endian words */
+        uint64_t w;
+        memcpy(&w, p, 8);
+        uint32_t lo = (uint32_t)w ^ crc, hi = (uint32_t)(w >> 32);
+        crc = crc_tab[7][lo & 0xFF] ^ crc_tab[6][(lo >> 8) & 0xFF] ^ crc_tab[5][(lo >> 16) & 0xFF] ^
+              crc_tab[4][lo >> 24] ^ crc_tab[3][hi & 0xFF] ^ crc_tab[2][(hi >> 8) & 0xFF] ^
+              crc_tab[1][(hi >> 16) & 0xFF] ^ crc_tab[0][hi >> 24];
+    }
+    for (; n; n--)
+        crc = crc_tab[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return crc;
+}
+
+#if CRC_CLMUL
+__attribute__((target("pclmul,sse4.1"))) static inline __m128i crc_fold(__m128i x, __m128i k, __m128i next)
+{
+    return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11)),
+                         next);
+}
+
+/* The register after n >= 64 more bytes: the register is added into the first 4 bytes (the
+ * message's value mod P is what the register tracks), four blocks fold 64 bytes at a time, then
+ * into one block and 16 bytes at a time; the last block and the rest go through the table (the
+ * register of a block from 0 is its value times x^32 mod P, as for the message it stands for). */
+__attribute__((target("pclmul,sse4.1"))) static uint32_t crc_clmul_run(uint32_t crc, const uint8_t *p, size_t n)
+{
+    const __m128i k512 = _mm_loadu_si128((const __m128i *)crc_k512);
+    const __m128i k128 = _mm_loadu_si128((const __m128i *)crc_k128);
+    __m128i x0 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_cvtsi32_si128((int)crc));
+    __m128i x1 = _mm_loadu_si128((const __m128i *)(p + 16));
+    __m128i x2 = _mm_loadu_si128((const __m128i *)(p + 32));
+    __m128i x3 = _mm_loadu_si128((const __m128i *)(p + 48));
+    for (p += 64, n -= 64; n >= 64; p += 64, n -= 64) {
+        x0 = crc_fold(x0, k512, _mm_loadu_si128((const __m128i *)p));
+        x1 = crc_fold(x1, k512, _mm_loadu_si128((const __m128i *)(p + 16)));
+        x2 = crc_fold(x2, k512, _mm_loadu_si128((const __m128i *)(p + 32)));
+        x3 = crc_fold(x3, k512, _mm_loadu_si128((const __m128i *)(p + 48)));
+    }
+    x1 = crc_fold(x0, k128, x1);
+    x2 = crc_fold(x1, k128, x2);
+    x3 = crc_fold(x2, k128, x3);
+    for (; n >= 16; p += 16, n -= 16)
+        x3 = crc_fold(x3, k128, _mm_loadu_si128((const __m128i *)p));
+    uint8_t last[16];
+    _mm_storeu_si128((__m128i *)last, x3);
+    return crc_table_run(crc_table_run(0, last, 16), p, n);
+}
+#endif
+
+uint32_t dfl_crc32(uint32_t crc, const void *buf, size_t n)
+{
+    pthread_once(&crc_once, crc_init);
+#if CRC_CLMUL
+    if (crc_has_clmul && n >= 64)
+        return ~crc_clmul_run(~crc, buf, n);
+#endif
+    return ~crc_table_run(~crc, buf, n);
+}
+
+static uint32_t le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+typedef struct gz_cand {
+    uint64_t at;             /* offset of the header in the compressed data */
+    uint32_t crc, isize;     /* the 8 bytes before it, read as a trailer */
+} gz_cand;
+
+typedef struct zlayer {
+    struct archive *a;       /* filters + raw (+ empty) over zl_src */
+    dfl_input *in;
+    const char *name;        /* for messages */
+    bool member;             /* source: the current member of in->a (else in->fd) */
+    const uint8_t *mblk;     /* member source: the rest of the outer reader's block */
+    size_t mblk_n;
+    uint8_t *buf;            /* ZHIST bytes of history, then the current chunk */
+    size_t hist, chunk;
+    uint64_t delivered;      /* source bytes handed to libarchive */
+    bool src_eof;
+    uint8_t first[4], last[8];
+    size_t n_first;
+    bool gz;                 /* the source starts as gzip: headers are collected */
+    bool check;              /* gzip is the only filter: CRC and length are checked */
+    gz_cand *cand;
+    size_t n_cand, cap_cand, head;
+    uint64_t scan;           /* next header position to look at */
+    uint64_t out, mstart;    /* output so far; start of the current member's output */
+    uint32_t mcrc;           /* CRC-32 of the current member's output so far */
+    const uint8_t *blk;      /* output block being copied out (dfl_input_read), and its rest */
+    size_t blk_n;
+    bool eof;
+    dfl_err err;             /* what failed inside a libarchive callback */
+} zlayer;
 
 enum { IN_START, IN_RAW, IN_ARCHIVE, IN_DONE };
 
@@ -1004,46 +1178,304 @@ struct dfl_input {
     bool is_stdin;
     int state;
     uint64_t size;
-    struct archive *a;   /* outer reader */
-    struct archive *inner; /* decompressing reader over a compressed archive member, or NULL */
-    bool inner_eof;
+    struct archive *a;   /* the part or archive reader (over z when the input is compressed) */
+    zlayer *z;           /* the compressed input, or NULL */
+    zlayer *zi;          /* the current compressed archive member, or NULL */
+    bool part_eof;       /* the current stream part has no data (an empty input or member) */
     dfl_map map;
-    bool regular;        /* a regular file (libarchive opens it, and may seek in it) */
-    int fd;              /* stdin, or a pipe or device named by path: read by fd_read */
-    uint8_t *rbuf;
+    bool regular;        /* a regular file */
+    int fd;              /* the input's descriptor while a zlayer reads it */
     volatile sig_atomic_t *stop;
 };
 
-#define RBUF_SIZE (1u << 20)
+static bool stopped(const dfl_input *in) { return in->stop && *in->stop; }
 
-/* libarchive's read callback for stdin, pipes and devices: waits with poll() so that a stop
- * requested by a signal is seen even while no data comes (a plain read() would be restarted). */
-static la_ssize_t fd_read(struct archive *a, void *ctx, const void **buf)
+/* Reads up to cap bytes of the input's descriptor into dst (*n = 0 at its end). On a pipe or
+ * device it waits with poll(), so that a stop requested by a signal is seen even while no data
+ * comes (a plain read() would be restarted). */
+static int fd_pull(dfl_input *in, uint8_t *dst, size_t cap, size_t *n, dfl_err *e)
 {
-    dfl_input *in = ctx;
+    *n = 0;
     for (;;) {
-        if (in->stop && *in->stop) {
-            archive_set_error(a, EINTR, "interrupted");
-            return -1;
+        if (stopped(in))
+            return dfl_fail(e, DFL_EINTR, "interrupted");
+        if (!in->regular) {
+            struct pollfd pfd = {.fd = in->fd, .events = POLLIN};
+            int pr = poll(&pfd, 1, 200);
+            if (pr < 0 && errno != EINTR)
+                return dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot read", in->disp);
+            if (pr <= 0)
+                continue;
         }
-        struct pollfd pfd = {.fd = in->fd, .events = POLLIN};
-        int pr = poll(&pfd, 1, 200);
-        if (pr < 0 && errno != EINTR) {
-            archive_set_error(a, errno, "poll failed");
-            return -1;
-        }
-        if (pr <= 0)
-            continue;
-        ssize_t n = read(in->fd, in->rbuf, RBUF_SIZE);
-        if (n < 0) {
+        ssize_t r = read(in->fd, dst, cap);
+        if (r < 0) {
             if (errno == EINTR || errno == EAGAIN)
                 continue;
-            archive_set_error(a, errno, "read failed");
-            return -1;
+            return dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot read", in->disp);
         }
-        *buf = in->rbuf;
-        return (la_ssize_t)n;
+        *n = (size_t)r;
+        return DFL_OK;
     }
+}
+
+/* Words a libarchive failure of a; a read that ends early (libarchive gives no message then, or
+ * liblzma's "no progress") is called truncated. */
+static int arch_fail(dfl_input *in, struct archive *a, const char *name, dfl_err *e)
+{
+    if (stopped(in))
+        return dfl_fail(e, DFL_EINTR, "interrupted");
+    zlayer *zs[2] = {in->zi, in->z};
+    for (int i = 0; i < 2; i++)
+        if (zs[i] && zs[i]->err.code) {
+            *e = zs[i]->err;
+            return e->code;
+        }
+    const char *m = archive_error_string(a);
+    if (!m)
+        return dfl_fail(e, DFL_ETRUNC, "%s: truncated: the input ends early", name);
+    if (strstr(m, "No progress is possible"))
+        return dfl_fail(e, DFL_ETRUNC, "%s: truncated: the compressed data ends early (%s)", name, m);
+    return dfl_fail(e, strcasestr(m, "truncated") ? DFL_ETRUNC : DFL_EDATA, "%s: cannot read: %s", name, m);
+}
+
+/* The member source: copies the next bytes of the current member of in->a. */
+static int member_pull(zlayer *z, uint8_t *dst, size_t cap, size_t *n, dfl_err *e)
+{
+    *n = 0;
+    while (!z->mblk_n) {
+        const void *b;
+        size_t len;
+        la_int64_t off;
+        int r = archive_read_data_block(z->in->a, &b, &len, &off);
+        if (r == ARCHIVE_EOF)
+            return DFL_OK;
+        if (r < ARCHIVE_WARN)
+            return arch_fail(z->in, z->in->a, z->name, e);
+        z->mblk = b;
+        z->mblk_n = len;
+    }
+    size_t k = z->mblk_n < cap ? z->mblk_n : cap;
+    memcpy(dst, z->mblk, k);
+    z->mblk += k;
+    z->mblk_n -= k;
+    *n = k;
+    return DFL_OK;
+}
+
+/* Collects the gzip header candidates of the source bytes not looked at yet. */
+static int zl_scan(zlayer *z, dfl_err *e)
+{
+    uint64_t base = z->delivered - z->chunk - z->hist; /* source offset of the history's start */
+    uint64_t lo = z->scan > 20 ? z->scan : 20;         /* 20: the smallest gzip member */
+    if (lo < base + 8)
+        lo = base + 8;
+    if (lo + 4 > z->delivered)
+        return DFL_OK;
+    const uint8_t *b = z->buf + ZHIST - z->hist, *p = b + (lo - base), *end = b + (z->delivered - base);
+    while ((p = memmem(p, (size_t)(end - p), "\x1f\x8b\x08", 3)) && p + 4 <= end) {
+        if (!(p[3] & 0xE0)) { /* reserved flag bits clear */
+            if (z->head > 1024 && 2 * z->head > z->n_cand) { /* drop those looked at */
+                memmove(z->cand, z->cand + z->head, (z->n_cand - z->head) * sizeof *z->cand);
+                z->n_cand -= z->head;
+                z->head = 0;
+            }
+            if (!GROW(z->cand, z->cap_cand, z->n_cand + 1))
+                return dfl_fail(e, DFL_ENOMEM, "out of memory");
+            z->cand[z->n_cand++] = (gz_cand){base + (uint64_t)(p - b), le32(p - 8), le32(p - 4)};
+        }
+        p++;
+    }
+    z->scan = z->delivered - 3; /* a header there has not all its 4 bytes yet */
+    return DFL_OK;
+}
+
+/* Hands the next source chunk to libarchive, keeping ZHIST bytes of the previous one before it. */
+static int zl_pull(zlayer *z, dfl_err *e)
+{
+    size_t keep = z->hist + z->chunk < ZHIST ? z->hist + z->chunk : ZHIST;
+    memmove(z->buf + ZHIST - keep, z->buf + ZHIST + z->chunk - keep, keep);
+    z->hist = keep;
+    z->chunk = 0;
+    if (z->src_eof)
+        return DFL_OK;
+    size_t n;
+    int rc = z->member ? member_pull(z, z->buf + ZHIST, RBUF_SIZE, &n, e)
+                       : fd_pull(z->in, z->buf + ZHIST, RBUF_SIZE, &n, e);
+    if (rc)
+        return rc;
+    if (n == 0) {
+        z->src_eof = true;
+        return DFL_OK;
+    }
+    const uint8_t *p = z->buf + ZHIST;
+    for (size_t i = 0; z->n_first < sizeof z->first && i < n; i++)
+        z->first[z->n_first++] = p[i];
+    if (n >= 8) {
+        memcpy(z->last, p + n - 8, 8);
+    } else {
+        memmove(z->last, z->last + n, 8 - n);
+        memcpy(z->last + 8 - n, p, n);
+    }
+    bool was = z->delivered >= 3;
+    z->chunk = n;
+    z->delivered += n;
+    if (!was && z->delivered >= 3)
+        z->gz = z->first[0] == 0x1f && z->first[1] == 0x8b && z->first[2] == 8;
+    return z->gz ? zl_scan(z, e) : DFL_OK;
+}
+
+static la_ssize_t zl_src(struct archive *a, void *ctx, const void **buf)
+{
+    zlayer *z = ctx;
+    if (zl_pull(z, &z->err)) {
+        archive_set_error(a, EIO, "%s", z->err.msg);
+        return -1;
+    }
+    *buf = z->buf + ZHIST;
+    return (la_ssize_t)z->chunk;
+}
+
+static void zl_free(zlayer *z)
+{
+    if (!z)
+        return;
+    if (z->a)
+        archive_read_free(z->a);
+    free(z->buf);
+    free(z->cand);
+    free(z);
+}
+
+/* Opens a zlayer over the input's descriptor or its current member, and reads its header: *empty
+ * when there is no data at all (an empty input, or compressed emptiness). */
+static int zl_open(dfl_input *in, const char *name, bool member, zlayer **out, bool *empty, dfl_err *e)
+{
+    *out = NULL;
+    *empty = false;
+    zlayer *z = calloc(1, sizeof *z);
+    if (!z || !(z->buf = malloc(ZHIST + RBUF_SIZE)) || !(z->a = archive_read_new())) {
+        zl_free(z);
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    }
+    z->in = in;
+    z->name = name;
+    z->member = member;
+    *out = z;
+    archive_read_support_filter_all(z->a);
+    archive_read_support_format_raw(z->a);
+    archive_read_support_format_empty(z->a);
+    if (archive_read_open(z->a, z, NULL, zl_src, NULL) != ARCHIVE_OK)
+        return arch_fail(in, z->a, name, e);
+    struct archive_entry *ent;
+    int r = archive_read_next_header(z->a, &ent);
+    if (r < ARCHIVE_WARN)
+        return arch_fail(in, z->a, name, e);
+    int nf = archive_filter_count(z->a);
+    z->check = z->gz && nf == 2 && archive_filter_code(z->a, 0) == ARCHIVE_FILTER_GZIP;
+    *empty = r == ARCHIVE_EOF;
+    return DFL_OK;
+}
+
+/* After the last output: the source must be used to its end, and the last gzip trailer agree. */
+static int zl_finish(zlayer *z, dfl_err *e)
+{
+    z->eof = true;
+    uint64_t used = (uint64_t)archive_filter_bytes(z->a, -1);
+    if (used == z->delivered && !z->src_eof) {
+        int rc = zl_pull(z, e);
+        if (rc)
+            return rc;
+    }
+    if (used < z->delivered) {
+        /* the start of another member (its first bytes as the input's), or something else */
+        uint64_t start = z->delivered - z->chunk - z->hist;
+        size_t k = 0;
+        if (used >= start)
+            k = z->delivered - used < 2 ? (size_t)(z->delivered - used) : 2;
+        if (k && z->n_first >= k && memcmp(z->buf + ZHIST - z->hist + (used - start), z->first, k) == 0)
+            return dfl_fail(e, DFL_ETRUNC, "%s: truncated: an incomplete member at byte %llu of the compressed data",
+                            z->name, (unsigned long long)used);
+        return dfl_fail(e, DFL_EDATA, "%s: data after the end of the compressed data, at byte %llu",
+                        z->name, (unsigned long long)used);
+    }
+    if (z->check && (le32(z->last) != z->mcrc || le32(z->last + 4) != (uint32_t)(z->out - z->mstart)))
+        return dfl_fail(e, DFL_EDATA, "%s: corrupt gzip data: the CRC-32 or length of a member does not match "
+                        "its trailer", z->name);
+    return DFL_OK;
+}
+
+/* Checks an output block against the gzip trailers whose headers were consumed while it was made. */
+static void zl_check_block(zlayer *z, const uint8_t *p, size_t n)
+{
+    uint64_t used = (uint64_t)archive_filter_bytes(z->a, -1);
+    size_t done = 0;
+    while (z->head < z->n_cand && z->cand[z->head].at < used) {
+        gz_cand c = z->cand[z->head++];
+        uint64_t lo = z->out + done;
+        uint64_t end = lo + (uint32_t)((uint32_t)z->mstart + c.isize - (uint32_t)lo);
+        if (end > z->out + n)
+            continue;
+        uint32_t crc = dfl_crc32(z->mcrc, p + done, (size_t)(end - lo));
+        if (crc != c.crc)
+            continue;
+        z->mcrc = 0;
+        z->mstart = end;
+        done = (size_t)(end - z->out);
+    }
+    z->mcrc = dfl_crc32(z->mcrc, p + done, n - done);
+}
+
+/* The next output block of z; *n = 0 at its end (after zl_finish's checks). */
+static int zl_block(zlayer *z, const uint8_t **b, size_t *n, dfl_err *e)
+{
+    *n = 0;
+    if (z->eof)
+        return DFL_OK;
+    for (;;) {
+        const void *v;
+        size_t len;
+        la_int64_t off;
+        int r = archive_read_data_block(z->a, &v, &len, &off);
+        if (r == ARCHIVE_EOF)
+            return zl_finish(z, e);
+        if (r < ARCHIVE_WARN)
+            return arch_fail(z->in, z->a, z->name, e);
+        if (!len)
+            continue;
+        if (z->check)
+            zl_check_block(z, v, len);
+        z->out += len;
+        *b = v;
+        *n = len;
+        return DFL_OK;
+    }
+}
+
+/* Reads z to its end (its checks included), dropping the data. */
+static int zl_drain(zlayer *z, dfl_err *e)
+{
+    const uint8_t *b;
+    size_t n;
+    do {
+        int rc = zl_block(z, &b, &n, e);
+        if (rc)
+            return rc;
+    } while (n);
+    return DFL_OK;
+}
+
+/* The reader of the parts of a compressed input reads the zlayer's output. */
+static la_ssize_t zl_out(struct archive *a, void *ctx, const void **buf)
+{
+    zlayer *z = ((dfl_input *)ctx)->z;
+    const uint8_t *b;
+    size_t n;
+    if (zl_block(z, &b, &n, &z->err)) {
+        archive_set_error(a, EIO, "%s", z->err.msg);
+        return -1;
+    }
+    *buf = b;
+    return (la_ssize_t)n;
 }
 
 /* Names in messages: bytes below 0x20 and DEL become '?'. */
@@ -1130,38 +1562,10 @@ int dfl_input_open(dfl_input **out, const char *path, volatile sig_atomic_t *sto
     return DFL_OK;
 }
 
-static int arch_fail(dfl_input *in, struct archive *a, const char *name, dfl_err *e)
-{
-    const char *m = archive_error_string(a);
-    if (in->stop && *in->stop)
-        return dfl_fail(e, DFL_EINTR, "interrupted");
-    return dfl_fail(e, DFL_EDATA, "%s: cannot read: %s", name, m ? m : "unknown libarchive error");
-}
-
-static la_ssize_t inner_read(struct archive *a, void *ctx, const void **buf)
-{
-    (void)a;
-    dfl_input *in = ctx;
-    const void *b;
-    size_t n;
-    la_int64_t off;
-    int r = archive_read_data_block(in->a, &b, &n, &off);
-    if (r == ARCHIVE_EOF)
-        return 0;
-    if (r < ARCHIVE_WARN) {
-        archive_set_error(a, EIO, "%s", archive_error_string(in->a) ? archive_error_string(in->a) : "read error");
-        return -1;
-    }
-    *buf = b;
-    return (la_ssize_t)n;
-}
-
 static void close_inner(dfl_input *in)
 {
-    if (in->inner) {
-        archive_read_free(in->inner);
-        in->inner = NULL;
-    }
+    zl_free(in->zi);
+    in->zi = NULL;
 }
 
 static int set_part_name(dfl_input *in, const char *member)
@@ -1183,7 +1587,7 @@ static int set_part_name(dfl_input *in, const char *member)
     return in->part_name ? DFL_OK : DFL_ENOMEM;
 }
 
-/* At an archive entry: is it a part? Sets up the inner reader for a compressed member. */
+/* At an archive entry: is it a part? Sets up the zlayer of a compressed member. */
 static int archive_entry_part(dfl_input *in, struct archive_entry *ent, dfl_part *p, bool *is_part,
                               dfl_err *e)
 {
@@ -1200,29 +1604,101 @@ static int archive_entry_part(dfl_input *in, struct archive_entry *ent, dfl_part
     if (set_part_name(in, name))
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
     close_inner(in);
-    in->inner_eof = false;
-    if (compressed_name(name) && !(archive_entry_size_is_set(ent) && archive_entry_size(ent) == 0)) {
-        in->inner = archive_read_new();
-        if (!in->inner)
-            return dfl_fail(e, DFL_ENOMEM, "out of memory");
-        archive_read_support_filter_all(in->inner);
-        archive_read_support_format_raw(in->inner);
-        if (archive_read_open(in->inner, in, NULL, inner_read, NULL) != ARCHIVE_OK)
-            return arch_fail(in, in->inner, in->part_name, e);
-        struct archive_entry *ie;
-        int r = archive_read_next_header(in->inner, &ie);
-        if (r == ARCHIVE_EOF)
-            in->inner_eof = true;
-        else if (r < ARCHIVE_WARN)
-            return arch_fail(in, in->inner, in->part_name, e);
-    } else if (compressed_name(name)) {
-        in->inner_eof = true; /* an empty compressed member: no data */
+    in->part_eof = false;
+    if (compressed_name(name)) {
+        int rc = zl_open(in, in->part_name, true, &in->zi, &in->part_eof, e);
+        if (!rc && in->part_eof)
+            rc = zl_finish(in->zi, e);
+        if (rc)
+            return rc;
     }
     p->name = in->part_name;
-    p->mapped = false;
-    p->data = NULL;
-    p->size = 0;
     *is_part = true;
+    return DFL_OK;
+}
+
+/* The first part of an input. */
+static int first_part(dfl_input *in, dfl_part *p, bool *eof, dfl_err *e)
+{
+    if (in->regular && in->size == 0) {
+        /* an empty plain file: one empty mapped part */
+        if (set_part_name(in, NULL))
+            return dfl_fail(e, DFL_ENOMEM, "out of memory");
+        in->state = IN_DONE;
+        p->name = in->part_name;
+        p->mapped = true;
+        return DFL_OK;
+    }
+    in->fd = in->is_stdin ? 0 : open(in->path, O_RDONLY | O_CLOEXEC);
+    if (in->fd < 0)
+        return dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot open", in->disp);
+    bool empty;
+    int rc = zl_open(in, in->disp, false, &in->z, &empty, e);
+    if (rc)
+        return rc;
+    if (empty) { /* no data (an empty stream, or compressed emptiness): one empty part */
+        if ((rc = zl_finish(in->z, e)))
+            return rc;
+        if (set_part_name(in, NULL))
+            return dfl_fail(e, DFL_ENOMEM, "out of memory");
+        in->state = IN_RAW;
+        in->part_eof = true;
+        p->name = in->part_name;
+        return DFL_OK;
+    }
+    if (archive_filter_count(in->z->a) <= 1 && in->regular) {
+        /* a plain file: read (or mapped) as itself; libarchive may seek in an archive */
+        zl_free(in->z);
+        in->z = NULL;
+        close(in->fd);
+        in->fd = -1;
+    }
+    /* the parts: the raw data, or the members of a tar or zip archive */
+    in->a = archive_read_new();
+    if (!in->a)
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    archive_read_support_format_raw(in->a);
+    archive_read_support_format_tar(in->a);
+    archive_read_support_format_zip(in->a);
+    int r = in->z ? archive_read_open(in->a, in, NULL, zl_out, NULL)
+                  : archive_read_open_filename(in->a, in->path, 1 << 20);
+    struct archive_entry *ent;
+    if (r == ARCHIVE_OK)
+        r = archive_read_next_header(in->a, &ent);
+    if (r < ARCHIVE_WARN)
+        return arch_fail(in, in->a, in->disp, e);
+    if (r == ARCHIVE_EOF) {
+        if (in->z && (rc = zl_drain(in->z, e)))
+            return rc;
+        in->state = IN_DONE;
+        *eof = true;
+        return DFL_OK;
+    }
+    if ((archive_format(in->a) & ARCHIVE_FORMAT_BASE_MASK) != ARCHIVE_FORMAT_RAW) {
+        in->state = IN_ARCHIVE;
+        bool is_part;
+        return archive_entry_part(in, ent, p, &is_part, e);
+    }
+    if (set_part_name(in, NULL))
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    p->name = in->part_name;
+    if (in->z) { /* a stream */
+        in->state = IN_RAW;
+        return DFL_OK;
+    }
+    /* a plain regular file: mapped, so that samples can be re-read by offset */
+    archive_read_free(in->a);
+    in->a = NULL;
+    in->state = IN_DONE;
+    if ((rc = dfl_map_open(&in->map, in->path, e)))
+        return rc;
+    if (in->map.fd >= 0) { /* the mapping outlives it: do not hold a descriptor per input */
+        close(in->map.fd);
+        in->map.fd = -1;
+    }
+    p->mapped = true;
+    p->data = in->map.data;
+    p->size = in->map.size;
     return DFL_OK;
 }
 
@@ -1230,98 +1706,28 @@ int dfl_input_next_part(dfl_input *in, dfl_part *p, bool *eof, dfl_err *e)
 {
     *eof = false;
     memset(p, 0, sizeof *p);
+    if (in->state == IN_START) {
+        int rc = first_part(in, p, eof, e);
+        if (rc || *eof || p->name)
+            return rc;
+    }
     if (in->state == IN_DONE || in->state == IN_RAW) {
+        int rc = in->z ? zl_drain(in->z, e) : DFL_OK;
         in->state = IN_DONE;
         close_inner(in);
-        *eof = true;
-        return DFL_OK;
-    }
-    struct archive_entry *ent;
-    if (in->state == IN_START) {
-        if (!in->is_stdin && in->size == 0) {
-            struct stat st;
-            if (stat(in->path, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0) {
-                /* an empty plain file: one empty mapped part (libarchive has nothing to detect) */
-                if (set_part_name(in, NULL))
-                    return dfl_fail(e, DFL_ENOMEM, "out of memory");
-                in->state = IN_DONE;
-                p->name = in->part_name;
-                p->mapped = true;
-                return DFL_OK;
-            }
-        }
-        in->a = archive_read_new();
-        if (!in->a)
-            return dfl_fail(e, DFL_ENOMEM, "out of memory");
-        archive_read_support_filter_all(in->a);
-        archive_read_support_format_raw(in->a);
-        archive_read_support_format_tar(in->a);
-        archive_read_support_format_zip(in->a);
-        int r;
-        if (in->regular) {
-            r = archive_read_open_filename(in->a, in->path, 1 << 20);
-        } else {
-            in->fd = in->is_stdin ? 0 : open(in->path, O_RDONLY | O_CLOEXEC);
-            if (in->fd < 0)
-                return dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot open", in->disp);
-            in->rbuf = malloc(RBUF_SIZE);
-            if (!in->rbuf)
-                return dfl_fail(e, DFL_ENOMEM, "out of memory");
-            r = archive_read_open(in->a, in, NULL, fd_read, NULL);
-        }
-        if (in->stop && *in->stop)
-            return dfl_fail(e, DFL_EINTR, "interrupted");
-        if (r != ARCHIVE_OK)
-            return arch_fail(in, in->a, in->disp, e);
-        r = archive_read_next_header(in->a, &ent);
-        if (r == ARCHIVE_EOF) {
-            in->state = IN_DONE;
-            *eof = true;
-            return DFL_OK;
-        }
-        if (r < ARCHIVE_WARN)
-            return arch_fail(in, in->a, in->disp, e);
-        if ((archive_format(in->a) & ARCHIVE_FORMAT_BASE_MASK) == ARCHIVE_FORMAT_RAW) {
-            if (set_part_name(in, NULL))
-                return dfl_fail(e, DFL_ENOMEM, "out of memory");
-            p->name = in->part_name;
-            bool plain = archive_filter_count(in->a) <= 1 &&
-                         archive_filter_code(in->a, 0) == ARCHIVE_FILTER_NONE;
-            struct stat st;
-            if (plain && !in->is_stdin && stat(in->path, &st) == 0 && S_ISREG(st.st_mode)) {
-                /* a plain regular file: map it, so that samples can be re-read by offset */
-                archive_read_free(in->a);
-                in->a = NULL;
-                int rc = dfl_map_open(&in->map, in->path, e);
-                if (rc)
-                    return rc;
-                if (in->map.fd >= 0) { /* the mapping outlives it: do not hold a descriptor per input */
-                    close(in->map.fd);
-                    in->map.fd = -1;
-                }
-                in->state = IN_DONE;
-                p->mapped = true;
-                p->data = in->map.data;
-                p->size = in->map.size;
-                return DFL_OK;
-            }
-            in->state = IN_RAW;
-            return DFL_OK;
-        }
-        in->state = IN_ARCHIVE;
-        bool is_part;
-        int rc = archive_entry_part(in, ent, p, &is_part, e);
-        if (rc || is_part)
-            return rc;
+        *eof = !rc;
+        return rc;
     }
     /* IN_ARCHIVE: the next member that is a part */
     close_inner(in);
     for (;;) {
+        struct archive_entry *ent;
         int r = archive_read_next_header(in->a, &ent);
         if (r == ARCHIVE_EOF) {
+            int rc = in->z ? zl_drain(in->z, e) : DFL_OK;
             in->state = IN_DONE;
-            *eof = true;
-            return DFL_OK;
+            *eof = !rc;
+            return rc;
         }
         if (r < ARCHIVE_WARN)
             return arch_fail(in, in->a, in->disp, e);
@@ -1335,27 +1741,38 @@ int dfl_input_next_part(dfl_input *in, dfl_part *p, bool *eof, dfl_err *e)
 int dfl_input_read(dfl_input *in, void *buf, size_t cap, size_t *got, dfl_err *e)
 {
     *got = 0;
-    if (in->state != IN_RAW && in->state != IN_ARCHIVE)
+    if ((in->state != IN_RAW && in->state != IN_ARCHIVE) || in->part_eof)
         return DFL_OK;
-    struct archive *a = in->inner ? in->inner : in->a;
-    if (in->inner && in->inner_eof)
+    zlayer *z = in->zi;
+    if (z) { /* a compressed member: copy out of its output blocks */
+        if (!z->blk_n) {
+            int rc = zl_block(z, &z->blk, &z->blk_n, e);
+            if (rc)
+                return rc;
+        }
+        size_t k = z->blk_n < cap ? z->blk_n : cap;
+        memcpy(buf, z->blk, k);
+        z->blk += k;
+        z->blk_n -= k;
+        *got = k;
         return DFL_OK;
-    if (!in->inner && in->inner_eof) /* empty compressed member */
-        return DFL_OK;
+    }
     for (;;) {
-        la_ssize_t r = archive_read_data(a, buf, cap);
+        la_ssize_t r = archive_read_data(in->a, buf, cap);
         if (r >= 0) {
             *got = (size_t)r;
             return DFL_OK;
         }
         if (r == ARCHIVE_RETRY)
             continue;
-        return arch_fail(in, a, in->part_name ? in->part_name : in->disp, e);
+        return arch_fail(in, in->a, in->part_name ? in->part_name : in->disp, e);
     }
 }
 
 uint64_t dfl_input_consumed(const dfl_input *in)
 {
+    if (in->z)
+        return (uint64_t)archive_filter_bytes(in->z->a, -1);
     if (in->a)
         return (uint64_t)archive_filter_bytes(in->a, -1);
     return in->state == IN_DONE ? in->size : 0;
@@ -1370,11 +1787,11 @@ void dfl_input_close(dfl_input *in)
     close_inner(in);
     if (in->a)
         archive_read_free(in->a);
+    zl_free(in->z);
     if (in->map.fd >= 0 || in->map.data)
         dfl_map_close(&in->map);
     if (in->fd > 0)
         close(in->fd);
-    free(in->rbuf);
     free(in->path);
     free(in->disp);
     free(in->part_name);

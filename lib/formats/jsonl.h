@@ -18,7 +18,10 @@
  * or, for an archive, every regular member whose name ends in .jsonl/.json/.ndjson (optionally
  * followed by a compression suffix). A part is either mapped (a plain regular file: its bytes
  * stay addressable, so samples can be re-read by offset) or a stream (read front to back once).
- * Member names are only ever used in messages. */
+ * An input with no data (an empty file, compressed or not, empty stdin) is one empty part.
+ * Compressed data is checked to its end (jsonl.c: gzip CRC-32 and length, nothing after the
+ * compressed data); a failed check is DFL_EDATA, data that ends early DFL_ETRUNC, both naming
+ * the input. Member names are only ever used in messages. */
 #ifndef DFL_JSONL_H
 #define DFL_JSONL_H
 
@@ -80,13 +83,18 @@ int dfl_input_open(dfl_input **in, const char *path, volatile sig_atomic_t *stop
 /* The next part of the input; *eof at the end. The previous part of a stream input is finished
  * (its unread data is skipped). Mapped parts stay mapped until dfl_input_close. */
 int dfl_input_next_part(dfl_input *in, dfl_part *p, bool *eof, dfl_err *e);
-/* Reads decompressed bytes of the current stream part; *got = 0 at its end. */
+/* Reads decompressed bytes of the current stream part; *got = 0 at its end. The end checks of
+ * compressed data come at the end of the part that holds it, or, for a compressed archive, from
+ * the dfl_input_next_part that finds no more members. */
 int dfl_input_read(dfl_input *in, void *buf, size_t cap, size_t *got, dfl_err *e);
 /* Bytes of the input consumed so far (compressed bytes for a compressed input), for progress. */
 uint64_t dfl_input_consumed(const dfl_input *in);
 /* Size of the input file in bytes (0 when unknown: stdin, a pipe). */
 uint64_t dfl_input_size(const dfl_input *in);
 void dfl_input_close(dfl_input *in);
+
+/* CRC-32 of gzip (ISO-HDLC, reflected 0xEDB88320) of n bytes, continuing crc (0 to start). */
+uint32_t dfl_crc32(uint32_t crc, const void *buf, size_t n);
 
 /* Does an archive member name look like JSON Lines data (.jsonl, .json, .ndjson, each optionally
  * followed by .gz, .zst, .zstd, .xz, .bz2, .lz4)? */

@@ -671,6 +671,9 @@ static void pool_stop(bk_pool *p)
 
 /* ---- scanning ---- */
 
+/* A line over DFL_JSONL_MAX_LINE, in any kind of input. */
+#define OVERLONG_MSG "line longer than the limit of %u bytes"
+
 typedef struct bk_chunk {
     const char *data;          /* whole lines */
     size_t size;
@@ -803,6 +806,8 @@ static void chunk_scan(const dfl_bucket_run *r, bk_chunk *c, dfl_sample *s)
         const char *nl = le < end ? le : NULL;
         size_t len = (size_t)(le - p);
         c->lines++;
+        if (len > DFL_JSONL_MAX_LINE) /* as a stream part's overlong line (feed_stream) */
+            rc = dfl_fail(&e, DFL_EDATA, OVERLONG_MSG, DFL_JSONL_MAX_LINE);
         if (rc == DFL_OK && !blank && r->o.vocab_size)
             rc = check_vocab(s, r->o.vocab_size, &e);
         if (rc == DFL_OK && !blank && !chunk_keep(r, c, s, p, len))
@@ -885,7 +890,7 @@ static int merge_chunk(dfl_bucket_run *r, bk_chunk *c, dfl_err *e)
         c->bad_code = DFL_EDATA;
         c->failed = !r->o.skip_bad;
         c->skipped = !c->failed;
-        snprintf(c->bad_msg, sizeof c->bad_msg, "line longer than the limit of %u bytes", DFL_JSONL_MAX_LINE);
+        snprintf(c->bad_msg, sizeof c->bad_msg, OVERLONG_MSG, DFL_JSONL_MAX_LINE);
     }
     if (c->bad_line && c->bad_code == DFL_ENOMEM)
         return dfl_fail(e, DFL_ENOMEM, "%s: out of memory", pt->name);

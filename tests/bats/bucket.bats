@@ -247,6 +247,118 @@ assert_bad() {
     assert_no_output out
 }
 
+# assert_bad_input FILE MESSAGE...: a compressed input or archive of good samples whose data is
+# bad is rejected with exit 2 naming FILE, by file and through stdin, even with --on-error skip.
+assert_bad_input() {
+    local f=$1
+    shift
+    cp "$BADB/$f" .
+    for skip in error skip; do
+        run -2 dfl-bucket --on-error "$skip" -o out "$f"
+        assert_output --partial "dfl-bucket: error: $f"
+        for m in "$@"; do assert_output --partial "$m"; done
+        assert_no_output out
+        run -2 dfl-bucket --on-error "$skip" -o out - < "$f"
+        assert_output --partial "dfl-bucket: error: (stdin)"
+        for m in "$@"; do assert_output --partial "$m"; done
+        assert_no_output out
+    done
+}
+
+@test "bad compressed data: a gzip member with a CRC error" {
+    assert_bad_input gz-crc.jsonl.gz "corrupt gzip data: the CRC-32 or length of a member does not match"
+}
+@test "bad compressed data: a gzip member with a wrong length" {
+    assert_bad_input gz-length.jsonl.gz "corrupt gzip data"
+}
+@test "bad compressed data: a second gzip member cut short" {
+    assert_bad_input gz-cut-member.jsonl.gz "truncated"
+}
+@test "bad compressed data: a second gzip member cut inside its header" {
+    assert_bad_input gz-cut-header.jsonl.gz "truncated: an incomplete member at byte 69"
+}
+@test "bad compressed data: gzip without its 4-byte trailer" {
+    assert_bad_input gz-no-trailer.jsonl.gz "truncated"
+    refute_output --partial "unknown libarchive error"
+}
+@test "bad compressed data: garbage after the gzip data" {
+    assert_bad_input gz-trailing-garbage.jsonl.gz "data after the end of the compressed data, at byte 69"
+}
+@test "bad compressed data: a tar.gz with a CRC error" {
+    assert_bad_input tgz-crc.tar.gz "corrupt gzip data"
+}
+@test "bad compressed data: a gzip member of a tar with a CRC error" {
+    cp "$BADB/tar-member-crc.tar" .
+    run -2 dfl-bucket -o out tar-member-crc.tar
+    assert_output --partial "dfl-bucket: error: tar-member-crc.tar:part/a.jsonl.gz: corrupt gzip data"
+    assert_no_output out
+}
+@test "bad compressed data: garbage after bzip2 data" {
+    assert_bad_input bz2-trailing-garbage.jsonl.bz2 "data after the end of the compressed data"
+}
+@test "bad compressed data: xz cut short" {
+    assert_bad_input xz-cut.jsonl.xz "truncated"
+}
+@test "bad compressed data: zstd with a wrong checksum" {
+    assert_bad_input zst-checksum.jsonl.zst "checksum"
+}
+@test "bad compressed data: a zip cut between members" {
+    assert_bad_input zip-cut.zip "truncated"
+    refute_output --partial "unknown libarchive error"
+}
+
+@test "gzip of many members, empty ones too, gives the same shards as plain; one bad member fails" {
+    gen data.jsonl 300
+    python3 -c '
+import gzip, sys
+lines = open(sys.argv[1], "rb").readlines()
+with open("many.jsonl.gz", "wb") as f:
+    for i, l in enumerate(lines):
+        f.write(gzip.compress(l, compresslevel=i % 10, mtime=0))
+        if i % 7 == 0:
+            f.write(gzip.compress(b"", mtime=0))
+' data.jsonl
+    run -0 dfl-bucket -o plain data.jsonl
+    run -0 dfl-bucket -o many many.jsonl.gz
+    cmp plain/shard-00000.dfl many/shard-00000.dfl
+    run -0 dfl-bucket -o stdin - < many.jsonl.gz
+    cmp plain/shard-00000.dfl stdin/shard-00000.dfl
+    # the CRC of member 150 (of the sample on line 129) made wrong
+    python3 -c '
+import gzip, sys
+lines = open(sys.argv[1], "rb").readlines()
+with open("bad.jsonl.gz", "wb") as f:
+    for i, l in enumerate(lines):
+        m = bytearray(gzip.compress(l, mtime=0))
+        if i == 128:
+            m[-8] ^= 1
+        f.write(m)
+' data.jsonl
+    run -2 dfl-bucket -o out bad.jsonl.gz
+    assert_output --partial "bad.jsonl.gz: corrupt gzip data"
+    assert_no_output out
+}
+
+@test "an empty compressed input, empty stdin and /dev/null are inputs with no samples" {
+    printf '%s\n' '{"input_ids": [1, 2]}' > one.jsonl
+    : > empty.jsonl
+    gzip -c empty.jsonl > empty.jsonl.gz
+    zstd -q -c empty.jsonl > empty.jsonl.zst
+    xz -c empty.jsonl > empty.jsonl.xz
+    bzip2 -c empty.jsonl > empty.jsonl.bz2
+    run -0 dfl-bucket -o out empty.jsonl.gz empty.jsonl.zst one.jsonl empty.jsonl.xz empty.jsonl.bz2 /dev/null - < /dev/null
+    [ "$(mj out 'm["counts"]["samples"]')" = 1 ]
+    [ "$(mj out '[(i["name"], i["lines"]) for i in m["inputs"]]')" = "[('empty.jsonl.gz', 0), ('empty.jsonl.zst', 0), ('one.jsonl', 1), ('empty.jsonl.xz', 0), ('empty.jsonl.bz2', 0), ('/dev/null', 0), ('(stdin)', 0)]" ]
+    # alone, each is what an empty plain file is: no samples
+    for f in empty.jsonl empty.jsonl.gz empty.jsonl.zst /dev/null; do
+        run -2 dfl-bucket -o out2 "$f"
+        assert_output "dfl-bucket: error: no samples left (0 lines: 0 skipped, 0 too long, 0 without a trained token, 0 blank)"
+    done
+    run -2 dfl-bucket -o out2 - < /dev/null
+    assert_output "dfl-bucket: error: no samples left (0 lines: 0 skipped, 0 too long, 0 without a trained token, 0 blank)"
+    printf '' | { run -2 dfl-bucket --stats -; assert_output --partial "no samples left"; }
+}
+
 @test "an archive without JSON Lines members leaves no samples" {
     echo hello > notes.txt
     tar cf notes.tar notes.txt
@@ -300,6 +412,42 @@ assert_bad() {
     [ "$(mj out 'm["counts"]["skipped"]')" = 3 ]
     [ "$(mj out 'm["counts"]["samples"]')" = 9 ]
     [ "$(mj out 'm["on_error"]')" = skip ]
+}
+
+@test "other keys may hold \u0000 in a string" {
+    printf '%s\n' '{"text": "a\u0000b", "input_ids": [1, 2]}' '{"input_ids": [3], "m": {"k": ["\u0000"]}}' > nul.jsonl
+    run -0 dfl-bucket -o out nul.jsonl
+    [ "$(mj out 'm["counts"]["samples"]')" = 2 ]
+    run -0 dfl-bucket --stats - < nul.jsonl
+    run -2 dfl-bucket -o out2 - <<< '{"input_ids": [1], "a\u0000": 1}'
+    assert_output --partial "(stdin):1: not valid JSON"
+}
+
+# a line of 64 MiB + 1 byte (valid JSON) between two good samples, as FILE
+overlong() {
+    python3 -c '
+import sys
+n = 64 * 1024 * 1024 + 1
+head = "{\"input_ids\": [1, 2], \"t\": \""
+with open(sys.argv[1], "w") as f:
+    f.write("{\"input_ids\": [5]}\n" + head + "x" * (n - len(head) - 2) + "\"}\n{\"input_ids\": [6]}\n")' "$1"
+}
+
+@test "a line over 64 MiB is refused alike in a plain file, through stdin and gzip, and in --stats" {
+    overlong long.jsonl
+    gzip -1 -c long.jsonl > long.jsonl.gz
+    for src in long.jsonl long.jsonl.gz -; do
+        run -2 dfl-bucket -o out "$src" < long.jsonl
+        assert_output --partial ":2: line longer than the limit of 67108864 bytes"
+        assert_no_output out
+        run -2 dfl-bucket --stats "$src" < long.jsonl
+        assert_output --partial ":2: line longer than the limit of 67108864 bytes"
+        run -0 dfl-bucket --on-error skip -o out "$src" < long.jsonl
+        assert_output --partial "skipped 1 bad record; the first: "
+        [ "$(mj out 'm["counts"]["samples"]')" = 2 ]
+        [ "$(mj out 'm["counts"]["lines"]')" = 3 ]
+        rm -rf out
+    done
 }
 
 @test "--on-error skip with nothing good left fails" {
