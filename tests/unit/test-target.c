@@ -540,6 +540,16 @@ static void test_forward_qwen3_oracle(void)
     forward_vs_ref(dir);
 }
 
+static void test_forward_qwen35_oracle(void)
+{
+    const char *o = t_oracle();
+    if (!o)
+        T_SKIP("no oracle");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/qwen35-tiny-a", o);
+    forward_vs_ref(dir);
+}
+
 static const char *fixture(const char *name)
 {
     static char dir[4096];
@@ -772,6 +782,7 @@ int main(int argc, char **argv)
     T_RUN(test_fingerprint);
     T_RUN(test_bad_models);
     T_RUN(test_forward_qwen3_oracle);
+    T_RUN(test_forward_qwen35_oracle);
     T_RUN(test_forward_llama_fixture);
     T_RUN(test_forward_qwen2_fixture);
     T_RUN(test_packed_generated);
