@@ -423,6 +423,76 @@ static const float *ref_layer(const ref *r, int s, int k)
     return t ? t->data : NULL;
 }
 
+/* f32 copy of a model tensor (NULL if absent). */
+static float *tensor_f32(const dfl_st_model *m, const char *name, int64_t *n)
+{
+    const dfl_st_tensor *t = dfl_st_model_find(m, name);
+    if (!t)
+        return NULL;
+    float *v = malloc((size_t)t->numel * sizeof *v);
+    if (v && !dfl_convert(v, DFL_F32, t->data, t->dtype, (size_t)t->numel)) {
+        free(v);
+        return NULL;
+    }
+    *n = (int64_t)t->numel;
+    return v;
+}
+
+/* The final norm (the model's RMSNorm, on the backend's op) and the logits of the last 8 rows
+ * (lm_head, or the embedding when tied) of sequence s from its last layer's output x, against
+ * seq{s}.norm and seq{s}.logits_last8 when the reference has them. */
+static void final_vs_ref(dfl_target *t, const char *dir, const ref *r, int s, const float *x)
+{
+    char name[128];
+    snprintf(name, sizeof name, "seq%d.norm", s);
+    const dfl_st_tensor *rn = dfl_st_find(r->f, name);
+    snprintf(name, sizeof name, "seq%d.logits_last8", s);
+    const dfl_st_tensor *rl = dfl_st_find(r->f, name);
+    if (!rn || !rl)
+        return;
+    dfl_err e = {0};
+    dfl_st_model *m = NULL;
+    if (dfl_st_model_open(&m, dir, &e)) {
+        T_CHECK(0, "%s", e.msg);
+        return;
+    }
+    const dfl_hf_config *c = &t->cfg;
+    int64_t H = c->hidden_size, V = c->vocab_size, L = r->len[s], nw = 0, nl = 0;
+    snprintf(name, sizeof name, "%snorm.weight", t->prefix);
+    float *w = tensor_f32(m, name, &nw);
+    snprintf(name, sizeof name, "%sembed_tokens.weight", t->prefix);
+    float *lm = tensor_f32(m, c->tie_word_embeddings ? name : "lm_head.weight", &nl);
+    float *y = malloc((size_t)(L * H) * sizeof *y);
+    T_CHECK(w && lm && nw == H && nl == V * H, "%s: final norm and LM head", dir);
+    if (w && lm && nw == H && nl == V * H) {
+        dfl_be *be = t->be;
+        int rc = c->norm_1p ? be->ops->rmsnorm_1p(be, y, x, w, L, H, (float)c->rms_norm_eps)
+                            : be->ops->rmsnorm(be, y, NULL, x, w, L, H, (float)c->rms_norm_eps);
+        T_CHECK(rc == 0, "final norm");
+        double err = max_row_err(y, rn->data, L, H);
+        T_CHECK(err <= 1e-4, "%s seq%d final norm: max row rel err %.3g", dir, s, err);
+        int64_t n8 = rl->shape[0];
+        float *lg = malloc((size_t)(n8 * V) * sizeof *lg);
+        for (int64_t i = 0; i < n8; i++)
+            for (int64_t v = 0; v < V; v++) {
+                double acc = 0;
+                for (int64_t j = 0; j < H; j++)
+                    acc += (double)y[(L - n8 + i) * H + j] * lm[v * H + j];
+                lg[i * V + v] = (float)acc;
+            }
+        double el = max_row_err(lg, rl->data, n8, V);
+        if (getenv("DFL_TEST_VERBOSE"))
+            fprintf(stderr, "  %s seq%d norm: %.3g logits: %.3g\n", dir, s, err, el);
+        T_CHECK(el <= 1e-4, "%s seq%d logits of the last %lld: max row rel err %.3g", dir, s,
+                (long long)n8, el);
+        free(lg);
+    }
+    free(y);
+    free(w);
+    free(lm);
+    dfl_st_model_close(m);
+}
+
 /* The library forward on the CPU against a reference directory: each sequence alone, then all
  * packed into one batch (in reverse order, so that packing offsets differ). */
 static void forward_vs_ref(const char *dir)
@@ -471,6 +541,8 @@ static void forward_vs_ref(const char *dir)
                 fprintf(stderr, "  %s seq%d layer%d: %.3g\n", dir, s, k, err);
             T_CHECK(err <= 1e-4, "%s seq%d layer%d alone: max row rel err %.3g", dir, s, k, err);
         }
+        if (K == t->cfg.n_layers)
+            final_vs_ref(t, dir, &r, s, caps[K - 1]);
     }
     /* packed, reversed */
     int64_t off[16], row = 0;
@@ -746,6 +818,19 @@ static void test_program_qwen3_oracle(void)
     program_vs_ref(dir, true);
 }
 
+static void test_program_qwen35_oracle(void)
+{
+    const char *o = t_oracle();
+    if (!o)
+        T_SKIP("no oracle");
+    if (!exists(target_bin) || !exists(mktokens_bin))
+        T_SKIP("no %s or %s", target_bin, mktokens_bin);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/qwen35-tiny-a", o);
+    program_vs_ref(dir, false);
+    program_vs_ref(dir, true);
+}
+
 static void test_program_fixtures(void)
 {
     const char *names[] = {"llama-tiny", "qwen2-tiny"};
@@ -787,6 +872,7 @@ int main(int argc, char **argv)
     T_RUN(test_forward_qwen2_fixture);
     T_RUN(test_packed_generated);
     T_RUN(test_program_qwen3_oracle);
+    T_RUN(test_program_qwen35_oracle);
     T_RUN(test_program_fixtures);
     return t_done();
 }
