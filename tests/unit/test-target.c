@@ -94,6 +94,102 @@ static void test_config_oracle(void)
     T_CHECK(c.qk_norm && !c.qkv_bias && !c.o_bias && !c.mlp_bias && !c.tie_word_embeddings, "flags");
 }
 
+#define Q35_CFG                                                                                    \
+    "\"model_type\": \"qwen3_5_text\", " BASE_CFG ", \"head_dim\": 32, "                         \
+    "\"linear_num_key_heads\": 2, \"linear_num_value_heads\": 4, \"linear_key_head_dim\": 16, "   \
+    "\"linear_value_head_dim\": 16, \"linear_conv_kernel_dim\": 4"
+
+static void test_config_qwen35(void)
+{
+    dfl_hf_config c;
+    char m[1024];
+    const char *o = t_oracle();
+    if (o) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/qwen35-tiny-a", o);
+        dfl_err e = {0};
+        T_CHECK(dfl_hf_config_load(dir, &c, NULL, &e) == 0, "%s", e.msg);
+        T_CHECK(c.arch == DFL_HF_QWEN35 && strcmp(c.model_type, "qwen3_5") == 0, "arch");
+        T_EQ_INT(c.n_layers, 8, "layers");
+        T_EQ_INT(c.n_linear, 6, "linear layers");
+        for (int i = 0; i < 8; i++)
+            T_EQ_INT(c.layer_kind[i], i % 4 == 3 ? DFL_LAYER_GATED_ATTN : DFL_LAYER_GDN, "kind");
+        T_EQ_INT(c.rot_dim, 16, "64 * 0.25 rotary dims");
+        T_EQ_INT(c.lin_k_heads, 2, "key heads");
+        T_EQ_INT(c.lin_v_heads, 4, "value heads");
+        T_EQ_INT(c.lin_k_dim, 32, "dk");
+        T_EQ_INT(c.lin_v_dim, 32, "dv");
+        T_EQ_INT(c.lin_conv, 4, "conv");
+        T_NEAR(c.rope_theta, 1e7, 0, "theta");
+        T_CHECK(c.dtype == DFL_BF16, "dtype from the top level");
+        T_CHECK(c.norm_1p && c.qk_norm && !c.tie_word_embeddings, "flags");
+    }
+    /* text-only, layer kinds from full_attention_interval (default 4) */
+    T_CHECK(parse_cfg("{" Q35_CFG "}", &c, m, sizeof m) == 0, "%s", m);
+    T_CHECK(c.layer_kind[0] == DFL_LAYER_GDN && c.layer_kind[3] == DFL_LAYER_GATED_ATTN &&
+                c.n_linear == 3, "default interval 4");
+    T_EQ_INT(c.rot_dim, 8, "default partial_rotary_factor 0.25");
+    T_CHECK(parse_cfg("{" Q35_CFG ", \"full_attention_interval\": 2, \"partial_rotary_factor\": 0.5}",
+                      &c, m, sizeof m) == 0, "%s", m);
+    T_CHECK(c.layer_kind[0] == DFL_LAYER_GDN && c.layer_kind[1] == DFL_LAYER_GATED_ATTN &&
+                c.layer_kind[2] == DFL_LAYER_GDN && c.n_linear == 2, "interval 2");
+    T_EQ_INT(c.rot_dim, 16, "partial 0.5");
+    /* the published wrapper */
+    T_CHECK(parse_cfg("{\"model_type\": \"qwen3_5\", \"torch_dtype\": \"float32\", \"text_config\": {"
+                      Q35_CFG "}}", &c, m, sizeof m) == 0 && c.dtype == DFL_F32, "wrapper: %s", m);
+    struct {
+        const char *text;
+        const char *word;
+        int code;
+    } bad[] = {
+        {"{" Q35_CFG ", \"layer_types\": [\"linear_attention\", \"sliding_attention\", "
+         "\"linear_attention\", \"full_attention\"]}", "layer_types[1] is 'sliding_attention'",
+         DFL_EUNSUP},
+        {"{" Q35_CFG ", \"layer_types\": [\"linear_attention\"]}", "layer_types has 1 entries",
+         DFL_EDATA},
+        {"{" Q35_CFG ", \"partial_rotary_factor\": 0.01}", "partial_rotary_factor", DFL_EUNSUP},
+        {"{" Q35_CFG ", \"attention_bias\": true}", "attention_bias", DFL_EUNSUP},
+        {"{\"model_type\": \"qwen3_5\"}", "text_config", DFL_EDATA},
+        {"{\"model_type\": \"qwen3_5\", \"text_config\": {\"model_type\": \"qwen3_5_moe_text\"}}",
+         "text_config.model_type is 'qwen3_5_moe_text'", DFL_EUNSUP},
+    };
+    for (size_t i = 0; i < DFL_ARRAY_LEN(bad); i++) {
+        int rc = parse_cfg(bad[i].text, &c, m, sizeof m);
+        T_CHECK(rc == bad[i].code && strstr(m, bad[i].word), "bad case %zu: rc %d '%s'", i, rc, m);
+    }
+    /* sizes the kernels do not take, at the top level and inside text_config */
+    struct {
+        const char *key;
+        int value;
+        const char *word;
+    } sizes[] = {
+        {"linear_num_value_heads", 3, "linear_num_value_heads = 3 is not a multiple"},
+        {"linear_conv_kernel_dim", 9, "linear_conv_kernel_dim = 9 is not supported"},
+    };
+    for (size_t i = 0; i < DFL_ARRAY_LEN(sizes); i++) {
+        for (int wrap = 0; wrap < 2; wrap++) {
+            json_t *tc = parse("{" Q35_CFG "}");
+            json_object_set_new(tc, sizes[i].key, json_integer(sizes[i].value));
+            json_t *top = wrap ? json_pack("{s:s,s:O}", "model_type", "qwen3_5", "text_config", tc)
+                               : json_incref(tc);
+            dfl_err e = {0};
+            int rc = dfl_hf_config_parse(top, "config.json", &c, &e);
+            T_CHECK(rc == DFL_EUNSUP && strstr(e.msg, sizes[i].word) &&
+                        (!wrap || strstr(e.msg, "config.json: text_config: ")),
+                    "%s (wrapped %d): %s", sizes[i].key, wrap, e.msg);
+            json_decref(top);
+            json_decref(tc);
+        }
+    }
+    /* a missing linear-attention size is named */
+    json_t *v = parse("{" Q35_CFG "}");
+    json_object_del(v, "linear_key_head_dim");
+    dfl_err e = {0};
+    T_CHECK(dfl_hf_config_parse(v, "config.json", &c, &e) == DFL_EDATA &&
+                strstr(e.msg, "linear_key_head_dim"), "missing: %s", e.msg);
+    json_decref(v);
+}
+
 static void test_config_spellings(void)
 {
     dfl_hf_config c;
@@ -348,6 +444,31 @@ static void test_bad_models(void)
         int rc = dfl_target_open(&t, be, dir, 0, &e);
         T_CHECK(rc == cases[i].code && strstr(e.msg, cases[i].word), "%s: rc %d: %s", cases[i].args,
                 rc, e.msg);
+        T_CHECK(!t, "no model on failure");
+        dfl_target_close(t);
+    }
+    /* hybrid models: missing or misshapen linear-attention tensors */
+    struct {
+        const char *args, *word;
+        int code;
+    } hy[] = {
+        {"--type qwen3_5 --omit model.language_model.layers.0.linear_attn.A_log",
+         "model.language_model.layers.0.linear_attn.A_log", DFL_EDATA},
+        {"--type qwen3_5_text --omit model.layers.1.linear_attn.conv1d.weight",
+         "model.layers.1.linear_attn.conv1d.weight", DFL_EDATA},
+        {"--type qwen3_5_text --wrong-shape model.layers.3.self_attn.q_proj.weight",
+         "model.layers.3.self_attn.q_proj.weight", DFL_EMISMATCH},
+        {"--type qwen3_5 --omit model.language_model.layers.2.linear_attn.in_proj_z.weight",
+         "in_proj_z", DFL_EDATA},
+    };
+    for (size_t i = 0; i < DFL_ARRAY_LEN(hy); i++) {
+        char args[512];
+        snprintf(args, sizeof args, "--layers 4 %s", hy[i].args);
+        if (!mkmodel(dir, args))
+            continue;
+        dfl_target *t = NULL;
+        int rc = dfl_target_open(&t, be, dir, 0, &e);
+        T_CHECK(rc == hy[i].code && strstr(e.msg, hy[i].word), "%s: rc %d: %s", hy[i].args, rc, e.msg);
         T_CHECK(!t, "no model on failure");
         dfl_target_close(t);
     }
@@ -734,6 +855,10 @@ static void test_packed_generated(void)
     packed_equals_alone("--type qwen3 --layers 3 --heads 4 --kv-heads 2 --attention-bias");
     packed_equals_alone("--type llama --layers 3 --heads 4 --kv-heads 1 --attention-bias --mlp-bias --dtype f16");
     packed_equals_alone("--type qwen2 --layers 3 --heads 8 --kv-heads 2 --dtype f32 --tied");
+    /* hybrid: the conv window and the delta rule's state restart with each sequence */
+    packed_equals_alone("--type qwen3_5 --layers 4 --shards 3");
+    packed_equals_alone("--type qwen3_5_text --layers 3 --interval 3 --lin-k-heads 1 --lin-v-heads 3 "
+                        "--lin-k-dim 8 --lin-v-dim 24 --conv 2 --dtype f32 --tied");
 }
 
 /* ---- the program ---- */
@@ -863,6 +988,7 @@ int main(int argc, char **argv)
     T_RUN(test_config_oracle);
     T_RUN(test_config_spellings);
     T_RUN(test_config_unsupported);
+    T_RUN(test_config_qwen35);
     T_RUN(test_auto_layers);
     T_RUN(test_fingerprint);
     T_RUN(test_bad_models);
