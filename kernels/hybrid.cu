@@ -375,6 +375,8 @@ gated_delta_kernel(const T *q, const T *k, int64_t ldqk, const T *v, int64_t ldv
             int i = e / GD_DVB;
             U[e] = beta[i] * (U[e] - expf(cg[i]) * W[e]);
         }
+        if (tid < L)
+            gr[tid] = expf(cg[L - 1] - cg[tid]); /* the raw g is no longer needed */
         __syncthreads();
         /* d */
         if (warp == 0) {
@@ -411,7 +413,7 @@ gated_delta_kernel(const T *q, const T *k, int64_t ldqk, const T *v, int64_t ldv
             int x = e / GD_DVB, c = e % GD_DVB;
             float acc = eL * S[e];
             for (int i = 0; i < L; i++)
-                acc += Ks[i * dkp + x] * expf(cg[L - 1] - cg[i]) * U[i * GD_DVB + c];
+                acc += Ks[i * dkp + x] * gr[i] * U[i * GD_DVB + c];
             S[e] = acc;
         }
         __syncthreads();
@@ -430,6 +432,10 @@ int cuda_gated_delta(dfl_be *be, const dfl_gated_delta *g)
     if (g->chunk != GD_C)
         return cuda_op_fail(be, DFL_EUNSUP, "gated delta rule: chunk %d (CUDA runs chunks of %d)",
                             g->chunk, GD_C);
+    size_t smem = gd_smem(g->dk);
+    if (smem > cuda_of(be)->smem_optin)
+        return cuda_op_fail(be, DFL_EUNSUP, "gated delta rule: key head dim %d needs %zu bytes of "
+                            "shared memory (the GPU has %zu)", g->dk, smem, cuda_of(be)->smem_optin);
     if (g->T <= 0 || g->n_seqs <= 0)
         return 0;
     if ((int64_t)g->n_seqs * g->Hv > INT32_MAX)
@@ -438,10 +444,6 @@ int cuda_gated_delta(dfl_be *be, const dfl_gated_delta *g)
     int rc = cuda_enter(be);
     if (rc)
         return rc;
-    size_t smem = gd_smem(g->dk);
-    if (smem > cuda_of(be)->smem_optin)
-        return cuda_op_fail(be, DFL_EUNSUP, "gated delta rule: key head dim %d needs %zu bytes of "
-                            "shared memory (the GPU has %zu)", g->dk, smem, cuda_of(be)->smem_optin);
     cudaStream_t s = cuda_of(be)->stream;
     dim3 grid((unsigned)(g->n_seqs * g->Hv), (unsigned)(g->dv / GD_DVB));
     cudaError_t err;

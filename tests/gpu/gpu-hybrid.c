@@ -16,6 +16,7 @@
 
 #include "backend.h"
 #include "dtype.h"
+#include "util.h"
 #include "../unit/t.h"
 
 #ifdef DFL_CUDA
@@ -247,7 +248,8 @@ static void test_delta(dfl_dtype act)
 {
     if (!open_gpu(act))
         return;
-    const int32_t lens[] = {1, 63, 64, 65, 5000};
+    /* DFL_GPU_QUICK (for compute-sanitizer runs): 300 tokens instead of 5000 */
+    const int32_t lens[] = {1, 63, 64, 65, getenv("DFL_GPU_QUICK") ? 300 : 5000};
     struct { int Hk, Hv, dk, dv; } cases[] = {
         {1, 1, 128, 128}, {2, 6, 128, 128}, {2, 4, 64, 64}, {1, 3, 64, 128}, {2, 2, 32, 32},
     };
@@ -263,6 +265,64 @@ static void test_delta(dfl_dtype act)
     T_CHECK(gpu_be->ops->gated_delta(gpu_be, &bad) == DFL_EUNSUP, "dk 512 refused");
     T_CHECK(gpu_be->ops->sync(gpu_be, &e) == DFL_EUNSUP && strstr(e.msg, "key head dim 512"),
             "message: %s", e.msg);
+}
+
+/* The delta rule at the Qwen3.5-27B shape (16 key / 48 value heads of 128, bf16), 8 sequences
+ * of 2048 tokens: time per call and model FLOP/s. FLOPs counted per value head and chunk of L
+ * tokens as the chunked algorithm's essential products: the lower triangles of K K^T and Q K^T
+ * (2 L^2 dk), the triangular solve and the intra-chunk Aqk Vn (2 L^2 dv), and K S, Q S and the
+ * state update K^T Vn (6 L dk dv); the kernel's recomputation of K K^T and Q K^T for each slice of
+ * 32 value columns is not counted. No assertion beyond a finite result: a figure for the report. */
+static void test_delta_speed_27b(void)
+{
+    if (!dfl_be_cuda_available())
+        T_SKIP("no CUDA GPU");
+    if (getenv("DFL_GPU_QUICK"))
+        T_SKIP("DFL_GPU_QUICK");
+    if (!open_gpu(DFL_BF16))
+        return;
+    const int Hk = 16, Hv = 48, dk = 128, dv = 128, S = 8, Ls = 2048, L = 64;
+    int64_t T = (int64_t)S * Ls, ldqk = 2 * Hk * dk + Hv * dv, ldab = 2 * Hv, ldo = (int64_t)Hv * dv;
+    int32_t cu[9];
+    for (int s = 0; s <= S; s++)
+        cu[s] = s * Ls;
+    float *x = vals((size_t)(T * ldqk), 0.05f, 0.0f, DFL_BF16), *ab = vals((size_t)(T * ldab), 1.0f, 0.0f, DFL_BF16);
+    float *A_log = vals((size_t)Hv, 0.5f, 0.0f, DFL_F32), *dtb = vals((size_t)Hv, 0.5f, 0.0f, DFL_F32);
+    gbuf gq, gab, gA, gd, go, gcu;
+    if (dev(&gq, x, (size_t)(T * ldqk), DFL_BF16) && dev(&gab, ab, (size_t)(T * ldab), DFL_BF16) &&
+        dev(&gA, A_log, (size_t)Hv, DFL_F32) && dev(&gd, dtb, (size_t)Hv, DFL_F32) &&
+        dev(&go, NULL, (size_t)(T * ldo), DFL_BF16) && gb_alloc(&gcu, gpu_be, 9, DFL_I32)) {
+        gb_set_raw(&gcu, cu);
+        dfl_gated_delta d = {
+            .q = gq.p, .k = gq.p + (size_t)Hk * dk * 2, .ldqk = ldqk, .v = gq.p + (size_t)2 * Hk * dk * 2,
+            .ldv = ldqk, .b = gab.p, .a = gab.p + (size_t)Hv * 2, .ldab = ldab,
+            .A_log = (const float *)gA.p, .dt_bias = (const float *)gd.p, .o = go.p, .ldo = ldo,
+            .cu_seqlens = (const int32_t *)gcu.p, .n_seqs = S, .max_len = Ls, .T = T, .Hk = Hk,
+            .Hv = Hv, .dk = dk, .dv = dv, .chunk = 64,
+        };
+        T_CHECK(gpu_be->ops->gated_delta(gpu_be, &d) == 0, "warm-up");
+        sync_ok(gpu_be, "warm-up");
+        const int reps = 5;
+        double t0 = dfl_now();
+        for (int i = 0; i < reps; i++)
+            gpu_be->ops->gated_delta(gpu_be, &d);
+        sync_ok(gpu_be, "timed");
+        double sec = (dfl_now() - t0) / reps;
+        double flops = (double)Hv * (double)(T / L) *
+                       (2.0 * L * L * dk + 2.0 * L * L * dv + 6.0 * L * dk * dv);
+        float *got = xmalloc((size_t)(T * ldo) * 4);
+        gb_get(&go, got);
+        bool finite = true;
+        for (int64_t i = 0; i < T * ldo; i++)
+            finite &= isfinite(got[i]);
+        T_CHECK(finite, "finite output");
+        printf("# gated delta rule, Qwen3.5-27B shape (Hk 16, Hv 48, dk = dv = 128, bf16), 8 x 2048 "
+               "tokens: %.3f ms per layer, %.1f TFLOP/s (%.2f GFLOP)\n", sec * 1e3, flops / sec / 1e12,
+               flops / 1e9);
+        free(got);
+    }
+    gb_free(&gq); gb_free(&gab); gb_free(&gA); gb_free(&gd); gb_free(&go); gb_free(&gcu);
+    free(x); free(ab); free(A_log); free(dtb);
 }
 
 static void test_delta_bf16(void) { if (!dfl_be_cuda_available()) T_SKIP("no CUDA GPU"); test_delta(DFL_BF16); }
@@ -284,6 +344,7 @@ int main(int argc, char **argv)
     T_RUN(test_small_ops_f32);
     T_RUN(test_delta_f32);
     T_RUN(test_delta_bf16);
+    T_RUN(test_delta_speed_27b);
     dfl_be_close(gpu_be);
     dfl_be_close(cpu_be);
 #else

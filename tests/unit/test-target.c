@@ -615,8 +615,9 @@ static void final_vs_ref(dfl_target *t, const char *dir, const ref *r, int s, co
 }
 
 /* The library forward on the CPU against a reference directory: each sequence alone, then all
- * packed into one batch (in reverse order, so that packing offsets differ). */
-static void forward_vs_ref(const char *dir)
+ * packed into one batch (in reverse order, so that packing offsets differ). fuse: the residual
+ * adds in the GEMMs' epilogues (beta = 1), as the CUDA backend runs them. */
+static void forward_vs_ref_ex(const char *dir, bool fuse)
 {
     dfl_err e = {0};
     ref r;
@@ -632,6 +633,7 @@ static void forward_vs_ref(const char *dir)
         T_CHECK(0, "%s: %s", dir, e.msg);
         goto out;
     }
+    t->fuse_residual = fuse;
     int64_t H = t->cfg.hidden_size, total = 0;
     int K = r.n_layers;
     T_EQ_INT(K, t->cfg.n_layers, "reference has every layer");
@@ -723,6 +725,8 @@ out:
     dfl_st_close(r.f);
 }
 
+static void forward_vs_ref(const char *dir) { forward_vs_ref_ex(dir, false); }
+
 static void test_forward_qwen3_oracle(void)
 {
     const char *o = t_oracle();
@@ -741,6 +745,7 @@ static void test_forward_qwen35_oracle(void)
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/qwen35-tiny-a", o);
     forward_vs_ref(dir);
+    forward_vs_ref_ex(dir, true); /* the layer sequence CUDA runs */
 }
 
 static const char *fixture(const char *name)
