@@ -130,6 +130,16 @@ tokens_frame_offset() {
     done
 }
 
+@test "hybrid qwen3_5: dfl-draft trains on its hidden states (embedding under model.language_model.)" {
+    "$DFL_TOOLS/mktarget" -o "$BATS_TEST_TMPDIR/h" --type qwen3_5 --hidden 32 --heads 4 \
+        --kv-heads 2 --intermediate 64 --vocab 128 --layers 8
+    dfl-target -q -m "$BATS_TEST_TMPDIR/h" "$D/big.dfl" |
+        dfl-draft -q -t "$BATS_TEST_TMPDIR/h" -o "$BATS_TEST_TMPDIR/run" --mask-token-id 127 \
+            --block-size 4 --num-anchors 8 --min-ready 1 --total-steps 4 -
+    [ -f "$BATS_TEST_TMPDIR/run/latest/model.safetensors" ]
+    run -0 grep -c '"step"' "$BATS_TEST_TMPDIR/run/metrics.jsonl"
+}
+
 @test "writes a hidden-state stream: header, one batch per input batch, ids and mask carried" {
     dfl-target -q -m "$D/m4" --layers 0,2 "$D/tok3.dfl" >"$BATS_TEST_TMPDIR/o.dfl"
     run hsdump "$BATS_TEST_TMPDIR/o.dfl"
