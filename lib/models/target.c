@@ -1,7 +1,11 @@
 /* target.c: the target model on a backend: loading (checked tensor table, host conversion to
  * the backend's weight dtype, fused q|k|v and gate|up matrices), activation buffers, and the
- * packed variable-length prefill forward that captures chosen layers (see target.h). */
+ * packed variable-length prefill forward that captures chosen layers (see target.h): one
+ * layer_forward per decoder layer, its mixer dispatched on the layer's kind (dense or gated
+ * attention here, Gated DeltaNet in gdn.c). */
 #include "target.h"
+
+#include "target_fwd.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -16,7 +20,6 @@
 /* ---- loading ---- */
 
 #define STAGE_ELEMS ((size_t)1 << 22) /* host staging for conversion: 4M elements */
-#define GDN_CHUNK 64                   /* chunk of the gated delta rule */
 
 typedef struct loader {
     dfl_target *t;
@@ -88,21 +91,6 @@ typedef struct layer_src {
     const dfl_st_tensor *in_qkv, *in_z, *in_b, *in_a, *conv, *A_log, *dt_bias, *gnorm, *out;
 } layer_src;
 
-/* Sizes of a Gated DeltaNet layer. */
-typedef struct gdn_dims {
-    int64_t key_dim, value_dim, conv_dim, n_in; /* n_in: rows of the fused in-projection */
-} gdn_dims;
-
-static gdn_dims gdn_dims_of(const dfl_hf_config *c)
-{
-    gdn_dims g;
-    g.key_dim = c->lin_k_heads * c->lin_k_dim;
-    g.value_dim = c->lin_v_heads * c->lin_v_dim;
-    g.conv_dim = 2 * g.key_dim + g.value_dim;
-    g.n_in = g.conv_dim + g.value_dim + 2 * c->lin_v_heads;
-    return g;
-}
-
 static int find_layer(const dfl_st_model *m, const char *prefix, const dfl_hf_config *c, int64_t l,
                       layer_src *s, dfl_err *e)
 {
@@ -119,7 +107,7 @@ static int find_layer(const dfl_st_model *m, const char *prefix, const dfl_hf_co
     GET(s->ln1, 1, H, 0, "input_layernorm.weight");
     GET(s->ln2, 1, H, 0, "post_attention_layernorm.weight");
     if (kind == DFL_LAYER_GDN) {
-        gdn_dims g = gdn_dims_of(c);
+        dfl_gdn_dims g = dfl_gdn_dims_of(c);
         int64_t Hv = c->lin_v_heads;
         GET(s->in_qkv, 2, g.conv_dim, H, "linear_attn.in_proj_qkv.weight");
         GET(s->in_z, 2, g.value_dim, H, "linear_attn.in_proj_z.weight");
@@ -187,7 +175,7 @@ static int load_layer(loader *L, const layer_src *s, dfl_target_layer *w, int64_
     ALLOC(w->ln2, H, wdt);
     PUT(w->ln2, 0, wdt, s->ln2);
     if (w->kind == DFL_LAYER_GDN) {
-        gdn_dims g = gdn_dims_of(c);
+        dfl_gdn_dims g = dfl_gdn_dims_of(c);
         int64_t Hv = c->lin_v_heads;
         ALLOC(w->w_in, g.n_in * H, wdt);
         PUT(w->w_in, 0, wdt, s->in_qkv);
@@ -269,7 +257,7 @@ static int check_gdn_sizes(dfl_target *t, const char *dir, dfl_err *e)
 {
     const dfl_hf_config *c = &t->cfg;
     dfl_gated_delta g = {.Hk = (int)c->lin_k_heads, .Hv = (int)c->lin_v_heads,
-                         .dk = (int)c->lin_k_dim, .dv = (int)c->lin_v_dim, .chunk = GDN_CHUNK};
+                         .dk = (int)c->lin_k_dim, .dv = (int)c->lin_v_dim, .chunk = DFL_GDN_CHUNK};
     int rc = t->be->ops->gated_delta(t->be, &g);
     dfl_err se = {0};
     t->be->ops->sync(t->be, &se); /* takes the backend's recorded message, if any */
@@ -452,7 +440,7 @@ static bool ws_plan_of(const dfl_target *t, int64_t max_tokens, int64_t max_seqs
         nqkv += nq; /* gated attention: the gates */
     int64_t w1 = nqkv > 2 * I ? nqkv : 2 * I, w2 = nq > I ? nq : I, wl = 0;
     if (c->n_linear) {
-        gdn_dims g = gdn_dims_of(c);
+        dfl_gdn_dims g = dfl_gdn_dims_of(c);
         w1 = g.n_in > w1 ? g.n_in : w1;
         w2 = g.conv_dim > w2 ? g.conv_dim : w2;
         wl = g.value_dim;
@@ -587,15 +575,9 @@ int32_t dfl_target_positions(const dfl_batch *b, int32_t *pos, int32_t *cu)
     return max_len;
 }
 
-/* Element pointer arithmetic on act buffers. */
-static inline void *at(const void *p, int64_t elems, dfl_dtype dt)
-{
-    return (char *)p + (size_t)elems * dfl_dtype_size(dt);
-}
-
 /* C [T, N] (act) = A [T, K] (act) W^T (+ bias) (+ C when accumulate), W [N, K] (w). */
-static int linear(dfl_be *be, void *C, const void *A, const void *W, const float *bias, int64_t T,
-                  int64_t N, int64_t K, bool accumulate)
+int dfl_target_linear(dfl_be *be, void *C, const void *A, const void *W, const float *bias,
+                      int64_t T, int64_t N, int64_t K, bool accumulate)
 {
     dfl_mm m = {
         .M = T, .N = N, .K = K,
@@ -605,6 +587,17 @@ static int linear(dfl_be *be, void *C, const void *A, const void *W, const float
         .alpha = 1.0f, .beta = accumulate ? 1.0f : 0.0f, .bias = bias,
     };
     return be->ops->matmul(be, &m);
+}
+
+int dfl_target_residual_linear(const dfl_target_fwd *f, const void *A, const void *W,
+                               const float *bias, int64_t K)
+{
+    dfl_be *be = f->t->be;
+    int64_t H = f->t->cfg.hidden_size;
+    if (f->t->fuse_residual)
+        return dfl_target_linear(be, f->ws->h, A, W, bias, f->T, H, K, true);
+    int rc = dfl_target_linear(be, f->ws->delta, A, W, bias, f->T, H, K, false);
+    return rc ? rc : be->ops->add(be, f->ws->h, f->ws->delta, f->T * H);
 }
 
 int dfl_target_forward(dfl_target *t, dfl_target_ws *ws, const dfl_batch *b, int n_caps,
@@ -631,17 +624,8 @@ int dfl_target_forward(dfl_target *t, dfl_target_ws *ws, const dfl_batch *b, int
     return dfl_target_forward_staged(t, ws, b->index, T, S, max_len, n_caps, layers, cap_dt, caps, e);
 }
 
-/* The pieces of a layer's forward. ws->h holds the residual stream; each mixer and the MLP add
- * their output to it (in the GEMM's epilogue when t->fuse_residual, else through ws->delta). */
-typedef struct fwd {
-    dfl_target *t;
-    dfl_target_ws *ws;
-    int64_t T, S;
-    int32_t max_len;
-} fwd;
-
 /* The decoder norm: ordinary or zero-centred (qwen3_5) RMSNorm of h into x. */
-static int norm(const fwd *f, const void *w)
+static int norm(const dfl_target_fwd *f, const void *w)
 {
     dfl_be *be = f->t->be;
     const dfl_hf_config *c = &f->t->cfg;
@@ -651,20 +635,9 @@ static int norm(const fwd *f, const void *w)
     return be->ops->rmsnorm(be, f->ws->x, NULL, f->ws->h, w, f->T, c->hidden_size, eps);
 }
 
-/* h += A [T, K] W^T (+ bias), W [H, K]. */
-static int residual_linear(const fwd *f, const void *A, const void *W, const float *bias, int64_t K)
-{
-    dfl_be *be = f->t->be;
-    int64_t H = f->t->cfg.hidden_size;
-    if (f->t->fuse_residual)
-        return linear(be, f->ws->h, A, W, bias, f->T, H, K, true);
-    int rc = linear(be, f->ws->delta, A, W, bias, f->T, H, K, false);
-    return rc ? rc : be->ops->add(be, f->ws->h, f->ws->delta, f->T * H);
-}
-
 /* Causal attention over x: dense (q/k norm where the model has it, RoPE) or gated (zero-centred
  * q/k norm, partial RoPE, output * sigmoid(gate)). */
-static int attention(const fwd *f, const dfl_target_layer *w)
+static int attention(const dfl_target_fwd *f, const dfl_target_layer *w)
 {
     dfl_target *t = f->t;
     dfl_be *be = t->be;
@@ -681,24 +654,24 @@ static int attention(const fwd *f, const dfl_target_layer *w)
     void *qkv = ws->big1;   /* [T, nqkv] */
     void *att = ws->big2;   /* [T, nq] */
     int rc;
-    if ((rc = linear(be, qkv, ws->x, w->wqkv, w->bqkv, T, nqkv, H, false)))
+    if ((rc = dfl_target_linear(be, qkv, ws->x, w->wqkv, w->bqkv, T, nqkv, H, false)))
         return rc;
     if (gated) {
         if ((rc = ops->qknorm_rope_partial(be, qkv, nqkv, w->q_norm, ws->pos, T, (int)c->n_heads,
                                            (int)d, (int)c->rot_dim, eps, theta)) ||
-            (rc = ops->qknorm_rope_partial(be, at(qkv, qw, act), nqkv, w->k_norm, ws->pos, T,
+            (rc = ops->qknorm_rope_partial(be, dfl_act_at(qkv, qw, act), nqkv, w->k_norm, ws->pos, T,
                                            (int)c->n_kv_heads, (int)d, (int)c->rot_dim, eps, theta)))
             return rc;
     } else if ((rc = ops->qknorm_rope(be, qkv, nqkv, NULL, w->q_norm, ws->pos, T, (int)c->n_heads,
                                       (int)d, eps, theta)) ||
-               (rc = ops->qknorm_rope(be, at(qkv, nq, act), nqkv, NULL, w->k_norm, ws->pos, T,
+               (rc = ops->qknorm_rope(be, dfl_act_at(qkv, nq, act), nqkv, NULL, w->k_norm, ws->pos, T,
                                       (int)c->n_kv_heads, (int)d, eps, theta))) {
         return rc;
     }
     dfl_attn_varlen a = {
         .q = qkv, .ldq = nqkv,
-        .k = at(qkv, qw, act), .ldk = nqkv,
-        .v = at(qkv, qw + nkv, act), .ldv = nqkv,
+        .k = dfl_act_at(qkv, qw, act), .ldk = nqkv,
+        .v = dfl_act_at(qkv, qw + nkv, act), .ldv = nqkv,
         .o = att, .ldo = nq,
         .cu_seqlens = ws->cu, .n_seqs = (int32_t)f->S, .max_len = f->max_len, .T = T,
         .n_heads = (int)c->n_heads, .n_kv = (int)c->n_kv_heads, .d = (int)d,
@@ -706,65 +679,27 @@ static int attention(const fwd *f, const dfl_target_layer *w)
     };
     if ((rc = ops->attn_varlen(be, &a)))
         return rc;
-    if (gated && (rc = ops->sigmoid_mul(be, att, nq, at(qkv, nq, act), nqkv, T, nq)))
+    if (gated && (rc = ops->sigmoid_mul(be, att, nq, dfl_act_at(qkv, nq, act), nqkv, T, nq)))
         return rc;
-    return residual_linear(f, att, w->wo, w->bo, nq);
+    return dfl_target_residual_linear(f, att, w->wo, w->bo, nq);
 }
 
-/* Gated DeltaNet over x (qwen3_5 linear_attention): in-projection, causal conv1d + SiLU per
- * sequence, L2-normalised q and k, the chunked gated delta rule, gated RMSNorm, out_proj. */
-static int gated_deltanet(const fwd *f, const dfl_target_layer *w)
-{
-    dfl_target *t = f->t;
-    dfl_be *be = t->be;
-    const dfl_be_ops *ops = be->ops;
-    const dfl_hf_config *c = &t->cfg;
-    dfl_target_ws *ws = f->ws;
-    gdn_dims g = gdn_dims_of(c);
-    int64_t H = c->hidden_size, T = f->T, Hv = c->lin_v_heads;
-    int Hk = (int)c->lin_k_heads, dk = (int)c->lin_k_dim, dv = (int)c->lin_v_dim;
-    dfl_dtype act = be->act;
-    void *in = ws->big1;    /* [T, n_in]: qkv | z | b | a */
-    void *qkv = ws->big2;   /* [T, conv_dim]: q | k | v after the conv */
-    int rc;
-    if ((rc = linear(be, in, ws->x, w->w_in, NULL, T, g.n_in, H, false)) ||
-        (rc = ops->conv1d_silu(be, qkv, g.conv_dim, in, g.n_in, w->conv_w, ws->pos, T, g.conv_dim,
-                               (int)c->lin_conv)) ||
-        (rc = ops->l2norm(be, qkv, g.conv_dim, T, Hk, dk, (float)(1.0 / sqrt((double)dk)), 1e-6f)) ||
-        (rc = ops->l2norm(be, at(qkv, g.key_dim, act), g.conv_dim, T, Hk, dk, 1.0f, 1e-6f)))
-        return rc;
-    dfl_gated_delta gd = {
-        .q = qkv, .k = at(qkv, g.key_dim, act), .ldqk = g.conv_dim,
-        .v = at(qkv, 2 * g.key_dim, act), .ldv = g.conv_dim,
-        .b = at(in, g.conv_dim + g.value_dim, act), .a = at(in, g.conv_dim + g.value_dim + Hv, act),
-        .ldab = g.n_in, .A_log = w->A_log, .dt_bias = w->dt_bias,
-        .o = ws->lin, .ldo = g.value_dim,
-        .cu_seqlens = ws->cu, .n_seqs = (int32_t)f->S, .max_len = f->max_len, .T = T,
-        .Hk = Hk, .Hv = (int)Hv, .dk = dk, .dv = dv, .chunk = GDN_CHUNK,
-    };
-    if ((rc = ops->gated_delta(be, &gd)) ||
-        (rc = ops->gated_rmsnorm(be, ws->lin, g.value_dim, at(in, g.conv_dim, act), g.n_in,
-                                 w->gdn_norm, T, (int)Hv, dv, (float)c->rms_norm_eps)))
-        return rc;
-    return residual_linear(f, ws->lin, w->w_out, NULL, g.value_dim);
-}
-
-static int mlp(const fwd *f, const dfl_target_layer *w)
+static int mlp(const dfl_target_fwd *f, const dfl_target_layer *w)
 {
     dfl_be *be = f->t->be;
     int64_t H = f->t->cfg.hidden_size, I = f->t->cfg.intermediate_size;
     void *gu = f->ws->big1;    /* [T, 2I] */
     void *mo = f->ws->big2;    /* [T, I] */
     int rc;
-    if ((rc = linear(be, gu, f->ws->x, w->wgu, w->bgu, f->T, 2 * I, H, false)) ||
+    if ((rc = dfl_target_linear(be, gu, f->ws->x, w->wgu, w->bgu, f->T, 2 * I, H, false)) ||
         (rc = be->ops->swiglu(be, mo, gu, f->T, I)))
         return rc;
-    return residual_linear(f, mo, w->wdown, w->bdown, I);
+    return dfl_target_residual_linear(f, mo, w->wdown, w->bdown, I);
 }
 
 /* One decoder layer: h = h + mixer(norm(h)); h = h + mlp(norm(h)). Leaves the layer's output in
  * ws->h. */
-static int layer_forward(const fwd *f, const dfl_target_layer *w)
+static int layer_forward(const dfl_target_fwd *f, const dfl_target_layer *w)
 {
     int rc;
     if ((rc = norm(f, w->ln1)))
@@ -772,7 +707,7 @@ static int layer_forward(const fwd *f, const dfl_target_layer *w)
     switch (w->kind) {
     case DFL_LAYER_ATTN:
     case DFL_LAYER_GATED_ATTN: rc = attention(f, w); break;
-    case DFL_LAYER_GDN: rc = gated_deltanet(f, w); break;
+    case DFL_LAYER_GDN: rc = dfl_gdn_forward(f, w); break;
     default: rc = DFL_EUNSUP;
     }
     if (rc || (rc = norm(f, w->ln2)))
@@ -803,7 +738,7 @@ int dfl_target_forward_staged(dfl_target *t, dfl_target_ws *ws, uint64_t index, 
 
     int64_t H = t->cfg.hidden_size;
     int last = layers[n_caps - 1], next = 0;
-    fwd f = {.t = t, .ws = ws, .T = T, .S = S, .max_len = max_len};
+    dfl_target_fwd f = {.t = t, .ws = ws, .T = T, .S = S, .max_len = max_len};
     be->rope_dtype = t->rope_dtype;
     if ((rc = ops->embedding(be, ws->h, ws->ids, t->embed, T, H)))
         goto fail;
@@ -834,7 +769,7 @@ int dfl_target_gemms(const dfl_target *t, const dfl_target_ws *ws, int64_t T, df
     const float *in_b = w->bqkv, *out_b = w->bo;
     int64_t n_in = nqkv, k_out = nq;
     if (w->kind == DFL_LAYER_GDN) {
-        gdn_dims g = gdn_dims_of(c);
+        dfl_gdn_dims g = dfl_gdn_dims_of(c);
         in_w = w->w_in;
         in_b = out_b = NULL;
         out_w = w->w_out;
