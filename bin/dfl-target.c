@@ -116,6 +116,27 @@ static int print_info(const char *dir, const dfl_hf_config *c, const int32_t *la
                           "vocab_size", (json_int_t)c->vocab_size, "rms_norm_eps", c->rms_norm_eps,
                           "rope_theta", c->rope_theta, "tie_word_embeddings", c->tie_word_embeddings,
                           "layers", ls, "fingerprint", fp);
+    /* what each layer is: attention, gated attention (qwen3_5 full_attention) or gated deltanet
+     * (qwen3_5 linear_attention) */
+    json_t *kinds = json_array();
+    for (int64_t i = 0; i < c->n_layers; i++)
+        json_array_append_new(kinds, json_string(dfl_layer_kind_name(c->layer_kind[i])));
+    if (v)
+        json_object_set_new(v, "layer_kinds", kinds);
+    else
+        json_decref(kinds);
+    if (v && c->arch == DFL_HF_QWEN35) {
+        json_object_set_new(v, "rotary_dims", json_integer(c->rot_dim));
+        if (c->n_linear)
+            json_object_set_new(v, "linear_attention",
+                                json_pack("{s:I,s:I,s:I,s:I,s:I,s:I}", "layers",
+                                          (json_int_t)c->n_linear, "num_key_heads",
+                                          (json_int_t)c->lin_k_heads, "key_head_dim",
+                                          (json_int_t)c->lin_k_dim, "num_value_heads",
+                                          (json_int_t)c->lin_v_heads, "value_head_dim",
+                                          (json_int_t)c->lin_v_dim, "conv_kernel_dim",
+                                          (json_int_t)c->lin_conv));
+    }
     char *s = v ? dfl_json_dump(v, 2) : NULL;
     json_decref(v);
     if (!s)

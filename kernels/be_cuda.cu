@@ -518,6 +518,14 @@ static void cuda_ops_fill(void)
     cuda_ops.swiglu = cuda_swiglu;
     cuda_ops.add = cuda_add;
     cuda_ops.attn_varlen = cuda_attn_varlen;
+    /* hybrid targets: hybrid.cu */
+    cuda_ops.rmsnorm_1p = cuda_rmsnorm_1p;
+    cuda_ops.qknorm_rope_partial = cuda_qknorm_rope_partial;
+    cuda_ops.sigmoid_mul = cuda_sigmoid_mul;
+    cuda_ops.conv1d_silu = cuda_conv1d_silu;
+    cuda_ops.l2norm = cuda_l2norm;
+    cuda_ops.gated_rmsnorm = cuda_gated_rmsnorm;
+    cuda_ops.gated_delta = cuda_gated_delta;
     /* drafter ops: train_ops.cu, dflash_attn.cu */
     cuda_ops.rmsnorm_bwd = cuda_rmsnorm_bwd;
     cuda_ops.qknorm_rope_bwd = cuda_qknorm_rope_bwd;

@@ -143,6 +143,20 @@ int cuda_attn_init(dfl_be *be, dfl_err *e);
 int cuda_attn_dim_index(int d);   /* 0, 1, 2 for 64, 128, 256; -1 otherwise */
 int cuda_attn_n_variants(int d);
 
+/* ---- hybrid targets (hybrid.cu) ---- */
+int cuda_rmsnorm_1p(dfl_be *be, void *y, const void *x, const void *w, int64_t R, int64_t n,
+                    float eps);
+int cuda_qknorm_rope_partial(dfl_be *be, void *x, int64_t ld, const void *w, const int32_t *pos,
+                             int64_t R, int heads, int d, int rot, float eps, float theta);
+int cuda_sigmoid_mul(dfl_be *be, void *x, int64_t ldx, const void *g, int64_t ldg, int64_t R,
+                     int64_t n);
+int cuda_conv1d_silu(dfl_be *be, void *y, int64_t ldy, const void *x, int64_t ldx, const void *w,
+                     const int32_t *pos, int64_t T, int64_t C, int K);
+int cuda_l2norm(dfl_be *be, void *x, int64_t ld, int64_t R, int heads, int d, float scale, float eps);
+int cuda_gated_rmsnorm(dfl_be *be, void *x, int64_t ldx, const void *z, int64_t ldz, const void *w,
+                       int64_t R, int heads, int d, float eps);
+int cuda_gated_delta(dfl_be *be, const dfl_gated_delta *g);
+
 /* ---- drafter ops (train_ops.cu, dflash_attn.cu) ---- */
 int cuda_rmsnorm_bwd(dfl_be *be, void *dx, float *dw, const void *dy, const void *x, const void *w,
                      const float *rstd, int64_t R, int64_t n, bool accumulate_dx);

@@ -56,6 +56,36 @@ typedef struct dfl_attn_varlen {
     float scale;                 /* usually d^-0.5 */
 } dfl_attn_varlen;
 
+/* The gated delta rule of a Gated DeltaNet layer (Qwen3.5 / Qwen3.6 linear attention) over packed
+ * sequences, per value head j (key head j / (Hv / Hk)), with state S [dk, dv] starting at zero for
+ * every sequence:
+ *   g_t = -exp(A_log[j]) * softplus(a[t, j] + dt_bias[j]),  beta_t = sigmoid(b[t, j])
+ *   S = exp(g_t) S;  S += k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T q_t
+ * (softplus(x) = x above 20, as torch). q and k are used as given (the caller L2-normalises them
+ * and scales q). chunk == 0: the token-by-token recurrence (CPU only: the test oracle); chunk > 0:
+ * the chunked form (WY representation within chunks of `chunk` tokens of a sequence, one pass
+ * over the chunks carrying S), the one the target forward uses. A call with T == 0 only checks
+ * that the backend supports the sizes (DFL_EUNSUP with a message otherwise). */
+typedef struct dfl_gated_delta {
+    const void *q, *k; int64_t ldqk;   /* act [T, Hk*dk] (row stride ldqk) */
+    const void *v; int64_t ldv;        /* act [T, Hv*dv] */
+    const void *a, *b; int64_t ldab;   /* act [T, Hv]: in_proj_a x, in_proj_b x */
+    const float *A_log, *dt_bias;      /* [Hv] f32 */
+    void *o; int64_t ldo;              /* act [T, Hv*dv] */
+    const int32_t *cu_seqlens;         /* [n_seqs + 1] backend memory */
+    int32_t n_seqs, max_len;
+    int64_t T;
+    int Hk, Hv, dk, dv;
+    int chunk;
+} dfl_gated_delta;
+
+/* softplus as torch computes it (threshold 20) and the two gates of dfl_gated_delta. */
+static inline float dfl_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+static inline float dfl_gdn_g(float a, float A_log, float dt_bias)
+{
+    return -expf(A_log) * dfl_softplus(a + dt_bias);
+}
+
 /* DFlash drafter attention (doc/dflash-step.md section 3, steps 3-5) over a packed batch.
  * Block b (0..n_blocks-1) has bs query slots at rows b*bs .. b*bs+bs-1 of q / k_blk / v_blk / o.
  * Its queries attend to context rows ctx_start[b] .. ctx_start[b] + anchor[b] - 1 of k_ctx/v_ctx
@@ -281,6 +311,36 @@ typedef struct dfl_be_ops {
     /* y[n] += x[n] (act) */
     int (*add)(dfl_be *be, void *y, const void *x, int64_t n);
     int (*attn_varlen)(dfl_be *be, const dfl_attn_varlen *a);
+
+    /* hybrid targets (Qwen3.5 / Qwen3.6; CPU: lib/backends/be_cpu_hybrid.c, CUDA:
+     * kernels/hybrid.cu) */
+    /* zero-centred RMSNorm: y = x / sqrt(mean(x^2) + eps) * (1 + w) over rows of n, (1 + w) in
+     * f32. y may equal x. */
+    int (*rmsnorm_1p)(dfl_be *be, void *y, const void *x, const void *w, int64_t R, int64_t n,
+                      float eps);
+    /* In place on x [R, ld] (heads at columns [h*d, (h+1)*d)): per-head zero-centred RMSNorm
+     * with w [d] (1 + w), then RoPE rotate-half on the first rot dims of each head with
+     * position pos[r] (inv_freq = 1/theta^(2i/rot), rounded as for qknorm_rope); dims rot..d-1
+     * pass through. */
+    int (*qknorm_rope_partial)(dfl_be *be, void *x, int64_t ld, const void *w, const int32_t *pos,
+                               int64_t R, int heads, int d, int rot, float eps, float theta);
+    /* x[r, i] *= sigmoid(g[r, i]) for i < n; x [R, ldx], g [R, ldg] (act) */
+    int (*sigmoid_mul)(dfl_be *be, void *x, int64_t ldx, const void *g, int64_t ldg, int64_t R,
+                       int64_t n);
+    /* Depthwise causal conv1d then SiLU, per sequence: y[t, c] = silu(sum_{j<K, p_t-j >= 0}
+     * w[c, K-1-j] x[t-j, c]) with p_t = pos[t] (the position within its sequence: the window
+     * never crosses into the previous sequence). x [T, ldx], y [T, ldy] (act, y != x), w [C, K]
+     * (w dtype). */
+    int (*conv1d_silu)(dfl_be *be, void *y, int64_t ldy, const void *x, int64_t ldx,
+                       const void *w, const int32_t *pos, int64_t T, int64_t C, int K);
+    /* In place on x [R, ld], heads of d at [h*d, (h+1)*d): x = x / sqrt(sum x^2 + eps) * scale */
+    int (*l2norm)(dfl_be *be, void *x, int64_t ld, int64_t R, int heads, int d, float scale,
+                  float eps);
+    /* Gated RMSNorm, in place on x [R, ldx], heads of d: x = w * rmsnorm(x) * silu(z) per head;
+     * z [R, ldz] (act), w [d] (w dtype) */
+    int (*gated_rmsnorm)(dfl_be *be, void *x, int64_t ldx, const void *z, int64_t ldz,
+                         const void *w, int64_t R, int heads, int d, float eps);
+    int (*gated_delta)(dfl_be *be, const dfl_gated_delta *a);
 
     /* drafter */
     int (*dflash_attn)(dfl_be *be, const dfl_dflash_attn *a);

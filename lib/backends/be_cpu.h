@@ -1,5 +1,6 @@
 /* be_cpu.h: internal to the CPU backend: the op functions, split over be_cpu.c (memory,
- * conversions, matmul), be_cpu_ops.c (forward ops of the target model) and be_cpu_train.c (the
+ * conversions, matmul), be_cpu_ops.c (forward ops of the target model), be_cpu_hybrid.c (the
+ * ops of hybrid targets) and be_cpu_train.c (the
  * drafter's ops and backward ops). fp32 compute; OpenMP over rows. */
 #ifndef DFL_BE_CPU_H
 #define DFL_BE_CPU_H
@@ -21,6 +22,21 @@ int dfl_cpu_qknorm_rope(dfl_be *be, void *x, int64_t ld, float *rstd, const void
 int dfl_cpu_swiglu(dfl_be *be, void *out, const void *gu, int64_t R, int64_t I);
 int dfl_cpu_add(dfl_be *be, void *y, const void *x, int64_t n);
 int dfl_cpu_attn_varlen(dfl_be *be, const dfl_attn_varlen *a);
+
+/* be_cpu_hybrid.c */
+int dfl_cpu_rmsnorm_1p(dfl_be *be, void *y, const void *x, const void *w, int64_t R, int64_t n,
+                       float eps);
+int dfl_cpu_qknorm_rope_partial(dfl_be *be, void *x, int64_t ld, const void *w, const int32_t *pos,
+                                int64_t R, int heads, int d, int rot, float eps, float theta);
+int dfl_cpu_sigmoid_mul(dfl_be *be, void *x, int64_t ldx, const void *g, int64_t ldg, int64_t R,
+                        int64_t n);
+int dfl_cpu_conv1d_silu(dfl_be *be, void *y, int64_t ldy, const void *x, int64_t ldx,
+                        const void *w, const int32_t *pos, int64_t T, int64_t C, int K);
+int dfl_cpu_l2norm(dfl_be *be, void *x, int64_t ld, int64_t R, int heads, int d, float scale,
+                   float eps);
+int dfl_cpu_gated_rmsnorm(dfl_be *be, void *x, int64_t ldx, const void *z, int64_t ldz,
+                          const void *w, int64_t R, int heads, int d, float eps);
+int dfl_cpu_gated_delta(dfl_be *be, const dfl_gated_delta *a);
 
 /* be_cpu_train.c */
 int dfl_cpu_rmsnorm_bwd(dfl_be *be, void *dx, float *dw, const void *dy, const void *x,

@@ -1,4 +1,4 @@
-/* hfmodel.c: config.json parsing for qwen3 / llama / qwen2 targets, the model fingerprint, and
+/* hfmodel.c: config.json parsing for qwen3 / llama / qwen2 / qwen3_5 targets, the model fingerprint, and
  * the default choice of captured layers (see hfmodel.h). */
 #include "hfmodel.h"
 
@@ -34,7 +34,8 @@ static const char *const moe_keys[] = {"num_experts", "num_local_experts", "n_ro
                                        "num_experts_per_tok", "moe_intermediate_size",
                                        "n_shared_experts"};
 
-static int check_rope_type(const json_t *obj, const char *where, const char *what, dfl_err *e)
+static int check_rope_type(const json_t *obj, const char *where, bool partial_ok, const char *what,
+                           dfl_err *e)
 {
     const char *keys[] = {"rope_type", "type"};
     for (size_t i = 0; i < DFL_ARRAY_LEN(keys); i++) {
@@ -48,9 +49,135 @@ static int check_rope_type(const json_t *obj, const char *where, const char *wha
                             "(only rope_type 'default')", what, where, keys[i], json_string_value(t));
     }
     json_t *f = json_object_get(obj, "partial_rotary_factor");
-    if (f && !json_is_null(f) && !(json_is_number(f) && json_number_value(f) == 1.0))
+    if (!partial_ok && f && !json_is_null(f) && !(json_is_number(f) && json_number_value(f) == 1.0))
         return dfl_fail(e, DFL_EUNSUP, "%s: %s.partial_rotary_factor is not supported (only 1.0)",
                         what, where);
+    return DFL_OK;
+}
+
+const char *dfl_layer_kind_name(int kind)
+{
+    switch (kind) {
+    case DFL_LAYER_ATTN: return "attention";
+    case DFL_LAYER_GATED_ATTN: return "gated attention";
+    case DFL_LAYER_GDN: return "gated deltanet";
+    default: return "unknown";
+    }
+}
+
+/* The largest conv kernel and value/key head ratio the backends' kernels take. */
+#define DFL_GDN_MAX_CONV 8
+
+/* qwen3_5 (Qwen3_5ForConditionalGeneration): the text model is text_config (model_type
+ * qwen3_5_text); the top level may carry the dtype and quantization_config. */
+static int parse_qwen35_wrapper(const json_t *cfg, const char *what, dfl_hf_config *c, dfl_err *e)
+{
+    json_t *tc = json_object_get(cfg, "text_config");
+    if (!tc || !json_is_object(tc))
+        return dfl_fail(e, DFL_EDATA, "%s: model_type 'qwen3_5' needs a text_config object", what);
+    json_t *q = json_object_get(cfg, "quantization_config");
+    if (q && !json_is_null(q))
+        return dfl_fail(e, DFL_EUNSUP, "%s: quantization_config is set: quantized weights are not "
+                        "supported (use bf16, f16 or f32 weights)", what);
+    json_t *tmt = json_object_get(tc, "model_type");
+    if (tmt && !(json_is_string(tmt) && strcmp(json_string_value(tmt), "qwen3_5_text") == 0))
+        return dfl_fail(e, DFL_EUNSUP, "%s: text_config.model_type is %s%s%s: only qwen3_5_text is "
+                        "supported", what, json_is_string(tmt) ? "'" : "",
+                        json_is_string(tmt) ? json_string_value(tmt) : "not a string",
+                        json_is_string(tmt) ? "'" : "");
+    char sub[4200];
+    snprintf(sub, sizeof sub, "%s: text_config", what);
+    json_t *copy = json_deep_copy(tc);
+    if (!copy)
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    json_object_set_new(copy, "model_type", json_string("qwen3_5_text"));
+    /* the load dtype is usually given at the top level only */
+    const char *dts[] = {"dtype", "torch_dtype"};
+    for (size_t i = 0; i < DFL_ARRAY_LEN(dts); i++)
+        if (!json_object_get(copy, dts[i]) && json_object_get(cfg, dts[i]))
+            json_object_set(copy, dts[i], json_object_get(cfg, dts[i]));
+    if (!json_object_get(copy, "tie_word_embeddings") && json_object_get(cfg, "tie_word_embeddings"))
+        json_object_set(copy, "tie_word_embeddings", json_object_get(cfg, "tie_word_embeddings"));
+    int rc = dfl_hf_config_parse(copy, sub, c, e);
+    json_decref(copy);
+    if (!rc)
+        snprintf(c->model_type, sizeof c->model_type, "qwen3_5");
+    return rc;
+}
+
+/* The hybrid part of a qwen3_5_text config: layer kinds, partial RoPE, the linear-attention
+ * sizes. */
+static int parse_qwen35(const json_t *cfg, const char *what, dfl_hf_config *c, dfl_err *e)
+{
+    int rc;
+    json_t *lt = json_object_get(cfg, "layer_types");
+    if (lt && !json_is_null(lt)) {
+        if (!json_is_array(lt))
+            return dfl_fail(e, DFL_EDATA, "%s: layer_types must be an array", what);
+        if ((int64_t)json_array_size(lt) != c->n_layers)
+            return dfl_fail(e, DFL_EDATA, "%s: layer_types has %zu entries for num_hidden_layers = "
+                            "%lld", what, json_array_size(lt), (long long)c->n_layers);
+        for (size_t i = 0; i < json_array_size(lt); i++) {
+            json_t *v = json_array_get(lt, i);
+            const char *s = json_is_string(v) ? json_string_value(v) : NULL;
+            if (s && strcmp(s, "full_attention") == 0)
+                c->layer_kind[i] = DFL_LAYER_GATED_ATTN;
+            else if (s && strcmp(s, "linear_attention") == 0)
+                c->layer_kind[i] = DFL_LAYER_GDN;
+            else
+                return dfl_fail(e, DFL_EUNSUP, "%s: layer_types[%zu] is %s%s%s: only "
+                                "linear_attention and full_attention layers are supported", what, i,
+                                s ? "'" : "", s ? s : "not a string", s ? "'" : "");
+        }
+    } else {
+        int64_t interval = 4;
+        if ((rc = get_dim(cfg, "full_attention_interval", false, 4096, &interval, what, e)))
+            return rc;
+        for (int64_t i = 0; i < c->n_layers; i++)
+            c->layer_kind[i] = (i + 1) % interval == 0 ? DFL_LAYER_GATED_ATTN : DFL_LAYER_GDN;
+    }
+    for (int64_t i = 0; i < c->n_layers; i++)
+        c->n_linear += c->layer_kind[i] == DFL_LAYER_GDN;
+
+    /* partial RoPE: top level, else rope_parameters, else transformers' default 0.25 */
+    double prf = 0.25;
+    json_t *rp = json_object_get(cfg, "rope_parameters");
+    if (rp && json_is_object(rp) && json_object_get(rp, "partial_rotary_factor") &&
+        (rc = dfl_json_num(rp, "partial_rotary_factor", false, &prf, what, e)))
+        return rc;
+    if (json_object_get(cfg, "partial_rotary_factor") &&
+        (rc = dfl_json_num(cfg, "partial_rotary_factor", false, &prf, what, e)))
+        return rc;
+    if (!(prf > 0 && prf <= 1))
+        return dfl_fail(e, DFL_EDATA, "%s: partial_rotary_factor = %g is out of range (0, 1]", what,
+                        prf);
+    c->rot_dim = (int64_t)((double)c->head_dim * prf); /* Python's int(): truncation */
+    if (c->rot_dim < 2 || c->rot_dim % 2)
+        return dfl_fail(e, DFL_EUNSUP, "%s: partial_rotary_factor = %g gives %lld rotary dims of "
+                        "head_dim %lld: not supported (even, at least 2)", what, prf,
+                        (long long)c->rot_dim, (long long)c->head_dim);
+    bool gate = true;
+    if ((rc = dfl_json_bool(cfg, "attn_output_gate", false, &gate, what, e)))
+        return rc;
+    if (!gate)
+        return dfl_fail(e, DFL_EUNSUP, "%s: attn_output_gate is false: only gated attention is "
+                        "supported for qwen3_5", what);
+
+    if (!c->n_linear)
+        return DFL_OK;
+    if ((rc = get_dim(cfg, "linear_num_key_heads", true, 4096, &c->lin_k_heads, what, e)) ||
+        (rc = get_dim(cfg, "linear_key_head_dim", true, 1024, &c->lin_k_dim, what, e)) ||
+        (rc = get_dim(cfg, "linear_num_value_heads", true, 4096, &c->lin_v_heads, what, e)) ||
+        (rc = get_dim(cfg, "linear_value_head_dim", true, 1024, &c->lin_v_dim, what, e)) ||
+        (rc = get_dim(cfg, "linear_conv_kernel_dim", true, 1024, &c->lin_conv, what, e)))
+        return rc;
+    if (c->lin_v_heads % c->lin_k_heads)
+        return dfl_fail(e, DFL_EUNSUP, "%s: linear_num_value_heads = %lld is not a multiple of "
+                        "linear_num_key_heads = %lld: not supported", what,
+                        (long long)c->lin_v_heads, (long long)c->lin_k_heads);
+    if (c->lin_conv > DFL_GDN_MAX_CONV)
+        return dfl_fail(e, DFL_EUNSUP, "%s: linear_conv_kernel_dim = %lld is not supported (at "
+                        "most %d)", what, (long long)c->lin_conv, DFL_GDN_MAX_CONV);
     return DFL_OK;
 }
 
@@ -69,9 +196,14 @@ int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, d
         c->arch = DFL_HF_LLAMA;
     else if (strcmp(mt, "qwen2") == 0)
         c->arch = DFL_HF_QWEN2;
+    else if (strcmp(mt, "qwen3_5") == 0)
+        return parse_qwen35_wrapper(cfg, what, c, e);
+    else if (strcmp(mt, "qwen3_5_text") == 0)
+        c->arch = DFL_HF_QWEN35;
     else
         return dfl_fail(e, DFL_EUNSUP, "%s: model_type '%s' is not supported (supported: qwen3, "
-                        "llama, qwen2)", what, mt);
+                        "llama, qwen2, qwen3_5, qwen3_5_text)", what, mt);
+    bool hybrid = c->arch == DFL_HF_QWEN35;
     snprintf(c->model_type, sizeof c->model_type, "%s", mt);
 
     /* Features we do not implement: refuse them by name rather than compute something else. */
@@ -98,11 +230,11 @@ int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, d
         if (!json_object_get(rs, "rope_type") && !json_object_get(rs, "type"))
             return dfl_fail(e, DFL_EUNSUP, "%s: rope_scaling is set without a rope_type: rope "
                             "scaling is not supported", what);
-        if ((rc = check_rope_type(rs, "rope_scaling", what, e)))
+        if ((rc = check_rope_type(rs, "rope_scaling", false, what, e)))
             return rc;
     }
     json_t *prf = json_object_get(cfg, "partial_rotary_factor");
-    if (prf && !json_is_null(prf) && !(json_is_number(prf) && json_number_value(prf) == 1.0))
+    if (!hybrid && prf && !json_is_null(prf) && !(json_is_number(prf) && json_number_value(prf) == 1.0))
         return dfl_fail(e, DFL_EUNSUP, "%s: partial_rotary_factor is not supported (only 1.0)", what);
     bool use_sw = false;
     if ((rc = dfl_json_bool(cfg, "use_sliding_window", false, &use_sw, what, e)))
@@ -112,7 +244,7 @@ int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, d
         return dfl_fail(e, DFL_EUNSUP, "%s: sliding_window is set and use_sliding_window is true: "
                         "sliding-window attention is not supported", what);
     json_t *lt = json_object_get(cfg, "layer_types");
-    if (lt && !json_is_null(lt)) {
+    if (!hybrid && lt && !json_is_null(lt)) {
         if (!json_is_array(lt))
             return dfl_fail(e, DFL_EDATA, "%s: layer_types must be an array", what);
         for (size_t i = 0; i < json_array_size(lt); i++) {
@@ -176,7 +308,7 @@ int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, d
                 return dfl_fail(e, DFL_EUNSUP, "%s: rope_parameters.%s: per-layer-type rope "
                                 "parameters are not supported", what, k);
         }
-        if ((rc = check_rope_type(rp, "rope_parameters", what, e)))
+        if ((rc = check_rope_type(rp, "rope_parameters", hybrid, what, e)))
             return rc;
         if (json_object_get(rp, "rope_theta") && !json_is_null(json_object_get(rp, "rope_theta"))) {
             if ((rc = dfl_json_num(rp, "rope_theta", true, &c->rope_theta, what, e)))
@@ -224,10 +356,20 @@ int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, d
         return rc;
     /* As transformers builds the layers: qwen2 always has q/k/v biases and no o_proj bias;
      * llama and qwen3 put attention_bias on q/k/v/o; only llama reads mlp_bias. */
+    c->rot_dim = c->head_dim;
     switch (c->arch) {
     case DFL_HF_QWEN3:
         c->qk_norm = true;
         c->qkv_bias = c->o_bias = attn_bias;
+        break;
+    case DFL_HF_QWEN35:
+        c->qk_norm = true;
+        c->norm_1p = true;
+        if (attn_bias)
+            return dfl_fail(e, DFL_EUNSUP, "%s: attention_bias is true: not supported for qwen3_5",
+                            what);
+        if ((rc = parse_qwen35(cfg, what, c, e)))
+            return rc;
         break;
     case DFL_HF_LLAMA:
         c->qkv_bias = c->o_bias = attn_bias;

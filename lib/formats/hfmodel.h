@@ -1,5 +1,6 @@
-/* hfmodel.h: Hugging Face model directories for the target: config.json parsing for the dense
- * decoder families we run (qwen3, llama, qwen2) into one struct, with a clear error naming any
+/* hfmodel.h: Hugging Face model directories for the target: config.json parsing for the
+ * decoder families we run (dense qwen3, llama, qwen2; hybrid qwen3_5 / qwen3_5_text: Gated
+ * DeltaNet and gated full attention) into one struct, with a clear error naming any
  * configuration feature we do not implement, and the model fingerprint (config + tensor table)
  * that ties a hidden-state stream to the target that produced it. */
 #ifndef DFL_HFMODEL_H
@@ -12,7 +13,20 @@
 #include "err.h"
 #include "safetensors.h"
 
-typedef enum dfl_hf_arch { DFL_HF_QWEN3 = 1, DFL_HF_LLAMA = 2, DFL_HF_QWEN2 = 3 } dfl_hf_arch;
+typedef enum dfl_hf_arch {
+    DFL_HF_QWEN3 = 1, DFL_HF_LLAMA = 2, DFL_HF_QWEN2 = 3,
+    DFL_HF_QWEN35 = 4      /* qwen3_5 (text_config) or qwen3_5_text: Qwen3.5 / Qwen3.6 */
+} dfl_hf_arch;
+
+/* What a decoder layer's token mixer is. */
+typedef enum dfl_layer_kind {
+    DFL_LAYER_ATTN = 0,        /* dense causal attention (qwen3, llama, qwen2) */
+    DFL_LAYER_GATED_ATTN = 1,  /* qwen3_5 full_attention: q_proj gives [query | gate] per head,
+                                  output * sigmoid(gate) before o_proj, partial RoPE */
+    DFL_LAYER_GDN = 2          /* qwen3_5 linear_attention: Gated DeltaNet */
+} dfl_layer_kind;
+
+#define DFL_HF_MAX_LAYERS 4096
 
 typedef struct dfl_hf_config {
     dfl_hf_arch arch;
@@ -33,9 +47,24 @@ typedef struct dfl_hf_config {
     bool qkv_bias;               /* q/k/v projections have biases (qwen2; attention_bias) */
     bool o_bias;                 /* o_proj has a bias (llama/qwen3 attention_bias) */
     bool mlp_bias;               /* gate/up/down have biases (llama mlp_bias) */
+    /* qwen3_5 (all zero / false for the dense families): */
+    bool norm_1p;                /* zero-centred RMSNorms: out = rmsnorm(x) * (1 + w) for the
+                                  * decoder norms, the final norm and q_norm / k_norm */
+    int64_t rot_dim;             /* RoPE on the first rot_dim dims of each head (head_dim *
+                                  * partial_rotary_factor); head_dim for the dense families */
+    int64_t lin_k_heads, lin_k_dim;   /* linear_num_key_heads, linear_key_head_dim */
+    int64_t lin_v_heads, lin_v_dim;   /* linear_num_value_heads, linear_value_head_dim */
+    int64_t lin_conv;                 /* linear_conv_kernel_dim */
+    int64_t n_linear;                 /* layers of kind DFL_LAYER_GDN */
+    uint8_t layer_kind[DFL_HF_MAX_LAYERS]; /* dfl_layer_kind of layer i < n_layers */
 } dfl_hf_config;
 
-/* Parses a config.json object. what names it in messages (the file path). Unsupported features
+/* "attention", "gated attention", "gated deltanet". */
+const char *dfl_layer_kind_name(int kind);
+
+/* Parses a config.json object. what names it in messages (the file path). A qwen3_5 config is
+ * read from its text_config (what then names "FILE: text_config"); its layer kinds come from
+ * layer_types or, absent, full_attention_interval (default 4). Unsupported features
  * (rope scaling, sliding window in use, non-full-attention layer types, MoE, activations other
  * than silu, quantized weights) are DFL_EUNSUP naming the key; missing or invalid values are
  * DFL_EDATA naming the key. */

@@ -1,7 +1,11 @@
 /* target.c: the target model on a backend: loading (checked tensor table, host conversion to
  * the backend's weight dtype, fused q|k|v and gate|up matrices), activation buffers, and the
- * packed variable-length prefill forward that captures chosen layers (see target.h). */
+ * packed variable-length prefill forward that captures chosen layers (see target.h): one
+ * layer_forward per decoder layer, its mixer dispatched on the layer's kind (dense or gated
+ * attention here, Gated DeltaNet in gdn.c). */
 #include "target.h"
+
+#include "target_fwd.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -36,16 +40,16 @@ static void *walloc(dfl_target *t, uint64_t n, dfl_dtype dt, const char *what, d
     return p;
 }
 
-/* Converts tensor src to dt on the host, chunk by chunk, and uploads it to dst starting at
- * element dst_off. */
-static int put(loader *L, void *dst, uint64_t dst_off, dfl_dtype dt, const dfl_st_tensor *src,
-               dfl_err *e)
+/* Converts elements [from, from + n) of tensor src to dt on the host, chunk by chunk, and
+ * uploads them to dst starting at element dst_off. */
+static int put_range(loader *L, void *dst, uint64_t dst_off, dfl_dtype dt, const dfl_st_tensor *src,
+                     uint64_t from, uint64_t n, dfl_err *e)
 {
     dfl_be *be = L->t->be;
     size_t ds = dfl_dtype_size(dt), ss = dfl_dtype_size(src->dtype);
-    for (uint64_t i = 0; i < src->numel; i += STAGE_ELEMS) {
-        size_t m = (size_t)(src->numel - i < STAGE_ELEMS ? src->numel - i : STAGE_ELEMS);
-        if (!dfl_convert(L->stage, dt, (const char *)src->data + i * ss, src->dtype, m))
+    for (uint64_t i = 0; i < n; i += STAGE_ELEMS) {
+        size_t m = (size_t)(n - i < STAGE_ELEMS ? n - i : STAGE_ELEMS);
+        if (!dfl_convert(L->stage, dt, (const char *)src->data + (from + i) * ss, src->dtype, m))
             return dfl_fail(e, DFL_EUNSUP, "%s: tensor %s: cannot convert %s to %s", src->file,
                             src->name, dfl_dtype_lower(src->dtype), dfl_dtype_lower(dt));
         int rc = be->ops->upload(be, (char *)dst + (dst_off + i) * ds, L->stage, m * ds);
@@ -58,13 +62,25 @@ static int put(loader *L, void *dst, uint64_t dst_off, dfl_dtype dt, const dfl_s
     return DFL_OK;
 }
 
-/* Looks up (and checks) tensor model.layers.L.SUFFIX of shape [d0] or [d0, d1]. */
-static int get(const dfl_st_model *m, const dfl_st_tensor **out, int ndim, int64_t d0, int64_t d1,
-               dfl_err *e, int64_t l, const char *suffix)
+/* The whole tensor src. */
+static int put(loader *L, void *dst, uint64_t dst_off, dfl_dtype dt, const dfl_st_tensor *src,
+               dfl_err *e)
+{
+    return put_range(L, dst, dst_off, dt, src, 0, src->numel, e);
+}
+
+/* Looks up (and checks) tensor PREFIXlayers.L.SUFFIX of shape [d0], [d0, d1] or [d0, 1, d1]
+ * (ndim 3: a depthwise conv1d weight). */
+static int get(const dfl_st_model *m, const char *prefix, const dfl_st_tensor **out, int ndim,
+               int64_t d0, int64_t d1, dfl_err *e, int64_t l, const char *suffix)
 {
     char name[256];
-    snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l, suffix);
-    int64_t shape[2] = {d0, d1};
+    snprintf(name, sizeof name, "%slayers.%lld.%s", prefix, (long long)l, suffix);
+    int64_t shape[3] = {d0, d1, 0};
+    if (ndim == 3) {
+        shape[1] = 1;
+        shape[2] = d1;
+    }
     return dfl_st_model_get(m, name, ndim, shape, out, e);
 }
 
@@ -72,23 +88,40 @@ static int get(const dfl_st_model *m, const dfl_st_tensor **out, int ndim, int64
 typedef struct layer_src {
     const dfl_st_tensor *ln1, *ln2, *q, *k, *v, *o, *qn, *kn, *gate, *up, *down;
     const dfl_st_tensor *bq, *bk, *bv, *bo, *bgate, *bup, *bdown;
+    const dfl_st_tensor *in_qkv, *in_z, *in_b, *in_a, *conv, *A_log, *dt_bias, *gnorm, *out;
 } layer_src;
 
-static int find_layer(const dfl_st_model *m, const dfl_hf_config *c, int64_t l, layer_src *s,
-                      dfl_err *e)
+static int find_layer(const dfl_st_model *m, const char *prefix, const dfl_hf_config *c, int64_t l,
+                      layer_src *s, dfl_err *e)
 {
     int64_t H = c->hidden_size, d = c->head_dim, nq = c->n_heads * d, nkv = c->n_kv_heads * d;
     int64_t I = c->intermediate_size;
+    int kind = c->layer_kind[l];
 #define GET(dst, nd, a, b, suffix)                                                        \
     do {                                                                                  \
-        int rc_ = get(m, &(dst), nd, a, b, e, l, suffix);                                 \
+        int rc_ = get(m, prefix, &(dst), nd, a, b, e, l, suffix);                         \
         if (rc_)                                                                          \
             return rc_;                                                                   \
     } while (0)
     memset(s, 0, sizeof *s);
     GET(s->ln1, 1, H, 0, "input_layernorm.weight");
     GET(s->ln2, 1, H, 0, "post_attention_layernorm.weight");
-    GET(s->q, 2, nq, H, "self_attn.q_proj.weight");
+    if (kind == DFL_LAYER_GDN) {
+        dfl_gdn_dims g = dfl_gdn_dims_of(c);
+        int64_t Hv = c->lin_v_heads;
+        GET(s->in_qkv, 2, g.conv_dim, H, "linear_attn.in_proj_qkv.weight");
+        GET(s->in_z, 2, g.value_dim, H, "linear_attn.in_proj_z.weight");
+        GET(s->in_b, 2, Hv, H, "linear_attn.in_proj_b.weight");
+        GET(s->in_a, 2, Hv, H, "linear_attn.in_proj_a.weight");
+        GET(s->conv, 3, g.conv_dim, c->lin_conv, "linear_attn.conv1d.weight");
+        GET(s->A_log, 1, Hv, 0, "linear_attn.A_log");
+        GET(s->dt_bias, 1, Hv, 0, "linear_attn.dt_bias");
+        GET(s->gnorm, 1, c->lin_v_dim, 0, "linear_attn.norm.weight");
+        GET(s->out, 2, H, g.value_dim, "linear_attn.out_proj.weight");
+        goto mlp;
+    }
+    /* gated attention: q_proj gives [query | gate] per head */
+    GET(s->q, 2, kind == DFL_LAYER_GATED_ATTN ? 2 * nq : nq, H, "self_attn.q_proj.weight");
     GET(s->k, 2, nkv, H, "self_attn.k_proj.weight");
     GET(s->v, 2, nkv, H, "self_attn.v_proj.weight");
     GET(s->o, 2, H, nq, "self_attn.o_proj.weight");
@@ -103,6 +136,7 @@ static int find_layer(const dfl_st_model *m, const dfl_hf_config *c, int64_t l, 
     }
     if (c->o_bias)
         GET(s->bo, 1, H, 0, "self_attn.o_proj.bias");
+mlp:
     GET(s->gate, 2, I, H, "mlp.gate_proj.weight");
     GET(s->up, 2, I, H, "mlp.up_proj.weight");
     GET(s->down, 2, H, I, "mlp.down_proj.weight");
@@ -135,14 +169,50 @@ static int load_layer(loader *L, const layer_src *s, dfl_target_layer *w, int64_
         if ((rc = put(L, dst, (uint64_t)(off), dt, src, e)))                              \
             return rc;                                                                    \
     } while (0)
+    w->kind = c->layer_kind[l];
     ALLOC(w->ln1, H, wdt);
     PUT(w->ln1, 0, wdt, s->ln1);
     ALLOC(w->ln2, H, wdt);
     PUT(w->ln2, 0, wdt, s->ln2);
-    ALLOC(w->wqkv, nqkv * H, wdt);
-    PUT(w->wqkv, 0, wdt, s->q);
-    PUT(w->wqkv, nq * H, wdt, s->k);
-    PUT(w->wqkv, (nq + nkv) * H, wdt, s->v);
+    if (w->kind == DFL_LAYER_GDN) {
+        dfl_gdn_dims g = dfl_gdn_dims_of(c);
+        int64_t Hv = c->lin_v_heads;
+        ALLOC(w->w_in, g.n_in * H, wdt);
+        PUT(w->w_in, 0, wdt, s->in_qkv);
+        PUT(w->w_in, g.conv_dim * H, wdt, s->in_z);
+        PUT(w->w_in, (g.conv_dim + g.value_dim) * H, wdt, s->in_b);
+        PUT(w->w_in, (g.conv_dim + g.value_dim + Hv) * H, wdt, s->in_a);
+        ALLOC(w->conv_w, g.conv_dim * c->lin_conv, wdt);
+        PUT(w->conv_w, 0, wdt, s->conv);
+        ALLOC(w->A_log, Hv, DFL_F32);
+        PUT(w->A_log, 0, DFL_F32, s->A_log);
+        ALLOC(w->dt_bias, Hv, DFL_F32);
+        PUT(w->dt_bias, 0, DFL_F32, s->dt_bias);
+        ALLOC(w->gdn_norm, c->lin_v_dim, wdt);
+        PUT(w->gdn_norm, 0, wdt, s->gnorm);
+        ALLOC(w->w_out, H * g.value_dim, wdt);
+        PUT(w->w_out, 0, wdt, s->out);
+        goto mlp;
+    }
+    if (w->kind == DFL_LAYER_GATED_ATTN) {
+        /* q_proj rows per head h: [2hd, 2hd + d) query, [2hd + d, 2(h+1)d) gate; stored as
+         * every head's query rows, then every head's gate rows, then k | v */
+        nqkv += nq;
+        ALLOC(w->wqkv, nqkv * H, wdt);
+        for (int64_t h = 0; h < c->n_heads; h++) {
+            if ((rc = put_range(L, w->wqkv, h * d * H, wdt, s->q, 2 * h * d * H, d * H, e)) ||
+                (rc = put_range(L, w->wqkv, (nq + h * d) * H, wdt, s->q, (2 * h + 1) * d * H,
+                                d * H, e)))
+                return rc;
+        }
+        PUT(w->wqkv, 2 * nq * H, wdt, s->k);
+        PUT(w->wqkv, (2 * nq + nkv) * H, wdt, s->v);
+    } else {
+        ALLOC(w->wqkv, nqkv * H, wdt);
+        PUT(w->wqkv, 0, wdt, s->q);
+        PUT(w->wqkv, nq * H, wdt, s->k);
+        PUT(w->wqkv, (nq + nkv) * H, wdt, s->v);
+    }
     if (s->bq) {
         ALLOC(w->bqkv, nqkv, DFL_F32);
         PUT(w->bqkv, 0, DFL_F32, s->bq);
@@ -161,6 +231,7 @@ static int load_layer(loader *L, const layer_src *s, dfl_target_layer *w, int64_
         ALLOC(w->bo, H, DFL_F32);
         PUT(w->bo, 0, DFL_F32, s->bo);
     }
+mlp:
     ALLOC(w->wgu, 2 * I * H, wdt);
     PUT(w->wgu, 0, wdt, s->gate);
     PUT(w->wgu, I * H, wdt, s->up);
@@ -177,6 +248,25 @@ static int load_layer(loader *L, const layer_src *s, dfl_target_layer *w, int64_
     }
 #undef ALLOC
 #undef PUT
+    return DFL_OK;
+}
+
+/* Whether the backend's gated delta rule takes this model's linear-attention sizes (a call with
+ * no tokens only checks them), before anything is uploaded. */
+static int check_gdn_sizes(dfl_target *t, const char *dir, dfl_err *e)
+{
+    const dfl_hf_config *c = &t->cfg;
+    dfl_gated_delta g = {.Hk = (int)c->lin_k_heads, .Hv = (int)c->lin_v_heads,
+                         .dk = (int)c->lin_k_dim, .dv = (int)c->lin_v_dim, .chunk = DFL_GDN_CHUNK};
+    int rc = t->be->ops->gated_delta(t->be, &g);
+    dfl_err se = {0};
+    t->be->ops->sync(t->be, &se); /* takes the backend's recorded message, if any */
+    if (rc)
+        return dfl_fail(e, DFL_EUNSUP, "%s: linear_key_head_dim = %lld, linear_value_head_dim = "
+                        "%lld, linear_num_key_heads = %lld, linear_num_value_heads = %lld: not "
+                        "supported on %s%s%s", dir, (long long)c->lin_k_dim, (long long)c->lin_v_dim,
+                        (long long)c->lin_k_heads, (long long)c->lin_v_heads, t->be->name,
+                        se.msg[0] ? ": " : "", se.msg);
     return DFL_OK;
 }
 
@@ -202,13 +292,23 @@ int dfl_target_open(dfl_target **out, dfl_be *be, const char *dir, int n_load, d
     /* Check the whole tensor table first, so that a broken model fails before any upload. */
     const dfl_st_tensor *emb, *norm;
     int64_t shape[2] = {c->vocab_size, c->hidden_size};
-    if ((rc = dfl_st_model_get(m, "model.embed_tokens.weight", 2, shape, &emb, e)))
+    /* the text model of a multimodal checkpoint (qwen3_5) is under model.language_model.; its
+     * model.visual.* and mtp.* tensors are not read */
+    snprintf(t->prefix, sizeof t->prefix, "%s",
+             dfl_st_model_find(m, "model.language_model.embed_tokens.weight")
+                 ? "model.language_model." : "model.");
+    char name[96];
+    snprintf(name, sizeof name, "%sembed_tokens.weight", t->prefix);
+    if ((rc = dfl_st_model_get(m, name, 2, shape, &emb, e)))
         goto fail;
-    if ((rc = dfl_st_model_get(m, "model.norm.weight", 1, &c->hidden_size, &norm, e)))
+    snprintf(name, sizeof name, "%snorm.weight", t->prefix);
+    if ((rc = dfl_st_model_get(m, name, 1, &c->hidden_size, &norm, e)))
         goto fail;
     for (int64_t l = 0; l < c->n_layers; l++)
-        if ((rc = find_layer(m, c, l, &src, e)))
+        if ((rc = find_layer(m, t->prefix, c, l, &src, e)))
             goto fail;
+    if (c->n_linear && (rc = check_gdn_sizes(t, dir, e)))
+        goto fail;
     /* RoPE as transformers runs the checkpoint: inv_freq rounded to the load dtype. */
     t->rope_dtype = c->dtype ? c->dtype : emb->dtype;
     if ((rc = dfl_hf_fingerprint_of(cfg, m, t->fingerprint, e)))
@@ -228,7 +328,8 @@ int dfl_target_open(dfl_target **out, dfl_be *be, const char *dir, int n_load, d
     if ((rc = put(&L, t->embed, 0, be->wdt, emb, e)))
         goto fail;
     for (int l = 0; l < t->n_loaded; l++) {
-        if ((rc = find_layer(m, c, l, &src, e)) || (rc = load_layer(&L, &src, &t->layers[l], l, e)))
+        if ((rc = find_layer(m, t->prefix, c, l, &src, e)) ||
+            (rc = load_layer(&L, &src, &t->layers[l], l, e)))
             goto fail;
     }
     free(L.stage);
@@ -259,7 +360,8 @@ void dfl_target_close(dfl_target *t)
             dfl_target_layer *w = &t->layers[l];
             FREE(w->ln1); FREE(w->ln2); FREE(w->wqkv); FREE(w->bqkv); FREE(w->q_norm);
             FREE(w->k_norm); FREE(w->wo); FREE(w->bo); FREE(w->wgu); FREE(w->bgu);
-            FREE(w->wdown); FREE(w->bdown);
+            FREE(w->wdown); FREE(w->bdown); FREE(w->w_in); FREE(w->conv_w); FREE(w->A_log);
+            FREE(w->dt_bias); FREE(w->gdn_norm); FREE(w->w_out);
         }
         free(t->layers);
     }
@@ -323,8 +425,9 @@ void dfl_target_ws_free(const dfl_target *t, dfl_target_ws *ws)
 #define WS_ALIGN 256 /* every buffer of the arena starts on this boundary */
 
 /* The arena's buffers, in order, with their sizes (false on overflow). */
+#define WS_BUFS 9
 typedef struct ws_plan {
-    uint64_t bytes[8];
+    uint64_t bytes[WS_BUFS];
     uint64_t total;
 } ws_plan;
 
@@ -333,13 +436,21 @@ static bool ws_plan_of(const dfl_target *t, int64_t max_tokens, int64_t max_seqs
     const dfl_hf_config *c = &t->cfg;
     int64_t H = c->hidden_size, d = c->head_dim, I = c->intermediate_size;
     int64_t nq = c->n_heads * d, nqkv = nq + 2 * c->n_kv_heads * d;
-    int64_t w1 = nqkv > 2 * I ? nqkv : 2 * I, w2 = nq > I ? nq : I;
+    if (c->n_linear < c->n_layers && c->arch == DFL_HF_QWEN35)
+        nqkv += nq; /* gated attention: the gates */
+    int64_t w1 = nqkv > 2 * I ? nqkv : 2 * I, w2 = nq > I ? nq : I, wl = 0;
+    if (c->n_linear) {
+        dfl_gdn_dims g = dfl_gdn_dims_of(c);
+        w1 = g.n_in > w1 ? g.n_in : w1;
+        w2 = g.conv_dim > w2 ? g.conv_dim : w2;
+        wl = g.value_dim;
+    }
     uint64_t as = dfl_dtype_size(t->be->act), T = (uint64_t)max_tokens;
-    uint64_t elems[8] = {T * (uint64_t)H, T * (uint64_t)H, T * (uint64_t)H, T * (uint64_t)w1,
-                         T * (uint64_t)w2, T, T, (uint64_t)max_seqs + 1};
-    uint64_t size[8] = {as, as, as, as, as, 4, 4, 4};
+    uint64_t elems[WS_BUFS] = {T * (uint64_t)H, T * (uint64_t)H, T * (uint64_t)H, T * (uint64_t)w1,
+                               T * (uint64_t)w2, T, T, (uint64_t)max_seqs + 1, T * (uint64_t)wl};
+    uint64_t size[WS_BUFS] = {as, as, as, as, as, 4, 4, 4, as};
     p->total = 0;
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < WS_BUFS; i++) {
         uint64_t b;
         if (!dfl_mul_u64(elems[i], size[i], &b) || b > UINT64_MAX / 2)
             return false;
@@ -399,11 +510,11 @@ int dfl_target_ws_new_ex(const dfl_target *t, int64_t max_tokens, int64_t max_se
         return e->code;
     }
     ws->bytes = total;
-    void **ptrs[8] = {&ws->h, &ws->x, &ws->delta, &ws->big1, &ws->big2, (void **)&ws->ids,
-                      (void **)&ws->pos, (void **)&ws->cu};
+    void **ptrs[WS_BUFS] = {&ws->h, &ws->x, &ws->delta, &ws->big1, &ws->big2, (void **)&ws->ids,
+                            (void **)&ws->pos, (void **)&ws->cu, &ws->lin};
     char *at = ws->arena;
-    for (int i = 0; i < 8; i++) {
-        *ptrs[i] = at;
+    for (int i = 0; i < WS_BUFS; i++) {
+        *ptrs[i] = p.bytes[i] ? at : NULL;
         at += p.bytes[i];
     }
     if (extra_bytes) {
@@ -464,15 +575,9 @@ int32_t dfl_target_positions(const dfl_batch *b, int32_t *pos, int32_t *cu)
     return max_len;
 }
 
-/* Element pointer arithmetic on act buffers. */
-static inline void *at(const void *p, int64_t elems, dfl_dtype dt)
-{
-    return (char *)p + (size_t)elems * dfl_dtype_size(dt);
-}
-
 /* C [T, N] (act) = A [T, K] (act) W^T (+ bias) (+ C when accumulate), W [N, K] (w). */
-static int linear(dfl_be *be, void *C, const void *A, const void *W, const float *bias, int64_t T,
-                  int64_t N, int64_t K, bool accumulate)
+int dfl_target_linear(dfl_be *be, void *C, const void *A, const void *W, const float *bias,
+                      int64_t T, int64_t N, int64_t K, bool accumulate)
 {
     dfl_mm m = {
         .M = T, .N = N, .K = K,
@@ -482,6 +587,17 @@ static int linear(dfl_be *be, void *C, const void *A, const void *W, const float
         .alpha = 1.0f, .beta = accumulate ? 1.0f : 0.0f, .bias = bias,
     };
     return be->ops->matmul(be, &m);
+}
+
+int dfl_target_residual_linear(const dfl_target_fwd *f, const void *A, const void *W,
+                               const float *bias, int64_t K)
+{
+    dfl_be *be = f->t->be;
+    int64_t H = f->t->cfg.hidden_size;
+    if (f->t->fuse_residual)
+        return dfl_target_linear(be, f->ws->h, A, W, bias, f->T, H, K, true);
+    int rc = dfl_target_linear(be, f->ws->delta, A, W, bias, f->T, H, K, false);
+    return rc ? rc : be->ops->add(be, f->ws->h, f->ws->delta, f->T * H);
 }
 
 int dfl_target_forward(dfl_target *t, dfl_target_ws *ws, const dfl_batch *b, int n_caps,
@@ -508,13 +624,103 @@ int dfl_target_forward(dfl_target *t, dfl_target_ws *ws, const dfl_batch *b, int
     return dfl_target_forward_staged(t, ws, b->index, T, S, max_len, n_caps, layers, cap_dt, caps, e);
 }
 
+/* The decoder norm: ordinary or zero-centred (qwen3_5) RMSNorm of h into x. */
+static int norm(const dfl_target_fwd *f, const void *w)
+{
+    dfl_be *be = f->t->be;
+    const dfl_hf_config *c = &f->t->cfg;
+    float eps = (float)c->rms_norm_eps;
+    if (c->norm_1p)
+        return be->ops->rmsnorm_1p(be, f->ws->x, f->ws->h, w, f->T, c->hidden_size, eps);
+    return be->ops->rmsnorm(be, f->ws->x, NULL, f->ws->h, w, f->T, c->hidden_size, eps);
+}
+
+/* Causal attention over x: dense (q/k norm where the model has it, RoPE) or gated (zero-centred
+ * q/k norm, partial RoPE, output * sigmoid(gate)). */
+static int attention(const dfl_target_fwd *f, const dfl_target_layer *w)
+{
+    dfl_target *t = f->t;
+    dfl_be *be = t->be;
+    const dfl_be_ops *ops = be->ops;
+    const dfl_hf_config *c = &t->cfg;
+    dfl_target_ws *ws = f->ws;
+    int64_t H = c->hidden_size, d = c->head_dim, T = f->T;
+    int64_t nq = c->n_heads * d, nkv = c->n_kv_heads * d;
+    bool gated = w->kind == DFL_LAYER_GATED_ATTN;
+    int64_t qw = gated ? 2 * nq : nq;   /* columns before k: queries (and gates) */
+    int64_t nqkv = qw + 2 * nkv;
+    float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
+    dfl_dtype act = be->act;
+    void *qkv = ws->big1;   /* [T, nqkv] */
+    void *att = ws->big2;   /* [T, nq] */
+    int rc;
+    if ((rc = dfl_target_linear(be, qkv, ws->x, w->wqkv, w->bqkv, T, nqkv, H, false)))
+        return rc;
+    if (gated) {
+        if ((rc = ops->qknorm_rope_partial(be, qkv, nqkv, w->q_norm, ws->pos, T, (int)c->n_heads,
+                                           (int)d, (int)c->rot_dim, eps, theta)) ||
+            (rc = ops->qknorm_rope_partial(be, dfl_act_at(qkv, qw, act), nqkv, w->k_norm, ws->pos, T,
+                                           (int)c->n_kv_heads, (int)d, (int)c->rot_dim, eps, theta)))
+            return rc;
+    } else if ((rc = ops->qknorm_rope(be, qkv, nqkv, NULL, w->q_norm, ws->pos, T, (int)c->n_heads,
+                                      (int)d, eps, theta)) ||
+               (rc = ops->qknorm_rope(be, dfl_act_at(qkv, nq, act), nqkv, NULL, w->k_norm, ws->pos, T,
+                                      (int)c->n_kv_heads, (int)d, eps, theta))) {
+        return rc;
+    }
+    dfl_attn_varlen a = {
+        .q = qkv, .ldq = nqkv,
+        .k = dfl_act_at(qkv, qw, act), .ldk = nqkv,
+        .v = dfl_act_at(qkv, qw + nkv, act), .ldv = nqkv,
+        .o = att, .ldo = nq,
+        .cu_seqlens = ws->cu, .n_seqs = (int32_t)f->S, .max_len = f->max_len, .T = T,
+        .n_heads = (int)c->n_heads, .n_kv = (int)c->n_kv_heads, .d = (int)d,
+        .scale = (float)(1.0 / sqrt((double)d)),
+    };
+    if ((rc = ops->attn_varlen(be, &a)))
+        return rc;
+    if (gated && (rc = ops->sigmoid_mul(be, att, nq, dfl_act_at(qkv, nq, act), nqkv, T, nq)))
+        return rc;
+    return dfl_target_residual_linear(f, att, w->wo, w->bo, nq);
+}
+
+static int mlp(const dfl_target_fwd *f, const dfl_target_layer *w)
+{
+    dfl_be *be = f->t->be;
+    int64_t H = f->t->cfg.hidden_size, I = f->t->cfg.intermediate_size;
+    void *gu = f->ws->big1;    /* [T, 2I] */
+    void *mo = f->ws->big2;    /* [T, I] */
+    int rc;
+    if ((rc = dfl_target_linear(be, gu, f->ws->x, w->wgu, w->bgu, f->T, 2 * I, H, false)) ||
+        (rc = be->ops->swiglu(be, mo, gu, f->T, I)))
+        return rc;
+    return dfl_target_residual_linear(f, mo, w->wdown, w->bdown, I);
+}
+
+/* One decoder layer: h = h + mixer(norm(h)); h = h + mlp(norm(h)). Leaves the layer's output in
+ * ws->h. */
+static int layer_forward(const dfl_target_fwd *f, const dfl_target_layer *w)
+{
+    int rc;
+    if ((rc = norm(f, w->ln1)))
+        return rc;
+    switch (w->kind) {
+    case DFL_LAYER_ATTN:
+    case DFL_LAYER_GATED_ATTN: rc = attention(f, w); break;
+    case DFL_LAYER_GDN: rc = dfl_gdn_forward(f, w); break;
+    default: rc = DFL_EUNSUP;
+    }
+    if (rc || (rc = norm(f, w->ln2)))
+        return rc;
+    return mlp(f, w);
+}
+
 int dfl_target_forward_staged(dfl_target *t, dfl_target_ws *ws, uint64_t index, int64_t T,
                               int64_t S, int32_t max_len, int n_caps, const int32_t *layers,
                               dfl_dtype cap_dt, void *const *caps, dfl_err *e)
 {
     dfl_be *be = t->be;
     const dfl_be_ops *ops = be->ops;
-    const dfl_hf_config *c = &t->cfg;
     int rc;
     if (n_caps < 1 || n_caps > DFL_MAX_LAYERS)
         return dfl_fail(e, DFL_EUSAGE, "forward: %d captured layers (1..%d)", n_caps, DFL_MAX_LAYERS);
@@ -530,81 +736,18 @@ int dfl_target_forward_staged(dfl_target *t, dfl_target_ws *ws, uint64_t index, 
     if (T == 0)
         return DFL_OK;
 
-    int64_t H = c->hidden_size, d = c->head_dim, I = c->intermediate_size;
-    int64_t nq = c->n_heads * d, nkv = c->n_kv_heads * d, nqkv = nq + 2 * nkv;
-    float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
-    dfl_dtype act = be->act;
+    int64_t H = t->cfg.hidden_size;
     int last = layers[n_caps - 1], next = 0;
-    bool fuse = t->fuse_residual;
-
-#define CK(call)                                                                          \
-    do {                                                                                  \
-        if ((rc = (call)))                                                                \
-            goto fail;                                                                    \
-    } while (0)
+    dfl_target_fwd f = {.t = t, .ws = ws, .T = T, .S = S, .max_len = max_len};
     be->rope_dtype = t->rope_dtype;
-    CK(ops->embedding(be, ws->h, ws->ids, t->embed, T, H));
+    if ((rc = ops->embedding(be, ws->h, ws->ids, t->embed, T, H)))
+        goto fail;
     for (int l = 0; l <= last; l++) {
-        const dfl_target_layer *w = &t->layers[l];
-        if (l == 0 || fuse) {
-            /* h is the embedding, or (fused) the output of layer l-1 */
-            CK(ops->rmsnorm(be, ws->x, NULL, ws->h, w->ln1, T, H, eps));
-        } else {
-            /* h += previous MLP output: h is now the output of layer l-1 */
-            CK(ops->add_rmsnorm(be, ws->h, ws->delta, ws->x, NULL, w->ln1, T, H, eps));
-            if (next < n_caps && layers[next] == l - 1) {
-                CK(ops->convert(be, caps[next], cap_dt, ws->h, act, T * H));
-                next++;
-            }
-        }
-        /* attention */
-        void *qkv = ws->big1;   /* [T, nqkv] */
-        void *att = ws->big2;   /* [T, nq] */
-        CK(linear(be, qkv, ws->x, w->wqkv, w->bqkv, T, nqkv, H, false));
-        CK(ops->qknorm_rope(be, qkv, nqkv, NULL, w->q_norm, ws->pos, T, (int)c->n_heads, (int)d,
-                            eps, theta));
-        CK(ops->qknorm_rope(be, at(qkv, nq, act), nqkv, NULL, w->k_norm, ws->pos, T,
-                            (int)c->n_kv_heads, (int)d, eps, theta));
-        dfl_attn_varlen a = {
-            .q = qkv, .ldq = nqkv,
-            .k = at(qkv, nq, act), .ldk = nqkv,
-            .v = at(qkv, nq + nkv, act), .ldv = nqkv,
-            .o = att, .ldo = nq,
-            .cu_seqlens = ws->cu, .n_seqs = (int32_t)S, .max_len = max_len, .T = T,
-            .n_heads = (int)c->n_heads, .n_kv = (int)c->n_kv_heads, .d = (int)d,
-            .scale = (float)(1.0 / sqrt((double)d)),
-        };
-        CK(ops->attn_varlen(be, &a));
-        if (fuse) {
-            CK(linear(be, ws->h, att, w->wo, w->bo, T, H, nq, true));   /* h += o_proj */
-            CK(ops->rmsnorm(be, ws->x, NULL, ws->h, w->ln2, T, H, eps));
-        } else {
-            CK(linear(be, ws->delta, att, w->wo, w->bo, T, H, nq, false));
-            CK(ops->add_rmsnorm(be, ws->h, ws->delta, ws->x, NULL, w->ln2, T, H, eps));
-        }
-        /* MLP */
-        void *gu = ws->big1;    /* [T, 2I] */
-        void *mo = ws->big2;    /* [T, I] */
-        CK(linear(be, gu, ws->x, w->wgu, w->bgu, T, 2 * I, H, false));
-        CK(ops->swiglu(be, mo, gu, T, I));
-        if (fuse) {
-            CK(linear(be, ws->h, mo, w->wdown, w->bdown, T, H, I, true)); /* h += down_proj */
-            if (next < n_caps && layers[next] == l) {
-                CK(ops->convert(be, caps[next], cap_dt, ws->h, act, T * H));
-                next++;
-            }
-        } else {
-            CK(linear(be, ws->delta, mo, w->wdown, w->bdown, T, H, I, false));
-        }
+        if ((rc = layer_forward(&f, &t->layers[l])))
+            goto fail;
+        if (layers[next] == l && (rc = ops->convert(be, caps[next++], cap_dt, ws->h, be->act, T * H)))
+            goto fail;
     }
-    if (!fuse) {
-        CK(ops->add(be, ws->h, ws->delta, T * H));
-        if (next < n_caps && layers[next] == last) {
-            CK(ops->convert(be, caps[next], cap_dt, ws->h, act, T * H));
-            next++;
-        }
-    }
-#undef CK
     return DFL_OK;
 fail:
     return dfl_fail(e, rc, "batch %llu: forward on %s failed (%s)", (unsigned long long)index,
@@ -620,6 +763,20 @@ int dfl_target_gemms(const dfl_target *t, const dfl_target_ws *ws, int64_t T, df
     const dfl_target_layer *w = &t->layers[0];
     int64_t H = c->hidden_size, d = c->head_dim, I = c->intermediate_size;
     int64_t nq = c->n_heads * d, nqkv = nq + 2 * c->n_kv_heads * d;
+    if (w->kind == DFL_LAYER_GATED_ATTN)
+        nqkv += nq;
+    const void *in_w = w->wqkv, *out_w = w->wo, *out_a = ws->big2;
+    const float *in_b = w->bqkv, *out_b = w->bo;
+    int64_t n_in = nqkv, k_out = nq;
+    if (w->kind == DFL_LAYER_GDN) {
+        dfl_gdn_dims g = dfl_gdn_dims_of(c);
+        in_w = w->w_in;
+        in_b = out_b = NULL;
+        out_w = w->w_out;
+        out_a = ws->lin;
+        n_in = g.n_in;
+        k_out = g.value_dim;
+    }
     bool f = t->fuse_residual;
     struct {
         void *C;
@@ -628,8 +785,8 @@ int dfl_target_gemms(const dfl_target *t, const dfl_target_ws *ws, int64_t T, df
         int64_t N, K;
         bool acc;
     } g[4] = {
-        {ws->big1, ws->x, w->wqkv, w->bqkv, nqkv, H, false},
-        {f ? ws->h : ws->delta, ws->big2, w->wo, w->bo, H, nq, f},
+        {ws->big1, ws->x, in_w, in_b, n_in, H, false},
+        {f ? ws->h : ws->delta, out_a, out_w, out_b, H, k_out, f},
         {ws->big1, ws->x, w->wgu, w->bgu, 2 * I, H, false},
         {f ? ws->h : ws->delta, ws->big2, w->wdown, w->bdown, H, I, f},
     };

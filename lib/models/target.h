@@ -1,5 +1,5 @@
-/* target.h: the target model (a dense qwen3 / llama / qwen2 decoder in the Hugging Face layout)
- * on a backend, and its prefill forward over one packed batch of variable-length sequences,
+/* target.h: the target model (a dense qwen3 / llama / qwen2 decoder, or a hybrid qwen3_5 one of
+ * Gated DeltaNet and gated attention layers, in the Hugging Face layout) on a backend, and its prefill forward over one packed batch of variable-length sequences,
  * capturing the outputs of chosen decoder layers. Written only against the backend ops
  * (backend.h): the same code runs on the CPU and on CUDA.
  *
@@ -25,10 +25,15 @@
 #include "hfmodel.h"
 
 /* One decoder layer's weights on the backend. q/k/v and gate/up are fused so that each is one
- * GEMM. Biases are f32; NULL when the model has none. */
+ * GEMM. Biases are f32; NULL when the model has none. The layer's kind (hfmodel.h) says which
+ * of the mixer's weights are set: attention (wqkv, q_norm, k_norm, wo) or Gated DeltaNet (w_in,
+ * conv_w, A_log, dt_bias, gdn_norm, w_out). */
 typedef struct dfl_target_layer {
+    int kind;              /* dfl_layer_kind */
     void *ln1, *ln2;       /* [H] w: input_layernorm, post_attention_layernorm */
-    void *wqkv;            /* [(nH + 2 nKV) d, H] w: q_proj | k_proj | v_proj rows */
+    void *wqkv;            /* [(nH + 2 nKV) d, H] w: q_proj | k_proj | v_proj rows; gated
+                            * attention: [(2 nH + 2 nKV) d, H], q_proj's query rows of every head,
+                            * then its gate rows, then k_proj | v_proj */
     float *bqkv;           /* [(nH + 2 nKV) d] */
     void *q_norm, *k_norm; /* [d] w (qwen3), else NULL */
     void *wo;              /* [H, nH d] w */
@@ -37,12 +42,21 @@ typedef struct dfl_target_layer {
     float *bgu;            /* [2 I] */
     void *wdown;           /* [H, I] w */
     float *bdown;          /* [H] */
+    /* Gated DeltaNet: conv_dim = 2 Hk dk + Hv dv, value_dim = Hv dv */
+    void *w_in;            /* [conv_dim + value_dim + 2 Hv, H] w: in_proj_qkv | in_proj_z |
+                            * in_proj_b | in_proj_a rows */
+    void *conv_w;          /* [conv_dim, K] w: conv1d.weight */
+    float *A_log, *dt_bias;/* [Hv] */
+    void *gdn_norm;        /* [dv] w: linear_attn.norm.weight */
+    void *w_out;           /* [H, value_dim] w: out_proj */
 } dfl_target_layer;
 
 typedef struct dfl_target {
     dfl_be *be;
     dfl_hf_config cfg;
     char fingerprint[33];  /* dfl_hf_fingerprint of the directory */
+    char prefix[32];       /* of the text model's tensor names: "model." or, in the multimodal
+                            * layout of qwen3_5, "model.language_model." */
     dfl_dtype rope_dtype;  /* inv_freq rounding: config dtype, else the weights' dtype */
     int n_loaded;          /* layers 0 .. n_loaded-1 are on the backend */
     void *embed;           /* [V, H] w */
@@ -76,7 +90,10 @@ typedef struct dfl_target_ws {
     void *x;               /* [T, H] act: normed input of attention / MLP */
     void *delta;           /* [T, H] act: attention or MLP output before the residual add */
     void *big1;            /* [T, max((nH + 2 nKV) d, 2 I)] act: qkv, then gate|up */
-    void *big2;            /* [T, max(nH d, I)] act: attention output, then swiglu output */
+    void *big2;            /* [T, max(nH d, I)] act: attention output, then swiglu output
+                            * (hybrid: also the conv output, [T, conv_dim]) */
+    void *lin;             /* [T, value_dim] act: the gated delta rule's output (hybrid models
+                            * only, else NULL) */
     int32_t *ids, *pos;    /* [T] backend */
     int32_t *cu;           /* [S + 1] backend: cu_seqlens */
     int32_t *pos_host;     /* [T] host staging */
@@ -125,7 +142,8 @@ int dfl_target_forward_staged(dfl_target *t, dfl_target_ws *ws, uint64_t index, 
 
 /* The four GEMMs of a layer as dfl_target_forward_staged issues them for a batch of T tokens on
  * ws (qkv_proj, o_proj, gate_up_proj, down_proj; layer 0's weights, the same shapes for every
- * layer), so that a driver can tune them before its first batch. */
+ * layer of its kind; a Gated DeltaNet layer 0 gives in_proj and out_proj instead), so that a
+ * driver can tune them before its first batch. */
 int dfl_target_gemms(const dfl_target *t, const dfl_target_ws *ws, int64_t T, dfl_mm out[4]);
 
 /* The driver of dfl-target: reads token-batch streams and writes one hidden-state stream. */

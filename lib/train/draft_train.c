@@ -183,7 +183,11 @@ static int load_frozen(run *r, dfl_err *e)
 {
     int64_t shape[2] = {r->tc.vocab_size, r->tc.hidden_size};
     const dfl_st_tensor *emb, *lm = NULL;
-    int rc = dfl_st_model_get(r->tm, "model.embed_tokens.weight", 2, shape, &emb, e);
+    /* the multimodal layout of qwen3_5 targets keeps the text model under model.language_model. */
+    const char *emb_name = dfl_st_model_find(r->tm, "model.language_model.embed_tokens.weight")
+                               ? "model.language_model.embed_tokens.weight"
+                               : "model.embed_tokens.weight";
+    int rc = dfl_st_model_get(r->tm, emb_name, 2, shape, &emb, e);
     if (rc)
         return rc;
     if (!r->tc.tie_word_embeddings || dfl_st_model_find(r->tm, "lm_head.weight")) {

@@ -100,6 +100,46 @@ tokens_frame_offset() {
     [[ "$stderr" == *"4 layers is too few for 5 captured layers: capturing 1"* ]]
 }
 
+@test "hybrid qwen3_5: --info lists the layer kinds; auto layers may be of either kind" {
+    "$DFL_TOOLS/mktarget" -o "$BATS_TEST_TMPDIR/h" --type qwen3_5 --hidden 32 --heads 4 \
+        --kv-heads 2 --intermediate 64 --vocab 128 --layers 12
+    run --separate-stderr dfl-target -m "$BATS_TEST_TMPDIR/h" --info
+    assert_success
+    flat=$(echo "$output" | tr -d ' \n')
+    [[ "$flat" == *'"model_type":"qwen3_5"'* ]]
+    [[ "$flat" == *'"layer_kinds":["gateddeltanet","gateddeltanet","gateddeltanet","gatedattention","gateddeltanet"'* ]]
+    [[ "$flat" == *'"linear_attention":{"conv_kernel_dim":4,"key_head_dim":16,"layers":9,"num_key_heads":2,"num_value_heads":4,"value_head_dim":16}'* ]]
+    [ "$(echo "$flat" | grep -o '"layers":\[[0-9,]*\]')" = '"layers":[1,3,5,7,9]' ]
+    # the dense families say attention
+    run --separate-stderr dfl-target -m "$D/m4" --info
+    [[ "$(echo "$output" | tr -d ' \n')" == *'"layer_kinds":["attention","attention","attention","attention"]'* ]]
+}
+
+@test "hybrid qwen3_5 and qwen3_5_text models run and capture layers of either kind (stopping after the last)" {
+    for type in qwen3_5 qwen3_5_text; do
+        "$DFL_TOOLS/mktarget" -o "$BATS_TEST_TMPDIR/h" --type $type --hidden 32 --heads 4 \
+            --kv-heads 2 --intermediate 64 --vocab 128 --layers 8 --shards 2
+        run -0 dfl-target -q -m "$BATS_TEST_TMPDIR/h" --dtype f32 --layers 2,3,7 \
+            -o "$BATS_TEST_TMPDIR/all.dfl" "$D/tok3.dfl"
+        run -0 dfl-target -q -m "$BATS_TEST_TMPDIR/h" --dtype f32 --layers 3 \
+            -o "$BATS_TEST_TMPDIR/one.dfl" "$D/tok3.dfl"
+        run -0 hsdump "$BATS_TEST_TMPDIR/all.dfl"
+        assert_line --partial --index 0 "layers 2,3,7"
+        assert_line --index 4 "end batches 3 seqs 5 tokens 20"
+        rm -rf "$BATS_TEST_TMPDIR/h"
+    done
+}
+
+@test "hybrid qwen3_5: dfl-draft trains on its hidden states (embedding under model.language_model.)" {
+    "$DFL_TOOLS/mktarget" -o "$BATS_TEST_TMPDIR/h" --type qwen3_5 --hidden 32 --heads 4 \
+        --kv-heads 2 --intermediate 64 --vocab 128 --layers 8
+    dfl-target -q -m "$BATS_TEST_TMPDIR/h" "$D/big.dfl" |
+        dfl-draft -q -t "$BATS_TEST_TMPDIR/h" -o "$BATS_TEST_TMPDIR/run" --mask-token-id 127 \
+            --block-size 4 --num-anchors 8 --min-ready 1 --total-steps 4 -
+    [ -f "$BATS_TEST_TMPDIR/run/latest/model.safetensors" ]
+    run -0 grep -c '"step"' "$BATS_TEST_TMPDIR/run/metrics.jsonl"
+}
+
 @test "writes a hidden-state stream: header, one batch per input batch, ids and mask carried" {
     dfl-target -q -m "$D/m4" --layers 0,2 "$D/tok3.dfl" >"$BATS_TEST_TMPDIR/o.dfl"
     run hsdump "$BATS_TEST_TMPDIR/o.dfl"
@@ -199,7 +239,7 @@ tokens_frame_offset() {
 
 @test "an unknown model_type is exit 2, naming it" {
     run -2 dfl-target -m "$BAD/target/unknown-model-type" --info
-    assert_output --partial "model_type 'mistral' is not supported (supported: qwen3, llama, qwen2)"
+    assert_output --partial "model_type 'mistral' is not supported (supported: qwen3, llama, qwen2, qwen3_5, qwen3_5_text)"
 }
 
 @test "a token id out of range is exit 2, naming batch, sequence and position" {

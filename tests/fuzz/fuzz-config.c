@@ -40,7 +40,26 @@ static void setup(void)
 
 static void check_config(const dfl_hf_config *c)
 {
-    FZ_ASSERT(c->arch == DFL_HF_QWEN3 || c->arch == DFL_HF_LLAMA || c->arch == DFL_HF_QWEN2, "arch %d", c->arch);
+    FZ_ASSERT(c->arch == DFL_HF_QWEN3 || c->arch == DFL_HF_LLAMA || c->arch == DFL_HF_QWEN2 ||
+                  c->arch == DFL_HF_QWEN35, "arch %d", c->arch);
+    /* hybrid models: layer kinds, partial RoPE and linear-attention sizes the kernels take */
+    FZ_ASSERT(c->rot_dim >= 2 && c->rot_dim <= c->head_dim && c->rot_dim % 2 == 0, "rot_dim %lld",
+              (long long)c->rot_dim);
+    int64_t linear = 0;
+    for (int64_t i = 0; i < c->n_layers; i++) {
+        FZ_ASSERT(c->layer_kind[i] == (c->arch == DFL_HF_QWEN35 ? c->layer_kind[i] : DFL_LAYER_ATTN),
+                  "dense layer %lld of kind %d", (long long)i, c->layer_kind[i]);
+        FZ_ASSERT(c->layer_kind[i] <= DFL_LAYER_GDN, "layer %lld: kind %d", (long long)i, c->layer_kind[i]);
+        linear += c->layer_kind[i] == DFL_LAYER_GDN;
+    }
+    FZ_ASSERT(linear == c->n_linear, "%lld linear layers counted, %lld recorded", (long long)linear,
+              (long long)c->n_linear);
+    if (c->n_linear)
+        FZ_ASSERT(c->lin_k_heads >= 1 && c->lin_v_heads % c->lin_k_heads == 0 && c->lin_k_dim >= 1 &&
+                      c->lin_v_dim >= 1 && c->lin_conv >= 1 && c->lin_conv <= 8,
+                  "linear sizes %lld/%lld heads of %lld/%lld, conv %lld", (long long)c->lin_k_heads,
+                  (long long)c->lin_v_heads, (long long)c->lin_k_dim, (long long)c->lin_v_dim,
+                  (long long)c->lin_conv);
     FZ_ASSERT(c->hidden_size >= 1 && c->n_layers >= 1 && c->n_heads >= 1 && c->n_kv_heads >= 1 &&
                   c->intermediate_size >= 1 && c->vocab_size >= 1 && c->vocab_size <= INT32_MAX,
               "a size out of range");

@@ -1,6 +1,6 @@
 /* gpu-target.c: the target forward (lib/models/target.c) on the CUDA backend against the transformers
- * oracles (../shared/oracle/qwen3-tiny-a; tests/fixtures/target/{llama,qwen2}-tiny when
- * present), each sequence alone and all packed in one batch, with the residual adds in the GEMM
+ * oracles (../shared/oracle/qwen3-tiny-a and the hybrid qwen35-tiny-a;
+ * tests/fixtures/target/{llama,qwen2}-tiny when present), each sequence alone and all packed in one batch, with the residual adds in the GEMM
  * epilogues (the CUDA default) and as separate passes, and dfl-target --device cuda end to end.
  * Tolerances per row: bf16 activations: relative error ||gpu - ref|| / ||ref|| <= 3e-2 and
  * cosine >= 0.999. Issue #6 asks for 2e-2; on qwen3-tiny-a (norms perturbed away from 1) the H200
@@ -249,6 +249,21 @@ static void test_qwen3_oracle(void)
     forward_vs_ref(d, DFL_F32, false);
 }
 
+/* qwen35-tiny-a: the hybrid target (Gated DeltaNet and gated attention layers) */
+static void test_qwen35_oracle(void)
+{
+    if (!dfl_be_cuda_available())
+        T_SKIP("no CUDA GPU");
+    const char *o = t_oracle();
+    if (!o)
+        T_SKIP("no oracle");
+    char d[4096];
+    snprintf(d, sizeof d, "%s/qwen35-tiny-a", o);
+    forward_vs_ref(d, DFL_BF16, true);
+    forward_vs_ref(d, DFL_BF16, false);
+    forward_vs_ref(d, DFL_F32, true);
+}
+
 static void test_fixtures(void)
 {
     if (!dfl_be_cuda_available())
@@ -346,6 +361,7 @@ int main(int argc, char **argv)
              slash ? argv[0] : ".");
 #ifdef DFL_CUDA
     T_RUN(test_qwen3_oracle);
+    T_RUN(test_qwen35_oracle);
     T_RUN(test_fixtures);
     T_RUN(test_program);
 #else

@@ -1,6 +1,6 @@
-/* mktarget: writes a small random target model (qwen3, llama or qwen2) in the Hugging Face layout
- * (config.json plus model.safetensors, or shards with model.safetensors.index.json), for tests
- * and the demo. Deterministic: the same options give the same bytes; each tensor's values depend
+/* mktarget: writes a small random target model (qwen3, llama, qwen2, or the hybrid qwen3_5 in its
+ * multimodal layout or qwen3_5_text in the text-only one) in the Hugging Face layout (config.json
+ * plus model.safetensors, or shards with model.safetensors.index.json), for tests and the demo. Deterministic: the same options give the same bytes; each tensor's values depend
  * only on the seed and its name. Options to break a model on purpose (--omit, --wrong-shape) make
  * the bad-model corpus. --no-layers writes the config of all layers but only the embedding, final
  * norm and LM head: what a drafter reads of its target (bench/draft: 2.5 GB instead of 16). */
@@ -21,6 +21,7 @@
 typedef struct opts {
     const char *type, *out, *rope_spelling;
     int64_t hidden, layers, heads, kv_heads, head_dim, inter, vocab, shards;
+    int64_t lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, conv, interval; /* qwen3_5 */
     uint64_t seed;
     double theta, eps;
     bool tied, attn_bias, mlp_bias, no_layers;
@@ -34,7 +35,7 @@ typedef struct opts {
 typedef struct tensor {
     char name[128];
     int ndim;
-    int64_t shape[2];
+    int64_t shape[3];
     void *data;
 } tensor;
 
@@ -90,8 +91,9 @@ static int add(tensor *ts, int *nt, const opts *o, const char *name, int ndim, i
     snprintf(t->name, sizeof t->name, "%s", name);
     t->ndim = ndim;
     t->shape[0] = d0 + (listed(o->wrong, o->n_wrong, name) ? 1 : 0);
-    t->shape[1] = d1;
-    size_t n = (size_t)t->shape[0] * (size_t)(ndim == 2 ? d1 : 1);
+    t->shape[1] = ndim == 3 ? 1 : d1;
+    t->shape[2] = d1;     /* ndim 3: [d0, 1, d1] (a depthwise conv1d weight) */
+    size_t n = (size_t)t->shape[0] * (size_t)(ndim >= 2 ? d1 : 1);
     float *f = malloc(n * sizeof *f);
     t->data = malloc(n * dfl_dtype_size(o->dtype) + 1);
     if (!f || !t->data) {
@@ -102,6 +104,50 @@ static int add(tensor *ts, int *nt, const opts *o, const char *name, int ndim, i
     convert_par(t->data, o->dtype, f, n);
     free(f);
     return DFL_OK;
+}
+
+static bool is_full(const opts *o, int64_t l) { return (l + 1) % o->interval == 0; }
+
+/* qwen3_5_text: the hybrid fields, then (qwen3_5) wrapped as the published multimodal config. */
+static int write_config_qwen35(const opts *o, json_t *c, dfl_err *e)
+{
+    json_object_set_new(c, "model_type", json_string("qwen3_5_text"));
+    json_object_del(c, "architectures");
+    json_object_set_new(c, "attention_bias", json_false());
+    json_object_set_new(c, "partial_rotary_factor", json_real(0.25));
+    json_object_set_new(c, "rope_parameters", json_pack("{s:s,s:f,s:f,s:[i,i,i],s:b}", "rope_type",
+                                                        "default", "rope_theta", o->theta,
+                                                        "partial_rotary_factor", 0.25,
+                                                        "mrope_section", 11, 11, 10,
+                                                        "mrope_interleaved", 1));
+    json_object_set_new(c, "linear_num_key_heads", json_integer(o->lin_k_heads));
+    json_object_set_new(c, "linear_num_value_heads", json_integer(o->lin_v_heads));
+    json_object_set_new(c, "linear_key_head_dim", json_integer(o->lin_k_dim));
+    json_object_set_new(c, "linear_value_head_dim", json_integer(o->lin_v_dim));
+    json_object_set_new(c, "linear_conv_kernel_dim", json_integer(o->conv));
+    if (o->interval != 4) {
+        json_object_set_new(c, "full_attention_interval", json_integer(o->interval));
+    } else {
+        json_t *lt = json_array();
+        for (int64_t l = 0; l < o->layers; l++)
+            json_array_append_new(lt, json_string(is_full(o, l) ? "full_attention" : "linear_attention"));
+        json_object_set_new(c, "layer_types", lt);
+    }
+    if (strcmp(o->type, "qwen3_5") == 0) {
+        json_t *w = json_pack("{s:[s],s:s,s:O,s:b,s:{s:s,s:i},s:s}", "architectures",
+                              "Qwen3_5ForConditionalGeneration", "model_type", "qwen3_5",
+                              "text_config", c, "tie_word_embeddings", o->tied, "vision_config",
+                              "model_type", "qwen3_5_vision", "depth", 1, "dtype",
+                              json_string_value(json_object_get(c, "torch_dtype")));
+        json_object_del(json_object_get(w, "text_config"), "torch_dtype");
+        json_decref(c);
+        c = w;
+    }
+    char *path = dfl_path_join(o->out, "config.json");
+    int rc = path && c ? dfl_json_write_file(path, c, e) : dfl_fail(e, DFL_ENOMEM, "out of memory");
+    free(path);
+    json_decref(c);
+    return rc;
 }
 
 static int write_config(const opts *o, dfl_err *e)
@@ -123,6 +169,8 @@ static int write_config(const opts *o, dfl_err *e)
                           "max_position_embeddings", (json_int_t)4096);
     if (!c)
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    if (strncmp(o->type, "qwen3_5", 7) == 0)
+        return write_config_qwen35(o, c, e);
     if (strcmp(o->type, "qwen2") != 0)
         json_object_set_new(c, "attention_bias", json_boolean(o->attn_bias));
     if (strcmp(o->type, "llama") == 0)
@@ -164,7 +212,7 @@ static int write_weights(const opts *o, tensor *ts, int nt, dfl_err *e)
         for (int i = lo; i < hi && !rc; i++) {
             rc = dfl_st_writer_add(w, ts[i].name, o->dtype, ts[i].ndim, ts[i].shape, ts[i].data, e);
             json_object_set_new(map, ts[i].name, json_string(fname));
-            total += (uint64_t)ts[i].shape[0] * (uint64_t)(ts[i].ndim == 2 ? ts[i].shape[1] : 1) *
+            total += (uint64_t)ts[i].shape[0] * (uint64_t)(ts[i].ndim >= 2 ? ts[i].shape[ts[i].ndim - 1] : 1) *
                      dfl_dtype_size(o->dtype);
         }
         char *path = dfl_path_join(o->out, fname);
@@ -190,7 +238,13 @@ static void usage(void)
 {
     printf("Usage: %s -o DIR [OPTION]...\n"
            "Write a small random target model in the Hugging Face layout.\n"
-           "  --type qwen3|llama|qwen2   model_type (default qwen3)\n"
+           "  --type qwen3|llama|qwen2|qwen3_5|qwen3_5_text   model_type (default qwen3); qwen3_5:\n"
+           "                             the multimodal layout (text_config, model.language_model.*,\n"
+           "                             a model.visual.* and an mtp.* tensor), qwen3_5_text: text-only\n"
+           "  --lin-k-heads N --lin-v-heads N --lin-k-dim N --lin-v-dim N --conv N\n"
+           "                             qwen3_5 linear attention (default 2, 4, 16, 16, 4)\n"
+           "  --interval N               qwen3_5: every Nth layer full attention (default 4: written\n"
+           "                             as layer_types; otherwise as full_attention_interval)\n"
            "  --hidden N --layers N --heads N --kv-heads N --head-dim N --intermediate N --vocab N\n"
            "                             sizes (default 64, 4, 4, 2, hidden/heads, 128, 256)\n"
            "  --tied                     tie_word_embeddings (no lm_head.weight)\n"
@@ -213,7 +267,9 @@ int main(int argc, char **argv)
 {
     dfl_cli_init(argv[0]);
     opts o = {.type = "qwen3", .hidden = 64, .layers = 4, .heads = 4, .kv_heads = 2, .inter = 128,
-              .vocab = 256, .shards = 1, .seed = 1, .theta = 1e6, .eps = 1e-6, .dtype = DFL_BF16};
+              .vocab = 256, .shards = 1, .seed = 1, .theta = 1e6, .eps = 1e-6, .dtype = DFL_BF16,
+              .lin_k_heads = 2, .lin_v_heads = 4, .lin_k_dim = 16, .lin_v_dim = 16, .conv = 4,
+              .interval = 4};
     static const struct option lo[] = {
         {"type", 1, 0, 't'}, {"hidden", 1, 0, 'H'}, {"layers", 1, 0, 'L'}, {"heads", 1, 0, 'A'},
         {"kv-heads", 1, 0, 'K'}, {"head-dim", 1, 0, 'D'}, {"intermediate", 1, 0, 'I'},
@@ -221,7 +277,9 @@ int main(int argc, char **argv)
         {"shards", 1, 0, 'S'}, {"theta", 1, 0, 'r'}, {"eps", 1, 0, 'e'},
         {"rope-spelling", 1, 0, 'R'}, {"attention-bias", 0, 0, 'b'}, {"mlp-bias", 0, 0, 'M'},
         {"omit", 1, 0, 'x'}, {"wrong-shape", 1, 0, 'w'}, {"output", 1, 0, 'o'},
-        {"no-layers", 0, 0, 'N'},
+        {"no-layers", 0, 0, 'N'}, {"lin-k-heads", 1, 0, 1000}, {"lin-v-heads", 1, 0, 1001},
+        {"lin-k-dim", 1, 0, 1002}, {"lin-v-dim", 1, 0, 1003}, {"conv", 1, 0, 1004},
+        {"interval", 1, 0, 1005},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     dfl_err e = {0};
     int c;
@@ -257,6 +315,12 @@ int main(int argc, char **argv)
         case 'b': o.attn_bias = true; break;
         case 'M': o.mlp_bias = true; break;
         case 'N': o.no_layers = true; break;
+        case 1000: dst = &o.lin_k_heads; break;
+        case 1001: dst = &o.lin_v_heads; break;
+        case 1002: dst = &o.lin_k_dim; break;
+        case 1003: dst = &o.lin_v_dim; break;
+        case 1004: dst = &o.conv; break;
+        case 1005: dst = &o.interval; break;
         case 'x':
             if (o.n_omit < 16)
                 o.omit[o.n_omit++] = optarg;
@@ -274,8 +338,11 @@ int main(int argc, char **argv)
     }
     if (!o.out)
         return dfl_cli_usage_error("-o DIR is required");
-    if (strcmp(o.type, "qwen3") && strcmp(o.type, "llama") && strcmp(o.type, "qwen2"))
-        return dfl_cli_usage_error("--type: '%s' is not qwen3, llama or qwen2", o.type);
+    if (strcmp(o.type, "qwen3") && strcmp(o.type, "llama") && strcmp(o.type, "qwen2") &&
+        strcmp(o.type, "qwen3_5") && strcmp(o.type, "qwen3_5_text"))
+        return dfl_cli_usage_error("--type: '%s' is not qwen3, llama, qwen2, qwen3_5 or "
+                                   "qwen3_5_text", o.type);
+    bool hybrid = strncmp(o.type, "qwen3_5", 7) == 0, wrapped = strcmp(o.type, "qwen3_5") == 0;
     if (o.dtype != DFL_BF16 && o.dtype != DFL_F16 && o.dtype != DFL_F32)
         return dfl_cli_usage_error("--dtype: bf16, f16 or f32");
     if (!o.head_dim)
@@ -287,7 +354,7 @@ int main(int argc, char **argv)
     bool qkv_bias = qwen2 || o.attn_bias, o_bias = !qwen2 && o.attn_bias, mlp_bias = llama && o.mlp_bias;
     int64_t H = o.hidden, d = o.head_dim, nq = o.heads * d, nkv = o.kv_heads * d, I = o.inter;
 
-    int cap = (int)(o.layers * 20 + 4);
+    int cap = (int)(o.layers * 20 + 8);
     tensor *ts = calloc((size_t)cap, sizeof *ts);
     int nt = 0, rc = 0;
     if (!ts)
@@ -299,16 +366,37 @@ int main(int argc, char **argv)
         if (!rc)                                                                         \
             rc = add(ts, &nt, &o, name, nd, a, b, mean, std, &e);                        \
     } while (0)
-    ADD(2, o.vocab, H, 0.0f, 1.0f, "model.embed_tokens.weight");
-    ADD(1, H, 0, 1.0f, 0.1f, "model.norm.weight");
+    /* qwen3_5's norms are zero-centred (weights around 0: out = rmsnorm(x) (1 + w)) */
+    const char *mp = wrapped ? "model.language_model" : "model";
+    float nmean = hybrid ? 0.0f : 1.0f;
+    ADD(2, o.vocab, H, 0.0f, 1.0f, "%s.embed_tokens.weight", mp);
+    ADD(1, H, 0, nmean, 0.1f, "%s.norm.weight", mp);
     if (!o.tied)
         ADD(2, o.vocab, H, 0.0f, 0.05f, "lm_head.weight");
+    if (wrapped) { /* present in the published checkpoints; dfl-target must not read them */
+        ADD(2, 8, 8, 0.0f, 0.05f, "model.visual.patch_embed.proj.weight");
+        ADD(2, H, 2 * H, 0.0f, 0.05f, "mtp.fc.weight");
+    }
+    int64_t kd = o.lin_k_heads * o.lin_k_dim, vd = o.lin_v_heads * o.lin_v_dim;
     for (int64_t l = 0; l < (o.no_layers ? 0 : o.layers); l++) {
-        const char *p = "model.layers";
+        char p[64];
+        snprintf(p, sizeof p, "%s.layers", mp);
         long long L = (long long)l;
-        ADD(1, H, 0, 1.0f, 0.1f, "%s.%lld.input_layernorm.weight", p, L);
-        ADD(1, H, 0, 1.0f, 0.1f, "%s.%lld.post_attention_layernorm.weight", p, L);
-        ADD(2, nq, H, 0.0f, 0.05f, "%s.%lld.self_attn.q_proj.weight", p, L);
+        ADD(1, H, 0, nmean, 0.1f, "%s.%lld.input_layernorm.weight", p, L);
+        ADD(1, H, 0, nmean, 0.1f, "%s.%lld.post_attention_layernorm.weight", p, L);
+        if (hybrid && !is_full(&o, l)) {
+            ADD(2, 2 * kd + vd, H, 0.0f, 0.05f, "%s.%lld.linear_attn.in_proj_qkv.weight", p, L);
+            ADD(2, vd, H, 0.0f, 0.05f, "%s.%lld.linear_attn.in_proj_z.weight", p, L);
+            ADD(2, o.lin_v_heads, H, 0.0f, 0.05f, "%s.%lld.linear_attn.in_proj_b.weight", p, L);
+            ADD(2, o.lin_v_heads, H, 0.0f, 0.05f, "%s.%lld.linear_attn.in_proj_a.weight", p, L);
+            ADD(3, 2 * kd + vd, o.conv, 0.0f, 0.3f, "%s.%lld.linear_attn.conv1d.weight", p, L);
+            ADD(1, o.lin_v_heads, 0, 0.5f, 0.5f, "%s.%lld.linear_attn.A_log", p, L);
+            ADD(1, o.lin_v_heads, 0, 0.0f, 0.5f, "%s.%lld.linear_attn.dt_bias", p, L);
+            ADD(1, o.lin_v_dim, 0, 1.0f, 0.1f, "%s.%lld.linear_attn.norm.weight", p, L);
+            ADD(2, H, vd, 0.0f, 0.05f, "%s.%lld.linear_attn.out_proj.weight", p, L);
+            goto mlp;
+        }
+        ADD(2, hybrid ? 2 * nq : nq, H, 0.0f, 0.05f, "%s.%lld.self_attn.q_proj.weight", p, L);
         ADD(2, nkv, H, 0.0f, 0.05f, "%s.%lld.self_attn.k_proj.weight", p, L);
         ADD(2, nkv, H, 0.0f, 0.05f, "%s.%lld.self_attn.v_proj.weight", p, L);
         ADD(2, H, nq, 0.0f, 0.05f, "%s.%lld.self_attn.o_proj.weight", p, L);
@@ -319,10 +407,11 @@ int main(int argc, char **argv)
         }
         if (o_bias)
             ADD(1, H, 0, 0.0f, 0.1f, "%s.%lld.self_attn.o_proj.bias", p, L);
-        if (qwen3) {
-            ADD(1, d, 0, 1.0f, 0.1f, "%s.%lld.self_attn.q_norm.weight", p, L);
-            ADD(1, d, 0, 1.0f, 0.1f, "%s.%lld.self_attn.k_norm.weight", p, L);
+        if (qwen3 || hybrid) {
+            ADD(1, d, 0, nmean, 0.1f, "%s.%lld.self_attn.q_norm.weight", p, L);
+            ADD(1, d, 0, nmean, 0.1f, "%s.%lld.self_attn.k_norm.weight", p, L);
         }
+    mlp:
         ADD(2, I, H, 0.0f, 0.05f, "%s.%lld.mlp.gate_proj.weight", p, L);
         ADD(2, I, H, 0.0f, 0.05f, "%s.%lld.mlp.up_proj.weight", p, L);
         ADD(2, H, I, 0.0f, 0.05f, "%s.%lld.mlp.down_proj.weight", p, L);

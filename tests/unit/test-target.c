@@ -94,6 +94,102 @@ static void test_config_oracle(void)
     T_CHECK(c.qk_norm && !c.qkv_bias && !c.o_bias && !c.mlp_bias && !c.tie_word_embeddings, "flags");
 }
 
+#define Q35_CFG                                                                                    \
+    "\"model_type\": \"qwen3_5_text\", " BASE_CFG ", \"head_dim\": 32, "                         \
+    "\"linear_num_key_heads\": 2, \"linear_num_value_heads\": 4, \"linear_key_head_dim\": 16, "   \
+    "\"linear_value_head_dim\": 16, \"linear_conv_kernel_dim\": 4"
+
+static void test_config_qwen35(void)
+{
+    dfl_hf_config c;
+    char m[1024];
+    const char *o = t_oracle();
+    if (o) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/qwen35-tiny-a", o);
+        dfl_err e = {0};
+        T_CHECK(dfl_hf_config_load(dir, &c, NULL, &e) == 0, "%s", e.msg);
+        T_CHECK(c.arch == DFL_HF_QWEN35 && strcmp(c.model_type, "qwen3_5") == 0, "arch");
+        T_EQ_INT(c.n_layers, 8, "layers");
+        T_EQ_INT(c.n_linear, 6, "linear layers");
+        for (int i = 0; i < 8; i++)
+            T_EQ_INT(c.layer_kind[i], i % 4 == 3 ? DFL_LAYER_GATED_ATTN : DFL_LAYER_GDN, "kind");
+        T_EQ_INT(c.rot_dim, 16, "64 * 0.25 rotary dims");
+        T_EQ_INT(c.lin_k_heads, 2, "key heads");
+        T_EQ_INT(c.lin_v_heads, 4, "value heads");
+        T_EQ_INT(c.lin_k_dim, 32, "dk");
+        T_EQ_INT(c.lin_v_dim, 32, "dv");
+        T_EQ_INT(c.lin_conv, 4, "conv");
+        T_NEAR(c.rope_theta, 1e7, 0, "theta");
+        T_CHECK(c.dtype == DFL_BF16, "dtype from the top level");
+        T_CHECK(c.norm_1p && c.qk_norm && !c.tie_word_embeddings, "flags");
+    }
+    /* text-only, layer kinds from full_attention_interval (default 4) */
+    T_CHECK(parse_cfg("{" Q35_CFG "}", &c, m, sizeof m) == 0, "%s", m);
+    T_CHECK(c.layer_kind[0] == DFL_LAYER_GDN && c.layer_kind[3] == DFL_LAYER_GATED_ATTN &&
+                c.n_linear == 3, "default interval 4");
+    T_EQ_INT(c.rot_dim, 8, "default partial_rotary_factor 0.25");
+    T_CHECK(parse_cfg("{" Q35_CFG ", \"full_attention_interval\": 2, \"partial_rotary_factor\": 0.5}",
+                      &c, m, sizeof m) == 0, "%s", m);
+    T_CHECK(c.layer_kind[0] == DFL_LAYER_GDN && c.layer_kind[1] == DFL_LAYER_GATED_ATTN &&
+                c.layer_kind[2] == DFL_LAYER_GDN && c.n_linear == 2, "interval 2");
+    T_EQ_INT(c.rot_dim, 16, "partial 0.5");
+    /* the published wrapper */
+    T_CHECK(parse_cfg("{\"model_type\": \"qwen3_5\", \"torch_dtype\": \"float32\", \"text_config\": {"
+                      Q35_CFG "}}", &c, m, sizeof m) == 0 && c.dtype == DFL_F32, "wrapper: %s", m);
+    struct {
+        const char *text;
+        const char *word;
+        int code;
+    } bad[] = {
+        {"{" Q35_CFG ", \"layer_types\": [\"linear_attention\", \"sliding_attention\", "
+         "\"linear_attention\", \"full_attention\"]}", "layer_types[1] is 'sliding_attention'",
+         DFL_EUNSUP},
+        {"{" Q35_CFG ", \"layer_types\": [\"linear_attention\"]}", "layer_types has 1 entries",
+         DFL_EDATA},
+        {"{" Q35_CFG ", \"partial_rotary_factor\": 0.01}", "partial_rotary_factor", DFL_EUNSUP},
+        {"{" Q35_CFG ", \"attention_bias\": true}", "attention_bias", DFL_EUNSUP},
+        {"{\"model_type\": \"qwen3_5\"}", "text_config", DFL_EDATA},
+        {"{\"model_type\": \"qwen3_5\", \"text_config\": {\"model_type\": \"qwen3_5_moe_text\"}}",
+         "text_config.model_type is 'qwen3_5_moe_text'", DFL_EUNSUP},
+    };
+    for (size_t i = 0; i < DFL_ARRAY_LEN(bad); i++) {
+        int rc = parse_cfg(bad[i].text, &c, m, sizeof m);
+        T_CHECK(rc == bad[i].code && strstr(m, bad[i].word), "bad case %zu: rc %d '%s'", i, rc, m);
+    }
+    /* sizes the kernels do not take, at the top level and inside text_config */
+    struct {
+        const char *key;
+        int value;
+        const char *word;
+    } sizes[] = {
+        {"linear_num_value_heads", 3, "linear_num_value_heads = 3 is not a multiple"},
+        {"linear_conv_kernel_dim", 9, "linear_conv_kernel_dim = 9 is not supported"},
+    };
+    for (size_t i = 0; i < DFL_ARRAY_LEN(sizes); i++) {
+        for (int wrap = 0; wrap < 2; wrap++) {
+            json_t *tc = parse("{" Q35_CFG "}");
+            json_object_set_new(tc, sizes[i].key, json_integer(sizes[i].value));
+            json_t *top = wrap ? json_pack("{s:s,s:O}", "model_type", "qwen3_5", "text_config", tc)
+                               : json_incref(tc);
+            dfl_err e = {0};
+            int rc = dfl_hf_config_parse(top, "config.json", &c, &e);
+            T_CHECK(rc == DFL_EUNSUP && strstr(e.msg, sizes[i].word) &&
+                        (!wrap || strstr(e.msg, "config.json: text_config: ")),
+                    "%s (wrapped %d): %s", sizes[i].key, wrap, e.msg);
+            json_decref(top);
+            json_decref(tc);
+        }
+    }
+    /* a missing linear-attention size is named */
+    json_t *v = parse("{" Q35_CFG "}");
+    json_object_del(v, "linear_key_head_dim");
+    dfl_err e = {0};
+    T_CHECK(dfl_hf_config_parse(v, "config.json", &c, &e) == DFL_EDATA &&
+                strstr(e.msg, "linear_key_head_dim"), "missing: %s", e.msg);
+    json_decref(v);
+}
+
 static void test_config_spellings(void)
 {
     dfl_hf_config c;
@@ -351,6 +447,31 @@ static void test_bad_models(void)
         T_CHECK(!t, "no model on failure");
         dfl_target_close(t);
     }
+    /* hybrid models: missing or misshapen linear-attention tensors */
+    struct {
+        const char *args, *word;
+        int code;
+    } hy[] = {
+        {"--type qwen3_5 --omit model.language_model.layers.0.linear_attn.A_log",
+         "model.language_model.layers.0.linear_attn.A_log", DFL_EDATA},
+        {"--type qwen3_5_text --omit model.layers.1.linear_attn.conv1d.weight",
+         "model.layers.1.linear_attn.conv1d.weight", DFL_EDATA},
+        {"--type qwen3_5_text --wrong-shape model.layers.3.self_attn.q_proj.weight",
+         "model.layers.3.self_attn.q_proj.weight", DFL_EMISMATCH},
+        {"--type qwen3_5 --omit model.language_model.layers.2.linear_attn.in_proj_z.weight",
+         "in_proj_z", DFL_EDATA},
+    };
+    for (size_t i = 0; i < DFL_ARRAY_LEN(hy); i++) {
+        char args[512];
+        snprintf(args, sizeof args, "--layers 4 %s", hy[i].args);
+        if (!mkmodel(dir, args))
+            continue;
+        dfl_target *t = NULL;
+        int rc = dfl_target_open(&t, be, dir, 0, &e);
+        T_CHECK(rc == hy[i].code && strstr(e.msg, hy[i].word), "%s: rc %d: %s", hy[i].args, rc, e.msg);
+        T_CHECK(!t, "no model on failure");
+        dfl_target_close(t);
+    }
     /* tied embeddings need no lm_head; a sharded model loads */
     if (mkmodel(dir, "--layers 2 --tied --shards 3")) {
         dfl_target *t = NULL;
@@ -423,9 +544,80 @@ static const float *ref_layer(const ref *r, int s, int k)
     return t ? t->data : NULL;
 }
 
+/* f32 copy of a model tensor (NULL if absent). */
+static float *tensor_f32(const dfl_st_model *m, const char *name, int64_t *n)
+{
+    const dfl_st_tensor *t = dfl_st_model_find(m, name);
+    if (!t)
+        return NULL;
+    float *v = malloc((size_t)t->numel * sizeof *v);
+    if (v && !dfl_convert(v, DFL_F32, t->data, t->dtype, (size_t)t->numel)) {
+        free(v);
+        return NULL;
+    }
+    *n = (int64_t)t->numel;
+    return v;
+}
+
+/* The final norm (the model's RMSNorm, on the backend's op) and the logits of the last 8 rows
+ * (lm_head, or the embedding when tied) of sequence s from its last layer's output x, against
+ * seq{s}.norm and seq{s}.logits_last8 when the reference has them. */
+static void final_vs_ref(dfl_target *t, const char *dir, const ref *r, int s, const float *x)
+{
+    char name[128];
+    snprintf(name, sizeof name, "seq%d.norm", s);
+    const dfl_st_tensor *rn = dfl_st_find(r->f, name);
+    snprintf(name, sizeof name, "seq%d.logits_last8", s);
+    const dfl_st_tensor *rl = dfl_st_find(r->f, name);
+    if (!rn || !rl)
+        return;
+    dfl_err e = {0};
+    dfl_st_model *m = NULL;
+    if (dfl_st_model_open(&m, dir, &e)) {
+        T_CHECK(0, "%s", e.msg);
+        return;
+    }
+    const dfl_hf_config *c = &t->cfg;
+    int64_t H = c->hidden_size, V = c->vocab_size, L = r->len[s], nw = 0, nl = 0;
+    snprintf(name, sizeof name, "%snorm.weight", t->prefix);
+    float *w = tensor_f32(m, name, &nw);
+    snprintf(name, sizeof name, "%sembed_tokens.weight", t->prefix);
+    float *lm = tensor_f32(m, c->tie_word_embeddings ? name : "lm_head.weight", &nl);
+    float *y = malloc((size_t)(L * H) * sizeof *y);
+    T_CHECK(w && lm && nw == H && nl == V * H, "%s: final norm and LM head", dir);
+    if (w && lm && nw == H && nl == V * H) {
+        dfl_be *be = t->be;
+        int rc = c->norm_1p ? be->ops->rmsnorm_1p(be, y, x, w, L, H, (float)c->rms_norm_eps)
+                            : be->ops->rmsnorm(be, y, NULL, x, w, L, H, (float)c->rms_norm_eps);
+        T_CHECK(rc == 0, "final norm");
+        double err = max_row_err(y, rn->data, L, H);
+        T_CHECK(err <= 1e-4, "%s seq%d final norm: max row rel err %.3g", dir, s, err);
+        int64_t n8 = rl->shape[0];
+        float *lg = malloc((size_t)(n8 * V) * sizeof *lg);
+        for (int64_t i = 0; i < n8; i++)
+            for (int64_t v = 0; v < V; v++) {
+                double acc = 0;
+                for (int64_t j = 0; j < H; j++)
+                    acc += (double)y[(L - n8 + i) * H + j] * lm[v * H + j];
+                lg[i * V + v] = (float)acc;
+            }
+        double el = max_row_err(lg, rl->data, n8, V);
+        if (getenv("DFL_TEST_VERBOSE"))
+            fprintf(stderr, "  %s seq%d norm: %.3g logits: %.3g\n", dir, s, err, el);
+        T_CHECK(el <= 1e-4, "%s seq%d logits of the last %lld: max row rel err %.3g", dir, s,
+                (long long)n8, el);
+        free(lg);
+    }
+    free(y);
+    free(w);
+    free(lm);
+    dfl_st_model_close(m);
+}
+
 /* The library forward on the CPU against a reference directory: each sequence alone, then all
- * packed into one batch (in reverse order, so that packing offsets differ). */
-static void forward_vs_ref(const char *dir)
+ * packed into one batch (in reverse order, so that packing offsets differ). fuse: the residual
+ * adds in the GEMMs' epilogues (beta = 1), as the CUDA backend runs them. */
+static void forward_vs_ref_ex(const char *dir, bool fuse)
 {
     dfl_err e = {0};
     ref r;
@@ -441,6 +633,7 @@ static void forward_vs_ref(const char *dir)
         T_CHECK(0, "%s: %s", dir, e.msg);
         goto out;
     }
+    t->fuse_residual = fuse;
     int64_t H = t->cfg.hidden_size, total = 0;
     int K = r.n_layers;
     T_EQ_INT(K, t->cfg.n_layers, "reference has every layer");
@@ -471,6 +664,8 @@ static void forward_vs_ref(const char *dir)
                 fprintf(stderr, "  %s seq%d layer%d: %.3g\n", dir, s, k, err);
             T_CHECK(err <= 1e-4, "%s seq%d layer%d alone: max row rel err %.3g", dir, s, k, err);
         }
+        if (K == t->cfg.n_layers)
+            final_vs_ref(t, dir, &r, s, caps[K - 1]);
     }
     /* packed, reversed */
     int64_t off[16], row = 0;
@@ -530,6 +725,8 @@ out:
     dfl_st_close(r.f);
 }
 
+static void forward_vs_ref(const char *dir) { forward_vs_ref_ex(dir, false); }
+
 static void test_forward_qwen3_oracle(void)
 {
     const char *o = t_oracle();
@@ -538,6 +735,17 @@ static void test_forward_qwen3_oracle(void)
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/qwen3-tiny-a", o);
     forward_vs_ref(dir);
+}
+
+static void test_forward_qwen35_oracle(void)
+{
+    const char *o = t_oracle();
+    if (!o)
+        T_SKIP("no oracle");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/qwen35-tiny-a", o);
+    forward_vs_ref(dir);
+    forward_vs_ref_ex(dir, true); /* the layer sequence CUDA runs */
 }
 
 static const char *fixture(const char *name)
@@ -652,6 +860,10 @@ static void test_packed_generated(void)
     packed_equals_alone("--type qwen3 --layers 3 --heads 4 --kv-heads 2 --attention-bias");
     packed_equals_alone("--type llama --layers 3 --heads 4 --kv-heads 1 --attention-bias --mlp-bias --dtype f16");
     packed_equals_alone("--type qwen2 --layers 3 --heads 8 --kv-heads 2 --dtype f32 --tied");
+    /* hybrid: the conv window and the delta rule's state restart with each sequence */
+    packed_equals_alone("--type qwen3_5 --layers 4 --shards 3");
+    packed_equals_alone("--type qwen3_5_text --layers 3 --interval 3 --lin-k-heads 1 --lin-v-heads 3 "
+                        "--lin-k-dim 8 --lin-v-dim 24 --conv 2 --dtype f32 --tied");
 }
 
 /* ---- the program ---- */
@@ -736,6 +948,19 @@ static void test_program_qwen3_oracle(void)
     program_vs_ref(dir, true);
 }
 
+static void test_program_qwen35_oracle(void)
+{
+    const char *o = t_oracle();
+    if (!o)
+        T_SKIP("no oracle");
+    if (!exists(target_bin) || !exists(mktokens_bin))
+        T_SKIP("no %s or %s", target_bin, mktokens_bin);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/qwen35-tiny-a", o);
+    program_vs_ref(dir, false);
+    program_vs_ref(dir, true);
+}
+
 static void test_program_fixtures(void)
 {
     const char *names[] = {"llama-tiny", "qwen2-tiny"};
@@ -768,14 +993,17 @@ int main(int argc, char **argv)
     T_RUN(test_config_oracle);
     T_RUN(test_config_spellings);
     T_RUN(test_config_unsupported);
+    T_RUN(test_config_qwen35);
     T_RUN(test_auto_layers);
     T_RUN(test_fingerprint);
     T_RUN(test_bad_models);
     T_RUN(test_forward_qwen3_oracle);
+    T_RUN(test_forward_qwen35_oracle);
     T_RUN(test_forward_llama_fixture);
     T_RUN(test_forward_qwen2_fixture);
     T_RUN(test_packed_generated);
     T_RUN(test_program_qwen3_oracle);
+    T_RUN(test_program_qwen35_oracle);
     T_RUN(test_program_fixtures);
     return t_done();
 }

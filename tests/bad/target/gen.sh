@@ -50,6 +50,24 @@ sed -i '/"vocab_size"/d; s/"intermediate_size": 64,/"intermediate_size": 64/' mi
 # found by fuzz-config: a real far outside int64_t where an integer is wanted
 config head-dim-1e300 ',
   "head_dim": 1281e300' llama
+# hybrid (qwen3_5) models: a layer kind, head ratio or conv kernel we do not run; missing
+# linear-attention tensors
+hybrid='"head_dim": 16,
+  "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
+  "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4'
+config hybrid-layer-type ",
+  $hybrid,
+  \"layer_types\": [\"linear_attention\", \"mamba\"]" qwen3_5_text
+config hybrid-head-ratio ",
+  $hybrid,
+  \"layer_types\": [\"linear_attention\", \"full_attention\"]" qwen3_5_text
+sed -i 's/"linear_num_value_heads": 4/"linear_num_value_heads": 3/' hybrid-head-ratio/config.json
+config hybrid-conv-kernel ",
+  $hybrid,
+  \"layer_types\": [\"linear_attention\", \"full_attention\"]" qwen3_5_text
+sed -i 's/"linear_conv_kernel_dim": 4/"linear_conv_kernel_dim": 64/' hybrid-conv-kernel/config.json
+"$mktarget" -o hybrid-missing-linear "${tiny[@]}" --type qwen3_5 --head-dim 8 \
+    --omit model.language_model.layers.0.linear_attn.in_proj_qkv.weight
 mkdir -p invalid-json && printf '{"model_type": "qwen3", "hidden_size": 32,\n' >invalid-json/config.json
 
 # Token streams that the good model must refuse.
@@ -75,5 +93,9 @@ head-dim-1e300	2	key 'head_dim' must be an integer
 token-out-of-range.dfl	2	batch 1, sequence 1, position 3: token id 64 is out of range
 hidden-stream.dfl	2	not a token-batch stream
 truncated.dfl	2	truncated
+hybrid-layer-type	2	layer_types[1] is 'mamba'
+hybrid-head-ratio	2	linear_num_value_heads = 3 is not a multiple of linear_num_key_heads = 2
+hybrid-conv-kernel	2	linear_conv_kernel_dim = 64 is not supported
+hybrid-missing-linear	2	model.language_model.layers.0.linear_attn.in_proj_qkv.weight
 MAN
 echo "tests/bad/target: $(grep -vc '^#' MANIFEST) cases"

@@ -18,6 +18,7 @@ for f in tests/fixtures/target/*/config.json tests/bad/target/*/config.json; do
     copy $c/config "$f" "$d.json"
 done
 [ -f ../shared/oracle/qwen3-tiny-a/config.json ] && copy $c/config ../shared/oracle/qwen3-tiny-a/config.json qwen3-tiny-a.json
+[ -f ../shared/oracle/qwen35-tiny-a/config.json ] && copy $c/config ../shared/oracle/qwen35-tiny-a/config.json qwen35-tiny-a.json
 # stindex: the index of every bad model directory, and a good two-shard index for the fuzzer's
 # fixed shards (see fuzz-stindex.c)
 for f in tests/bad/safetensors/idx-*/model.safetensors.index.json; do

@@ -1,0 +1,354 @@
+/* gpu-hybrid.c: the CUDA ops of hybrid targets (kernels/hybrid.cu) against the CPU ops
+ * (lib/backends/be_cpu_hybrid.c), with bf16 and f32 activations, on inputs rounded to the
+ * activation type (so both sides see the same numbers): zero-centred RMSNorm, q/k norm with
+ * partial RoPE, the sigmoid gate, the per-sequence conv1d + SiLU, L2 norm, gated RMSNorm; and the
+ * chunked gated delta rule against the CPU's token-by-token recurrence on packed sequences of
+ * 1, 63, 64, 65 and 5000 tokens, key/value head dims 64 and 128 and several head ratios. Every
+ * device buffer has guard bands checked after the op, outputs start as NaN bytes, and every
+ * comparison fails on NaN. Tolerances (max over rows of ||gpu - cpu|| / ||cpu||): f32 1e-4 (the
+ * delta rule: 1e-4 against the recurrence), bf16 1e-2 (one bf16 rounding of the output, 2^-9,
+ * plus the rounding of intermediate inputs). Skips without a GPU (exit 77). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "dtype.h"
+#include "util.h"
+#include "../unit/t.h"
+
+#ifdef DFL_CUDA
+#include "gpu-test.h"
+
+static dfl_be *cpu_be, *gpu_be;
+
+static bool open_gpu(dfl_dtype act)
+{
+    dfl_err e = {0};
+    dfl_be_close(gpu_be);
+    gpu_be = NULL;
+    if (dfl_be_cuda_open(&gpu_be, 0, act, &e)) {
+        T_CHECK(0, "cuda: %s", e.msg);
+        return false;
+    }
+    return true;
+}
+
+/* random host values, rounded to act when it is bf16 */
+static float *vals(size_t n, float scale, float offset, dfl_dtype act)
+{
+    return rnd(n, scale, offset, act == DFL_BF16);
+}
+
+/* device copy of x (n values of act), with guard bands */
+static bool dev(gbuf *b, const float *x, size_t n, dfl_dtype dt)
+{
+    if (!gb_alloc(b, gpu_be, n, dt))
+        return false;
+    if (x)
+        gb_set(b, x);
+    return true;
+}
+
+/* max over R rows of n (stride ld) of the relative error; NaN sticks */
+static double rows_err(const float *got, const float *want, int64_t R, int64_t n, int64_t ld)
+{
+    double worst = 0;
+    for (int64_t r = 0; r < R; r++) {
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double d = (double)got[r * ld + i] - want[r * ld + i];
+            num += d * d;
+            den += (double)want[r * ld + i] * want[r * ld + i];
+        }
+        double e = sqrt(num) / (den > 0 ? sqrt(den) : 1.0);
+        if (!(e <= worst))
+            worst = e;
+    }
+    return worst;
+}
+
+static double tol_of(dfl_dtype act) { return act == DFL_F32 ? 1e-4 : 1e-2; }
+
+/* Downloads b, checks its guards, compares rows [R, n] (stride ld) with want. */
+static void check_out(gbuf *b, const float *want, int64_t R, int64_t n, int64_t ld, dfl_dtype act,
+                      const char *what)
+{
+    float *got = xmalloc(b->n * sizeof *got);
+    gb_get(b, got);
+    gb_check_guards(b, what);
+    double err = rows_err(got, want, R, n, ld);
+    printf("# %s (%s): max row rel err %.3g\n", what, dfl_dtype_lower(act), err);
+    T_CHECK(err <= tol_of(act), "%s (%s): max row rel err %.3g", what, dfl_dtype_lower(act), err);
+    free(got);
+}
+
+static void test_small_ops(dfl_dtype act)
+{
+    if (!open_gpu(act))
+        return;
+    const int64_t R = 37, n = 96, ld = 100;
+    /* rmsnorm_1p */
+    {
+        float *x = vals((size_t)(R * n), 1.0f, 0.2f, act), *w = vals((size_t)n, 0.3f, 0.0f, act);
+        float *y = xmalloc((size_t)(R * n) * 4);
+        cpu_be->ops->rmsnorm_1p(cpu_be, y, x, w, R, n, 1e-6f);
+        gbuf gx, gw, gy;
+        if (dev(&gx, x, (size_t)(R * n), act) && dev(&gw, w, (size_t)n, act) &&
+            dev(&gy, NULL, (size_t)(R * n), act)) {
+            T_CHECK(gpu_be->ops->rmsnorm_1p(gpu_be, gy.p, gx.p, gw.p, R, n, 1e-6f) == 0, "launch");
+            sync_ok(gpu_be, "rmsnorm_1p");
+            check_out(&gy, y, R, n, n, act, "rmsnorm_1p");
+        }
+        gb_free(&gx); gb_free(&gw); gb_free(&gy);
+        free(x); free(w); free(y);
+    }
+    /* qknorm_rope_partial: 3 heads of 64 (rot 16) and of 128 (rot 32), rows of stride ld */
+    int dims[2][2] = {{64, 16}, {128, 32}};
+    for (int c = 0; c < 2; c++) {
+        int d = dims[c][0], rot = dims[c][1], heads = 3;
+        int64_t lq = heads * d + 8;
+        float *x = vals((size_t)(R * lq), 1.0f, 0.0f, act), *w = vals((size_t)d, 0.3f, 0.0f, act);
+        int32_t *pos = xmalloc((size_t)R * 4);
+        for (int64_t r = 0; r < R; r++)
+            pos[r] = (int32_t)((r * 977) % 5000);
+        float *y = fdup(x, (size_t)(R * lq));
+        cpu_be->rope_dtype = gpu_be->rope_dtype = DFL_BF16;
+        cpu_be->ops->qknorm_rope_partial(cpu_be, y, lq, w, pos, R, heads, d, rot, 1e-6f, 1e7f);
+        gbuf gx, gw, gp;
+        if (dev(&gx, x, (size_t)(R * lq), act) && dev(&gw, w, (size_t)d, act) &&
+            gb_alloc(&gp, gpu_be, (size_t)R, DFL_I32)) {
+            gb_set_raw(&gp, pos);
+            T_CHECK(gpu_be->ops->qknorm_rope_partial(gpu_be, gx.p, lq, gw.p, (const int32_t *)gp.p, R, heads, d, rot,
+                                                     1e-6f, 1e7f) == 0, "launch");
+            sync_ok(gpu_be, "qknorm_rope_partial");
+            /* the 8 columns past the heads are left alone (NaN-free input there) */
+            check_out(&gx, y, R, lq, lq, act, d == 64 ? "qknorm_rope_partial d64" : "qknorm_rope_partial d128");
+        }
+        gb_free(&gx); gb_free(&gw); gb_free(&gp);
+        free(x); free(w); free(y); free(pos);
+    }
+    /* sigmoid_mul, l2norm, gated_rmsnorm on strided rows */
+    {
+        float *x = vals((size_t)(R * ld), 1.0f, 0.0f, act), *g = vals((size_t)(R * ld), 3.0f, 0.0f, act);
+        float *w = vals((size_t)32, 0.5f, 1.0f, act);
+        float *y1 = fdup(x, (size_t)(R * ld)), *y2 = fdup(x, (size_t)(R * ld)), *y3 = fdup(x, (size_t)(R * ld));
+        cpu_be->ops->sigmoid_mul(cpu_be, y1, ld, g, ld, R, n);
+        cpu_be->ops->l2norm(cpu_be, y2, ld, R, 3, 32, 0.17f, 1e-6f);
+        cpu_be->ops->gated_rmsnorm(cpu_be, y3, ld, g, ld, w, R, 3, 32, 1e-6f);
+        gbuf g1, g2, g3, gg, gw;
+        if (dev(&g1, x, (size_t)(R * ld), act) && dev(&g2, x, (size_t)(R * ld), act) &&
+            dev(&g3, x, (size_t)(R * ld), act) && dev(&gg, g, (size_t)(R * ld), act) &&
+            dev(&gw, w, 32, act)) {
+            T_CHECK(gpu_be->ops->sigmoid_mul(gpu_be, g1.p, ld, gg.p, ld, R, n) == 0, "launch");
+            T_CHECK(gpu_be->ops->l2norm(gpu_be, g2.p, ld, R, 3, 32, 0.17f, 1e-6f) == 0, "launch");
+            T_CHECK(gpu_be->ops->gated_rmsnorm(gpu_be, g3.p, ld, gg.p, ld, gw.p, R, 3, 32, 1e-6f) == 0,
+                    "launch");
+            sync_ok(gpu_be, "gate ops");
+            check_out(&g1, y1, R, ld, ld, act, "sigmoid_mul");
+            check_out(&g2, y2, R, ld, ld, act, "l2norm");
+            check_out(&g3, y3, R, ld, ld, act, "gated_rmsnorm");
+        }
+        gb_free(&g1); gb_free(&g2); gb_free(&g3); gb_free(&gg); gb_free(&gw);
+        free(x); free(g); free(w); free(y1); free(y2); free(y3);
+    }
+    /* conv1d_silu over packed sequences of 1, 2, 7 and 30 tokens, K = 4 */
+    {
+        int32_t lens[4] = {1, 2, 7, 30};
+        int64_t T = 40, C = 70, lx = 90;
+        int32_t *pos = xmalloc((size_t)T * 4);
+        for (int s = 0, row = 0; s < 4; s++)
+            for (int j = 0; j < lens[s]; j++)
+                pos[row++] = j;
+        float *x = vals((size_t)(T * lx), 1.0f, 0.0f, act), *w = vals((size_t)(C * 4), 0.5f, 0.0f, act);
+        float *y = xmalloc((size_t)(T * C) * 4);
+        cpu_be->ops->conv1d_silu(cpu_be, y, C, x, lx, w, pos, T, C, 4);
+        gbuf gx, gw, gy, gp;
+        if (dev(&gx, x, (size_t)(T * lx), act) && dev(&gw, w, (size_t)(C * 4), act) &&
+            dev(&gy, NULL, (size_t)(T * C), act) && gb_alloc(&gp, gpu_be, (size_t)T, DFL_I32)) {
+            gb_set_raw(&gp, pos);
+            T_CHECK(gpu_be->ops->conv1d_silu(gpu_be, gy.p, C, gx.p, lx, gw.p, (const int32_t *)gp.p, T, C, 4) == 0,
+                    "launch");
+            sync_ok(gpu_be, "conv1d_silu");
+            check_out(&gy, y, T, C, C, act, "conv1d_silu");
+        }
+        gb_free(&gx); gb_free(&gw); gb_free(&gy); gb_free(&gp);
+        free(x); free(w); free(y); free(pos);
+    }
+}
+
+static void test_small_ops_bf16(void) { if (!dfl_be_cuda_available()) T_SKIP("no CUDA GPU"); test_small_ops(DFL_BF16); }
+static void test_small_ops_f32(void) { if (!dfl_be_cuda_available()) T_SKIP("no CUDA GPU"); test_small_ops(DFL_F32); }
+
+/* The chunked kernel against the CPU recurrence: sequences lens[] packed, Hk / Hv heads of dk / dv. */
+static void delta_case(dfl_dtype act, const int32_t *lens, int S, int Hk, int Hv, int dk, int dv)
+{
+    int32_t cu[16];
+    cu[0] = 0;
+    for (int s = 0; s < S; s++)
+        cu[s + 1] = cu[s] + lens[s];
+    int64_t T = cu[S], ldqk = 2 * (int64_t)Hk * dk + Hv * (int64_t)dv, ldab = 2 * Hv, ldo = (int64_t)Hv * dv;
+    float *qkv = vals((size_t)(T * ldqk), 1.0f, 0.0f, DFL_F32), *ab = vals((size_t)(T * ldab), 1.5f, 0.0f, act);
+    /* L2-normalised q (scaled) and k as the layer gives them, then rounded to act */
+    cpu_be->ops->l2norm(cpu_be, qkv, ldqk, T, Hk, dk, 1.0f / sqrtf((float)dk), 1e-6f);
+    cpu_be->ops->l2norm(cpu_be, qkv + (int64_t)Hk * dk, ldqk, T, Hk, dk, 1.0f, 1e-6f);
+    if (act == DFL_BF16)
+        for (int64_t i = 0; i < T * ldqk; i++)
+            qkv[i] = round_bf16(qkv[i]);
+    float *A_log = vals((size_t)Hv, 1.0f, -0.5f, DFL_F32), *dtb = vals((size_t)Hv, 0.5f, 0.0f, DFL_F32);
+    float *want = xmalloc((size_t)(T * ldo) * 4);
+    int32_t max_len = 0;
+    for (int s = 0; s < S; s++)
+        max_len = lens[s] > max_len ? lens[s] : max_len;
+    dfl_gated_delta g = {
+        .q = qkv, .k = qkv + (int64_t)Hk * dk, .ldqk = ldqk, .v = qkv + 2 * (int64_t)Hk * dk,
+        .ldv = ldqk, .b = ab, .a = ab + Hv, .ldab = ldab, .A_log = A_log, .dt_bias = dtb,
+        .o = want, .ldo = ldo, .cu_seqlens = cu, .n_seqs = S, .max_len = max_len, .T = T,
+        .Hk = Hk, .Hv = Hv, .dk = dk, .dv = dv, .chunk = 0,
+    };
+    T_CHECK(cpu_be->ops->gated_delta(cpu_be, &g) == 0, "cpu recurrence");
+    gbuf gq, gab, gA, gd, go, gcu;
+    if (dev(&gq, qkv, (size_t)(T * ldqk), act) && dev(&gab, ab, (size_t)(T * ldab), act) &&
+        dev(&gA, A_log, (size_t)Hv, DFL_F32) && dev(&gd, dtb, (size_t)Hv, DFL_F32) &&
+        dev(&go, NULL, (size_t)(T * ldo), act) && gb_alloc(&gcu, gpu_be, (size_t)S + 1, DFL_I32)) {
+        gb_set_raw(&gcu, cu);
+        dfl_gated_delta d = g;
+        size_t es = dfl_dtype_size(act);
+        d.q = gq.p;
+        d.k = gq.p + (size_t)Hk * dk * es;
+        d.v = gq.p + 2 * (size_t)Hk * dk * es;
+        d.b = gab.p;
+        d.a = gab.p + (size_t)Hv * es;
+        d.A_log = (const float *)gA.p;
+        d.dt_bias = (const float *)gd.p;
+        d.o = go.p;
+        d.cu_seqlens = (const int32_t *)gcu.p;
+        d.chunk = 64;
+        T_CHECK(gpu_be->ops->gated_delta(gpu_be, &d) == 0, "launch");
+        sync_ok(gpu_be, "gated delta");
+        float *got = xmalloc((size_t)(T * ldo) * 4);
+        gb_get(&go, got);
+        gb_check_guards(&go, "gated delta output");
+        for (int s = 0; s < S; s++) {
+            double err = rows_err(got + cu[s] * ldo, want + cu[s] * ldo, lens[s], ldo, ldo);
+            printf("# gated delta (%s) Hk %d Hv %d dk %d dv %d, sequence of %d: rel %.3g\n",
+                   dfl_dtype_lower(act), Hk, Hv, dk, dv, lens[s], err);
+            T_CHECK(err <= tol_of(act), "gated delta (%s) Hk %d Hv %d dk %d dv %d, sequence of %d: "
+                    "rel %.3g", dfl_dtype_lower(act), Hk, Hv, dk, dv, lens[s], err);
+        }
+        free(got);
+    }
+    gb_free(&gq); gb_free(&gab); gb_free(&gA); gb_free(&gd); gb_free(&go); gb_free(&gcu);
+    free(qkv); free(ab); free(A_log); free(dtb); free(want);
+}
+
+static void test_delta(dfl_dtype act)
+{
+    if (!open_gpu(act))
+        return;
+    /* DFL_GPU_QUICK (for compute-sanitizer runs): 300 tokens instead of 5000 */
+    const int32_t lens[] = {1, 63, 64, 65, getenv("DFL_GPU_QUICK") ? 300 : 5000};
+    struct { int Hk, Hv, dk, dv; } cases[] = {
+        {1, 1, 128, 128}, {2, 6, 128, 128}, {2, 4, 64, 64}, {1, 3, 64, 128}, {2, 2, 32, 32},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        delta_case(act, lens, 5, cases[i].Hk, cases[i].Hv, cases[i].dk, cases[i].dv);
+    /* sizes the kernel does not take: a clear error, nothing launched */
+    dfl_gated_delta bad = {.Hk = 2, .Hv = 3, .dk = 64, .dv = 64, .chunk = 64};
+    dfl_err e = {0};
+    T_CHECK(gpu_be->ops->gated_delta(gpu_be, &bad) == DFL_EUNSUP, "Hv 3 over Hk 2 refused");
+    T_CHECK(gpu_be->ops->sync(gpu_be, &e) == DFL_EUNSUP && strstr(e.msg, "multiple of the key heads"),
+            "message: %s", e.msg);
+    bad = (dfl_gated_delta){.Hk = 1, .Hv = 1, .dk = 512, .dv = 64, .chunk = 64};
+    T_CHECK(gpu_be->ops->gated_delta(gpu_be, &bad) == DFL_EUNSUP, "dk 512 refused");
+    T_CHECK(gpu_be->ops->sync(gpu_be, &e) == DFL_EUNSUP && strstr(e.msg, "key head dim 512"),
+            "message: %s", e.msg);
+}
+
+/* The delta rule at the Qwen3.5-27B shape (16 key / 48 value heads of 128, bf16), 8 sequences
+ * of 2048 tokens: time per call and model FLOP/s. FLOPs counted per value head and chunk of L
+ * tokens as the chunked algorithm's essential products: the lower triangles of K K^T and Q K^T
+ * (2 L^2 dk), the triangular solve and the intra-chunk Aqk Vn (2 L^2 dv), and K S, Q S and the
+ * state update K^T Vn (6 L dk dv); the kernel's recomputation of K K^T and Q K^T for each slice of
+ * 32 value columns is not counted. No assertion beyond a finite result: a figure for the report. */
+static void test_delta_speed_27b(void)
+{
+    if (!dfl_be_cuda_available())
+        T_SKIP("no CUDA GPU");
+    if (getenv("DFL_GPU_QUICK"))
+        T_SKIP("DFL_GPU_QUICK");
+    if (!open_gpu(DFL_BF16))
+        return;
+    const int Hk = 16, Hv = 48, dk = 128, dv = 128, S = 8, Ls = 2048, L = 64;
+    int64_t T = (int64_t)S * Ls, ldqk = 2 * Hk * dk + Hv * dv, ldab = 2 * Hv, ldo = (int64_t)Hv * dv;
+    int32_t cu[9];
+    for (int s = 0; s <= S; s++)
+        cu[s] = s * Ls;
+    float *x = vals((size_t)(T * ldqk), 0.05f, 0.0f, DFL_BF16), *ab = vals((size_t)(T * ldab), 1.0f, 0.0f, DFL_BF16);
+    float *A_log = vals((size_t)Hv, 0.5f, 0.0f, DFL_F32), *dtb = vals((size_t)Hv, 0.5f, 0.0f, DFL_F32);
+    gbuf gq, gab, gA, gd, go, gcu;
+    if (dev(&gq, x, (size_t)(T * ldqk), DFL_BF16) && dev(&gab, ab, (size_t)(T * ldab), DFL_BF16) &&
+        dev(&gA, A_log, (size_t)Hv, DFL_F32) && dev(&gd, dtb, (size_t)Hv, DFL_F32) &&
+        dev(&go, NULL, (size_t)(T * ldo), DFL_BF16) && gb_alloc(&gcu, gpu_be, 9, DFL_I32)) {
+        gb_set_raw(&gcu, cu);
+        dfl_gated_delta d = {
+            .q = gq.p, .k = gq.p + (size_t)Hk * dk * 2, .ldqk = ldqk, .v = gq.p + (size_t)2 * Hk * dk * 2,
+            .ldv = ldqk, .b = gab.p, .a = gab.p + (size_t)Hv * 2, .ldab = ldab,
+            .A_log = (const float *)gA.p, .dt_bias = (const float *)gd.p, .o = go.p, .ldo = ldo,
+            .cu_seqlens = (const int32_t *)gcu.p, .n_seqs = S, .max_len = Ls, .T = T, .Hk = Hk,
+            .Hv = Hv, .dk = dk, .dv = dv, .chunk = 64,
+        };
+        T_CHECK(gpu_be->ops->gated_delta(gpu_be, &d) == 0, "warm-up");
+        sync_ok(gpu_be, "warm-up");
+        const int reps = 5;
+        double t0 = dfl_now();
+        for (int i = 0; i < reps; i++)
+            gpu_be->ops->gated_delta(gpu_be, &d);
+        sync_ok(gpu_be, "timed");
+        double sec = (dfl_now() - t0) / reps;
+        double flops = (double)Hv * (double)(T / L) *
+                       (2.0 * L * L * dk + 2.0 * L * L * dv + 6.0 * L * dk * dv);
+        float *got = xmalloc((size_t)(T * ldo) * 4);
+        gb_get(&go, got);
+        bool finite = true;
+        for (int64_t i = 0; i < T * ldo; i++)
+            finite &= isfinite(got[i]);
+        T_CHECK(finite, "finite output");
+        printf("# gated delta rule, Qwen3.5-27B shape (Hk 16, Hv 48, dk = dv = 128, bf16), 8 x 2048 "
+               "tokens: %.3f ms per layer, %.1f TFLOP/s (%.2f GFLOP)\n", sec * 1e3, flops / sec / 1e12,
+               flops / 1e9);
+        free(got);
+    }
+    gb_free(&gq); gb_free(&gab); gb_free(&gA); gb_free(&gd); gb_free(&go); gb_free(&gcu);
+    free(x); free(ab); free(A_log); free(dtb);
+}
+
+static void test_delta_bf16(void) { if (!dfl_be_cuda_available()) T_SKIP("no CUDA GPU"); test_delta(DFL_BF16); }
+static void test_delta_f32(void) { if (!dfl_be_cuda_available()) T_SKIP("no CUDA GPU"); test_delta(DFL_F32); }
+#else
+static void test_gpu_hybrid(void) { T_SKIP("no CUDA GPU (built without CUDA)"); }
+#endif
+
+int main(int argc, char **argv)
+{
+    t_init(argv[0]);
+#ifdef DFL_CUDA
+    dfl_err e = {0};
+    if (dfl_be_open(&cpu_be, "cpu", DFL_DT_INVALID, &e)) {
+        fprintf(stderr, "%s\n", e.msg);
+        return 1;
+    }
+    T_RUN(test_small_ops_bf16);
+    T_RUN(test_small_ops_f32);
+    T_RUN(test_delta_f32);
+    T_RUN(test_delta_bf16);
+    T_RUN(test_delta_speed_27b);
+    dfl_be_close(gpu_be);
+    dfl_be_close(cpu_be);
+#else
+    T_RUN(test_gpu_hybrid);
+#endif
+    return t_done();
+}
