@@ -88,9 +88,9 @@ int main(int argc, char **argv)
     if (argc - optind != 2)
         return dfl_cli_usage_error("expected TARGET_DIR OUT");
     const char *dir = argv[optind], *out = argv[optind + 1];
-    dfl_hf_config tc;
+    dfl_hf_drafter_target tc;   /* any target a drafter can have (Qwen3.5 included) */
     char fp[33];
-    if ((rc = dfl_hf_config_load(dir, &tc, NULL, &e)) || (rc = dfl_hf_fingerprint(dir, fp, &e)))
+    if ((rc = dfl_hf_drafter_target_load(dir, &tc, fp, &e)))
         return dfl_cli_report(&e);
     int64_t *lay;
     size_t nl;

@@ -1,4 +1,7 @@
-/* mktarget: writes a small random target model (qwen3, llama or qwen2) in the Hugging Face layout
+/* mktarget: writes a small random target model (qwen3, llama, qwen2, or qwen3_5: a Qwen3.5/3.6
+ * hybrid in the published layout, Qwen3_5ForConditionalGeneration with text_config, weights
+ * under model.language_model.*, lm_head.weight, a model.visual.* and an mtp.* tensor that loaders
+ * skip; 3 Gated DeltaNet layers then 1 gated full-attention layer, repeated) in the Hugging Face layout
  * (config.json plus model.safetensors, or shards with model.safetensors.index.json), for tests
  * and the demo. Deterministic: the same options give the same bytes; each tensor's values depend
  * only on the seed and its name. Options to break a model on purpose (--omit, --wrong-shape) make
@@ -34,7 +37,7 @@ typedef struct opts {
 typedef struct tensor {
     char name[128];
     int ndim;
-    int64_t shape[2];
+    int64_t shape[3];
     void *data;
 } tensor;
 
@@ -91,7 +94,8 @@ static int add(tensor *ts, int *nt, const opts *o, const char *name, int ndim, i
     t->ndim = ndim;
     t->shape[0] = d0 + (listed(o->wrong, o->n_wrong, name) ? 1 : 0);
     t->shape[1] = d1;
-    size_t n = (size_t)t->shape[0] * (size_t)(ndim == 2 ? d1 : 1);
+    t->shape[2] = 4;   /* ndim 3: the conv1d weight [channels, 1, 4] (d1 = 1) */
+    size_t n = (size_t)t->shape[0] * (size_t)(ndim >= 2 ? d1 : 1) * (size_t)(ndim == 3 ? 4 : 1);
     float *f = malloc(n * sizeof *f);
     t->data = malloc(n * dfl_dtype_size(o->dtype) + 1);
     if (!f || !t->data) {
@@ -104,25 +108,78 @@ static int add(tensor *ts, int *nt, const opts *o, const char *name, int ndim, i
     return DFL_OK;
 }
 
+/* The fields every family's (text) config has: model_type and the sizes. */
+static json_t *sizes_config(const opts *o, const char *model_type)
+{
+    return json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:b,s:s}", "model_type", model_type,
+                     "hidden_size", (json_int_t)o->hidden, "num_hidden_layers", (json_int_t)o->layers,
+                     "num_attention_heads", (json_int_t)o->heads,
+                     "num_key_value_heads", (json_int_t)o->kv_heads,
+                     "head_dim", (json_int_t)o->head_dim, "intermediate_size", (json_int_t)o->inter,
+                     "vocab_size", (json_int_t)o->vocab, "rms_norm_eps", o->eps,
+                     "tie_word_embeddings", o->tied, "hidden_act", "silu");
+}
+
+/* Qwen3.5 sizes of the tiny hybrid (QWEN35.md): linear-attention heads of head_dim, 2 key and
+ * 4 value heads, conv kernel 4; every 4th layer is full attention. */
+#define Q35_LK 2
+#define Q35_LV 4
+static json_t *qwen35_config(const opts *o)
+{
+    json_t *lt = json_array();
+    for (int64_t l = 0; l < o->layers; l++)
+        json_array_append_new(lt, json_string((l + 1) % 4 == 0 ? "full_attention" : "linear_attention"));
+    json_t *tc = sizes_config(o, "qwen3_5_text");
+    json_t *more = json_pack("{s:o,s:I,s:I,s:I,s:I,s:I,s:f,s:I,s:b,s:b}",
+                           "layer_types", lt, "linear_conv_kernel_dim", (json_int_t)4,
+                           "linear_key_head_dim", (json_int_t)o->head_dim,
+                           "linear_value_head_dim", (json_int_t)o->head_dim,
+                           "linear_num_key_heads", (json_int_t)Q35_LK,
+                           "linear_num_value_heads", (json_int_t)Q35_LV,
+                           "partial_rotary_factor", 0.25,
+                           "max_position_embeddings", (json_int_t)8192,
+                           "attention_bias", false, "attn_output_gate", true);
+    if (!tc || !more || json_object_update(tc, more)) {
+        json_decref(tc);
+        json_decref(more);
+        return NULL;
+    }
+    json_decref(more);
+    json_object_set_new(tc, "rope_parameters",
+                        json_pack("{s:s,s:f,s:f,s:[i,i,i],s:b}", "rope_type", "default",
+                                  "rope_theta", o->theta, "partial_rotary_factor", 0.25,
+                                  "mrope_section", 1, 1, 0, "mrope_interleaved", true));
+    return json_pack("{s:[s],s:s,s:s,s:b,s:o,s:{s:s,s:i,s:i},s:i,s:i}",
+                     "architectures", "Qwen3_5ForConditionalGeneration", "model_type", "qwen3_5",
+                     "dtype", o->dtype == DFL_BF16 ? "bfloat16" : o->dtype == DFL_F16 ? "float16" : "float32",
+                     "tie_word_embeddings", o->tied, "text_config", tc,
+                     "vision_config", "model_type", "qwen3_5", "hidden_size", 16, "depth", 1,
+                     "image_token_id", 248056, "video_token_id", 248057);
+}
+
+/* Writes c (taken) to OUT/config.json. */
+static int write_json(const opts *o, json_t *c, dfl_err *e)
+{
+    char *path = dfl_path_join(o->out, "config.json");
+    int rc = c && path ? dfl_json_write_file(path, c, e) : dfl_fail(e, DFL_ENOMEM, "out of memory");
+    free(path);
+    json_decref(c);
+    return rc;
+}
+
 static int write_config(const opts *o, dfl_err *e)
 {
+    if (strcmp(o->type, "qwen3_5") == 0)
+        return write_json(o, qwen35_config(o), e);
     const char *arch = strcmp(o->type, "qwen3") == 0 ? "Qwen3ForCausalLM"
                        : strcmp(o->type, "llama") == 0 ? "LlamaForCausalLM" : "Qwen2ForCausalLM";
-    json_t *c = json_pack("{s:[s],s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:b,s:s,s:s,s:I}",
-                          "architectures", arch, "model_type", o->type,
-                          "hidden_size", (json_int_t)o->hidden,
-                          "num_hidden_layers", (json_int_t)o->layers,
-                          "num_attention_heads", (json_int_t)o->heads,
-                          "num_key_value_heads", (json_int_t)o->kv_heads,
-                          "head_dim", (json_int_t)o->head_dim,
-                          "intermediate_size", (json_int_t)o->inter,
-                          "vocab_size", (json_int_t)o->vocab, "rms_norm_eps", o->eps,
-                          "tie_word_embeddings", o->tied, "hidden_act", "silu",
-                          "torch_dtype", o->dtype == DFL_BF16 ? "bfloat16"
-                                         : o->dtype == DFL_F16 ? "float16" : "float32",
-                          "max_position_embeddings", (json_int_t)4096);
+    json_t *c = sizes_config(o, o->type);
     if (!c)
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    json_object_set_new(c, "architectures", json_pack("[s]", arch));
+    json_object_set_new(c, "torch_dtype", json_string(o->dtype == DFL_BF16 ? "bfloat16"
+                                                      : o->dtype == DFL_F16 ? "float16" : "float32"));
+    json_object_set_new(c, "max_position_embeddings", json_integer(4096));
     if (strcmp(o->type, "qwen2") != 0)
         json_object_set_new(c, "attention_bias", json_boolean(o->attn_bias));
     if (strcmp(o->type, "llama") == 0)
@@ -136,11 +193,7 @@ static int write_config(const opts *o, dfl_err *e)
                                                             "rope_theta", o->theta));
     else
         json_object_set_new(c, "rope_theta", json_real(o->theta));
-    char *path = dfl_path_join(o->out, "config.json");
-    int rc = path ? dfl_json_write_file(path, c, e) : dfl_fail(e, DFL_ENOMEM, "out of memory");
-    free(path);
-    json_decref(c);
-    return rc;
+    return write_json(o, c, e);
 }
 
 static int write_weights(const opts *o, tensor *ts, int nt, dfl_err *e)
@@ -164,8 +217,8 @@ static int write_weights(const opts *o, tensor *ts, int nt, dfl_err *e)
         for (int i = lo; i < hi && !rc; i++) {
             rc = dfl_st_writer_add(w, ts[i].name, o->dtype, ts[i].ndim, ts[i].shape, ts[i].data, e);
             json_object_set_new(map, ts[i].name, json_string(fname));
-            total += (uint64_t)ts[i].shape[0] * (uint64_t)(ts[i].ndim == 2 ? ts[i].shape[1] : 1) *
-                     dfl_dtype_size(o->dtype);
+            total += (uint64_t)ts[i].shape[0] * (uint64_t)(ts[i].ndim >= 2 ? ts[i].shape[1] : 1) *
+                     (uint64_t)(ts[i].ndim == 3 ? ts[i].shape[2] : 1) * dfl_dtype_size(o->dtype);
         }
         char *path = dfl_path_join(o->out, fname);
         if (!rc)
@@ -186,11 +239,63 @@ static int write_weights(const opts *o, tensor *ts, int nt, dfl_err *e)
     return rc;
 }
 
+/* The published Qwen3.5 tensors (QWEN35.md section 1): norms are zero-centred (1 + w: mean 0)
+ * except the Gated DeltaNet output norm (w: mean 1). */
+static int qwen35_tensors(tensor *ts, int *nt, const opts *o, dfl_err *e)
+{
+    const int64_t H = o->hidden, d = o->head_dim, nq = o->heads * d, nkv = o->kv_heads * d, I = o->inter;
+    const int64_t kd = Q35_LK * d, vd = Q35_LV * d;
+    char name[160];
+    int rc = 0;
+#define ADDQ(nd, a, b, mean, std, ...)                                                   \
+    do {                                                                                 \
+        snprintf(name, sizeof name, __VA_ARGS__);                                        \
+        if (!rc)                                                                         \
+            rc = add(ts, nt, o, name, nd, a, b, mean, std, e);                           \
+    } while (0)
+    const char *p = "model.language_model";
+    ADDQ(2, o->vocab, H, 0.0f, 1.0f, "%s.embed_tokens.weight", p);
+    ADDQ(1, H, 0, 0.0f, 0.1f, "%s.norm.weight", p);
+    if (!o->tied)
+        ADDQ(2, o->vocab, H, 0.0f, 0.05f, "lm_head.weight");
+    ADDQ(2, 16, 12, 0.0f, 0.05f, "model.visual.patch_embed.proj.weight");
+    ADDQ(2, H, 2 * H, 0.0f, 0.05f, "mtp.fc.weight");
+    for (int64_t l = 0; l < (o->no_layers ? 0 : o->layers); l++) {
+        long long L = (long long)l;
+        ADDQ(1, H, 0, 0.0f, 0.1f, "%s.layers.%lld.input_layernorm.weight", p, L);
+        ADDQ(1, H, 0, 0.0f, 0.1f, "%s.layers.%lld.post_attention_layernorm.weight", p, L);
+        if ((l + 1) % 4 == 0) {
+            ADDQ(2, 2 * nq, H, 0.0f, 0.05f, "%s.layers.%lld.self_attn.q_proj.weight", p, L);
+            ADDQ(2, nkv, H, 0.0f, 0.05f, "%s.layers.%lld.self_attn.k_proj.weight", p, L);
+            ADDQ(2, nkv, H, 0.0f, 0.05f, "%s.layers.%lld.self_attn.v_proj.weight", p, L);
+            ADDQ(2, H, nq, 0.0f, 0.05f, "%s.layers.%lld.self_attn.o_proj.weight", p, L);
+            ADDQ(1, d, 0, 0.0f, 0.1f, "%s.layers.%lld.self_attn.q_norm.weight", p, L);
+            ADDQ(1, d, 0, 0.0f, 0.1f, "%s.layers.%lld.self_attn.k_norm.weight", p, L);
+        } else {
+            ADDQ(2, 2 * kd + vd, H, 0.0f, 0.05f, "%s.layers.%lld.linear_attn.in_proj_qkv.weight", p, L);
+            ADDQ(2, vd, H, 0.0f, 0.05f, "%s.layers.%lld.linear_attn.in_proj_z.weight", p, L);
+            ADDQ(2, Q35_LV, H, 0.0f, 0.05f, "%s.layers.%lld.linear_attn.in_proj_b.weight", p, L);
+            ADDQ(2, Q35_LV, H, 0.0f, 0.05f, "%s.layers.%lld.linear_attn.in_proj_a.weight", p, L);
+            ADDQ(2, H, vd, 0.0f, 0.05f, "%s.layers.%lld.linear_attn.out_proj.weight", p, L);
+            ADDQ(3, 2 * kd + vd, 1, 0.0f, 0.2f, "%s.layers.%lld.linear_attn.conv1d.weight", p, L);
+            ADDQ(1, Q35_LV, 0, 0.5f, 0.3f, "%s.layers.%lld.linear_attn.A_log", p, L);
+            ADDQ(1, Q35_LV, 0, 1.0f, 0.2f, "%s.layers.%lld.linear_attn.dt_bias", p, L);
+            ADDQ(1, d, 0, 1.0f, 0.1f, "%s.layers.%lld.linear_attn.norm.weight", p, L);
+        }
+        ADDQ(2, I, H, 0.0f, 0.05f, "%s.layers.%lld.mlp.gate_proj.weight", p, L);
+        ADDQ(2, I, H, 0.0f, 0.05f, "%s.layers.%lld.mlp.up_proj.weight", p, L);
+        ADDQ(2, H, I, 0.0f, 0.05f, "%s.layers.%lld.mlp.down_proj.weight", p, L);
+    }
+#undef ADDQ
+    return rc;
+}
+
 static void usage(void)
 {
     printf("Usage: %s -o DIR [OPTION]...\n"
            "Write a small random target model in the Hugging Face layout.\n"
-           "  --type qwen3|llama|qwen2   model_type (default qwen3)\n"
+           "  --type qwen3|llama|qwen2|qwen3_5  model_type (default qwen3; qwen3_5: the published\n"
+           "                             Qwen3.5/3.6 layout, hybrid layers, text_config)\n"
            "  --hidden N --layers N --heads N --kv-heads N --head-dim N --intermediate N --vocab N\n"
            "                             sizes (default 64, 4, 4, 2, hidden/heads, 128, 256)\n"
            "  --tied                     tie_word_embeddings (no lm_head.weight)\n"
@@ -274,8 +379,9 @@ int main(int argc, char **argv)
     }
     if (!o.out)
         return dfl_cli_usage_error("-o DIR is required");
-    if (strcmp(o.type, "qwen3") && strcmp(o.type, "llama") && strcmp(o.type, "qwen2"))
-        return dfl_cli_usage_error("--type: '%s' is not qwen3, llama or qwen2", o.type);
+    if (strcmp(o.type, "qwen3") && strcmp(o.type, "llama") && strcmp(o.type, "qwen2") &&
+        strcmp(o.type, "qwen3_5"))
+        return dfl_cli_usage_error("--type: '%s' is not qwen3, llama, qwen2 or qwen3_5", o.type);
     if (o.dtype != DFL_BF16 && o.dtype != DFL_F16 && o.dtype != DFL_F32)
         return dfl_cli_usage_error("--dtype: bf16, f16 or f32");
     if (!o.head_dim)
@@ -293,6 +399,10 @@ int main(int argc, char **argv)
     if (!ts)
         return dfl_cli_report(&(dfl_err){DFL_ENOMEM, "out of memory"});
     char name[128];
+    if (strcmp(o.type, "qwen3_5") == 0) {
+        rc = qwen35_tensors(ts, &nt, &o, &e);
+        goto write;
+    }
 #define ADD(nd, a, b, mean, std, ...)                                                    \
     do {                                                                                 \
         snprintf(name, sizeof name, __VA_ARGS__);                                        \
@@ -333,6 +443,7 @@ int main(int argc, char **argv)
         }
     }
 #undef ADD
+write:
     if (!rc)
         rc = dfl_mkdir_p(o.out, 0755, &e);
     if (!rc)

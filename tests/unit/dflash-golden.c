@@ -219,6 +219,25 @@ static void read_config(const dfl_st_file *f, golden_cfg *g)
                 c->target_layers[i] = (int32_t)json_integer_value(json_array_get(tl, i));
             c->n_feat = (int)json_array_size(tl);
         }
+        /* sliding-window layers (the dflash-swa golden): layer_types and sliding_window */
+        MI("sliding_window", sliding_window);
+        const json_t *lt = json_object_get(j, "layer_types");
+        if (json_is_array(lt) && (int)json_array_size(lt) == c->n_layers) {
+            for (size_t i = 0; i < json_array_size(lt); i++) {
+                const char *ty = json_string_value(json_array_get(lt, i));
+                if (!ty || (strcmp(ty, "sliding_attention") && strcmp(ty, "full_attention"))) {
+                    fprintf(stderr, "dflash-golden: %s: layer_types[%zu] is not a layer type\n",
+                            f->path, i);
+                    exit(2);
+                }
+                c->sliding[i] = !strcmp(ty, "sliding_attention");
+            }
+            from[nfrom < 31 ? nfrom++ : 31] = "layer_types";
+        } else if (lt) {
+            fprintf(stderr, "dflash-golden: %s: layer_types does not list the %d layers\n", f->path,
+                    c->n_layers);
+            exit(2);
+        }
         const json_t *ad = json_object_get(j, "adamw");
         if (json_is_object(ad)) {
             MD(ad, "lr", g->lr);
@@ -247,6 +266,10 @@ static void read_config(const dfl_st_file *f, golden_cfg *g)
            "mask=%d gamma=%g eps=%g theta=%g\n", (long long)c->hidden, (long long)c->vocab,
            (long long)c->intermediate, c->n_layers, c->n_heads, c->n_kv, c->head_dim, c->n_feat,
            c->block_size, c->mask_token_id, c->gamma, c->rms_eps, c->rope_theta);
+    printf("layer_types:");
+    for (int l = 0; l < c->n_layers; l++)
+        printf(" %s", c->sliding[l] ? "sliding_attention" : "full_attention");
+    printf(" (sliding_window %lld)\n", (long long)c->sliding_window);
     printf("adamw: lr=%g betas=(%g, %g) eps=%g weight_decay=%g\n", g->lr, g->beta1, g->beta2,
            g->eps, g->wd);
     printf("from the metadata:");
