@@ -19,8 +19,9 @@ static int failures;
 
 /* --act bf16 (on a GPU): bf16 storage of activations and compute weights. Tolerances are then
  * multiplied by BF16_TOL_MULT (DFLASH.md section 11's float32 thresholds x 500: loss 5e-3
- * relative, activations 5e-2 absolute, gradients 5e-2 x max|g|), and exact counts may differ by
- * 2% of the scored slots (the smallest top-1/top-2 logit gap is 6e-3, within bf16 rounding). */
+ * relative, activations 5e-2 absolute, gradients 5e-2 x max|g|), and exact counts (and the
+ * accuracy with them) may differ by 2% of the scored slots (the smallest top-1/top-2 logit gap is
+ * 6e-3 in dflash-tiny, 3.2e-4 in dflash-swa: within bf16 rounding). */
 #define BF16_TOL_MULT 500.0
 /* Per-value checks in bf16 mode, where x500 does not describe bf16 rounding: activations within
  * 2% of the tensor's largest |value| (about 2.5 bf16 units in the last place of the largest
@@ -675,7 +676,10 @@ int main(int argc, char **argv)
     report("loss_den", fabs(st.loss_den - scalar(f, "loss_den")) / scalar(f, "loss_den"), 1e-5, "relative");
     report("acc_num/acc_den", fabs(st.acc_num - scalar(f, "acc_num")) +
            fabs(st.acc_den - scalar(f, "acc_den")), 0, "exact counts");
-    report("accuracy", fabs(st.acc_num / st.acc_den - scalar(f, "accuracy")), 1e-6, "absolute");
+    /* bf16: the accuracy moves with the counts, by at most their slack over the scored slots
+     * (the dflash-swa golden's smallest top-1/top-2 gap is 3.2e-4: argmax flips under bf16) */
+    report2("accuracy", fabs(st.acc_num / st.acc_den - scalar(f, "accuracy")), 1e-6,
+            count_slack / scalar(f, "acc_den") + 1e-6, "absolute");
     if (dfl_st_find(f, "extra.slot_correct")) {
         float *sc = get_f32(f, "extra.slot_correct", NULL), *sn = get_f32(f, "extra.slot_count", NULL);
         double d = 0;
