@@ -236,7 +236,8 @@ PY
     first=$(head -1 "$T/r/metrics.jsonl" | grep -o '"tau":[0-9.]*' | cut -d: -f2)
     last=$(tail -1 "$T/r/metrics.jsonl" | grep -o '"tau":[0-9.]*' | cut -d: -f2)
     echo "tau $first -> $last"
-    awk -v a="$first" -v b="$last" 'BEGIN { exit !(a < 1.5 && b > 2.0) }'
+    # chance is tau ~ 1; with the Qwen3.5 dfl-target branch merged, 4.42 (threshold 3)
+    awk -v a="$first" -v b="$last" 'BEGIN { exit !(a < 1.5 && b > 3.0) }'
     dfl-ckpt -q --check-nan "$T/r/latest"
     run check_layout "$T/r/latest" sliding,full 6 8
     [ "$status" -eq 0 ]
