@@ -34,6 +34,13 @@ static void usage(void)
            "      --block-size N        block size (default 16)\n"
            "      --gamma G             loss decay (default 7)\n"
            "      --mask-token-id ID    mask token (required unless a config gives it)\n"
+           "      --layer-types LIST    drafter layer types in order: sliding or full, each\n"
+           "                            optionally :COUNT (e.g. sliding:4,full:1; default all full)\n"
+           "      --sliding-window W    window of the sliding layers, in positions (e.g. 2048)\n"
+           "      --heads N             drafter query heads (default: the target's)\n"
+           "      --kv-heads N          drafter key/value heads (default: the target's)\n"
+           "      --head-dim N          drafter head dimension (default: the target's)\n"
+           "      --intermediate-size N drafter MLP width (default: the target's)\n"
            "      --num-anchors N       anchors per sequence at most (default 512)\n"
            "      --noise-std X         uniform noise of this std on the target features (default 0)\n"
            "      --lr X                peak learning rate (default 6e-4)\n"
@@ -83,7 +90,8 @@ enum {
     O_EPS, O_WD, O_CLIP, O_WARMUP, O_TOTAL, O_EPOCHS, O_STOP_AT, O_MIN_READY, O_POOL, O_MAX_TOKENS,
     O_SAVE_EVERY, O_KEEP, O_ON_SAVE, O_SAVE_DTYPE, O_RESUME, O_LOG_EVERY, O_MAX_BAD, O_SEED,
     O_INIT_STD, O_DEVICE, O_THREADS, O_NO_VERIFY, O_ALLOW_TRUNC, O_VERSION, O_MAX_BLOCKS,
-    O_PROFILE, O_NO_PIPELINE, O_RENDEZVOUS, O_DIST_TIMEOUT,
+    O_PROFILE, O_NO_PIPELINE, O_RENDEZVOUS, O_DIST_TIMEOUT, O_LAYER_TYPES, O_SLIDING_WINDOW,
+    O_HEADS, O_KV_HEADS, O_HEAD_DIM, O_INTERMEDIATE,
 };
 
 static const struct option longopts[] = {
@@ -94,6 +102,12 @@ static const struct option longopts[] = {
     {"block-size", required_argument, 0, O_BLOCK},
     {"gamma", required_argument, 0, O_GAMMA},
     {"mask-token-id", required_argument, 0, O_MASK},
+    {"layer-types", required_argument, 0, O_LAYER_TYPES},
+    {"sliding-window", required_argument, 0, O_SLIDING_WINDOW},
+    {"heads", required_argument, 0, O_HEADS},
+    {"kv-heads", required_argument, 0, O_KV_HEADS},
+    {"head-dim", required_argument, 0, O_HEAD_DIM},
+    {"intermediate-size", required_argument, 0, O_INTERMEDIATE},
     {"num-anchors", required_argument, 0, O_ANCHORS},
     {"noise-std", required_argument, 0, O_NOISE},
     {"lr", required_argument, 0, O_LR},
@@ -178,6 +192,17 @@ int main(int argc, char **argv)
             break;
         case O_GAMMA: rc = num_opt(optarg, 1e-6, 1e6, &o.gamma, what, &e); break;
         case O_MASK: rc = dfl_parse_i64(optarg, 0, INT32_MAX, &o.mask_token_id, what, &e); break;
+        case O_LAYER_TYPES: o.layer_types = optarg; break;
+        case O_SLIDING_WINDOW:
+            rc = dfl_parse_i64(optarg, 1, INT32_MAX, &o.sliding_window, what, &e);
+            break;
+        case O_HEADS:
+        case O_KV_HEADS:
+        case O_HEAD_DIM:
+            if (!(rc = dfl_parse_i64(optarg, 1, c == O_HEAD_DIM ? 512 : 4096, &v, what, &e)))
+                *(c == O_HEADS ? &o.heads : c == O_KV_HEADS ? &o.kv_heads : &o.head_dim) = (int)v;
+            break;
+        case O_INTERMEDIATE: rc = dfl_parse_i64(optarg, 1, 1 << 22, &o.intermediate, what, &e); break;
         case O_ANCHORS:
             if (!(rc = dfl_parse_i64(optarg, 1, 1 << 20, &v, what, &e)))
                 o.num_anchors = (int)v;

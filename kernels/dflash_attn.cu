@@ -266,6 +266,7 @@ static DfP df_params(const dfl_dflash_attn *a)
     p.group = a->n_heads / a->n_kv;
     p.d = a->d;
     p.rb = p.group * p.bs;
+    p.window = a->window > 0 ? a->window : 0;
     p.T_ctx = a->T_ctx;
     p.ldq = (int64_t)a->n_heads * a->d;
     p.ldk = (int64_t)a->n_kv * a->d;

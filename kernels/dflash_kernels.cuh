@@ -16,11 +16,18 @@ struct DfP {
     float *lse, *delta;
     const int32_t *cs, *an;
     int n_blocks, bs, nh, nkv, group, d, rb, nb, n_bg;
+    int window;         /* 0: full attention; W > 0: sliding (backend.h dfl_dflash_attn) */
     int64_t T_ctx, ldq, ldk;
     float scale, sl2;
     const int *sched;   /* pass KV: order [n_kt], first block [n_kt], end block [n_kt] */
     int n_kt;
 };
+
+/* The first context position that slot j of a block anchored at an sees (an: none). */
+__device__ __forceinline__ int df_ctx_lo(int window, int an, int j)
+{
+    return window > 0 ? min(an, max(0, an + j - (window - 1))) : 0;
+}
 
 /* Per-lane ldmatrix offsets (bytes) within a tile of rows of RB bytes (padded rows, no swizzle):
  *  A  (16 rows x 16 cols, row-major source):            row lane & 15, chunk lane >> 4
@@ -37,6 +44,9 @@ __device__ __forceinline__ uint32_t lane_bt(int lane, int rowb) { return (uint32
 template <int MMAX> struct QsMeta {
     int blk_an[DF_NBMAX], blk_seg[DF_NBMAX];
     int seg_cs[DF_NBMAX], seg_amax[DF_NBMAX], seg_amin[DF_NBMAX], seg_nt[DF_NBMAX];
+    /* sliding window: the segment's first key tile (tiles below it are outside every row's
+     * window) and the largest first context position of its rows (keys below it need the mask) */
+    int seg_t0[DF_NBMAX], seg_lomax[DF_NBMAX];
     int nseg, nb, ntiles;
     long long row_off[MMAX];   /* element offset of row m in [Q, n_heads*d] arrays; -1: no row */
     int row_idx[MMAX];         /* index of row m in [Q, n_heads] arrays */
@@ -49,22 +59,29 @@ __device__ void qs_setup(QsMeta<MMAX> &mt, const DfP &p, int b0, int g, int BN)
     const int nb = min(p.nb, p.n_blocks - b0);
     if (threadIdx.x == 0) {
         int ns = 0, nt = 0;
+        int seg_lomin[DF_NBMAX];
         for (int i = 0; i < nb; i++) {
             int c = p.cs[b0 + i], a = p.an[b0 + i];
+            int lo0 = df_ctx_lo(p.window, a, 0), lo1 = df_ctx_lo(p.window, a, p.bs - 1);
             mt.blk_an[i] = a;
             if (ns == 0 || c != mt.seg_cs[ns - 1]) {
                 mt.seg_cs[ns] = c;
                 mt.seg_amax[ns] = a;
                 mt.seg_amin[ns] = a;
+                seg_lomin[ns] = lo0;
+                mt.seg_lomax[ns] = lo1;
                 ns++;
             } else {
                 mt.seg_amax[ns - 1] = max(mt.seg_amax[ns - 1], a);
                 mt.seg_amin[ns - 1] = min(mt.seg_amin[ns - 1], a);
+                seg_lomin[ns - 1] = min(seg_lomin[ns - 1], lo0);
+                mt.seg_lomax[ns - 1] = max(mt.seg_lomax[ns - 1], lo1);
             }
             mt.blk_seg[i] = ns - 1;
         }
         for (int s = 0; s < ns; s++) {
-            mt.seg_nt[s] = (mt.seg_amax[s] + BN - 1) / BN;
+            mt.seg_t0[s] = seg_lomin[s] / BN;
+            mt.seg_nt[s] = max(0, (mt.seg_amax[s] + BN - 1) / BN - mt.seg_t0[s]);
             nt += mt.seg_nt[s];
         }
         nt += (nb * p.bs + BN - 1) / BN;
@@ -102,7 +119,7 @@ __device__ __forceinline__ DfTile tile_at(const QsMeta<MMAX> &mt, const DfP &p, 
         s++;
     }
     DfTile t;
-    t.key0 = it * BN;
+    t.key0 = (s < mt.nseg ? mt.seg_t0[s] + it : it) * BN;
     int64_t row;
     if (s < mt.nseg) {
         row = (int64_t)mt.seg_cs[s] + t.key0;
@@ -146,10 +163,12 @@ __device__ __forceinline__ void load_rows(const QsMeta<MMAX> &mt, const bf16 *sr
     }
 }
 
-/* The keys [lo, hi) of the thread's rows for phase seg (see the file comment). */
+/* The keys [lo, hi) of the thread's rows (local block rlb, slot rj) for phase seg (see the file
+ * comment); with a sliding window, context keys from df_ctx_lo and block keys up to the slot. */
 template <int MMAX, int MT>
-__device__ __forceinline__ void phase_ranges(const QsMeta<MMAX> &mt, int seg, int bs,
-                                             const int (&rlb)[MT][2], int (&lo)[MT][2], int (&hi)[MT][2])
+__device__ __forceinline__ void phase_ranges(const QsMeta<MMAX> &mt, int seg, int bs, int window,
+                                             const int (&rlb)[MT][2], const int (&rj)[MT][2],
+                                             int (&lo)[MT][2], int (&hi)[MT][2])
 {
 #pragma unroll
     for (int i = 0; i < MT; i++)
@@ -159,11 +178,12 @@ __device__ __forceinline__ void phase_ranges(const QsMeta<MMAX> &mt, int seg, in
             if (lb < 0) {
                 lo[i][hh] = hi[i][hh] = 0;
             } else if (seg >= 0) {
-                lo[i][hh] = 0;
-                hi[i][hh] = mt.blk_seg[lb] == seg ? mt.blk_an[lb] : 0;
+                const bool in = mt.blk_seg[lb] == seg;
+                lo[i][hh] = in ? df_ctx_lo(window, mt.blk_an[lb], rj[i][hh]) : 0;
+                hi[i][hh] = in ? mt.blk_an[lb] : 0;
             } else {
                 lo[i][hh] = lb * bs;
-                hi[i][hh] = lo[i][hh] + bs;
+                hi[i][hh] = lo[i][hh] + (window > 0 ? rj[i][hh] + 1 : bs);
             }
         }
 }
@@ -207,13 +227,14 @@ df_fwd_kernel(const DfP p)
     df_commit();
 
     const int wr0 = warp * 16 * MT;
-    int rlb[MT][2], lo[MT][2], hi[MT][2];
+    int rlb[MT][2], rj[MT][2], lo[MT][2], hi[MT][2];
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
             int m = wr0 + i * 16 + g + 8 * hh;
             rlb[i][hh] = mt.row_off[m] >= 0 ? m / p.rb : -1;
+            rj[i][hh] = (m % p.rb) % p.bs;
         }
     int cur_seg = -2;
 
@@ -259,11 +280,12 @@ df_fwd_kernel(const DfP p)
                     df_ldm(qf[QREG ? i : 0][QREG ? kk : 0], q_lane + i * 16 * ROWB + kk * 32);
         }
         if (t.seg != cur_seg) {
-            phase_ranges<MMAX, MT>(mt, t.seg, p.bs, rlb, lo, hi);
+            phase_ranges<MMAX, MT>(mt, t.seg, p.bs, p.window, rlb, rj, lo, hi);
             cur_seg = t.seg;
         }
         const int key0 = t.key0;
-        const bool need_mask = t.seg < 0 || mt.nseg > 1 || key0 + BN > mt.seg_amin[t.seg];
+        const bool need_mask = t.seg < 0 || mt.nseg > 1 || key0 + BN > mt.seg_amin[t.seg] ||
+                               key0 < mt.seg_lomax[t.seg];
         bool mine = false;
 #pragma unroll
         for (int i = 0; i < MT; i++)
@@ -478,12 +500,13 @@ df_bwd_q_kernel(const DfP p)
         }
     }
     __syncwarp();
-    int rlb[1][2], lo[1][2], hi[1][2];
+    int rlb[1][2], rj[1][2], lo[1][2], hi[1][2];
     float lse2[2], dlt[2];
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
         int m = wr0 + g + 8 * hh;
         rlb[0][hh] = mt.row_off[m] >= 0 ? m / p.rb : -1;
+        rj[0][hh] = (m % p.rb) % p.bs;
         lse2[hh] = sLse2[m];
         dlt[hh] = sDelta[m];
     }
@@ -527,12 +550,13 @@ df_bwd_q_kernel(const DfP p)
         }
         __syncthreads();
         if (t.seg != cur_seg) {
-            phase_ranges<MMAX, 1>(mt, t.seg, p.bs, rlb, lo, hi);
+            phase_ranges<MMAX, 1>(mt, t.seg, p.bs, p.window, rlb, rj, lo, hi);
             cur_seg = t.seg;
         }
         const int key0 = t.key0;
         const bool blk = t.seg < 0;
-        const bool need_mask = blk || mt.nseg > 1 || key0 + BN > mt.seg_amin[t.seg];
+        const bool need_mask = blk || mt.nseg > 1 || key0 + BN > mt.seg_amin[t.seg] ||
+                               key0 < mt.seg_lomax[t.seg];
         bool mine = false;
 #pragma unroll
         for (int hh = 0; hh < 2; hh++)
@@ -704,7 +728,8 @@ __device__ __forceinline__ int df_lower(const int32_t *a, int n, int64_t x)   /*
 }
 
 /* The blocks that see context rows [c0, c1): within [first, end) (blocks of the sequence holding
- * c0 and of sequences starting inside the range), those with cs + an > c0 and an > 0. */
+ * c0 and of sequences starting inside the range), those with cs + an > c0 and an > 0 (and, with
+ * a sliding window, whose slot 0 window starts before c1). */
 static __device__ void df_tile_blocks(const DfP &p, int64_t c0, int64_t c1, int *first, int *end, int *count)
 {
     const int blast = df_upper(p.cs, p.n_blocks, c1 - 1);
@@ -713,7 +738,7 @@ static __device__ void df_tile_blocks(const DfP &p, int64_t c0, int64_t c1, int 
     int f = blast, l = bfirst, n = 0;
     for (int b = bfirst; b < blast; b++) {
         int a = p.an[b];
-        if (a > 0 && (int64_t)p.cs[b] + a > c0) {
+        if (a > 0 && (int64_t)p.cs[b] + a > c0 && (int64_t)p.cs[b] + df_ctx_lo(p.window, a, 0) < c1) {
             n++;
             f = min(f, b);
             l = b + 1;
@@ -809,9 +834,9 @@ df_bwd_kv_kernel(const DfP p)
                     const int b = (int)(r / p.rb), rem = (int)(r - (int64_t)b * p.rb);
                     const int hl = rem / p.bs, j = rem - hl * p.bs;
                     const int csb = p.cs[b], anb = p.an[b];
-                    lo = csb;
+                    lo = csb + df_ctx_lo(p.window, anb, j);
                     hi = csb + anb;
-                    sees = anb > 0 && hi > c0 && lo < c1;
+                    sees = anb > 0 && hi > c0 && lo < c1 && lo < hi;
                     if (sees) {
                         const int64_t grow = (int64_t)b * p.bs + j;
                         const int head = g_kv * p.group + hl;
@@ -1006,12 +1031,13 @@ __device__ __forceinline__ void ds_store(T *row, const float (&x)[MAXV], float f
     }
 }
 
-/* key t (0 <= t < anchor + bs) of block b: a context row or a block row */
+/* key t of a query whose context keys are the nctx rows from row c0, then its block's rows from
+ * brow: a context row or a block row */
 template <typename T>
-__device__ __forceinline__ const T *ds_key(const T *ctx, const T *blk, int64_t ld, int32_t cs,
-                                           int32_t an, int64_t brow, int64_t t, int64_t off)
+__device__ __forceinline__ const T *ds_key(const T *ctx, const T *blk, int64_t ld, int64_t c0,
+                                           int64_t nctx, int64_t brow, int64_t t, int64_t off)
 {
-    return t < an ? ctx + (cs + t) * ld + off : blk + (brow + t - an) * ld + off;
+    return t < nctx ? ctx + (c0 + t) * ld + off : blk + (brow + t - nctx) * ld + off;
 }
 
 template <typename T, int MAXV>
@@ -1025,25 +1051,27 @@ __global__ void ds_fwd_kernel(const DfP p)
     const int64_t qr = gw / p.nh;
     const int h = (int)(gw % p.nh), d = p.d;
     const int64_t b = qr / p.bs, brow = b * p.bs, koff = (int64_t)(h / p.group) * d;
-    const int32_t cs = p.cs[b], an = p.an[b];
+    const int32_t cs = p.cs[b], an = p.an[b], j = (int)(qr - brow);
+    const int clo = df_ctx_lo(p.window, an, j);
+    const int64_t c0 = (int64_t)cs + clo, nctx = an - clo;
     const T *kc = (const T *)p.kc, *vc = (const T *)p.vc, *kb = (const T *)p.kb, *vb = (const T *)p.vb;
     float qv[MAXV], acc[MAXV], kv[MAXV];
     ds_load<T, MAXV>(qv, (const T *)p.q + qr * p.ldq + (int64_t)h * d, d, lane);
 #pragma unroll
-    for (int j = 0; j < MAXV; j++)
-        acc[j] = 0.0f;
+    for (int i = 0; i < MAXV; i++)
+        acc[i] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    const int64_t nkeys = (int64_t)an + p.bs;
+    const int64_t nkeys = nctx + (p.window > 0 ? j + 1 : p.bs);
     for (int64_t t = 0; t < nkeys; t++) {
-        ds_load<T, MAXV>(kv, ds_key(kc, kb, p.ldk, cs, an, brow, t, koff), d, lane);
+        ds_load<T, MAXV>(kv, ds_key(kc, kb, p.ldk, c0, nctx, brow, t, koff), d, lane);
         float sc = ds_dot<MAXV>(qv, kv) * p.scale;
         float mn = fmaxf(m, sc);
         float corr = expf(m - mn), pw = expf(sc - mn);
         l = l * corr + pw;
-        ds_load<T, MAXV>(kv, ds_key(vc, vb, p.ldk, cs, an, brow, t, koff), d, lane);
+        ds_load<T, MAXV>(kv, ds_key(vc, vb, p.ldk, c0, nctx, brow, t, koff), d, lane);
 #pragma unroll
-        for (int j = 0; j < MAXV; j++)
-            acc[j] = acc[j] * corr + pw * kv[j];
+        for (int i = 0; i < MAXV; i++)
+            acc[i] = acc[i] * corr + pw * kv[i];
         m = mn;
     }
     ds_store<T, MAXV>((T *)p.o + qr * p.ldq + (int64_t)h * d, acc, 1.0f / l, d, lane);
@@ -1063,7 +1091,9 @@ __global__ void ds_bwd_q_kernel(const DfP p)
     const int64_t qr = gw / p.nh;
     const int h = (int)(gw % p.nh), d = p.d;
     const int64_t b = qr / p.bs, brow = b * p.bs, koff = (int64_t)(h / p.group) * d;
-    const int32_t cs = p.cs[b], an = p.an[b];
+    const int32_t cs = p.cs[b], an = p.an[b], j = (int)(qr - brow);
+    const int clo = df_ctx_lo(p.window, an, j);
+    const int64_t c0 = (int64_t)cs + clo, nctx = an - clo;
     const T *kc = (const T *)p.kc, *vc = (const T *)p.vc, *kb = (const T *)p.kb, *vb = (const T *)p.vb;
     const int64_t qo = qr * p.ldq + (int64_t)h * d;
     float qv[MAXV], dov[MAXV], acc[MAXV], kv[MAXV], vv[MAXV];
@@ -1075,32 +1105,32 @@ __global__ void ds_bwd_q_kernel(const DfP p)
     if (lane == 0)
         p.delta[qr * p.nh + h] = D;
 #pragma unroll
-    for (int j = 0; j < MAXV; j++)
-        acc[j] = 0.0f;
-    const int64_t nkeys = (int64_t)an + p.bs;
+    for (int i = 0; i < MAXV; i++)
+        acc[i] = 0.0f;
+    const int64_t nkeys = nctx + (p.window > 0 ? j + 1 : p.bs);
     for (int64_t t = 0; t < nkeys; t++) {
-        ds_load<T, MAXV>(kv, ds_key(kc, kb, p.ldk, cs, an, brow, t, koff), d, lane);
-        ds_load<T, MAXV>(vv, ds_key(vc, vb, p.ldk, cs, an, brow, t, koff), d, lane);
+        ds_load<T, MAXV>(kv, ds_key(kc, kb, p.ldk, c0, nctx, brow, t, koff), d, lane);
+        ds_load<T, MAXV>(vv, ds_key(vc, vb, p.ldk, c0, nctx, brow, t, koff), d, lane);
         float pp = expf(ds_dot<MAXV>(qv, kv) * p.scale - L);
         float ds = pp * (ds_dot<MAXV>(dov, vv) - D);
 #pragma unroll
-        for (int j = 0; j < MAXV; j++)
-            acc[j] += ds * kv[j];
+        for (int i = 0; i < MAXV; i++)
+            acc[i] += ds * kv[i];
     }
     ds_store<T, MAXV>((T *)p.dq + qo, acc, p.scale, d, lane);
 }
 
 /* dk, dv of key row `key` (k, v pointers, head column included) over the query rows of block b
- * (all heads of kv head g) */
+ * at slots [j0, j1) (the slots that see the key; all heads of kv head g) */
 template <typename T, int MAXV>
 __device__ __forceinline__ void ds_kv_block(const DfP &p, int64_t b, int g, const float (&kv)[MAXV],
                                             const float (&vv)[MAXV], float (&dk)[MAXV],
-                                            float (&dv)[MAXV], int lane)
+                                            float (&dv)[MAXV], int lane, int j0, int j1)
 {
     const int d = p.d;
     float qv[MAXV], dov[MAXV];
     for (int h = g * p.group; h < (g + 1) * p.group; h++)
-        for (int j = 0; j < p.bs; j++) {
+        for (int j = j0; j < j1; j++) {
             const int64_t qr = b * p.bs + j, qo = qr * p.ldq + (int64_t)h * d;
             ds_load<T, MAXV>(qv, (const T *)p.q + qo, d, lane);
             ds_load<T, MAXV>(dov, (const T *)p.dout + qo, d, lane);
@@ -1132,7 +1162,8 @@ __global__ void ds_bwd_kvblk_kernel(const DfP p)
 #pragma unroll
     for (int i = 0; i < MAXV; i++)
         dk[i] = dv[i] = 0.0f;
-    ds_kv_block<T, MAXV>(p, kr / p.bs, g, kv, vv, dk, dv, lane);
+    /* block key i is seen by every slot, or (sliding) by the slots j >= i */
+    ds_kv_block<T, MAXV>(p, kr / p.bs, g, kv, vv, dk, dv, lane, p.window > 0 ? (int)(kr % p.bs) : 0, p.bs);
     ds_store<T, MAXV>((T *)p.dkb + ko, dk, 1.0f, d, lane);
     ds_store<T, MAXV>((T *)p.dvb + ko, dv, 1.0f, d, lane);
 }
@@ -1159,8 +1190,11 @@ __global__ void ds_bwd_kvctx_kernel(const DfP p)
         ds_load<T, MAXV>(kv, (const T *)p.kc + ko, d, lane);
         ds_load<T, MAXV>(vv, (const T *)p.vc + ko, d, lane);
         for (int b = first; b < last; b++)
-            if (c < (int64_t)s0 + p.an[b])
-                ds_kv_block<T, MAXV>(p, b, g, kv, vv, dk, dv, lane);
+            if (c < (int64_t)s0 + p.an[b]) {
+                /* sliding: slot j sees position c - s0 iff j <= c - s0 - an + W - 1 */
+                const int64_t jend = p.window > 0 ? min((int64_t)p.bs, c - s0 - p.an[b] + p.window) : p.bs;
+                ds_kv_block<T, MAXV>(p, b, g, kv, vv, dk, dv, lane, 0, (int)max((int64_t)0, jend));
+            }
     }
     ds_store<T, MAXV>((T *)p.dkc + ko, dk, 1.0f, d, lane);
     ds_store<T, MAXV>((T *)p.dvc + ko, dv, 1.0f, d, lane);

@@ -2,8 +2,9 @@
 flex_attention with the DFlash block mask, torch.compile, bf16 autocast over fp32 master weights,
 fused AdamW, global-norm clipping. Packed batches (sequences concatenated, positions restart).
 
-  Benchmark (random weights and inputs, the 8B drafter shape by default):
-    python3 dflash_torch.py bench [--seqs 4 --seq-len 3072 --anchors 512 --steps 10] [--json OUT]
+  Benchmark (random weights and inputs, the 8B drafter shape by default; --shape 27b: the
+  Qwen3.6-27B drafter, 4 sliding-window layers of window 2048 + 1 full-attention layer):
+    python3 dflash_torch.py bench [--shape 8b|27b] [--seqs 4 --seq-len 3072 --anchors 512 --steps 10] [--json OUT]
   Self-check against the golden step (float32, fixed anchors):
     python3 dflash_torch.py golden FILE
 """
@@ -78,6 +79,7 @@ class Layer(nn.Module):
         s.mlp.down_proj = nn.Linear(I, H, bias=False)
 
     def forward(s, h, ctx, pos_blk, pos_ctx, amask):
+        """amask: this layer's mask (its window's)."""
         h = h + s.self_attn(s.input_layernorm(h), ctx, pos_blk, pos_ctx, amask)
         y = s.post_attention_layernorm(h)
         return h + s.mlp.down_proj(F.silu(s.mlp.gate_proj(y)) * s.mlp.up_proj(y))
@@ -153,12 +155,21 @@ def step_forward(m, c, E, W_lm, hidden, ids, mask, seq_lens, anchors, mask_facto
     decay = torch.exp(-torch.clamp(j.float() - 1, min=0) / gamma)
     w = (w0.float() * decay[None, :]).view(-1)
     ctx = m.hidden_norm(m.fc(torch.cat(hidden, -1).to(dtype)))
-    amask = mask_factory(a_row - a_pos, a_row, T, Q, bs)
-    for layer in m.layers:
-        h = layer(h, ctx, pos_blk, pos_ctx, amask)
+    # one mask per window in use (0: full attention), layer l takes windows[l]'s
+    windows = layer_windows(c)
+    masks = {w: mask_factory(a_row - a_pos, a_row, T, Q, bs, w) for w in set(windows)}
+    for layer, w in zip(m.layers, windows):
+        h = layer(h, ctx, pos_blk, pos_ctx, masks[w])
     z = m.norm(h)
     loss_num, acc_num = head(z, W_lm, labels, w, w0)
     return loss_num, w.sum(), acc_num, w0.sum()
+
+
+def layer_windows(c):
+    """The attention window of each drafter layer (0: full attention), from layer_types and
+    sliding_window (SpecForge's names)."""
+    types = c.get("layer_types") or ["full_attention"] * c["num_draft_layers"]
+    return [int(c["sliding_window"]) if t == "sliding_attention" else 0 for t in types]
 
 
 def flex_factory(compiled=True):
@@ -166,24 +177,34 @@ def flex_factory(compiled=True):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     _flex = torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
 
-    def factory(ctx_start, a_row, T, Q, bs):
+    def factory(ctx_start, a_row, T, Q, bs, window=0):
+        # the sliding rule (SpecForge's, the dflash-swa golden's mask_rule): slot j of a block sees
+        # the context rows from its anchor's row + j - (window - 1) and the slots i <= j
         def mask_mod(b, h, q_idx, kv_idx):
-            blk = q_idx // bs
+            blk, j = q_idx // bs, q_idx % bs
             is_ctx = kv_idx < T
             ctx_ok = is_ctx & (kv_idx >= ctx_start[blk]) & (kv_idx < a_row[blk])
             blk_ok = (~is_ctx) & ((kv_idx - T) // bs == blk)
+            if window > 0:
+                ctx_ok = ctx_ok & (kv_idx >= a_row[blk] + j - (window - 1))
+                blk_ok = blk_ok & ((kv_idx - T) % bs <= j)
             return ctx_ok | blk_ok
         return create_block_mask(mask_mod, None, None, Q, T + Q, device=a_row.device)
     return factory
 
 
 def eager_factory():
-    def factory(ctx_start, a_row, T, Q, bs):
+    def factory(ctx_start, a_row, T, Q, bs, window=0):
         dev = a_row.device
         qi = torch.arange(Q, device=dev)[:, None]
         ki = torch.arange(T + Q, device=dev)[None, :]
-        blk = qi // bs
-        return ((ki < T) & (ki >= ctx_start[blk]) & (ki < a_row[blk])) | ((ki >= T) & ((ki - T) // bs == blk))
+        blk, j = qi // bs, qi % bs
+        ctx_ok = (ki < T) & (ki >= ctx_start[blk]) & (ki < a_row[blk])
+        blk_ok = (ki >= T) & ((ki - T) // bs == blk)
+        if window > 0:
+            ctx_ok = ctx_ok & (ki >= a_row[blk] + j - (window - 1))
+            blk_ok = blk_ok & ((ki - T) % bs <= j)
+        return ctx_ok | blk_ok
     return factory
 
 
@@ -191,8 +212,7 @@ def golden(path):
     from safetensors import safe_open
     f = safe_open(path, "pt")
     meta = f.metadata()
-    c = json.loads(meta["config"])
-    c["num_draft_layers"] = c["num_draft_layers"]
+    c = json.loads(meta["config"])   # dflash-swa: layer_types and sliding_window too
     c["gamma"] = c["loss_decay_gamma"]
     g = {k: f.get_tensor(k) for k in f.keys()}
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -234,6 +254,15 @@ def cfg_8b():
                 mask_token_id=151669)
 
 
+def cfg_27b():
+    """The public Qwen3.6-27B drafter (SpecForge's recipe)."""
+    return dict(hidden_size=5120, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                intermediate_size=17408, vocab_size=248320, rms_norm_eps=1e-6, rope_theta=1e7,
+                num_draft_layers=5, target_layer_ids=[1, 16, 31, 46, 61], block_size=16, gamma=7.0,
+                mask_token_id=248070, layer_types=["sliding_attention"] * 4 + ["full_attention"],
+                sliding_window=2048)
+
+
 def drafter_flops(c, T, Q, anchor_pos, bs):
     """Matmul FLOPs of one step (forward + backward), the same count dfl's benchmark uses."""
     H, nh, nkv, d, I, V = (c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"],
@@ -241,15 +270,21 @@ def drafter_flops(c, T, Q, anchor_pos, bs):
     K, Ld = len(c["target_layer_ids"]), c["num_draft_layers"]
     fc = 2 * T * K * H * H * 2                       # forward + weight gradient (inputs need no grad)
     per_layer = 2 * Q * H * (nh * d + 2 * nkv * d) + 2 * T * H * 2 * nkv * d + 2 * Q * nh * d * H + 2 * Q * H * 3 * I
-    attn = sum(4 * bs * (a + bs) * nh * d for a in anchor_pos)
+
+    def keys(a, w):   # the keys a block anchored at a sees, over its bs slots (window w, 0: full)
+        if w <= 0:
+            return bs * (a + bs)
+        return sum(a - min(a, max(0, a + j - (w - 1))) + j + 1 for j in range(bs))
+    # the attention FLOPs of each layer: only the keys its window leaves
+    attn = sum(sum(4 * keys(a, w) * nh * d for a in anchor_pos) for w in layer_windows(c))
     head = 2 * Q * H * V
-    return fc + Ld * (3 * per_layer + 3.5 * attn) + 2 * head
+    return fc + Ld * 3 * per_layer + 3.5 * attn + 2 * head
 
 
 def bench(a):
     torch.manual_seed(a.seed)
     dev = torch.device("cuda")
-    c = cfg_8b()
+    c = cfg_27b() if a.shape == "27b" else cfg_8b()
     m = Drafter(c).to(dev)
     with torch.no_grad():
         for n, p in m.named_parameters():
@@ -301,7 +336,7 @@ def bench(a):
         loss, gn = step(an)
     torch.cuda.synchronize()
     dt = time.time() - t0
-    res = {"peer": "torch-flex_attention-compile-bf16", "torch": torch.__version__, "steps": a.steps,
+    res = {"peer": "torch-flex_attention-compile-bf16", "shape": a.shape, "torch": torch.__version__, "steps": a.steps,
            "tokens_per_s": a.steps * T / dt, "seconds": dt, "tflops": flops / dt / 1e12,
            "loss": float(loss), "seqs": a.seqs, "seq_len": a.seq_len, "anchors": a.anchors,
            "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9}
@@ -315,6 +350,7 @@ def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench")
+    b.add_argument("--shape", choices=["8b", "27b"], default="8b")
     b.add_argument("--seqs", type=int, default=4)
     b.add_argument("--seq-len", type=int, default=3072)
     b.add_argument("--anchors", type=int, default=512)

@@ -90,7 +90,11 @@ static inline float dfl_gdn_g(float a, float A_log, float dt_bias)
  * Block b (0..n_blocks-1) has bs query slots at rows b*bs .. b*bs+bs-1 of q / k_blk / v_blk / o.
  * Its queries attend to context rows ctx_start[b] .. ctx_start[b] + anchor[b] - 1 of k_ctx/v_ctx
  * (the sequence's rows before its anchor; ctx_start is the sequence's first row) and to all bs
- * rows of their own block; nothing else. GQA as above. Blocks are ordered by ctx_start
+ * rows of their own block; nothing else (a full-attention layer). With window W > 0 (a sliding-
+ * window layer, doc/dflash-step.md section 3 and the dflash-swa golden's mask_rule) the query at slot j
+ * (position anchor + j) sees only the context rows at positions c with
+ * anchor + j - (W - 1) <= c < anchor, and the block rows i <= j (causal inside the block).
+ * GQA as above. Blocks are ordered by ctx_start
  * (non-decreasing; blocks of one sequence are contiguous); 0 <= anchor[b] <= max_anchor and
  * ctx_start[b] + anchor[b] <= T_ctx. Rows are dense: q, o, dq, dout have n_heads*d elements per
  * row, the k/v arrays n_kv*d. lse [n_blocks*bs, n_heads] (f32) is written by the forward
@@ -109,6 +113,7 @@ typedef struct dfl_dflash_attn {
     const int32_t *ctx_start;  /* [n_blocks] */
     const int32_t *anchor;     /* [n_blocks] */
     int32_t n_blocks, bs, max_anchor;
+    int32_t window;     /* 0: full attention; > 0: sliding window of W positions */
     int64_t T_ctx;
     int n_heads, n_kv, d;
     float scale;

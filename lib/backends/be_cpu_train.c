@@ -159,11 +159,26 @@ int dfl_cpu_swiglu_bwd(dfl_be *be, void *dguv, const void *doutv, const void *gu
 
 /* ---- DFlash attention ---------------------------------------------------------------------- */
 
-/* Key j of block b (0 <= j < anchor + bs): context row or block row. */
-static inline const float *attn_key(const float *ctx, const float *blk, int64_t ld, int32_t cs,
-                                    int32_t anchor, int64_t brow, int64_t j, int64_t off)
+/* The keys of query slot j of a block with anchor an (backend.h): the context positions
+ * [*clo, an), then the block slots [0, *bhi). */
+static inline void dflash_keys(int32_t window, int32_t an, int j, int bs, int64_t *clo, int *bhi)
 {
-    return j < anchor ? ctx + (cs + j) * ld + off : blk + (brow + j - anchor) * ld + off;
+    if (window > 0) {
+        int64_t lo = (int64_t)an + j - (window - 1);
+        *clo = lo < 0 ? 0 : lo > an ? an : lo;
+        *bhi = j + 1;
+    } else {
+        *clo = 0;
+        *bhi = bs;
+    }
+}
+
+/* Key t of a query whose context keys are the nctx rows from row c0 (then its block's rows from
+ * brow): context row or block row. */
+static inline const float *attn_key(const float *ctx, const float *blk, int64_t ld, int64_t c0,
+                                    int64_t nctx, int64_t brow, int64_t t, int64_t off)
+{
+    return t < nctx ? ctx + (c0 + t) * ld + off : blk + (brow + t - nctx) * ld + off;
 }
 
 static inline float dotf(const float *a, const float *b, int d)
@@ -187,9 +202,13 @@ int dfl_cpu_dflash_attn(dfl_be *be, const dfl_dflash_attn *a)
     for (int64_t b = 0; b < a->n_blocks; b++) {
         for (int h = 0; h < nh; h++) {
             const int32_t cs = a->ctx_start[b], an = a->anchor[b];
-            const int64_t koff = (int64_t)(h / group) * d, brow = b * bs, nkeys = an + bs;
+            const int64_t koff = (int64_t)(h / group) * d, brow = b * bs;
             for (int j = 0; j < bs; j++) {
                 const int64_t qr = brow + j;
+                int64_t clo;
+                int bhi;
+                dflash_keys(a->window, an, j, bs, &clo, &bhi);
+                const int64_t c0 = cs + clo, nctx = an - clo, nkeys = nctx + bhi;
                 const float *qv = q + qr * ldq + (int64_t)h * d;
                 float acc[MAX_HEAD_DIM], s[ATTN_TILE];
                 float mx = -INFINITY;
@@ -200,7 +219,7 @@ int dfl_cpu_dflash_attn(dfl_be *be, const dfl_dflash_attn *a)
                     int64_t nt = nkeys - t0 < ATTN_TILE ? nkeys - t0 : ATTN_TILE;
                     float tmx = -INFINITY;
                     for (int64_t t = 0; t < nt; t++) {
-                        const float *kv = attn_key(kc, kb, ldk, cs, an, brow, t0 + t, koff);
+                        const float *kv = attn_key(kc, kb, ldk, c0, nctx, brow, t0 + t, koff);
                         s[t] = dotf(qv, kv, d) * a->scale;
                         if (s[t] > tmx)
                             tmx = s[t];
@@ -212,7 +231,7 @@ int dfl_cpu_dflash_attn(dfl_be *be, const dfl_dflash_attn *a)
                         acc[i] *= corr;
                     for (int64_t t = 0; t < nt; t++) {
                         float p = expf(s[t] - nmx);
-                        const float *vv = attn_key(vc, vb, ldk, cs, an, brow, t0 + t, koff);
+                        const float *vv = attn_key(vc, vb, ldk, c0, nctx, brow, t0 + t, koff);
                         l += p;
                         for (int i = 0; i < d; i++)
                             acc[i] += p * vv[i];
@@ -266,7 +285,7 @@ int dfl_cpu_dflash_attn_bwd(dfl_be *be, const dfl_dflash_attn *a)
     for (int64_t b = 0; b < a->n_blocks; b++) {
         for (int g = 0; g < nkv; g++) {
             const int32_t cs = a->ctx_start[b], an = a->anchor[b];
-            const int64_t koff = (int64_t)g * d, brow = b * bs, nkeys = an + bs;
+            const int64_t koff = (int64_t)g * d, brow = b * bs;
             for (int i = 0; i < bs; i++) {
                 memset(dkb + (brow + i) * ldk + koff, 0, (size_t)d * sizeof(float));
                 memset(dvb + (brow + i) * ldk + koff, 0, (size_t)d * sizeof(float));
@@ -279,20 +298,24 @@ int dfl_cpu_dflash_attn_bwd(dfl_be *be, const dfl_dflash_attn *a)
                     for (int i = 0; i < d; i++)
                         dd += (double)dov[i] * ov[i];
                     const float D = (float)dd, L = lse[qr * nh + h];
+                    int64_t clo;
+                    int bhi;
+                    dflash_keys(a->window, an, j, bs, &clo, &bhi);
+                    const int64_t c0 = cs + clo, nctx = an - clo, nkeys = nctx + bhi;
                     delta[qr * nh + h] = D;
                     float acc[MAX_HEAD_DIM];
                     for (int i = 0; i < d; i++)
                         acc[i] = 0;
                     for (int64_t t = 0; t < nkeys; t++) {
-                        const float *kv = attn_key(kc, kb, ldk, cs, an, brow, t, koff);
-                        const float *vv = attn_key(vc, vb, ldk, cs, an, brow, t, koff);
+                        const float *kv = attn_key(kc, kb, ldk, c0, nctx, brow, t, koff);
+                        const float *vv = attn_key(vc, vb, ldk, c0, nctx, brow, t, koff);
                         float p = expf(dotf(qv, kv, d) * scale - L);
                         float ds = p * (dotf(dov, vv, d) - D);
                         for (int i = 0; i < d; i++)
                             acc[i] += ds * kv[i];
-                        if (t >= an) {
-                            float *dk = dkb + (brow + t - an) * ldk + koff;
-                            float *dv = dvb + (brow + t - an) * ldk + koff;
+                        if (t >= nctx) {
+                            float *dk = dkb + (brow + t - nctx) * ldk + koff;
+                            float *dv = dvb + (brow + t - nctx) * ldk + koff;
                             for (int i = 0; i < d; i++) {
                                 dk[i] += ds * scale * qv[i];
                                 dv[i] += p * dov[i];
@@ -322,8 +345,12 @@ int dfl_cpu_dflash_attn_bwd(dfl_be *be, const dfl_dflash_attn *a)
                 for (int64_t b = last - 1; b >= 0 && a->ctx_start[b] == s0; b--) {
                     if (!(c < (int64_t)s0 + a->anchor[b]))
                         continue;
+                    /* slots that see position c - s0: all, or j <= c - s0 - anchor + W - 1 */
+                    int64_t jend = bs;
+                    if (a->window > 0 && c - s0 - a->anchor[b] + a->window < jend)
+                        jend = c - s0 - a->anchor[b] + a->window;
                     for (int h = g * group; h < (g + 1) * group; h++) {
-                        for (int j = 0; j < bs; j++) {
+                        for (int j = 0; j < jend; j++) {
                             const int64_t qr = b * bs + j, qo = qr * ldq + (int64_t)h * d;
                             const float *qv = q + qo, *dov = dout + qo;
                             float p = expf(dotf(qv, kv, d) * scale - lse[qr * nh + h]);

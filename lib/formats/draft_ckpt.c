@@ -448,6 +448,10 @@ static bool same_config(const dfl_draft_config *a, const dfl_draft_config *b, ch
     CMP(n_feat, "number of target layers");
     for (int i = 0; i < a->n_feat; i++)
         CMP(target_layers[i], "target layer id");
+    for (int i = 0; i < a->n_layers && i < DFL_DRAFT_MAX_LAYERS; i++)
+        CMP(sliding[i], "sliding layer (layer_types)");
+    if (dfl_draft_n_sliding(a) > 0)
+        CMP(sliding_window, "sliding_window");
 #undef CMP
     return true;
 }

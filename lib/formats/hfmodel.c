@@ -401,6 +401,122 @@ int dfl_hf_config_load(const char *dir, dfl_hf_config *c, json_t **json, dfl_err
     return rc;
 }
 
+/* ---- the drafter's view of a target ---------------------------------------------------------- */
+
+/* The text models of the Qwen3.5 family (hybrid linear / full attention). */
+static bool is_qwen35_text(const char *mt)
+{
+    return !strcmp(mt, "qwen3_5_text") || !strcmp(mt, "qwen3_5_moe_text");
+}
+
+/* An optional integer that may be null (-1 then). */
+static int opt_token(const json_t *j, const char *key, int64_t *out, const char *what, dfl_err *e)
+{
+    *out = -1;
+    const json_t *v = json_object_get(j, key);
+    if (!v || json_is_null(v) || json_is_array(v))
+        return DFL_OK;   /* lists of eos ids: not one id */
+    int64_t x;
+    int rc = dfl_json_int(j, key, false, &x, what, e);
+    if (!rc && x >= 0)
+        *out = x;
+    return rc;
+}
+
+int dfl_hf_drafter_target_parse(const json_t *cfg, const char *what, dfl_hf_drafter_target *t,
+                                dfl_err *e)
+{
+    memset(t, 0, sizeof *t);
+    if (!json_is_object(cfg))
+        return dfl_fail(e, DFL_EDATA, "%s: expected a JSON object", what);
+    const json_t *tc = json_object_get(cfg, "text_config");
+    const char *mt = NULL;
+    int rc;
+    if (tc && !json_is_null(tc)) {
+        if (!json_is_object(tc))
+            return dfl_fail(e, DFL_EDATA, "%s: text_config must be an object", what);
+        if ((rc = dfl_json_str(tc, "model_type", true, &mt, what, e)))
+            return rc;
+        if (!is_qwen35_text(mt))
+            return dfl_fail(e, DFL_EUNSUP, "%s: text_config.model_type '%s' is not supported (a "
+                            "drafter's target with a text_config: qwen3_5_text, qwen3_5_moe_text)",
+                            what, mt);
+        snprintf(t->embed_name, sizeof t->embed_name, "model.language_model.embed_tokens.weight");
+    } else {
+        tc = cfg;
+        if ((rc = dfl_json_str(cfg, "model_type", true, &mt, what, e)))
+            return rc;
+        if (!is_qwen35_text(mt)) {
+            /* the dense families: dfl-target's own parser, with its checks */
+            dfl_hf_config c;
+            if ((rc = dfl_hf_config_parse(cfg, what, &c, e)))
+                return rc;
+            snprintf(t->model_type, sizeof t->model_type, "%s", c.model_type);
+            t->hidden_size = c.hidden_size, t->vocab_size = c.vocab_size, t->n_layers = c.n_layers;
+            t->n_heads = c.n_heads, t->n_kv_heads = c.n_kv_heads, t->head_dim = c.head_dim;
+            t->intermediate_size = c.intermediate_size;
+            t->rms_norm_eps = c.rms_norm_eps, t->rope_theta = c.rope_theta;
+            t->tie_word_embeddings = c.tie_word_embeddings;
+            goto names;
+        }
+        snprintf(t->embed_name, sizeof t->embed_name, "model.embed_tokens.weight");
+    }
+    snprintf(t->model_type, sizeof t->model_type, "%s", mt);
+    if ((rc = get_dim(tc, "hidden_size", true, 1 << 20, &t->hidden_size, what, e)) ||
+        (rc = get_dim(tc, "num_hidden_layers", true, 4096, &t->n_layers, what, e)) ||
+        (rc = get_dim(tc, "num_attention_heads", true, 4096, &t->n_heads, what, e)) ||
+        (rc = get_dim(tc, "vocab_size", true, INT32_MAX, &t->vocab_size, what, e)) ||
+        (rc = get_dim(tc, "intermediate_size", false, 1 << 22, &t->intermediate_size, what, e)))
+        return rc;
+    t->n_kv_heads = t->n_heads;
+    if ((rc = get_dim(tc, "num_key_value_heads", false, 4096, &t->n_kv_heads, what, e)))
+        return rc;
+    if ((rc = get_dim(tc, "head_dim", false, 1024, &t->head_dim, what, e)))
+        return rc;
+    if (!t->head_dim)
+        t->head_dim = t->hidden_size / t->n_heads;
+    t->rms_norm_eps = 1e-6;
+    if ((rc = dfl_json_num(tc, "rms_norm_eps", false, &t->rms_norm_eps, what, e)))
+        return rc;
+    t->rope_theta = 10000.0;
+    const json_t *rp = json_object_get(tc, "rope_parameters");
+    if (json_is_object(rp) && (rc = dfl_json_num(rp, "rope_theta", false, &t->rope_theta, what, e)))
+        return rc;
+    if ((rc = dfl_json_num(tc, "rope_theta", false, &t->rope_theta, what, e)))
+        return rc;
+    /* tie_word_embeddings: the text config's, else the top level's */
+    if ((rc = dfl_json_bool(cfg, "tie_word_embeddings", false, &t->tie_word_embeddings, what, e)) ||
+        (rc = dfl_json_bool(tc, "tie_word_embeddings", false, &t->tie_word_embeddings, what, e)))
+        return rc;
+names:
+    if (!t->embed_name[0])
+        snprintf(t->embed_name, sizeof t->embed_name, "model.embed_tokens.weight");
+    snprintf(t->lm_head_name, sizeof t->lm_head_name, "lm_head.weight");
+    int64_t v = 0;
+    if (get_dim(tc, "max_position_embeddings", false, INT64_MAX / 2, &v, what, NULL) == 0)
+        t->max_position = v;
+    if ((rc = opt_token(tc, "bos_token_id", &t->bos_token_id, what, e)) ||
+        (rc = opt_token(tc, "eos_token_id", &t->eos_token_id, what, e)))
+        return rc;
+    return DFL_OK;
+}
+
+int dfl_hf_drafter_target_load(const char *dir, dfl_hf_drafter_target *t, char fp[33], dfl_err *e)
+{
+    char *path = dfl_path_join(dir, "config.json");
+    json_t *cfg = NULL;
+    dfl_st_model *m = NULL;
+    int rc = path ? dfl_json_load_file(path, &cfg, e) : dfl_fail(e, DFL_ENOMEM, "out of memory");
+    if (!rc)
+        rc = dfl_hf_drafter_target_parse(cfg, path, t, e);
+    if (!rc && fp && !(rc = dfl_st_model_open(&m, dir, e)))
+        rc = dfl_hf_fingerprint_of(cfg, m, fp, e);
+    dfl_st_model_close(m);
+    json_decref(cfg);
+    free(path);
+    return rc;
+}
+
 /* A growing byte buffer for the fingerprint's input. */
 typedef struct fbuf {
     char *p;

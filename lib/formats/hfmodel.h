@@ -73,6 +73,30 @@ int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, d
  * json_decref) and parses it. */
 int dfl_hf_config_load(const char *dir, dfl_hf_config *c, json_t **json, dfl_err *e);
 
+/* What a DFlash drafter needs of its target (dfl-draft --target), whatever dfl-target supports
+ * of the rest: sizes for the drafter's defaults, and the names of the frozen embedding and LM
+ * head. Qwen3.5 / Qwen3.6 checkpoints (Qwen3_5ForConditionalGeneration: the text model's config
+ * under text_config, weights under model.language_model.*, lm_head.weight at the top) and
+ * text-only qwen3_5_text / qwen3_5_moe_text configs are read here; every other config goes
+ * through dfl_hf_config_parse (the families dfl-target runs). */
+typedef struct dfl_hf_drafter_target {
+    char model_type[32];         /* of the text model */
+    int64_t hidden_size, vocab_size, n_layers;
+    int64_t n_heads, n_kv_heads, head_dim;   /* of the target's (full) attention layers */
+    int64_t intermediate_size;   /* 0 when the config has none (MoE) */
+    double rms_norm_eps, rope_theta;
+    int64_t max_position;        /* 0: not given */
+    int64_t bos_token_id, eos_token_id;      /* -1: not given */
+    bool tie_word_embeddings;
+    char embed_name[64];         /* e.g. model.embed_tokens.weight */
+    char lm_head_name[64];       /* lm_head.weight (the embedding when tied and absent) */
+} dfl_hf_drafter_target;
+int dfl_hf_drafter_target_parse(const json_t *cfg, const char *what, dfl_hf_drafter_target *t,
+                                dfl_err *e);
+/* Loads DIR/config.json into *t, and the model's fingerprint (dfl_hf_fingerprint_of of the raw
+ * config and the tensor table) into fp when fp is non-NULL. */
+int dfl_hf_drafter_target_load(const char *dir, dfl_hf_drafter_target *t, char fp[33], dfl_err *e);
+
 /* Model fingerprint: XXH3-128 (32 lowercase hex digits) over a version tag, the canonical config
  * JSON (sorted keys, compact) and the tensor table (tensors sorted by name, each with dtype and
  * shape). Tensor data is not read. */

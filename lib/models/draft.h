@@ -31,6 +31,7 @@
 
 #define DFL_DRAFT_MAX_FEAT 64     /* captured target layers */
 #define DFL_DRAFT_MAX_BS 256      /* block size */
+#define DFL_DRAFT_MAX_LAYERS 256  /* drafter layers */
 
 typedef struct dfl_draft_config {
     int64_t hidden;              /* H (drafter and target) */
@@ -47,6 +48,10 @@ typedef struct dfl_draft_config {
     double rms_eps, rope_theta;
     int64_t max_position;        /* max_position_embeddings (written to config.json) */
     int64_t bos_token_id, eos_token_id; /* -1 = unknown (written when known) */
+    /* layer_types: sliding[l] = 1 when layer l is "sliding_attention" (else "full_attention");
+     * sliding layers see the window of sliding_window positions (backend.h dfl_dflash_attn) */
+    uint8_t sliding[DFL_DRAFT_MAX_LAYERS];
+    int64_t sliding_window;      /* W (0: no sliding layer) */
 } dfl_draft_config;
 
 /* SpecForge's default target layers for n features of a T-layer target (dfl-draft(1)). */
@@ -54,11 +59,21 @@ void dfl_draft_default_layers(int n_target_layers, int n, int32_t *out);
 /* Checks sizes (positive, heads divisible, head_dim even, mask id < vocab, ...). */
 int dfl_draft_config_check(const dfl_draft_config *c, dfl_err *e);
 /* Reads a DFlash config.json (public layout: Qwen3 fields, block_size, dflash_config.{
- * mask_token_id, target_layer_ids}, num_target_layers). Fields it lacks keep their value in *c
- * (fill *c with defaults first). what names the input in errors. */
+ * mask_token_id, target_layer_ids}, num_target_layers, layer_types, use_sliding_window,
+ * sliding_window, max_window_layers as Qwen3Config reads them). Fields it lacks keep their value
+ * in *c (fill *c with defaults first). what names the input in errors. */
 int dfl_draft_config_from_json(dfl_draft_config *c, const json_t *j, const char *what, dfl_err *e);
-/* The config.json of a checkpoint (new reference). */
+/* The config.json of a checkpoint (new reference): the layout of the published DFlash drafters
+ * (architectures DFlashDraftModel, auto_map, model_type qwen3, dflash_config, layer_types, ...). */
 json_t *dfl_draft_config_to_json(const dfl_draft_config *c);
+/* Parses a layer-types spec for n layers into c->sliding: a comma list of items TYPE or TYPE:N
+ * (N layers of that type, in order), TYPE one of sliding, full, sliding_attention,
+ * full_attention; the counts must add up to n (e.g. "sliding:4,full:1" for 5 layers), or with
+ * n <= 0, any count, which becomes c->n_layers. */
+int dfl_draft_parse_layer_types(dfl_draft_config *c, const char *spec, int n, const char *what,
+                                dfl_err *e);
+/* Number of sliding layers. */
+int dfl_draft_n_sliding(const dfl_draft_config *c);
 
 /* One trainable tensor of the flat parameter buffer. */
 typedef struct dfl_draft_tensor {

@@ -201,10 +201,141 @@ int dfl_draft_config_check(const dfl_draft_config *c, dfl_err *e)
     if (!(c->gamma > 0) || !(c->rms_eps > 0) || !(c->rope_theta > 0))
         return dfl_fail(e, DFL_EDATA, "drafter config: gamma, rms_norm_eps and rope_theta must be "
                         "positive");
+    if (dfl_draft_n_sliding(c) > 0 && (c->sliding_window < 1 || c->sliding_window > INT32_MAX))
+        return dfl_fail(e, DFL_EDATA, "drafter config: sliding_window %lld (the sliding_attention "
+                        "layers need a window of 1..%d positions)", (long long)c->sliding_window,
+                        INT32_MAX);
     for (int i = 0; i < c->n_feat; i++)
         if (c->target_layers[i] < 0 || (c->n_target_layers > 0 && c->target_layers[i] >= c->n_target_layers))
             return dfl_fail(e, DFL_EDATA, "drafter config: target layer id %d is outside the target's "
                             "%d layers", c->target_layers[i], c->n_target_layers);
+    return DFL_OK;
+}
+
+int dfl_draft_n_sliding(const dfl_draft_config *c)
+{
+    int n = 0;
+    for (int l = 0; l < c->n_layers && l < DFL_DRAFT_MAX_LAYERS; l++)
+        n += c->sliding[l] != 0;
+    return n;
+}
+
+/* 1: sliding, 0: full, -1: neither */
+static int layer_type_of(const char *s, size_t len)
+{
+    static const struct { const char *name; int v; } names[] = {
+        {"sliding", 1}, {"sliding_attention", 1}, {"full", 0}, {"full_attention", 0}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strlen(names[i].name) == len && !memcmp(names[i].name, s, len))
+            return names[i].v;
+    return -1;
+}
+
+int dfl_draft_parse_layer_types(dfl_draft_config *c, const char *spec, int n, const char *what,
+                                dfl_err *e)
+{
+    uint8_t t[DFL_DRAFT_MAX_LAYERS];
+    int k = 0;
+    const char *p = spec;
+    const bool any = n <= 0;
+    if (any)
+        n = DFL_DRAFT_MAX_LAYERS;
+    for (;;) {
+        const char *end = strchr(p, ','), *colon;
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        colon = memchr(p, ':', len);
+        size_t tlen = colon ? (size_t)(colon - p) : len;
+        int v = layer_type_of(p, tlen);
+        if (v < 0)
+            return dfl_fail(e, DFL_EUSAGE, "%s: '%.*s' is not a layer type (sliding, full, "
+                            "sliding_attention or full_attention, each optionally :COUNT)", what,
+                            (int)len, p);
+        long cnt = 1;
+        if (colon) {
+            char buf[16], *ep;
+            size_t nl = len - tlen - 1;
+            if (nl == 0 || nl >= sizeof buf)
+                return dfl_fail(e, DFL_EUSAGE, "%s: '%.*s': bad count", what, (int)len, p);
+            memcpy(buf, colon + 1, nl);
+            buf[nl] = 0;
+            cnt = strtol(buf, &ep, 10);
+            if (*ep || cnt < 1 || cnt > DFL_DRAFT_MAX_LAYERS)
+                return dfl_fail(e, DFL_EUSAGE, "%s: '%.*s': bad count", what, (int)len, p);
+        }
+        if (k + cnt > n)
+            return dfl_fail(e, DFL_EUSAGE, "%s: '%s' names more than the drafter's %d layers", what,
+                            spec, n);
+        for (long i = 0; i < cnt; i++)
+            t[k++] = (uint8_t)v;
+        if (!end)
+            break;
+        p = end + 1;
+    }
+    if (any)
+        c->n_layers = n = k;
+    if (k != n)
+        return dfl_fail(e, DFL_EUSAGE, "%s: '%s' names %d layers, the drafter has %d", what, spec,
+                        k, n);
+    memset(c->sliding, 0, sizeof c->sliding);
+    memcpy(c->sliding, t, (size_t)n);
+    return DFL_OK;
+}
+
+/* layer_types, use_sliding_window, sliding_window, max_window_layers (after num_hidden_layers).
+ * layer_types is taken as it says; sliding_attention layers need sliding_window, and a config
+ * that sets use_sliding_window false with them is refused (Qwen3Config would drop the window).
+ * Without layer_types, as Qwen3Config: with use_sliding_window and a window, the layers from
+ * max_window_layers (default 28) on slide. */
+static int layer_types_from_json(dfl_draft_config *c, const json_t *j, const char *what, dfl_err *e)
+{
+    const json_t *use = json_object_get(j, "use_sliding_window");
+    const json_t *sw = json_object_get(j, "sliding_window");
+    const json_t *lt = json_object_get(j, "layer_types");
+    const json_t *mw = json_object_get(j, "max_window_layers");
+    if (use && !json_is_null(use) && !json_is_boolean(use))
+        return dfl_fail(e, DFL_EDATA, "%s: 'use_sliding_window' must be true or false", what);
+    if (sw && !json_is_null(sw)) {
+        if (!json_is_integer(sw) || json_integer_value(sw) < 1 || json_integer_value(sw) > INT32_MAX)
+            return dfl_fail(e, DFL_EDATA, "%s: 'sliding_window' must be null or an integer of 1..%d",
+                            what, INT32_MAX);
+        c->sliding_window = json_integer_value(sw);
+    }
+    const bool in_use = json_is_true(use) && c->sliding_window > 0;
+    if (lt && !json_is_null(lt)) {
+        if (!json_is_array(lt) || json_array_size(lt) < 1 || json_array_size(lt) > DFL_DRAFT_MAX_LAYERS)
+            return dfl_fail(e, DFL_EDATA, "%s: 'layer_types' must be an array of 1..%d strings",
+                            what, DFL_DRAFT_MAX_LAYERS);
+        if (c->n_layers > 0 && (int)json_array_size(lt) != c->n_layers)
+            return dfl_fail(e, DFL_EDATA, "%s: 'layer_types' has %zu entries for %d layers "
+                            "(num_hidden_layers)", what, json_array_size(lt), c->n_layers);
+        c->n_layers = (int)json_array_size(lt);
+        memset(c->sliding, 0, sizeof c->sliding);
+        for (size_t i = 0; i < json_array_size(lt); i++) {
+            const json_t *x = json_array_get(lt, i);
+            const char *sv = json_is_string(x) ? json_string_value(x) : "";
+            int v = !strcmp(sv, "sliding_attention") ? 1 : !strcmp(sv, "full_attention") ? 0 : -1;
+            if (v < 0)
+                return dfl_fail(e, DFL_EDATA, "%s: 'layer_types[%zu]' must be \"full_attention\" or "
+                                "\"sliding_attention\"", what, i);
+            c->sliding[i] = (uint8_t)v;
+        }
+        if (dfl_draft_n_sliding(c) > 0 && c->sliding_window < 1)
+            return dfl_fail(e, DFL_EDATA, "%s: 'layer_types' has sliding_attention layers but "
+                            "'sliding_window' is not set", what);
+        if (dfl_draft_n_sliding(c) > 0 && use && json_is_false(use))
+            return dfl_fail(e, DFL_EDATA, "%s: 'layer_types' has sliding_attention layers but "
+                            "'use_sliding_window' is false", what);
+    } else if (in_use) {
+        int64_t first = 28;   /* Qwen3Config's default */
+        if (mw && !json_is_null(mw)) {
+            if (!json_is_integer(mw) || json_integer_value(mw) < 0)
+                return dfl_fail(e, DFL_EDATA, "%s: 'max_window_layers' must be a non-negative "
+                                "integer", what);
+            first = json_integer_value(mw);
+        }
+        for (int l = 0; l < c->n_layers && l < DFL_DRAFT_MAX_LAYERS; l++)
+            c->sliding[l] = l >= first;
+    }
     return DFL_OK;
 }
 
@@ -249,6 +380,8 @@ int dfl_draft_config_from_json(dfl_draft_config *c, const json_t *j, const char 
     GETI("max_position_embeddings", max_position, 1, INT64_MAX / 2);
     GETI("bos_token_id", bos_token_id, -1, INT32_MAX);
     GETI("eos_token_id", eos_token_id, -1, INT32_MAX);
+    if ((rc = layer_types_from_json(c, j, what, e)))
+        return rc;
     if (json_object_get(j, "head_dim") && !json_is_null(json_object_get(j, "head_dim")))
         GETI("head_dim", head_dim, 1, 4096);
     else if (c->n_heads > 0 && c->hidden % c->n_heads == 0)
@@ -299,8 +432,10 @@ json_t *dfl_draft_config_to_json(const dfl_draft_config *c)
 {
     json_t *j = json_object();
     json_t *lt = json_array(), *ids = json_array();
+    const int n_sliding = dfl_draft_n_sliding(c);
     for (int i = 0; i < c->n_layers; i++)
-        json_array_append_new(lt, json_string("full_attention"));
+        json_array_append_new(lt, json_string(i < DFL_DRAFT_MAX_LAYERS && c->sliding[i]
+                                              ? "sliding_attention" : "full_attention"));
     for (int i = 0; i < c->n_feat; i++)
         json_array_append_new(ids, json_integer(c->target_layers[i]));
     json_t *arch = json_array();
@@ -308,6 +443,9 @@ json_t *dfl_draft_config_to_json(const dfl_draft_config *c)
     json_object_set_new(j, "architectures", arch);
     json_object_set_new(j, "attention_bias", json_false());
     json_object_set_new(j, "attention_dropout", json_real(0.0));
+    json_t *am = json_object();
+    json_object_set_new(am, "AutoModel", json_string("dflash.DFlashDraftModel"));
+    json_object_set_new(j, "auto_map", am);
     json_object_set_new(j, "block_size", json_integer(c->block_size));
     if (c->bos_token_id >= 0)
         json_object_set_new(j, "bos_token_id", json_integer(c->bos_token_id));
@@ -333,12 +471,16 @@ json_t *dfl_draft_config_to_json(const dfl_draft_config *c)
     json_object_set_new(j, "num_key_value_heads", json_integer(c->n_kv));
     json_object_set_new(j, "num_target_layers", json_integer(c->n_target_layers));
     json_object_set_new(j, "rms_norm_eps", json_real(c->rms_eps));
+    json_t *rp = json_object();
+    json_object_set_new(rp, "rope_theta", json_real(c->rope_theta));
+    json_object_set_new(rp, "rope_type", json_string("default"));
+    json_object_set_new(j, "rope_parameters", rp);
     json_object_set_new(j, "rope_scaling", json_null());
     json_object_set_new(j, "rope_theta", json_real(c->rope_theta));
-    json_object_set_new(j, "sliding_window", json_null());
+    json_object_set_new(j, "sliding_window", n_sliding ? json_integer(c->sliding_window) : json_null());
     json_object_set_new(j, "tie_word_embeddings", json_false());
     json_object_set_new(j, "use_cache", json_true());
-    json_object_set_new(j, "use_sliding_window", json_false());
+    json_object_set_new(j, "use_sliding_window", json_boolean(n_sliding > 0));
     json_object_set_new(j, "vocab_size", json_integer(c->vocab));
     return j;
 }
@@ -1141,6 +1283,12 @@ static int use_set(dfl_draft *m, in_set *set, dfl_err *e)
     return DFL_OK;
 }
 
+/* The attention window of layer l (dfl_dflash_attn.window: 0 = full attention). */
+static int32_t layer_window(const dfl_draft_config *c, int l)
+{
+    return c->sliding[l] ? (int32_t)c->sliding_window : 0;
+}
+
 static int layer_forward(dfl_draft *m, int l, void *hout, dfl_err *e)
 {
     dfl_be *be = m->be;
@@ -1170,8 +1318,9 @@ static int layer_forward(dfl_draft *m, int l, void *hout, dfl_err *e)
         .q = a->q, .k_ctx = a->k, .v_ctx = a->v, .k_blk = ACT(m, a->k, T, NK),
         .v_blk = ACT(m, a->v, T, NK), .o = a->o, .lse = a->lse, .ctx_start = m->ctx_start,
         .anchor = m->anchor, .n_blocks = (int32_t)m->B, .bs = c->block_size,
-        .max_anchor = (int32_t)T, .T_ctx = T, .n_heads = c->n_heads, .n_kv = c->n_kv,
-        .d = c->head_dim, .scale = 1.0f / sqrtf((float)c->head_dim),
+        .max_anchor = (int32_t)T, .window = layer_window(c, l), .T_ctx = T,
+        .n_heads = c->n_heads, .n_kv = c->n_kv, .d = c->head_dim,
+        .scale = 1.0f / sqrtf((float)c->head_dim),
     };
     TRY(be->ops->dflash_attn(be, &at));
     /* residual + MLP */
@@ -1211,9 +1360,9 @@ static int layer_backward(dfl_draft *m, int l, dfl_err *e)
         .q = a->q, .k_ctx = a->k, .v_ctx = a->v, .k_blk = ACT(m, a->k, T, NK),
         .v_blk = ACT(m, a->v, T, NK), .o = a->o, .lse = a->lse, .ctx_start = m->ctx_start,
         .anchor = m->anchor, .n_blocks = (int32_t)m->B, .bs = c->block_size,
-        .max_anchor = (int32_t)T, .T_ctx = T, .n_heads = c->n_heads, .n_kv = c->n_kv,
-        .d = c->head_dim, .scale = 1.0f / sqrtf((float)c->head_dim),
-        .dout = m->dout, .delta = m->delta, .dq = m->dq, .dk_ctx = m->dk, .dv_ctx = m->dv,
+        .max_anchor = (int32_t)T, .window = layer_window(c, l), .T_ctx = T,
+        .n_heads = c->n_heads, .n_kv = c->n_kv, .d = c->head_dim,
+        .scale = 1.0f / sqrtf((float)c->head_dim), .dout = m->dout, .delta = m->delta, .dq = m->dq, .dk_ctx = m->dk, .dv_ctx = m->dv,
         .dk_blk = ACT(m, m->dk, T, NK), .dv_blk = ACT(m, m->dv, T, NK),
     };
     TRY(be->ops->dflash_attn_bwd(be, &at));

@@ -54,8 +54,7 @@ void dfl_draft_train_defaults(dfl_draft_train_opts *o)
 /* Everything one run holds. */
 typedef struct run {
     const dfl_draft_train_opts *o;
-    dfl_hf_config tc;
-    json_t *tcfg;
+    dfl_hf_drafter_target tc;    /* what the drafter needs of the target */
     char fingerprint[33];
     dfl_st_model *tm;
     dfl_be *be;
@@ -102,15 +101,42 @@ typedef struct run {
 
 /* ---- target and drafter configuration ------------------------------------------------------ */
 
+/* The target's config (any family dfl_hf_drafter_target_parse reads, Qwen3.5/3.6 included), its
+ * fingerprint (dfl_hf_fingerprint's: the raw config and the tensor table) and its weights. */
 static int open_target(run *r, dfl_err *e)
 {
     const char *dir = r->o->target_dir;
-    int rc = dfl_hf_config_load(dir, &r->tc, &r->tcfg, e);
-    if (!rc)
-        rc = dfl_hf_fingerprint(dir, r->fingerprint, e);
+    int rc = dfl_hf_drafter_target_load(dir, &r->tc, r->fingerprint, e);
     if (!rc)
         rc = dfl_st_model_open(&r->tm, dir, e);
     return rc;
+}
+
+/* --heads, --kv-heads, --head-dim, --intermediate-size, --layer-types, --sliding-window over the
+ * config (on resume a difference from the checkpoint is refused by dfl_draft_ckpt_load). */
+static int drafter_shape_opts(const dfl_draft_train_opts *o, dfl_draft_config *c, dfl_err *e)
+{
+    if (o->heads > 0)
+        c->n_heads = o->heads;
+    if (o->kv_heads > 0)
+        c->n_kv = o->kv_heads;
+    if (o->head_dim > 0)
+        c->head_dim = o->head_dim;
+    if (o->intermediate > 0)
+        c->intermediate = o->intermediate;
+    int rc;
+    if (o->layer_types &&
+        (rc = dfl_draft_parse_layer_types(c, o->layer_types, c->n_layers, "--layer-types", e)))
+        return rc;
+    if (o->sliding_window > 0)
+        c->sliding_window = o->sliding_window;
+    if (dfl_draft_n_sliding(c) > 0 && c->sliding_window < 1)
+        return dfl_fail(e, DFL_EUSAGE, "--layer-types has sliding layers: --sliding-window is "
+                        "required");
+    if (o->sliding_window > 0 && dfl_draft_n_sliding(c) == 0)
+        return dfl_fail(e, DFL_EUSAGE, "--sliding-window %lld: no drafter layer is sliding (give "
+                        "--layer-types, e.g. sliding:4,full:1)", (long long)o->sliding_window);
+    return DFL_OK;
 }
 
 /* Drafter config: target sizes, then the checkpoint's or --config's config.json, then flags. */
@@ -132,14 +158,9 @@ static int make_config(run *r, const int32_t *layers, int n_layers, dfl_err *e)
     c->gamma = 7.0;
     c->mask_token_id = -1;
     c->bos_token_id = c->eos_token_id = -1;
-    c->max_position = 40960;
-    int64_t v;
-    if (dfl_json_int(r->tcfg, "max_position_embeddings", false, &v, "", NULL) == 0 && v > 0)
-        c->max_position = v;
-    if (json_is_integer(json_object_get(r->tcfg, "bos_token_id")))
-        c->bos_token_id = json_integer_value(json_object_get(r->tcfg, "bos_token_id"));
-    if (json_is_integer(json_object_get(r->tcfg, "eos_token_id")))
-        c->eos_token_id = json_integer_value(json_object_get(r->tcfg, "eos_token_id"));
+    c->max_position = r->tc.max_position > 0 ? r->tc.max_position : 40960;
+    c->bos_token_id = r->tc.bos_token_id;
+    c->eos_token_id = r->tc.eos_token_id;
     c->n_feat = 0;
     int rc = DFL_OK;
     if (r->resume_dir) {
@@ -159,10 +180,12 @@ static int make_config(run *r, const int32_t *layers, int n_layers, dfl_err *e)
         memcpy(c->target_layers, layers, (size_t)n_layers * sizeof *layers);
     }
     if (!r->resume_dir && !o->config_path)
-        c->n_layers = o->draft_layers > 0 ? o->draft_layers : c->n_feat;
+        c->n_layers = o->draft_layers > 0 ? o->draft_layers : o->layer_types ? 0 : c->n_feat;
     else if (o->draft_layers > 0 && o->draft_layers != c->n_layers)
         return dfl_fail(e, DFL_EUSAGE, "--draft-layers %d: the %s has %d layers", o->draft_layers,
                         r->resume_dir ? "checkpoint" : "--config", c->n_layers);
+    if ((rc = drafter_shape_opts(o, c, e)))
+        return rc;
     if (o->block_size > 0)
         c->block_size = o->block_size;
     if (o->gamma > 0)
@@ -183,15 +206,11 @@ static int load_frozen(run *r, dfl_err *e)
 {
     int64_t shape[2] = {r->tc.vocab_size, r->tc.hidden_size};
     const dfl_st_tensor *emb, *lm = NULL;
-    /* the multimodal layout of qwen3_5 targets keeps the text model under model.language_model. */
-    const char *emb_name = dfl_st_model_find(r->tm, "model.language_model.embed_tokens.weight")
-                               ? "model.language_model.embed_tokens.weight"
-                               : "model.embed_tokens.weight";
-    int rc = dfl_st_model_get(r->tm, emb_name, 2, shape, &emb, e);
+    int rc = dfl_st_model_get(r->tm, r->tc.embed_name, 2, shape, &emb, e);
     if (rc)
         return rc;
-    if (!r->tc.tie_word_embeddings || dfl_st_model_find(r->tm, "lm_head.weight")) {
-        if ((rc = dfl_st_model_get(r->tm, "lm_head.weight", 2, shape, &lm, e)))
+    if (!r->tc.tie_word_embeddings || dfl_st_model_find(r->tm, r->tc.lm_head_name)) {
+        if ((rc = dfl_st_model_get(r->tm, r->tc.lm_head_name, 2, shape, &lm, e)))
             return rc;
     }
     return dfl_draft_set_frozen(r->m, emb, lm, e);
@@ -1085,7 +1104,6 @@ out:
     dfl_draft_close(r->m);
     dfl_be_close(r->be);
     dfl_st_model_close(r->tm);
-    json_decref(r->tcfg);
     json_decref(r->state);
     free(r->resume_dir);
     free(r->bseq);

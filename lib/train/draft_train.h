@@ -24,6 +24,10 @@ typedef struct dfl_draft_train_opts {
     int block_size;
     double gamma;
     int64_t mask_token_id;       /* -1: not given */
+    const char *layer_types;     /* --layer-types (NULL: all full_attention, or the config's) */
+    int64_t sliding_window;      /* --sliding-window */
+    int heads, kv_heads, head_dim; /* --heads, --kv-heads, --head-dim (default: the target's) */
+    int64_t intermediate;        /* --intermediate-size (default: the target's) */
     /* step */
     int num_anchors;
     double noise_std;

@@ -22,7 +22,7 @@ setup() {
     run -1 "$REPO/bench/draft" --bogus
     [[ "$output" == *"unknown option --bogus"* ]]
     run -1 "$REPO/bench/draft" --shape 70b
-    [[ "$output" == *"8b or tiny"* ]]
+    [[ "$output" == *"8b, 27b or tiny"* ]]
     run -1 "$REPO/bench/draft" --shape tiny --steps many
 }
 

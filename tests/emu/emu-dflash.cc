@@ -157,6 +157,7 @@ struct Case {
     std::vector<int> lens, nanch;
     int mode;   /* 0 random sorted, 1 zero, 2 near the end, 3 unsorted, 4 dense */
     float qs;
+    int window = 0;   /* sliding window (0: full attention) */
 };
 
 struct Batch {
@@ -208,6 +209,7 @@ static DfP base_params(const Case &c, const Batch &b)
     p.sl2 = p.scale * DF_LOG2E;
     p.cs = b.cs.data();
     p.an = b.an.data();
+    p.window = c.window;
     return p;
 }
 
@@ -296,8 +298,8 @@ static void run_case(dfl_be *cpu, const Case &c)
 {
     Batch b = make_batch(c);
     const int64_t T = b.T, Q = b.Q, nq = (int64_t)c.nh * D, nk = (int64_t)c.nkv * D;
-    printf("case %s: %d blocks, %lld context rows, bs %d, heads %d/%d, d %d\n", c.name, b.nb, (long long)T, c.bs,
-           c.nh, c.nkv, D);
+    printf("case %s: %d blocks, %lld context rows, bs %d, heads %d/%d, d %d, window %d\n", c.name, b.nb,
+           (long long)T, c.bs, c.nh, c.nkv, D, c.window);
     auto q = rvec((size_t)(Q * nq), c.qs), kc = rvec((size_t)(T * nk), 1), vc = rvec((size_t)(T * nk), 1);
     auto kb = rvec((size_t)(Q * nk), 1), vb = rvec((size_t)(Q * nk), 1), dout = rvec((size_t)(Q * nq), 1);
     std::vector<float> o((size_t)(Q * nq)), lse((size_t)(Q * c.nh)), dq((size_t)(Q * nq)), dkc((size_t)(T * nk)),
@@ -306,6 +308,7 @@ static void run_case(dfl_be *cpu, const Case &c)
     a.q = q.data(), a.k_ctx = kc.data(), a.v_ctx = vc.data(), a.k_blk = kb.data(), a.v_blk = vb.data();
     a.o = o.data(), a.lse = lse.data(), a.ctx_start = b.cs.data(), a.anchor = b.an.data();
     a.n_blocks = b.nb, a.bs = c.bs, a.max_anchor = (int32_t)T, a.T_ctx = T, a.n_heads = c.nh, a.n_kv = c.nkv;
+    a.window = c.window;
     a.d = D, a.scale = 1.0f / sqrtf((float)D), a.dout = dout.data(), a.delta = delta.data(), a.dq = dq.data();
     a.dk_ctx = dkc.data(), a.dv_ctx = dvc.data(), a.dk_blk = dkb.data(), a.dv_blk = dvb.data();
     cpu->ops->dflash_attn(cpu, &a);
@@ -333,6 +336,9 @@ static void run_case(dfl_be *cpu, const Case &c)
                     const double nqv = vn(qv), ndo = vn(dov);
                     for (int64_t t = 0; t < (int64_t)b.an[(size_t)bl] + c.bs; t++) {
                         const bool ctx = t < b.an[(size_t)bl];
+                        if (c.window > 0 && (ctx ? t < (int64_t)b.an[(size_t)bl] + j - (c.window - 1)
+                                                 : t - b.an[(size_t)bl] > j))
+                            continue;   /* outside the sliding window */
                         const int64_t kr = ctx ? b.cs[(size_t)bl] + t : (int64_t)bl * c.bs + (t - b.an[(size_t)bl]);
                         const float *kv = &(ctx ? kc : kb)[(size_t)(kr * nk + g * D)], *vv = &(ctx ? vc : vb)[(size_t)(kr * nk + g * D)];
                         double sd = 0, pd = 0;
@@ -502,14 +508,18 @@ int main(int argc, char **argv)
     std::vector<Case> c32 = {
         {"golden shape", 8, 4, 32, 8, 3, {40, 97, 61}, {13, 29, 14}, 0, 1},
         {"dense anchors, many blocks", 8, 2, 32, 8, 1, {150}, {100}, 4, 1},
+        {"golden shape, window 24", 8, 4, 32, 8, 3, {40, 97, 61}, {13, 29, 14}, 0, 1, 24},
     };
     std::vector<Case> c64 = {
         {"one block, anchor 0", 2, 2, 64, 8, 1, {20}, {1}, 1, 1},
         {"GQA 1", 4, 4, 64, 8, 3, {130, 64, 65}, {10, 5, 6}, 0, 1},
         {"unsorted anchors, a sequence without blocks", 8, 2, 64, 8, 3, {150, 30, 90}, {12, 0, 9}, 3, 1},
+        {"window 5 (< bs), unsorted", 8, 2, 64, 8, 3, {150, 30, 90}, {12, 0, 9}, 3, 1, 5},
+        {"window 70, dense anchors", 4, 2, 64, 8, 1, {300}, {120}, 4, 1, 70},
     };
     std::vector<Case> c128 = {
         {"no context (anchors 0)", 4, 2, 128, 16, 2, {50, 30}, {3, 2}, 1, 1},
+        {"27B drafter heads, window 96", 32, 8, 128, 16, 2, {300, 170}, {8, 5}, 0, 1, 96},
         {"8B heads", 32, 8, 128, 16, 2, {100, 70}, {6, 4}, 0, 1},
         {"anchors near the end", 8, 2, 128, 16, 2, {129, 64}, {3, 3}, 2, 1},
         {"bs 4, GQA 4", 8, 2, 128, 4, 2, {140, 77}, {20, 9}, 0, 1},

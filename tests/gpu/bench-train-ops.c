@@ -9,8 +9,11 @@
  *    GEMMs (4 Q V H), with and without dz, against the same GEMMs alone;
  *  - rmsnorm_bwd, qknorm_rope_bwd, swiglu_bwd, adamw, sumsq, uniform_noise: GB/s of the bytes they
  *    must move, against the copy bandwidth.
- * Not a test: run by hand on a GPU machine (build/tests/bench-train-ops [--quick]); exits 77
- * without a GPU. Needs about 30 GB of device memory. */
+ * --window: the attention only, at the Qwen3.6-27B drafter's shape (4 sequences of 4096 tokens,
+ * 512 anchors each, block 16, 32/8 heads of 128) with full attention and with its sliding window
+ * of 2048: the time each takes, and the TFLOP/s counting only the keys the window leaves.
+ * Not a test: run by hand on a GPU machine (build/tests/bench-train-ops [--quick] [--window]);
+ * exits 77 without a GPU. Needs about 30 GB of device memory. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -125,9 +128,22 @@ static int cmp_i32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static void bench_attention(double peak)
+/* Forward FLOPs of one block's queries: 4 d nh per (query, key) pair it sees (backend.h). */
+static double block_flop(int an, int bs, int window, int d, int nh)
 {
-    const int nseq = 4, L = 3072, nanch = 512, bs = 16, nh = 32, nkv = 8, d = 128;
+    double keys = 0;
+    for (int j = 0; j < bs; j++) {
+        int lo = window > 0 ? an + j - (window - 1) : 0;
+        lo = lo < 0 ? 0 : lo > an ? an : lo;
+        keys += (an - lo) + (window > 0 ? j + 1 : bs);
+    }
+    return 4.0 * keys * d * nh;
+}
+
+/* L tokens a sequence, window W (0: full attention); returns forward + backward ms. */
+static double bench_attention(double peak, int L, int window)
+{
+    const int nseq = 4, nanch = 512, bs = 16, nh = 32, nkv = 8, d = 128;
     const int nb = nseq * nanch;
     const int64_t T = (int64_t)nseq * L, Q = (int64_t)nb * bs, nq = (int64_t)nh * d, nk = (int64_t)nkv * d;
     int32_t *cs = malloc((size_t)nb * 4), *an = malloc((size_t)nb * 4), *pool = malloc((size_t)L * 4);
@@ -146,7 +162,7 @@ static void bench_attention(double peak)
         for (int i = 0; i < nanch; i++) {
             cs[s * nanch + i] = s * L;
             an[s * nanch + i] = pool[i];
-            flop += 4.0 * bs * (pool[i] + bs) * d * nh;
+            flop += block_flop(pool[i], bs, window, d, nh);
         }
     }
     void *q = dalloc((size_t)(Q * nq * 2)), *kc = dalloc((size_t)(T * nk * 2)), *vc = dalloc((size_t)(T * nk * 2));
@@ -167,10 +183,12 @@ static void bench_attention(double peak)
     dfl_dflash_attn a = {.q = q, .k_ctx = kc, .v_ctx = vc, .k_blk = kb, .v_blk = vb, .o = o, .lse = lse,
                          .ctx_start = dcs, .anchor = dan, .n_blocks = nb, .bs = bs, .max_anchor = (int32_t)T,
                          .T_ctx = T, .n_heads = nh, .n_kv = nkv, .d = d, .scale = 1.0f / sqrtf((float)d),
+                         .window = window,
                          .dout = dout, .delta = delta, .dq = dq, .dk_ctx = dkc, .dv_ctx = dvc, .dk_blk = dkb,
                          .dv_blk = dvb};
-    printf("dflash attention: %d sequences x %d tokens, %d anchors each (sorted random), bs %d, heads %d/%d, d %d: "
-           "%.1f GFLOP forward\n", nseq, L, nanch, bs, nh, nkv, d, flop / 1e9);
+    printf("dflash attention: %d sequences x %d tokens, %d anchors each (sorted random), bs %d, heads %d/%d, d %d, "
+           "window %d: %.1f GFLOP forward (the keys each query sees)\n", nseq, L, nanch, bs, nh, nkv, d, window,
+           flop / 1e9);
     double best_f = 1e30;
     int best_fv = 0;
     for (int v = 0; dfl_cuda_dflash_variant_name(DFL_DFLASH_FWD, d, v); v++) {
@@ -222,6 +240,7 @@ static void bench_attention(double peak)
     free(cs);
     free(an);
     free(pool);
+    return best_f + tb;
 }
 
 /* ---- lmce ---- */
@@ -381,8 +400,13 @@ static void bench_bandwidth(double copy_gbs)
 
 int main(int argc, char **argv)
 {
-    if (argc > 1 && strcmp(argv[1], "--quick") == 0)
-        iters = 3;
+    bool window_only = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0)
+            iters = 3;
+        else if (strcmp(argv[i], "--window") == 0)
+            window_only = true;
+    }
     if (dfl_be_cuda_count() <= 0) {
         printf("skip: no CUDA GPU\n");
         return 77;
@@ -420,9 +444,15 @@ int main(int argc, char **argv)
     be->ops->free(be, c.a);
     be->ops->free(be, c.b);
 
-    bench_attention(peak);
-    bench_lmce(peak);
-    bench_bandwidth(copy_gbs);
+    if (window_only) {
+        double full = bench_attention(peak, 4096, 0), win = bench_attention(peak, 4096, 2048);
+        printf("Qwen3.6-27B drafter attention, 4 x 4096 tokens: full %.3f ms, window 2048 %.3f ms per layer "
+               "(forward + backward): the window saves %.0f%%\n", full, win, 100 * (1 - win / full));
+    } else {
+        bench_attention(peak, 3072, 0);
+        bench_lmce(peak);
+        bench_bandwidth(copy_gbs);
+    }
 
     dfl_cuda_event_destroy(be, ev0);
     dfl_cuda_event_destroy(be, ev1);

@@ -549,6 +549,7 @@ struct df_case {
     int nanch[8];   /* anchors per sequence (0: a sequence without blocks) */
     int amode;
     float qscale;
+    int window;     /* sliding window (0: full attention) */
 };
 
 /* a packed batch: blocks ordered by sequence, ctx_start = the sequence's first row */
@@ -697,6 +698,9 @@ static void df_cond(const struct df_batch *bt, struct df_host *h, float scale)
                 const int64_t nkeys = (int64_t)bt->an[b] + bs;
                 for (int64_t t = 0; t < nkeys; t++) {
                     const bool ctx = t < bt->an[b];
+                    if (c->window > 0 && (ctx ? t < (int64_t)bt->an[b] + j - (c->window - 1)
+                                              : t - bt->an[b] > j))
+                        continue;   /* outside the sliding window */
                     const int64_t krow = ctx ? bt->cs[b] + t : (int64_t)b * bs + (t - bt->an[b]);
                     const float *kv = (ctx ? h->kc : h->kb) + krow * nk + g * d;
                     const float *vv = (ctx ? h->vc : h->vb) + krow * nk + g * d;
@@ -767,7 +771,7 @@ static dfl_dflash_attn df_args(const struct df_batch *bt, float scale)
     const struct df_case *c = bt->c;
     dfl_dflash_attn a = {
         .n_blocks = bt->n_blocks, .bs = c->bs, .max_anchor = (int32_t)bt->T, .T_ctx = bt->T,
-        .n_heads = c->nh, .n_kv = c->nkv, .d = c->d, .scale = scale,
+        .n_heads = c->nh, .n_kv = c->nkv, .d = c->d, .scale = scale, .window = c->window,
     };
     return a;
 }
@@ -1077,29 +1081,41 @@ static void df_case_run(const struct df_case *c)
 
 static const struct df_case df_cases[] = {
     /* simplest first: one block, no context; then context only through one segment */
-    {"one block, anchor 0", 2, 2, 64, 8, 1, {20}, {1}, AN_ZERO, 1},
-    {"no context at all (anchors 0)", 4, 2, 128, 16, 2, {50, 30}, {5, 3}, AN_ZERO, 1},
-    {"golden shape", 8, 4, 32, 8, 3, {40, 97, 61}, {13, 29, 14}, AN_GOLDEN, 1},
-    {"8B heads, 2 seqs", 32, 8, 128, 16, 2, {300, 200}, {40, 25}, AN_RANDOM, 1},
-    {"GQA 1, d64", 4, 4, 64, 8, 3, {130, 64, 65}, {20, 9, 12}, AN_RANDOM, 1},
-    {"GQA 2, d128, bs16", 4, 2, 128, 16, 2, {257, 100}, {30, 11}, AN_RANDOM, 1},
-    {"anchors near the end", 8, 2, 128, 16, 3, {129, 64, 200}, {6, 4, 8}, AN_END, 1},
-    {"unsorted anchors", 8, 2, 64, 8, 2, {150, 90}, {21, 13}, AN_UNSORTED, 1},
-    {"bs 4, GQA 4", 8, 2, 128, 4, 2, {300, 77}, {60, 15}, AN_RANDOM, 1},
-    {"bs 32, GQA 4", 8, 2, 128, 32, 2, {200, 150}, {9, 7}, AN_RANDOM, 1},
-    {"bs 32, GQA 8 (256 rows per block)", 8, 1, 128, 32, 1, {120}, {5}, AN_RANDOM, 1},
-    {"sequence without blocks in the middle", 4, 2, 64, 8, 4, {50, 80, 40, 70}, {6, 0, 5, 0}, AN_RANDOM, 1},
-    {"dense anchors, many blocks", 8, 2, 32, 8, 1, {400}, {300}, AN_DENSE, 1},
-    {"large scores", 8, 2, 128, 16, 1, {257}, {20}, AN_RANDOM, 8},
-    {"d96 (no tiled kernel)", 4, 2, 96, 8, 2, {60, 33}, {7, 4}, AN_RANDOM, 1},
-    {"long sequence", 16, 4, 128, 16, 1, {1500}, {96}, AN_RANDOM, 1},
+    {"one block, anchor 0", 2, 2, 64, 8, 1, {20}, {1}, AN_ZERO, 1, 0},
+    {"no context at all (anchors 0)", 4, 2, 128, 16, 2, {50, 30}, {5, 3}, AN_ZERO, 1, 0},
+    {"golden shape", 8, 4, 32, 8, 3, {40, 97, 61}, {13, 29, 14}, AN_GOLDEN, 1, 0},
+    {"8B heads, 2 seqs", 32, 8, 128, 16, 2, {300, 200}, {40, 25}, AN_RANDOM, 1, 0},
+    {"GQA 1, d64", 4, 4, 64, 8, 3, {130, 64, 65}, {20, 9, 12}, AN_RANDOM, 1, 0},
+    {"GQA 2, d128, bs16", 4, 2, 128, 16, 2, {257, 100}, {30, 11}, AN_RANDOM, 1, 0},
+    {"anchors near the end", 8, 2, 128, 16, 3, {129, 64, 200}, {6, 4, 8}, AN_END, 1, 0},
+    {"unsorted anchors", 8, 2, 64, 8, 2, {150, 90}, {21, 13}, AN_UNSORTED, 1, 0},
+    {"bs 4, GQA 4", 8, 2, 128, 4, 2, {300, 77}, {60, 15}, AN_RANDOM, 1, 0},
+    {"bs 32, GQA 4", 8, 2, 128, 32, 2, {200, 150}, {9, 7}, AN_RANDOM, 1, 0},
+    {"bs 32, GQA 8 (256 rows per block)", 8, 1, 128, 32, 1, {120}, {5}, AN_RANDOM, 1, 0},
+    {"sequence without blocks in the middle", 4, 2, 64, 8, 4, {50, 80, 40, 70}, {6, 0, 5, 0}, AN_RANDOM, 1, 0},
+    {"dense anchors, many blocks", 8, 2, 32, 8, 1, {400}, {300}, AN_DENSE, 1, 0},
+    {"large scores", 8, 2, 128, 16, 1, {257}, {20}, AN_RANDOM, 8, 0},
+    {"d96 (no tiled kernel)", 4, 2, 96, 8, 2, {60, 33}, {7, 4}, AN_RANDOM, 1, 0},
+    {"long sequence", 16, 4, 128, 16, 1, {1500}, {96}, AN_RANDOM, 1, 0},
+    /* sliding-window layers (issue 18) */
+    {"window 24, golden shape", 8, 4, 32, 8, 3, {40, 97, 61}, {13, 29, 14}, AN_GOLDEN, 1, 24},
+    {"window 5 < bs, unsorted", 8, 2, 64, 8, 2, {150, 90}, {21, 13}, AN_UNSORTED, 1, 5},
+    {"window 1 (each slot sees only itself and the slots before)", 4, 2, 64, 8, 1, {60}, {9}, AN_RANDOM, 1, 1},
+    {"27B drafter heads, window 200, long sequence", 32, 8, 128, 16, 1, {1500}, {96}, AN_RANDOM, 1, 200},
+    {"window 64, dense anchors, d128", 8, 2, 128, 16, 2, {700, 300}, {300, 120}, AN_DENSE, 1, 64},
+    {"window 100, bs 32, GQA 4", 8, 2, 128, 32, 2, {400, 150}, {12, 7}, AN_RANDOM, 1, 100},
+    {"window 40, sequence without blocks, d96", 4, 2, 96, 8, 3, {80, 60, 90}, {7, 0, 6}, AN_RANDOM, 1, 40},
 };
 
+/* DFL_DF_CASES=SUBSTRING: only the cases whose name holds it (e.g. "window" under
+ * compute-sanitizer) */
 static void test_dflash_attn(void)
 {
     NEED_GPU();
+    const char *only = getenv("DFL_DF_CASES");
     for (size_t i = 0; i < sizeof df_cases / sizeof df_cases[0]; i++)
-        df_case_run(&df_cases[i]);
+        if (!only || strstr(df_cases[i].name, only))
+            df_case_run(&df_cases[i]);
 }
 
 /* no blocks at all: the forward does nothing, the backward zeroes dk_ctx / dv_ctx */

@@ -99,9 +99,9 @@ int main(int argc, char **argv)
     if (fixed && n_fixed < 2)
         return dfl_cli_usage_error("--ids: at least 2 tokens");
     const char *dir = argv[optind], *out = argv[optind + 1];
-    dfl_hf_config tc;
+    dfl_hf_drafter_target tc;   /* any target a drafter can have (Qwen3.5 included) */
     char fp[33];
-    if ((rc = dfl_hf_config_load(dir, &tc, NULL, &e)) || (rc = dfl_hf_fingerprint(dir, fp, &e)))
+    if ((rc = dfl_hf_drafter_target_load(dir, &tc, fp, &e)))
         return dfl_cli_report(&e);
     int64_t *lay;
     size_t nl;

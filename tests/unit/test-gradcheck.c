@@ -264,6 +264,7 @@ typedef struct {
     const int32_t *cs, *an;
     int nb, bs, nh, nkv, d;
     int64_t T;
+    int window;      /* 0: full attention; W > 0: the sliding rule written out densely */
 } at_ctx;
 
 /* Dense reference of the attention rule: scores over all keys [ctx | blocks], masked. */
@@ -279,8 +280,12 @@ static void at_fwd(const at_ctx *c, double *o)
             const double *qv = c->q + qr * c->nh * c->d + h * c->d;
             double mx = -INFINITY, *s = malloc((c->T + Q) * 8);
             for (int64_t k = 0; k < c->T + Q; k++) {
+                const int j = (int)(qr % c->bs);
                 bool ok = k < c->T ? (k >= c->cs[b] && k < c->cs[b] + c->an[b])
                                    : ((k - c->T) / c->bs == b);
+                if (c->window > 0 && ok)   /* position k - cs >= anchor + j - (W - 1); slot <= j */
+                    ok = k < c->T ? k - c->cs[b] >= (int64_t)c->an[b] + j - (c->window - 1)
+                                  : (k - c->T) % c->bs <= j;
                 s[k] = -INFINITY;
                 if (!ok)
                     continue;
@@ -324,7 +329,8 @@ static double at_loss(void *p)
     return L;
 }
 
-static void test_dflash_attn(void)
+/* window 0: full attention; window > 0: sliding */
+static void dflash_attn_case(int window)
 {
     /* two sequences of 9 and 7 rows; blocks overlap, one has anchor 0, one sees all but one row;
      * a third sequence of 3 rows has no block (its rows must get zero gradient) */
@@ -344,14 +350,15 @@ static void test_dflash_attn(void)
         dkb[i] = dvb[i] = NAN;
     dfl_dflash_attn a = {
         .q = q, .k_ctx = kc, .v_ctx = vc, .k_blk = kb, .v_blk = vb, .o = o, .lse = lse,
-        .ctx_start = cs, .anchor = an, .n_blocks = NB, .bs = BS, .max_anchor = 7, .T_ctx = T,
-        .n_heads = NH, .n_kv = NKV, .d = D, .scale = 1.0f / sqrtf((float)D),
+        .ctx_start = cs, .anchor = an, .n_blocks = NB, .bs = BS, .max_anchor = 7,
+        .window = window, .T_ctx = T, .n_heads = NH, .n_kv = NKV, .d = D,
+        .scale = 1.0f / sqrtf((float)D),
         .dout = r, .delta = delta, .dq = dq, .dk_ctx = dkc, .dv_ctx = dvc, .dk_blk = dkb, .dv_blk = dvb,
     };
     T_CHECK(be->ops->dflash_attn(be, &a) == 0, "forward");
     T_CHECK(be->ops->dflash_attn_bwd(be, &a) == 0, "backward");
     at_ctx c = {to_d(q, nq), to_d(kc, nc), to_d(vc, nc), to_d(kb, nk), to_d(vb, nk), to_d(r, nq),
-                cs, an, NB, BS, NH, NKV, D, T};
+                cs, an, NB, BS, NH, NKV, D, T, window};
     double *ref = malloc(nq * 8);
     at_fwd(&c, ref);
     double ef = 0;
@@ -375,9 +382,27 @@ static void test_dflash_attn(void)
         for (int i = 0; i < NKV * D; i++)
             z = fmax(z, fabs(dkc[row * NKV * D + i]) + fabs(dvc[row * NKV * D + i]));
     T_CHECK(z == 0, "unseen context rows get zero gradient");
+    if (window > 0) {
+        /* row 0 of seq 0 is seen only by the blocks anchored within W - 1 + bs - 1 of it: with
+         * W = 3 and anchors 2 and 7, by block 1 only (slots j <= 0 + 3 - 1 - 2 = 0) */
+        double d0 = 0;
+        for (int i = 0; i < NKV * D; i++)
+            d0 += fabs(dkc[i]) + fabs(dvc[i]);
+        T_CHECK(d0 > 0, "row 0 has a gradient from block 1 slot 0");
+    }
     free(q), free(kc), free(vc), free(kb), free(vb), free(r), free(o), free(lse), free(delta);
     free(dq), free(dkc), free(dvc), free(dkb), free(dvb);
     free(c.q), free(c.kc), free(c.vc), free(c.kb), free(c.vb), free(c.r), free(ref);
+}
+
+static void test_dflash_attn(void) { dflash_attn_case(0); }
+
+/* Sliding window W = 3 (smaller than the block, so that both the context bound and the causal
+ * block rule cut) and W = 6. */
+static void test_dflash_attn_window(void)
+{
+    dflash_attn_case(3);
+    dflash_attn_case(6);
 }
 
 /* ---- LM head + cross-entropy ---------------------------------------------------------------- */
@@ -578,6 +603,7 @@ int main(int argc, char **argv)
     T_RUN(test_qknorm_rope_bwd);
     T_RUN(test_swiglu_bwd);
     T_RUN(test_dflash_attn);
+    T_RUN(test_dflash_attn_window);
     T_RUN(test_lmce);
     T_RUN(test_adamw);
     T_RUN(test_sumsq_clip);

@@ -22,3 +22,10 @@ sed 's/"mask_token_id": 63/"mask_token_id": 64/' ../../fixtures/draft/config.jso
 sed 's/"target_layer_ids": \[1, 2\]/"target_layer_ids": [1, 9]/' ../../fixtures/draft/config.json > config-layers.json
 sed 's/"hidden_size": 32/"hidden_size": 48/' ../../fixtures/draft/config.json > config-hidden.json
 printf '{"block_size": 8, ' > config-json.json
+# layer_types / sliding_window (issue 18)
+lt() { sed "s/\"num_hidden_layers\": 1,/\"num_hidden_layers\": 1,\n  $1/" ../../fixtures/draft/config.json; }
+lt '"layer_types": ["local_attention"],' > config-layer-type.json
+lt '"layer_types": ["sliding_attention"],' > config-no-window.json
+lt '"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 4,' > config-layer-count.json
+lt '"layer_types": ["sliding_attention"], "sliding_window": 0,' > config-window.json
+lt '"layer_types": ["sliding_attention"], "sliding_window": 4, "use_sliding_window": false,' > config-window-off.json
