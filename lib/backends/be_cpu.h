@@ -22,6 +22,14 @@ int dfl_cpu_swiglu(dfl_be *be, void *out, const void *gu, int64_t R, int64_t I);
 int dfl_cpu_add(dfl_be *be, void *y, const void *x, int64_t n);
 int dfl_cpu_attn_varlen(dfl_be *be, const dfl_attn_varlen *a);
 
+/* be_cpu_moe.c */
+int dfl_cpu_moe_route(dfl_be *be, const dfl_moe_route *r);
+int dfl_cpu_moe_gather(dfl_be *be, void *dst, const void *src, const int32_t *rows,
+                       const int32_t *offsets, int E, int64_t cap, int64_t H);
+int dfl_cpu_moe_matmul(dfl_be *be, const dfl_moe_mm *m);
+int dfl_cpu_moe_combine(dfl_be *be, void *out, const void *y, const int32_t *slot,
+                        const float *weight, int64_t T, int k, int64_t H, bool accumulate);
+
 /* be_cpu_train.c */
 int dfl_cpu_rmsnorm_bwd(dfl_be *be, void *dx, float *dw, const void *dy, const void *x,
                         const void *w, const float *rstd, int64_t R, int64_t n, bool accumulate_dx);

@@ -249,6 +249,21 @@ static void test_qwen3_oracle(void)
     forward_vs_ref(d, DFL_F32, false);
 }
 
+/* Llama 3.1 rope scaling (llama3 frequencies in the CUDA RoPE table). Qwen3-MoE: gpu-families.c. */
+static void test_llama31_oracle(void)
+{
+    if (!dfl_be_cuda_available())
+        T_SKIP("no CUDA GPU");
+    const char *o = t_oracle();
+    if (!o)
+        T_SKIP("no oracle");
+    char d[4096];
+    snprintf(d, sizeof d, "%s/llama31-tiny-a", o);
+    forward_vs_ref(d, DFL_BF16, true);
+    forward_vs_ref(d, DFL_F32, true);
+    forward_vs_ref(d, DFL_F32, false);
+}
+
 static void test_fixtures(void)
 {
     if (!dfl_be_cuda_available())
@@ -346,6 +361,7 @@ int main(int argc, char **argv)
              slash ? argv[0] : ".");
 #ifdef DFL_CUDA
     T_RUN(test_qwen3_oracle);
+    T_RUN(test_llama31_oracle);
     T_RUN(test_fixtures);
     T_RUN(test_program);
 #else

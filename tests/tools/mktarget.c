@@ -1,4 +1,5 @@
-/* mktarget: writes a small random target model (qwen3, llama or qwen2) in the Hugging Face layout
+/* mktarget: writes a small random target model (qwen3, qwen3_moe, llama or qwen2) in the Hugging
+ * Face layout
  * (config.json plus model.safetensors, or shards with model.safetensors.index.json), for tests
  * and the demo. Deterministic: the same options give the same bytes; each tensor's values depend
  * only on the seed and its name. Options to break a model on purpose (--omit, --wrong-shape) make
@@ -21,6 +22,7 @@
 typedef struct opts {
     const char *type, *out, *rope_spelling;
     int64_t hidden, layers, heads, kv_heads, head_dim, inter, vocab, shards;
+    int64_t experts, top_k, moe_inter; /* qwen3_moe */
     uint64_t seed;
     double theta, eps;
     bool tied, attn_bias, mlp_bias, no_layers;
@@ -107,6 +109,7 @@ static int add(tensor *ts, int *nt, const opts *o, const char *name, int ndim, i
 static int write_config(const opts *o, dfl_err *e)
 {
     const char *arch = strcmp(o->type, "qwen3") == 0 ? "Qwen3ForCausalLM"
+                       : strcmp(o->type, "qwen3_moe") == 0 ? "Qwen3MoeForCausalLM"
                        : strcmp(o->type, "llama") == 0 ? "LlamaForCausalLM" : "Qwen2ForCausalLM";
     json_t *c = json_pack("{s:[s],s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:b,s:s,s:s,s:I}",
                           "architectures", arch, "model_type", o->type,
@@ -127,6 +130,14 @@ static int write_config(const opts *o, dfl_err *e)
         json_object_set_new(c, "attention_bias", json_boolean(o->attn_bias));
     if (strcmp(o->type, "llama") == 0)
         json_object_set_new(c, "mlp_bias", json_boolean(o->mlp_bias));
+    if (strcmp(o->type, "qwen3_moe") == 0) {
+        json_object_set_new(c, "num_experts", json_integer(o->experts));
+        json_object_set_new(c, "num_experts_per_tok", json_integer(o->top_k));
+        json_object_set_new(c, "moe_intermediate_size", json_integer(o->moe_inter));
+        json_object_set_new(c, "norm_topk_prob", json_true());
+        json_object_set_new(c, "decoder_sparse_step", json_integer(1));
+        json_object_set_new(c, "mlp_only_layers", json_array());
+    }
     if (strcmp(o->type, "qwen2") == 0) {
         json_object_set_new(c, "use_sliding_window", json_false());
         json_object_set_new(c, "sliding_window", json_integer(4096));
@@ -190,7 +201,9 @@ static void usage(void)
 {
     printf("Usage: %s -o DIR [OPTION]...\n"
            "Write a small random target model in the Hugging Face layout.\n"
-           "  --type qwen3|llama|qwen2   model_type (default qwen3)\n"
+           "  --type qwen3|qwen3_moe|llama|qwen2   model_type (default qwen3)\n"
+           "  --experts N --top-k N --moe-intermediate N\n"
+           "                             qwen3_moe: experts (default 4), per token (2), width (32)\n"
            "  --hidden N --layers N --heads N --kv-heads N --head-dim N --intermediate N --vocab N\n"
            "                             sizes (default 64, 4, 4, 2, hidden/heads, 128, 256)\n"
            "  --tied                     tie_word_embeddings (no lm_head.weight)\n"
@@ -213,7 +226,7 @@ int main(int argc, char **argv)
 {
     dfl_cli_init(argv[0]);
     opts o = {.type = "qwen3", .hidden = 64, .layers = 4, .heads = 4, .kv_heads = 2, .inter = 128,
-              .vocab = 256, .shards = 1, .seed = 1, .theta = 1e6, .eps = 1e-6, .dtype = DFL_BF16};
+              .vocab = 256, .shards = 1, .experts = 4, .top_k = 2, .moe_inter = 32, .seed = 1, .theta = 1e6, .eps = 1e-6, .dtype = DFL_BF16};
     static const struct option lo[] = {
         {"type", 1, 0, 't'}, {"hidden", 1, 0, 'H'}, {"layers", 1, 0, 'L'}, {"heads", 1, 0, 'A'},
         {"kv-heads", 1, 0, 'K'}, {"head-dim", 1, 0, 'D'}, {"intermediate", 1, 0, 'I'},
@@ -221,7 +234,8 @@ int main(int argc, char **argv)
         {"shards", 1, 0, 'S'}, {"theta", 1, 0, 'r'}, {"eps", 1, 0, 'e'},
         {"rope-spelling", 1, 0, 'R'}, {"attention-bias", 0, 0, 'b'}, {"mlp-bias", 0, 0, 'M'},
         {"omit", 1, 0, 'x'}, {"wrong-shape", 1, 0, 'w'}, {"output", 1, 0, 'o'},
-        {"no-layers", 0, 0, 'N'},
+        {"no-layers", 0, 0, 'N'}, {"experts", 1, 0, 'E'}, {"top-k", 1, 0, 'k'},
+        {"moe-intermediate", 1, 0, 'm'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     dfl_err e = {0};
     int c;
@@ -238,6 +252,9 @@ int main(int argc, char **argv)
         case 'I': dst = &o.inter; break;
         case 'V': dst = &o.vocab; break;
         case 'S': dst = &o.shards; break;
+        case 'E': dst = &o.experts; break;
+        case 'k': dst = &o.top_k; break;
+        case 'm': dst = &o.moe_inter; break;
         case 'T': o.tied = true; break;
         case 'y': o.dtype = dfl_dtype_from_name(optarg); break;
         case 's':
@@ -274,20 +291,23 @@ int main(int argc, char **argv)
     }
     if (!o.out)
         return dfl_cli_usage_error("-o DIR is required");
-    if (strcmp(o.type, "qwen3") && strcmp(o.type, "llama") && strcmp(o.type, "qwen2"))
-        return dfl_cli_usage_error("--type: '%s' is not qwen3, llama or qwen2", o.type);
+    bool moe = strcmp(o.type, "qwen3_moe") == 0;
+    if (strcmp(o.type, "qwen3") && strcmp(o.type, "llama") && strcmp(o.type, "qwen2") && !moe)
+        return dfl_cli_usage_error("--type: '%s' is not qwen3, qwen3_moe, llama or qwen2", o.type);
+    if (moe && o.top_k > o.experts)
+        return dfl_cli_usage_error("--top-k: more than --experts");
     if (o.dtype != DFL_BF16 && o.dtype != DFL_F16 && o.dtype != DFL_F32)
         return dfl_cli_usage_error("--dtype: bf16, f16 or f32");
     if (!o.head_dim)
         o.head_dim = o.hidden / o.heads;
     if (!o.rope_spelling)
-        o.rope_spelling = strcmp(o.type, "qwen3") == 0 ? "params" : "top";
-    bool qwen3 = strcmp(o.type, "qwen3") == 0, qwen2 = strcmp(o.type, "qwen2") == 0;
+        o.rope_spelling = strcmp(o.type, "qwen3") == 0 || moe ? "params" : "top";
+    bool qwen3 = strcmp(o.type, "qwen3") == 0 || moe, qwen2 = strcmp(o.type, "qwen2") == 0;
     bool llama = strcmp(o.type, "llama") == 0;
     bool qkv_bias = qwen2 || o.attn_bias, o_bias = !qwen2 && o.attn_bias, mlp_bias = llama && o.mlp_bias;
     int64_t H = o.hidden, d = o.head_dim, nq = o.heads * d, nkv = o.kv_heads * d, I = o.inter;
 
-    int cap = (int)(o.layers * 20 + 4);
+    int cap = (int)(o.layers * (20 + (moe ? 3 * o.experts + 1 : 0)) + 4);
     tensor *ts = calloc((size_t)cap, sizeof *ts);
     int nt = 0, rc = 0;
     if (!ts)
@@ -323,9 +343,19 @@ int main(int argc, char **argv)
             ADD(1, d, 0, 1.0f, 0.1f, "%s.%lld.self_attn.q_norm.weight", p, L);
             ADD(1, d, 0, 1.0f, 0.1f, "%s.%lld.self_attn.k_norm.weight", p, L);
         }
-        ADD(2, I, H, 0.0f, 0.05f, "%s.%lld.mlp.gate_proj.weight", p, L);
-        ADD(2, I, H, 0.0f, 0.05f, "%s.%lld.mlp.up_proj.weight", p, L);
-        ADD(2, H, I, 0.0f, 0.05f, "%s.%lld.mlp.down_proj.weight", p, L);
+        if (moe) {
+            int64_t Im = o.moe_inter;
+            ADD(2, o.experts, H, 0.0f, 0.2f, "%s.%lld.mlp.gate.weight", p, L);
+            for (int64_t x = 0; x < o.experts; x++) {
+                ADD(2, Im, H, 0.0f, 0.05f, "%s.%lld.mlp.experts.%lld.gate_proj.weight", p, L, (long long)x);
+                ADD(2, Im, H, 0.0f, 0.05f, "%s.%lld.mlp.experts.%lld.up_proj.weight", p, L, (long long)x);
+                ADD(2, H, Im, 0.0f, 0.05f, "%s.%lld.mlp.experts.%lld.down_proj.weight", p, L, (long long)x);
+            }
+        } else {
+            ADD(2, I, H, 0.0f, 0.05f, "%s.%lld.mlp.gate_proj.weight", p, L);
+            ADD(2, I, H, 0.0f, 0.05f, "%s.%lld.mlp.up_proj.weight", p, L);
+            ADD(2, H, I, 0.0f, 0.05f, "%s.%lld.mlp.down_proj.weight", p, L);
+        }
         if (mlp_bias) {
             ADD(1, I, 0, 0.0f, 0.1f, "%s.%lld.mlp.gate_proj.bias", p, L);
             ADD(1, I, 0, 0.0f, 0.1f, "%s.%lld.mlp.up_proj.bias", p, L);
