@@ -3,9 +3,11 @@
  * grouping by expert in three small kernels (count per expert, padded offsets, placement in
  * ascending token order: deterministic, no atomics), a row gather, one grouped GEMM launch per
  * projection over all experts (each 64-row tile belongs to one expert, found from the device
- * offsets), and the weighted combine. The grouped GEMM is a first step: f32 SIMT tiles, not yet
- * tensor cores. Reference: lib/backends/be_cpu_moe.c. */
+ * offsets), and the weighted combine. The grouped GEMM: bf16 tensor cores (WMMA, f32
+ * accumulation, 64 x 64 tiles, no pipelining yet) where K is a multiple of 8, else f32 SIMT
+ * tiles. Reference: lib/backends/be_cpu_moe.c. */
 #include <math.h>
+#include <mma.h>
 
 #include "be_cuda.cuh"
 
@@ -198,6 +200,36 @@ int cuda_moe_gather(dfl_be *be, void *dst, const void *src, const int32_t *rows,
 #define GM 64   /* rows of a tile: DFL_MOE_PAD, so that a tile never spans two experts */
 #define GN 64
 #define GK 16
+static_assert(GM == DFL_MOE_PAD, "a tile of grouped rows must not span two experts");
+
+/* This block's tile: grouped rows from g0, columns from n0, of expert e (the last e with
+ * offsets[e] <= g0: empty experts share their offset with the next one), whose rows end at end
+ * (padding after), and e's weights We. False when the tile is past the last expert's rows. */
+template <typename T> struct MoeTile {
+    int64_t g0, n0, end;
+    const T *We;
+};
+
+template <typename T>
+__device__ __forceinline__ bool moe_tile(const T *W, const int32_t *counts, const int32_t *offsets,
+                                         int E, int64_t N, int64_t K, MoeTile<T> *t)
+{
+    t->g0 = (int64_t)blockIdx.x * GM;
+    t->n0 = (int64_t)blockIdx.y * GN;
+    if (t->g0 >= offsets[E])
+        return false;
+    int lo = 0, hi = E - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (offsets[mid] <= t->g0)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    t->end = (int64_t)offsets[lo] + counts[lo];
+    t->We = W + (int64_t)lo * N * K;
+    return t->g0 < t->end;
+}
 
 /* C[g, :] = A[g, :] W_e^T for the grouped rows g of expert e. Block (x, y): rows
  * [x GM, x GM + GM) and columns [y GN, y GN + GN); 256 threads, 4 x 4 outputs each, f32. */
@@ -207,23 +239,11 @@ __global__ void moe_mm_kernel(const T *A, const T *W, T *C, const int32_t *count
 {
     __shared__ float As[GK][GM + 4];
     __shared__ float Ws[GK][GN + 4];
-    int64_t g0 = (int64_t)blockIdx.x * GM;
-    if (g0 >= offsets[E])
+    MoeTile<T> tl;
+    if (!moe_tile(W, counts, offsets, E, N, K, &tl))
         return;
-    int lo = 0, hi = E - 1; /* the expert e with offsets[e] <= g0 < offsets[e + 1] */
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (offsets[mid] <= g0)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    int e = lo;
-    int64_t end = (int64_t)offsets[e] + counts[e]; /* rows from end on are padding */
-    if (g0 >= end)
-        return;
-    int64_t n0 = (int64_t)blockIdx.y * GN;
-    const T *We = W + (int64_t)e * N * K;
+    const int64_t g0 = tl.g0, n0 = tl.n0, end = tl.end;
+    const T *We = tl.We;
     int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     float acc[4][4] = {};
     for (int64_t k0 = 0; k0 < K; k0 += GK) {
@@ -264,6 +284,82 @@ __global__ void moe_mm_kernel(const T *A, const T *W, T *C, const int32_t *count
     }
 }
 
+/* The same on tensor cores for bf16 with K a multiple of 8 (16-byte row loads): 4 warps, each
+ * a 32 x 32 quarter of the 64 x 64 tile as 2 x 2 WMMA 16x16x16 fragments, f32 accumulation,
+ * K in steps of WK through shared memory; the tile goes out through shared memory so that
+ * padding rows and columns past N are not stored. */
+#define WK 32
+#define WLD (WK + 8)      /* bf16 row stride of the shared tiles: 80 bytes */
+#define CLD (GN + 4)      /* f32 row stride of the output tile */
+
+__global__ void __launch_bounds__(128) moe_mm_wmma_kernel(const bf16 *A, const bf16 *W, bf16 *C,
+                                                          const int32_t *counts,
+                                                          const int32_t *offsets, int E,
+                                                          int64_t N, int64_t K)
+{
+    using namespace nvcuda;
+    __shared__ __align__(32) bf16 As[GM][WLD];
+    __shared__ __align__(32) bf16 Bs[GN][WLD];
+    __shared__ __align__(32) float Cs[GM][CLD];
+    MoeTile<bf16> tl;
+    if (!moe_tile(W, counts, offsets, E, N, K, &tl))
+        return;
+    const int64_t g0 = tl.g0, n0 = tl.n0, end = tl.end;
+    const bf16 *We = tl.We;
+    int warp = threadIdx.x >> 5, wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::fill_fragment(acc[i][j], 0.0f);
+    for (int64_t k0 = 0; k0 < K; k0 += WK) {
+        /* 64 rows x WK columns of A and of W: 8-element (16-byte) pieces, zero outside */
+        for (int v = threadIdx.x; v < GM * (WK / 8); v += blockDim.x) {
+            int r = v / (WK / 8), c = (v % (WK / 8)) * 8;
+            int64_t g = g0 + r, n = n0 + r, kk = k0 + c;
+            uint4 a = make_uint4(0, 0, 0, 0), b = make_uint4(0, 0, 0, 0);
+            if (g < end && kk < K)
+                a = *(const uint4 *)(A + g * K + kk);
+            if (n < N && kk < K)
+                b = *(const uint4 *)(We + n * K + kk);
+            *(uint4 *)&As[r][c] = a;
+            *(uint4 *)&Bs[r][c] = b;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < WK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                wmma::load_matrix_sync(fa[i], &As[wm + 16 * i][kk], WLD);
+#pragma unroll
+            for (int j = 0; j < 2; j++) /* B(k, n) = W[n][k]: column-major with stride WLD */
+                wmma::load_matrix_sync(fb[j], &Bs[wn + 16 * j][kk], WLD);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(&Cs[wm + 16 * i][wn + 16 * j], acc[i][j], CLD,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    for (int v = threadIdx.x; v < GM * GN; v += blockDim.x) {
+        int r = v / GN, c = v % GN;
+        int64_t g = g0 + r, n = n0 + c;
+        if (g < end && n < N)
+            C[g * N + n] = __float2bfloat16_rn(Cs[r][c]);
+    }
+}
+
 int cuda_moe_matmul(dfl_be *be, const dfl_moe_mm *m)
 {
     if (m->cap <= 0 || m->N <= 0)
@@ -276,7 +372,11 @@ int cuda_moe_matmul(dfl_be *be, const dfl_moe_mm *m)
         return rc;
     cudaStream_t s = cuda_of(be)->stream;
     dim3 grid((unsigned)(m->cap / GM), (unsigned)((m->N + GN - 1) / GN));
-    if (be->act == DFL_BF16)
+    if (be->act == DFL_BF16 && m->K % 8 == 0 && is_aligned(m->A, 16) && is_aligned(m->W, 16))
+        moe_mm_wmma_kernel<<<grid, 128, 0, s>>>((const bf16 *)m->A, (const bf16 *)m->W,
+                                                (bf16 *)m->C, m->counts, m->offsets, m->E, m->N,
+                                                m->K);
+    else if (be->act == DFL_BF16)
         moe_mm_kernel<bf16><<<grid, 256, 0, s>>>((const bf16 *)m->A, (const bf16 *)m->W,
                                                  (bf16 *)m->C, m->counts, m->offsets, m->E,
                                                  m->N, m->K);

@@ -67,7 +67,7 @@ static int rope_original(const json_t *cfg, const json_t *obj, const char *where
     if (!v)
         return dfl_fail(e, DFL_EDATA, "%s: %s.original_max_position_embeddings is missing (rope_type "
                         "'%s' needs it) and max_position_embeddings is not set", what, where, rt);
-    if (!(v >= 1))
+    if (!(v >= 1 && v <= 1e12))
         return dfl_fail(e, DFL_EDATA, "%s: %s.original_max_position_embeddings = %g is out of range",
                         what, where, v);
     *out = v;
@@ -114,9 +114,10 @@ static int parse_rope(const json_t *cfg, const json_t *obj, const char *where, d
             (rc = rope_num(obj, where, "high_freq_factor", rt, true, &rs->high_freq_factor, what, e)) ||
             (rc = rope_original(cfg, obj, where, rt, &rs->original_max_pos, what, e)))
             return rc;
-        if (!(rs->low_freq_factor > 0 && rs->high_freq_factor > rs->low_freq_factor))
+        if (!(rs->low_freq_factor >= 1e-6 && rs->high_freq_factor > rs->low_freq_factor &&
+              rs->high_freq_factor <= 1e6))
             return dfl_fail(e, DFL_EDATA, "%s: %s.high_freq_factor = %g must be greater than "
-                            "low_freq_factor = %g, and both positive", what, where,
+                            "low_freq_factor = %g, both within [1e-6, 1e6]", what, where,
                             rs->high_freq_factor, rs->low_freq_factor);
     } else if (strcmp(rt, "yarn") == 0) {
         rs->kind = DFL_ROPE_YARN;
@@ -150,8 +151,8 @@ static int parse_rope(const json_t *cfg, const json_t *obj, const char *where, d
             rs->attention_factor = yarn_mscale(rs->factor, mscale) / yarn_mscale(rs->factor, mscale_all);
         else
             rs->attention_factor = yarn_mscale(rs->factor, 1.0);
-        if (!(rs->attention_factor > 0 && rs->attention_factor < 1e3) || !(rs->beta_fast > 0) ||
-            !(rs->beta_slow > 0))
+        if (!(rs->attention_factor > 0 && rs->attention_factor < 1e3) ||
+            !(rs->beta_fast > 0 && rs->beta_fast < 1e6) || !(rs->beta_slow > 0 && rs->beta_slow < 1e6))
             return dfl_fail(e, DFL_EDATA, "%s: %s: attention_factor %g, beta_fast %g, beta_slow %g: "
                             "out of range", what, where, rs->attention_factor, rs->beta_fast,
                             rs->beta_slow);
@@ -161,7 +162,7 @@ static int parse_rope(const json_t *cfg, const json_t *obj, const char *where, d
     }
     if (rc)
         return rc;
-    if (!(rs->factor > 0 && rs->factor < 1e6))
+    if (!(rs->factor >= 1e-6 && rs->factor <= 1e6))
         return dfl_fail(e, DFL_EDATA, "%s: %s.factor = %g is out of range", what, where, rs->factor);
     return DFL_OK;
 }

@@ -1,7 +1,8 @@
 /* gpu-families.c: the CUDA side of the target families beyond dense default-rope models: the
  * RoPE op with llama3 and yarn scaling and the mixture-of-experts ops (moe_route, moe_gather,
- * moe_matmul, moe_combine), each CUDA against the CPU backend on the same inputs, with guard
- * bands around every output and NaN-failing comparisons; then the Qwen3-MoE oracle
+ * moe_matmul: tensor cores for bf16 with K % 8 == 0, SIMT otherwise; moe_combine), each CUDA
+ * against the CPU backend on the same inputs, with guard bands around every output and
+ * NaN-failing comparisons; then the Qwen3-MoE oracle
  * (../shared/oracle/qwen3moe-tiny-a) through the CUDA backend in bf16 and f32. Routing is where
  * bf16 and f32 part ways: the test routes in f32 from the bf16 hidden state and prints how many
  * (token, sparse layer) pairs chose another expert set than the f32 reference and those tokens'
@@ -225,6 +226,8 @@ static void test_moe_ops(void)
     moe_ops_case(37, 8, 2, 96, 80, DFL_BF16);
     moe_ops_case(1000, 128, 8, 256, 192, DFL_BF16); /* the Qwen3-30B-A3B routing shape */
     moe_ops_case(5, 7, 3, 33, 17, DFL_F32);         /* odd sizes: partial tiles everywhere */
+    moe_ops_case(5, 7, 3, 33, 17, DFL_BF16);        /* K % 8 != 0: the SIMT kernel in bf16 */
+    moe_ops_case(200, 16, 4, 2048, 72, DFL_BF16);   /* long K on tensor cores, N tail */
     moe_ops_case(300, 512, 10, 64, 64, DFL_F32);    /* more experts than tokens */
 }
 
