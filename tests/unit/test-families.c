@@ -447,13 +447,16 @@ static void check_head(const oracle *o, const dfl_hf_config *c, int s, const flo
     float *nw = host_f32(o->model, "model.norm.weight", &n);
     float *lm = host_f32(o->model, c->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", &n);
     const float *rn = ref_get(o, s, "norm", -1), *rl = ref_get(o, s, "logits_last8", -1);
+    int64_t nl = L < 8 ? L : 8;
+    float *norm = calloc((size_t)(L * H), sizeof(float)), *lg = calloc((size_t)(nl * V), sizeof(float));
     T_CHECK(nw && lm && rn && rl, "%s: norm weight, lm head, seq%d.norm and logits_last8", dir, s);
-    if (!nw || !lm || !rn || !rl) {
+    if (!nw || !lm || !rn || !rl || !norm || !lg) {
         free(nw);
         free(lm);
+        free(norm);
+        free(lg);
         return;
     }
-    float *norm = malloc(sizeof(float) * L * H);
     for (int64_t r = 0; r < L; r++) {
         double ss = 0;
         for (int64_t i = 0; i < H; i++)
@@ -463,8 +466,6 @@ static void check_head(const oracle *o, const dfl_hf_config *c, int s, const flo
             norm[r * H + i] = (float)(last[r * H + i] * rs) * nw[i];
     }
     double en = row_rel_err(norm, rn, L, H);
-    int64_t nl = L < 8 ? L : 8;
-    float *lg = malloc(sizeof(float) * nl * V);
     for (int64_t r = 0; r < nl; r++)
         for (int64_t v = 0; v < V; v++) {
             double a = 0;
@@ -614,6 +615,8 @@ static void forward_vs_oracle(const char *name)
                     T_CHECK(err <= 1e-4, "%s seq%d router%d packed: %.3g", name, s, k, err);
                 }
             }
+        for (int s = 0; s < o.n_seqs; s++)
+            check_head(&o, c, s, caps[K - 1] + off[s] * H, name);
     } else {
         T_CHECK(0, "packed: %s", e.msg);
     }
