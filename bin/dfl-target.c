@@ -137,6 +137,17 @@ static int print_info(const char *dir, const dfl_hf_config *c, const int32_t *la
                                           (json_int_t)c->lin_v_dim, "conv_kernel_dim",
                                           (json_int_t)c->lin_conv));
     }
+    if (v && c->rope.kind != DFL_ROPE_DEFAULT)
+        json_object_set_new(v, "rope_type", json_string(dfl_rope_kind_name(c->rope.kind)));
+    if (v && c->n_experts) {
+        int64_t sparse = 0;
+        for (int64_t l = 0; l < c->n_layers; l++)
+            sparse += dfl_hf_layer_is_moe(c, l);
+        json_object_set_new(v, "num_experts", json_integer(c->n_experts));
+        json_object_set_new(v, "num_experts_per_tok", json_integer(c->top_k));
+        json_object_set_new(v, "moe_intermediate_size", json_integer(c->moe_intermediate));
+        json_object_set_new(v, "sparse_layers", json_integer(sparse));
+    }
     char *s = v ? dfl_json_dump(v, 2) : NULL;
     json_decref(v);
     if (!s)

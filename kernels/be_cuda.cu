@@ -538,6 +538,11 @@ static void cuda_ops_fill(void)
     cuda_ops.block_metrics = cuda_block_metrics;
     cuda_ops.adamw = cuda_adamw;
     cuda_ops.uniform_noise = cuda_uniform_noise;
+    /* mixture of experts: moe.cu */
+    cuda_ops.moe_route = cuda_moe_route;
+    cuda_ops.moe_gather = cuda_moe_gather;
+    cuda_ops.moe_matmul = cuda_moe_matmul;
+    cuda_ops.moe_combine = cuda_moe_combine;
 }
 
 extern "C" int dfl_be_cuda_count(void)

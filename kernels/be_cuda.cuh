@@ -74,6 +74,7 @@ struct cuda_impl {
     float rope_theta[CUDA_ROPE_SLOTS];
     int rope_d[CUDA_ROPE_SLOTS];
     dfl_dtype rope_dt[CUDA_ROPE_SLOTS]; /* the be->rope_dtype it was rounded for */
+    dfl_rope_scaling rope_rs[CUDA_ROPE_SLOTS]; /* the be->rope_scaling it was scaled for */
     int rope_next;
     float rope_host[CUDA_ROPE_SLOTS][CUDA_ROPE_MAXHALF];
     /* attention tile configuration per head dim (index into the variant table) */
@@ -138,6 +139,13 @@ int cuda_add(dfl_be *be, void *y, const void *x, int64_t n);
 int cuda_scale_bias(dfl_be *be, void *C, dfl_dtype cdt, int64_t ldc, int64_t M, int64_t N,
                     float beta, const float *bias);
 int cuda_attn_varlen(dfl_be *be, const dfl_attn_varlen *a);
+/* moe.cu: mixture-of-experts routing, gather, grouped GEMM, combine */
+int cuda_moe_route(dfl_be *be, const dfl_moe_route *r);
+int cuda_moe_gather(dfl_be *be, void *dst, const void *src, const int32_t *rows,
+                               const int32_t *offsets, int E, int64_t cap, int64_t H);
+int cuda_moe_matmul(dfl_be *be, const dfl_moe_mm *m);
+int cuda_moe_combine(dfl_be *be, void *out, const void *y, const int32_t *slot,
+                                const float *weight, int64_t T, int k, int64_t H, bool accumulate);
 /* attn.cu: raise shared-memory limits of the attention kernels (once, at open). */
 int cuda_attn_init(dfl_be *be, dfl_err *e);
 int cuda_attn_dim_index(int d);   /* 0, 1, 2 for 64, 128, 256; -1 otherwise */

@@ -474,7 +474,8 @@ int cuda_rope_table(dfl_be *be, float theta, int d, const float **out)
     cuda_impl *im = cuda_of(be);
     dfl_dtype rdt = be->rope_dtype == DFL_BF16 || be->rope_dtype == DFL_F16 ? be->rope_dtype : DFL_F32;
     for (int i = 0; i < CUDA_ROPE_SLOTS; i++) {
-        if (im->rope_d[i] == d && im->rope_theta[i] == theta && im->rope_dt[i] == rdt) {
+        if (im->rope_d[i] == d && im->rope_theta[i] == theta && im->rope_dt[i] == rdt &&
+            dfl_rope_scaling_eq(&im->rope_rs[i], be->rope_scaling)) {
             *out = im->rope_tab + (size_t)i * CUDA_ROPE_MAXHALF;
             return 0;
         }
@@ -482,7 +483,7 @@ int cuda_rope_table(dfl_be *be, float theta, int d, const float **out)
     int slot = im->rope_next;
     im->rope_next = (slot + 1) % CUDA_ROPE_SLOTS;
     float *hst = im->rope_host[slot];
-    dfl_rope_inv_freq(hst, d, theta, rdt);
+    dfl_rope_inv_freq_scaled(hst, d, theta, be->rope_scaling, rdt);
     float *dev = im->rope_tab + (size_t)slot * CUDA_ROPE_MAXHALF;
     /* pageable source: staged by the driver before this returns; stream-ordered after any
      * earlier kernel that still reads the slot */
@@ -494,6 +495,10 @@ int cuda_rope_table(dfl_be *be, float theta, int d, const float **out)
     im->rope_d[slot] = d;
     im->rope_theta[slot] = theta;
     im->rope_dt[slot] = rdt;
+    if (be->rope_scaling)
+        im->rope_rs[slot] = *be->rope_scaling;
+    else
+        memset(&im->rope_rs[slot], 0, sizeof im->rope_rs[slot]);
     *out = dev;
     return 0;
 }

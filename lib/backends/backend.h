@@ -22,6 +22,7 @@
 
 #include "dtype.h"
 #include "err.h"
+#include "rope.h"
 
 typedef struct dfl_be dfl_be;
 
@@ -193,6 +194,46 @@ static inline float dfl_noise_u01(uint64_t seed, uint64_t i)
     z ^= z >> 31;
     return (float)(z >> 40) * (1.0f / 16777216.0f);
 }
+
+/* Mixture-of-experts routing (the target's sparse MLPs). Every token t picks the top k of E
+ * experts by p = softmax(logits[t]) (f32; ties to the lower expert id), in descending order,
+ * with weight p (divided by the sum of its k when norm_topk). The (token, choice) pairs are then
+ * grouped by expert for the expert GEMMs: expert e owns grouped rows offsets[e] ..
+ * offsets[e] + counts[e] - 1, in ascending token order, and its segment is padded to a multiple
+ * of DFL_MOE_PAD rows (offsets[e+1] - offsets[e]); rows[g] is the token of grouped row g (-1 on
+ * padding) and slot[t k + j] the grouped row of token t's choice j. Everything stays in backend
+ * memory (no host round trip); cap >= dfl_moe_cap(T, E, k) rows. */
+#define DFL_MOE_PAD 64
+
+static inline int64_t dfl_moe_cap(int64_t T, int64_t E, int64_t k)
+{
+    return (T * k + E * (DFL_MOE_PAD - 1) + DFL_MOE_PAD - 1) / DFL_MOE_PAD * DFL_MOE_PAD;
+}
+
+typedef struct dfl_moe_route {
+    const float *logits;  /* [T, E] f32 */
+    int64_t T;
+    int E, k;
+    bool norm_topk;
+    int32_t *idx;         /* [T, k] chosen experts */
+    float *weight;        /* [T, k] their weights */
+    int32_t *counts;      /* [E] */
+    int32_t *offsets;     /* [E + 1] */
+    int32_t *rows;        /* [cap] */
+    int32_t *slot;        /* [T, k] */
+    int64_t cap;
+} dfl_moe_route;
+
+/* C = A W_e^T for the grouped rows of each expert e (counts and offsets of a dfl_moe_route, in
+ * backend memory); rows of C outside every expert's count are left as they are. */
+typedef struct dfl_moe_mm {
+    const void *A;            /* [cap, K] act, grouped rows */
+    const void *W;            /* [E, N, K] w: expert e's [N, K] matrix at e N K */
+    void *C;                  /* [cap, N] act */
+    const int32_t *counts, *offsets;
+    int E;
+    int64_t N, K, cap;
+} dfl_moe_mm;
 
 /* ---- device plumbing ----
  * What code outside the backends needs of a device besides the ops above: two named streams,
@@ -372,6 +413,18 @@ typedef struct dfl_be_ops {
     /* x[i] += amp * (2 dfl_noise_u01(seed, i) - 1) for i < n (act): uniform noise on the
      * target features (dfl-draft --noise-std). */
     int (*uniform_noise)(dfl_be *be, void *x, int64_t n, float amp, uint64_t seed);
+
+    /* mixture of experts (the target's sparse MLPs; see dfl_moe_route) */
+    int (*moe_route)(dfl_be *be, const dfl_moe_route *r);
+    /* dst[g] (act [cap, H]) = src[rows[g]] (act [T, H]) for the grouped rows g of every expert;
+     * padding rows (rows[g] < 0, g < offsets[E]) are zeroed, rows from offsets[E] untouched. */
+    int (*moe_gather)(dfl_be *be, void *dst, const void *src, const int32_t *rows,
+                      const int32_t *offsets, int E, int64_t cap, int64_t H);
+    int (*moe_matmul)(dfl_be *be, const dfl_moe_mm *m);
+    /* out[t] (act [T, H]) = (out[t] when accumulate, else 0) + sum over j < k of
+     * weight[t k + j] y[slot[t k + j]] (y act [cap, H]), summed in f32 in j order. */
+    int (*moe_combine)(dfl_be *be, void *out, const void *y, const int32_t *slot,
+                       const float *weight, int64_t T, int k, int64_t H, bool accumulate);
 } dfl_be_ops;
 
 struct dfl_be {
@@ -391,6 +444,10 @@ struct dfl_be {
     bool device_comm;       /* has the comm_* ops */
     bool fuse_residual;     /* the target forward fuses residual adds into add_rmsnorm */
     int64_t lmce_rows;      /* rows of the LM head + cross-entropy per chunk (lmce's chunk_rows) */
+    /* RoPE scaling of the model being run (rope.h), or NULL for the default frequencies; set by
+     * the target forward like rope_dtype. The ops compute their frequencies with
+     * dfl_rope_inv_freq_scaled(.., theta, rope_scaling, rope_dtype). */
+    const dfl_rope_scaling *rope_scaling;
     const dfl_be_ops *ops;
     void *impl;             /* backend state */
 };

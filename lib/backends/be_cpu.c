@@ -151,6 +151,10 @@ static const dfl_be_ops cpu_ops = {
     .block_metrics = dfl_cpu_block_metrics,
     .adamw = dfl_cpu_adamw,
     .uniform_noise = dfl_cpu_uniform_noise,
+    .moe_route = dfl_cpu_moe_route,
+    .moe_gather = dfl_cpu_moe_gather,
+    .moe_matmul = dfl_cpu_moe_matmul,
+    .moe_combine = dfl_cpu_moe_combine,
 };
 
 /* The op table: the ops above and the device plumbing of be_cpu_device.c. */

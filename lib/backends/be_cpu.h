@@ -37,6 +37,13 @@ int dfl_cpu_l2norm(dfl_be *be, void *x, int64_t ld, int64_t R, int heads, int d,
 int dfl_cpu_gated_rmsnorm(dfl_be *be, void *x, int64_t ldx, const void *z, int64_t ldz,
                           const void *w, int64_t R, int heads, int d, float eps);
 int dfl_cpu_gated_delta(dfl_be *be, const dfl_gated_delta *a);
+/* be_cpu_moe.c */
+int dfl_cpu_moe_route(dfl_be *be, const dfl_moe_route *r);
+int dfl_cpu_moe_gather(dfl_be *be, void *dst, const void *src, const int32_t *rows,
+                       const int32_t *offsets, int E, int64_t cap, int64_t H);
+int dfl_cpu_moe_matmul(dfl_be *be, const dfl_moe_mm *m);
+int dfl_cpu_moe_combine(dfl_be *be, void *out, const void *y, const int32_t *slot,
+                        const float *weight, int64_t T, int k, int64_t H, bool accumulate);
 
 /* be_cpu_train.c */
 int dfl_cpu_rmsnorm_bwd(dfl_be *be, void *dx, float *dw, const void *dy, const void *x,

@@ -71,7 +71,7 @@ int dfl_cpu_qknorm_rope(dfl_be *be, void *xv, int64_t ld, float *rstd, const voi
     float inv[512];
     if (d > 1024 || d % 2)
         return DFL_EUNSUP;
-    dfl_rope_inv_freq(inv, d, theta, be->rope_dtype);
+    dfl_rope_inv_freq_scaled(inv, d, theta, be->rope_scaling, be->rope_dtype);
     int half = d / 2;
 #pragma omp parallel for schedule(static) if (PAR(R * heads * d))
     for (int64_t r = 0; r < R; r++) {

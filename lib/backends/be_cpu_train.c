@@ -81,7 +81,7 @@ int dfl_cpu_qknorm_rope_bwd(dfl_be *be, void *dxv, int64_t ld, float *dw, const 
     if (d > MAX_HEAD_DIM || d % 2)
         return DFL_EUNSUP;
     float inv[MAX_HEAD_DIM / 2];
-    dfl_rope_inv_freq(inv, d, theta, be->rope_dtype);   /* exactly the forward's */
+    dfl_rope_inv_freq_scaled(inv, d, theta, be->rope_scaling, be->rope_dtype);   /* exactly the forward's */
     const int half = d / 2;
     /* The gradient of the norm's output (before RoPE) is the inverse rotation of dx:
      * g[i] = dx[i] c + dx[i+half] s, g[i+half] = -dx[i] s + dx[i+half] c. */

@@ -34,24 +34,137 @@ static const char *const moe_keys[] = {"num_experts", "num_local_experts", "n_ro
                                        "num_experts_per_tok", "moe_intermediate_size",
                                        "n_shared_experts"};
 
-static int check_rope_type(const json_t *obj, const char *where, bool partial_ok, const char *what,
-                           dfl_err *e)
+/* A number member where.key of a rope object; absent or null leaves *out (or, when required,
+ * is DFL_EDATA naming the field and the rope type that needs it). */
+static int rope_num(const json_t *obj, const char *where, const char *key, const char *rt,
+                    bool required, double *out, const char *what, dfl_err *e)
 {
-    const char *keys[] = {"rope_type", "type"};
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        if (required)
+            return dfl_fail(e, DFL_EDATA, "%s: %s.%s is missing (rope_type '%s' needs it)", what,
+                            where, key, rt);
+        return DFL_OK;
+    }
+    if (!json_is_number(v) || !isfinite(json_number_value(v)))
+        return dfl_fail(e, DFL_EDATA, "%s: %s.%s must be a finite number", what, where, key);
+    *out = json_number_value(v);
+    return DFL_OK;
+}
+
+/* original_max_position_embeddings as transformers 5 standardizes it: the top-level key first,
+ * then the rope object's, then max_position_embeddings. */
+static int rope_original(const json_t *cfg, const json_t *obj, const char *where, const char *rt,
+                         double *out, const char *what, dfl_err *e)
+{
+    double v = 0;
+    int rc;
+    if ((rc = rope_num(cfg, "config", "original_max_position_embeddings", rt, false, &v, what, e)) ||
+        (!v && (rc = rope_num(obj, where, "original_max_position_embeddings", rt, false, &v, what,
+                               e))) ||
+        (!v && (rc = rope_num(cfg, "config", "max_position_embeddings", rt, false, &v, what, e))))
+        return rc;
+    if (!v)
+        return dfl_fail(e, DFL_EDATA, "%s: %s.original_max_position_embeddings is missing (rope_type "
+                        "'%s' needs it) and max_position_embeddings is not set", what, where, rt);
+    if (!(v >= 1 && v <= 1e12))
+        return dfl_fail(e, DFL_EDATA, "%s: %s.original_max_position_embeddings = %g is out of range",
+                        what, where, v);
+    *out = v;
+    return DFL_OK;
+}
+
+/* yarn's default attention factor (transformers' get_mscale). */
+static double yarn_mscale(double scale, double m)
+{
+    return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0;
+}
+
+/* The rope scaling of a rope_scaling or rope_parameters object (where names it); partial_ok: a
+ * partial_rotary_factor other than 1 may stand in it (qwen3_5 reads it elsewhere). */
+static int parse_rope(const json_t *cfg, const json_t *obj, const char *where, bool partial_ok,
+                      dfl_rope_scaling *rs, const char *what, dfl_err *e)
+{
+    memset(rs, 0, sizeof *rs);
+    rs->attention_factor = 1.0;
+    const char *rt = "default", *key = "rope_type";
+    const char *keys[] = {"type", "rope_type"}; /* rope_type wins over the old spelling */
     for (size_t i = 0; i < DFL_ARRAY_LEN(keys); i++) {
         json_t *t = json_object_get(obj, keys[i]);
         if (!t || json_is_null(t))
             continue;
         if (!json_is_string(t))
             return dfl_fail(e, DFL_EDATA, "%s: %s.%s must be a string", what, where, keys[i]);
-        if (strcmp(json_string_value(t), "default") != 0)
-            return dfl_fail(e, DFL_EUNSUP, "%s: %s.%s is '%s': rope scaling is not supported "
-                            "(only rope_type 'default')", what, where, keys[i], json_string_value(t));
+        rt = json_string_value(t);
+        key = keys[i];
     }
     json_t *f = json_object_get(obj, "partial_rotary_factor");
     if (!partial_ok && f && !json_is_null(f) && !(json_is_number(f) && json_number_value(f) == 1.0))
         return dfl_fail(e, DFL_EUNSUP, "%s: %s.partial_rotary_factor is not supported (only 1.0)",
                         what, where);
+    int rc = DFL_OK;
+    if (strcmp(rt, "default") == 0)
+        return DFL_OK;
+    if (strcmp(rt, "linear") == 0) {
+        rs->kind = DFL_ROPE_LINEAR;
+        rc = rope_num(obj, where, "factor", rt, true, &rs->factor, what, e);
+    } else if (strcmp(rt, "llama3") == 0) {
+        rs->kind = DFL_ROPE_LLAMA3;
+        if ((rc = rope_num(obj, where, "factor", rt, true, &rs->factor, what, e)) ||
+            (rc = rope_num(obj, where, "low_freq_factor", rt, true, &rs->low_freq_factor, what, e)) ||
+            (rc = rope_num(obj, where, "high_freq_factor", rt, true, &rs->high_freq_factor, what, e)) ||
+            (rc = rope_original(cfg, obj, where, rt, &rs->original_max_pos, what, e)))
+            return rc;
+        if (!(rs->low_freq_factor >= 1e-6 && rs->high_freq_factor > rs->low_freq_factor &&
+              rs->high_freq_factor <= 1e6))
+            return dfl_fail(e, DFL_EDATA, "%s: %s.high_freq_factor = %g must be greater than "
+                            "low_freq_factor = %g, both within [1e-6, 1e6]", what, where,
+                            rs->high_freq_factor, rs->low_freq_factor);
+    } else if (strcmp(rt, "yarn") == 0) {
+        rs->kind = DFL_ROPE_YARN;
+        double mscale = 0, mscale_all = 0, att = 0, max_pos = 0;
+        bool have_att = json_object_get(obj, "attention_factor") &&
+                        !json_is_null(json_object_get(obj, "attention_factor"));
+        if ((rc = rope_original(cfg, obj, where, rt, &rs->original_max_pos, what, e)) ||
+            (rc = rope_num(obj, where, "factor", rt, false, &rs->factor, what, e)) ||
+            (rc = rope_num(obj, where, "attention_factor", rt, false, &att, what, e)) ||
+            (rc = rope_num(obj, where, "mscale", rt, false, &mscale, what, e)) ||
+            (rc = rope_num(obj, where, "mscale_all_dim", rt, false, &mscale_all, what, e)) ||
+            (rc = rope_num(obj, where, "beta_fast", rt, false, &rs->beta_fast, what, e)) ||
+            (rc = rope_num(obj, where, "beta_slow", rt, false, &rs->beta_slow, what, e)) ||
+            (rc = rope_num(cfg, "config", "max_position_embeddings", rt, false, &max_pos, what, e)))
+            return rc;
+        if (!rs->factor && max_pos) /* transformers: the ratio of the two lengths */
+            rs->factor = max_pos / rs->original_max_pos;
+        if (!rs->factor)
+            return dfl_fail(e, DFL_EDATA, "%s: %s.factor is missing (rope_type 'yarn' needs it)",
+                            what, where);
+        if (!rs->beta_fast) /* transformers: `or 32`, `or 1` */
+            rs->beta_fast = 32;
+        if (!rs->beta_slow)
+            rs->beta_slow = 1;
+        rs->truncate = true;
+        if ((rc = dfl_json_bool(obj, "truncate", false, &rs->truncate, what, e)))
+            return rc;
+        if (have_att)
+            rs->attention_factor = att;
+        else if (mscale && mscale_all)
+            rs->attention_factor = yarn_mscale(rs->factor, mscale) / yarn_mscale(rs->factor, mscale_all);
+        else
+            rs->attention_factor = yarn_mscale(rs->factor, 1.0);
+        if (!(rs->attention_factor > 0 && rs->attention_factor < 1e3) ||
+            !(rs->beta_fast > 0 && rs->beta_fast < 1e6) || !(rs->beta_slow > 0 && rs->beta_slow < 1e6))
+            return dfl_fail(e, DFL_EDATA, "%s: %s: attention_factor %g, beta_fast %g, beta_slow %g: "
+                            "out of range", what, where, rs->attention_factor, rs->beta_fast,
+                            rs->beta_slow);
+    } else {
+        return dfl_fail(e, DFL_EUNSUP, "%s: %s.%s is '%s': this rope scaling is not supported "
+                        "(rope_type default, linear, llama3 or yarn)", what, where, key, rt);
+    }
+    if (rc)
+        return rc;
+    if (!(rs->factor >= 1e-6 && rs->factor <= 1e6))
+        return dfl_fail(e, DFL_EDATA, "%s: %s.factor = %g is out of range", what, where, rs->factor);
     return DFL_OK;
 }
 
@@ -181,9 +294,65 @@ static int parse_qwen35(const json_t *cfg, const char *what, dfl_hf_config *c, d
     return DFL_OK;
 }
 
+/* The mixture-of-experts fields of a qwen3_moe config. */
+static int parse_moe(const json_t *cfg, dfl_hf_config *c, const char *what, dfl_err *e)
+{
+    int rc;
+    int64_t a = 0, b = 0;
+    if ((rc = get_dim(cfg, "num_experts", false, 1 << 16, &a, what, e)) ||
+        (rc = get_dim(cfg, "num_local_experts", false, 1 << 16, &b, what, e)))
+        return rc;
+    if (a && b && a != b)
+        return dfl_fail(e, DFL_EDATA, "%s: num_experts = %lld and num_local_experts = %lld disagree",
+                        what, (long long)a, (long long)b);
+    c->n_experts = a ? a : b;
+    if (!c->n_experts)
+        return dfl_fail(e, DFL_EDATA, "%s: num_experts is missing (model_type '%s' needs it)", what,
+                        c->model_type);
+    if ((rc = get_dim(cfg, "num_experts_per_tok", false, c->n_experts, &c->top_k, what, e)) ||
+        (rc = get_dim(cfg, "moe_intermediate_size", false, 1 << 22, &c->moe_intermediate, what, e)))
+        return rc;
+    if (!c->top_k || !c->moe_intermediate)
+        return dfl_fail(e, DFL_EDATA, "%s: %s is missing (model_type '%s' needs it)", what,
+                        !c->top_k ? "num_experts_per_tok" : "moe_intermediate_size", c->model_type);
+    c->sparse_step = 1;
+    if ((rc = get_dim(cfg, "decoder_sparse_step", false, 1 << 20, &c->sparse_step, what, e)) ||
+        (rc = dfl_json_bool(cfg, "norm_topk_prob", false, &c->norm_topk_prob, what, e)))
+        return rc;
+    json_t *mo = json_object_get(cfg, "mlp_only_layers");
+    if (mo && !json_is_null(mo)) {
+        if (!json_is_array(mo))
+            return dfl_fail(e, DFL_EDATA, "%s: mlp_only_layers must be an array of layer ids", what);
+        for (size_t i = 0; i < json_array_size(mo); i++) {
+            json_t *v = json_array_get(mo, i);
+            if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+                json_integer_value(v) >= c->n_layers)
+                return dfl_fail(e, DFL_EDATA, "%s: mlp_only_layers[%zu] is not a layer id in [0, %lld)",
+                                what, i, (long long)c->n_layers);
+            int64_t l = json_integer_value(v);
+            c->mlp_only[l / 64] |= 1ull << (l % 64);
+        }
+    }
+    json_t *sh = json_object_get(cfg, "shared_expert_intermediate_size");
+    if (sh && !json_is_null(sh) && !(json_is_number(sh) && json_number_value(sh) == 0))
+        return dfl_fail(e, DFL_EUNSUP, "%s: shared_expert_intermediate_size is set: shared experts "
+                        "are not supported in model_type '%s'", what, c->model_type);
+    return DFL_OK;
+}
+
+bool dfl_hf_layer_is_moe(const dfl_hf_config *c, int64_t l)
+{
+    if (c->n_experts <= 0 || l < 0 || l >= DFL_HF_MAX_LAYERS)
+        return false;
+    if (c->mlp_only[l / 64] & (1ull << (l % 64)))
+        return false;
+    return (l + 1) % c->sparse_step == 0;
+}
+
 int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, dfl_err *e)
 {
     memset(c, 0, sizeof *c);
+    c->rope.attention_factor = 1.0;
     if (!json_is_object(cfg))
         return dfl_fail(e, DFL_EDATA, "%s: expected a JSON object", what);
     int rc;
@@ -196,13 +365,15 @@ int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, d
         c->arch = DFL_HF_LLAMA;
     else if (strcmp(mt, "qwen2") == 0)
         c->arch = DFL_HF_QWEN2;
+    else if (strcmp(mt, "qwen3_moe") == 0)
+        c->arch = DFL_HF_QWEN3_MOE;
     else if (strcmp(mt, "qwen3_5") == 0)
         return parse_qwen35_wrapper(cfg, what, c, e);
     else if (strcmp(mt, "qwen3_5_text") == 0)
         c->arch = DFL_HF_QWEN35;
     else
         return dfl_fail(e, DFL_EUNSUP, "%s: model_type '%s' is not supported (supported: qwen3, "
-                        "llama, qwen2, qwen3_5, qwen3_5_text)", what, mt);
+                        "qwen3_moe, llama, qwen2, qwen3_5, qwen3_5_text)", what, mt);
     bool hybrid = c->arch == DFL_HF_QWEN35;
     snprintf(c->model_type, sizeof c->model_type, "%s", mt);
 
@@ -211,7 +382,7 @@ int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, d
         !json_is_null(json_object_get(cfg, "quantization_config")))
         return dfl_fail(e, DFL_EUNSUP, "%s: quantization_config is set: quantized weights are not "
                         "supported (use bf16, f16 or f32 weights)", what);
-    for (size_t i = 0; i < DFL_ARRAY_LEN(moe_keys); i++) {
+    for (size_t i = 0; i < DFL_ARRAY_LEN(moe_keys) && c->arch != DFL_HF_QWEN3_MOE; i++) {
         json_t *v = json_object_get(cfg, moe_keys[i]);
         if (v && !json_is_null(v) && !(json_is_number(v) && json_number_value(v) == 0))
             return dfl_fail(e, DFL_EUNSUP, "%s: %s is set: mixture-of-experts models are not "
@@ -223,15 +394,16 @@ int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, d
     if (strcmp(act, "silu") != 0 && strcmp(act, "swish") != 0)
         return dfl_fail(e, DFL_EUNSUP, "%s: hidden_act '%s' is not supported (only silu)", what, act);
     json_t *rs = json_object_get(cfg, "rope_scaling");
+    bool have_rs = false;
     if (rs && !json_is_null(rs)) {
         if (!json_is_object(rs))
-            return dfl_fail(e, DFL_EUNSUP, "%s: rope_scaling is set: rope scaling is not supported",
-                            what);
+            return dfl_fail(e, DFL_EDATA, "%s: rope_scaling must be an object", what);
         if (!json_object_get(rs, "rope_type") && !json_object_get(rs, "type"))
             return dfl_fail(e, DFL_EUNSUP, "%s: rope_scaling is set without a rope_type: rope "
                             "scaling is not supported", what);
-        if ((rc = check_rope_type(rs, "rope_scaling", false, what, e)))
+        if ((rc = parse_rope(cfg, rs, "rope_scaling", false, &c->rope, what, e)))
             return rc;
+        have_rs = true;
     }
     json_t *prf = json_object_get(cfg, "partial_rotary_factor");
     if (!hybrid && prf && !json_is_null(prf) && !(json_is_number(prf) && json_number_value(prf) == 1.0))
@@ -308,8 +480,16 @@ int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, d
                 return dfl_fail(e, DFL_EUNSUP, "%s: rope_parameters.%s: per-layer-type rope "
                                 "parameters are not supported", what, k);
         }
-        if ((rc = check_rope_type(rp, "rope_parameters", hybrid, what, e)))
+        /* transformers 5 takes rope_scaling over rope_parameters; both set must agree */
+        dfl_rope_scaling rp_rope;
+        if ((rc = parse_rope(cfg, rp, "rope_parameters", hybrid, &rp_rope, what, e)))
             return rc;
+        if (have_rs && !dfl_rope_scaling_eq(&rp_rope, &c->rope))
+            return dfl_fail(e, DFL_EDATA, "%s: rope_scaling (rope_type '%s') and rope_parameters "
+                            "(rope_type '%s') disagree", what, dfl_rope_kind_name(c->rope.kind),
+                            dfl_rope_kind_name(rp_rope.kind));
+        if (!have_rs)
+            c->rope = rp_rope;
         if (json_object_get(rp, "rope_theta") && !json_is_null(json_object_get(rp, "rope_theta"))) {
             if ((rc = dfl_json_num(rp, "rope_theta", true, &c->rope_theta, what, e)))
                 return rc;
@@ -358,6 +538,11 @@ int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, d
      * llama and qwen3 put attention_bias on q/k/v/o; only llama reads mlp_bias. */
     c->rot_dim = c->head_dim;
     switch (c->arch) {
+    case DFL_HF_QWEN3_MOE:
+        if ((rc = parse_moe(cfg, c, what, e)))
+            return rc;
+        /* the attention is qwen3's */
+        __attribute__((fallthrough));
     case DFL_HF_QWEN3:
         c->qk_norm = true;
         c->qkv_bias = c->o_bias = attn_bias;

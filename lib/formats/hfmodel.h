@@ -11,11 +11,13 @@
 #include <stdint.h>
 
 #include "err.h"
+#include "rope.h"
 #include "safetensors.h"
 
 typedef enum dfl_hf_arch {
     DFL_HF_QWEN3 = 1, DFL_HF_LLAMA = 2, DFL_HF_QWEN2 = 3,
-    DFL_HF_QWEN35 = 4      /* qwen3_5 (text_config) or qwen3_5_text: Qwen3.5 / Qwen3.6 */
+    DFL_HF_QWEN35 = 4,     /* qwen3_5 (text_config) or qwen3_5_text: Qwen3.5 / Qwen3.6 */
+    DFL_HF_QWEN3_MOE = 5,  /* qwen3 attention, mixture-of-experts MLPs */
 } dfl_hf_arch;
 
 /* What a decoder layer's token mixer is. */
@@ -26,11 +28,11 @@ typedef enum dfl_layer_kind {
     DFL_LAYER_GDN = 2          /* qwen3_5 linear_attention: Gated DeltaNet */
 } dfl_layer_kind;
 
-#define DFL_HF_MAX_LAYERS 4096
+#define DFL_HF_MAX_LAYERS 4096 /* num_hidden_layers at most */
 
 typedef struct dfl_hf_config {
     dfl_hf_arch arch;
-    char model_type[16];         /* "qwen3", "llama", "qwen2" */
+    char model_type[16];         /* "qwen3", "llama", "qwen2", "qwen3_moe" */
     int64_t hidden_size;         /* H */
     int64_t n_layers;            /* num_hidden_layers */
     int64_t n_heads;             /* num_attention_heads */
@@ -40,6 +42,7 @@ typedef struct dfl_hf_config {
     int64_t vocab_size;          /* V */
     double rms_norm_eps;         /* default 1e-6 */
     double rope_theta;           /* rope_theta or rope_parameters.rope_theta; default 10000 */
+    dfl_rope_scaling rope;       /* rope_scaling / rope_parameters: rope_type and its fields */
     dfl_dtype dtype;             /* "dtype" (transformers 5) or "torch_dtype": the dtype the
                                   * model is loaded in by default; DFL_DT_INVALID if absent */
     bool tie_word_embeddings;
@@ -47,6 +50,16 @@ typedef struct dfl_hf_config {
     bool qkv_bias;               /* q/k/v projections have biases (qwen2; attention_bias) */
     bool o_bias;                 /* o_proj has a bias (llama/qwen3 attention_bias) */
     bool mlp_bias;               /* gate/up/down have biases (llama mlp_bias) */
+    /* mixture of experts (qwen3_moe; 0 otherwise): a sparse layer's MLP is a router
+     * mlp.gate [E, H] and E SwiGLU experts mlp.experts.N.{gate,up,down}_proj of width
+     * moe_intermediate; each token takes the top_k experts of softmax(router logits). */
+    int64_t n_experts;           /* num_experts (or num_local_experts) */
+    int64_t top_k;               /* num_experts_per_tok */
+    int64_t moe_intermediate;    /* moe_intermediate_size */
+    int64_t sparse_step;         /* decoder_sparse_step (default 1) */
+    bool norm_topk_prob;         /* renormalise the top_k probabilities to sum to 1 */
+    uint64_t mlp_only[DFL_HF_MAX_LAYERS / 64]; /* mlp_only_layers as a bit set: dense layers */
+
     /* qwen3_5 (all zero / false for the dense families): */
     bool norm_1p;                /* zero-centred RMSNorms: out = rmsnorm(x) * (1 + w) for the
                                   * decoder norms, the final norm and q_norm / k_norm */
@@ -62,12 +75,17 @@ typedef struct dfl_hf_config {
 /* "attention", "gated attention", "gated deltanet". */
 const char *dfl_layer_kind_name(int kind);
 
+/* Whether layer l has a mixture-of-experts MLP (as transformers' Qwen3MoeDecoderLayer decides:
+ * not in mlp_only_layers and (l + 1) a multiple of decoder_sparse_step). */
+bool dfl_hf_layer_is_moe(const dfl_hf_config *c, int64_t l);
+
 /* Parses a config.json object. what names it in messages (the file path). A qwen3_5 config is
  * read from its text_config (what then names "FILE: text_config"); its layer kinds come from
- * layer_types or, absent, full_attention_interval (default 4). Unsupported features
- * (rope scaling, sliding window in use, non-full-attention layer types, MoE, activations other
- * than silu, quantized weights) are DFL_EUNSUP naming the key; missing or invalid values are
- * DFL_EDATA naming the key. */
+ * layer_types or, absent, full_attention_interval (default 4). Unsupported features (rope types
+ * other than default, linear, llama3 and yarn, sliding window in use, layer types other than
+ * full and (qwen3_5) linear attention, MoE keys outside qwen3_moe, activations other than silu,
+ * quantized weights) are DFL_EUNSUP naming the key; missing or invalid values (a rope type or a
+ * MoE model without its fields) are DFL_EDATA naming the key. */
 int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, dfl_err *e);
 /* Loads DIR/config.json (*json receives the parsed object if json is non-NULL; caller frees with
  * json_decref) and parses it. */

@@ -84,6 +84,45 @@ static int get(const dfl_st_model *m, const char *prefix, const dfl_st_tensor **
     return dfl_st_model_get(m, name, ndim, shape, out, e);
 }
 
+/* The MoE tensors of sparse layer l, checked: the router mlp.gate [E, H] and every expert's
+ * gate/up [Im, H] and down [H, Im]. With L, also uploads them into w (fused gate|up per expert). */
+static int moe_find(const dfl_st_model *m, const char *prefix, const dfl_hf_config *c, int64_t l,
+                    loader *L, dfl_err *e)
+{
+    int64_t H = c->hidden_size, Im = c->moe_intermediate, E = c->n_experts;
+    const dfl_st_tensor *router, *g, *u, *dn;
+    int rc = get(m, prefix, &router, 2, E, H, e, l, "mlp.gate.weight");
+    dfl_target_layer *w = L ? &L->t->layers[l] : NULL;
+    dfl_dtype wdt = L ? L->t->be->wdt : DFL_F32;
+    char what[64];
+    snprintf(what, sizeof what, "layer %lld experts", (long long)l);
+    if (!rc && w) {
+        w->is_moe = true;
+        if (!(w->moe.router = walloc(L->t, (uint64_t)(E * H), wdt, what, e)) ||
+            !(w->moe.wgu = walloc(L->t, (uint64_t)(E * 2 * Im * H), wdt, what, e)) ||
+            !(w->moe.wdown = walloc(L->t, (uint64_t)(E * H * Im), wdt, what, e)))
+            return e->code;
+        rc = put(L, w->moe.router, 0, wdt, router, e);
+    }
+    for (int64_t x = 0; x < E && !rc; x++) {
+        char name[96];
+        snprintf(name, sizeof name, "mlp.experts.%lld.gate_proj.weight", (long long)x);
+        if ((rc = get(m, prefix, &g, 2, Im, H, e, l, name)))
+            break;
+        snprintf(name, sizeof name, "mlp.experts.%lld.up_proj.weight", (long long)x);
+        if ((rc = get(m, prefix, &u, 2, Im, H, e, l, name)))
+            break;
+        snprintf(name, sizeof name, "mlp.experts.%lld.down_proj.weight", (long long)x);
+        if ((rc = get(m, prefix, &dn, 2, H, Im, e, l, name)))
+            break;
+        if (w && ((rc = put(L, w->moe.wgu, (uint64_t)(x * 2 * Im * H), wdt, g, e)) ||
+                  (rc = put(L, w->moe.wgu, (uint64_t)((x * 2 + 1) * Im * H), wdt, u, e)) ||
+                  (rc = put(L, w->moe.wdown, (uint64_t)(x * H * Im), wdt, dn, e))))
+            break;
+    }
+    return rc;
+}
+
 /* The tensors of one layer, checked. */
 typedef struct layer_src {
     const dfl_st_tensor *ln1, *ln2, *q, *k, *v, *o, *qn, *kn, *gate, *up, *down;
@@ -137,9 +176,15 @@ static int find_layer(const dfl_st_model *m, const char *prefix, const dfl_hf_co
     if (c->o_bias)
         GET(s->bo, 1, H, 0, "self_attn.o_proj.bias");
 mlp:
-    GET(s->gate, 2, I, H, "mlp.gate_proj.weight");
-    GET(s->up, 2, I, H, "mlp.up_proj.weight");
-    GET(s->down, 2, H, I, "mlp.down_proj.weight");
+    if (dfl_hf_layer_is_moe(c, l)) {
+        int rc_ = moe_find(m, prefix, c, l, NULL, e);
+        if (rc_)
+            return rc_;
+    } else {
+        GET(s->gate, 2, I, H, "mlp.gate_proj.weight");
+        GET(s->up, 2, I, H, "mlp.up_proj.weight");
+        GET(s->down, 2, H, I, "mlp.down_proj.weight");
+    }
     if (c->mlp_bias) {
         GET(s->bgate, 1, I, 0, "mlp.gate_proj.bias");
         GET(s->bup, 1, I, 0, "mlp.up_proj.bias");
@@ -232,6 +277,8 @@ static int load_layer(loader *L, const layer_src *s, dfl_target_layer *w, int64_
         PUT(w->bo, 0, DFL_F32, s->bo);
     }
 mlp:
+    if (!s->gate) /* a sparse layer */
+        return moe_find(L->m, t->prefix, c, l, L, e);
     ALLOC(w->wgu, 2 * I * H, wdt);
     PUT(w->wgu, 0, wdt, s->gate);
     PUT(w->wgu, I * H, wdt, s->up);
@@ -362,6 +409,7 @@ void dfl_target_close(dfl_target *t)
             FREE(w->k_norm); FREE(w->wo); FREE(w->bo); FREE(w->wgu); FREE(w->bgu);
             FREE(w->wdown); FREE(w->bdown); FREE(w->w_in); FREE(w->conv_w); FREE(w->A_log);
             FREE(w->dt_bias); FREE(w->gdn_norm); FREE(w->w_out);
+            FREE(w->moe.router); FREE(w->moe.wgu); FREE(w->moe.wdown);
         }
         free(t->layers);
     }
@@ -417,6 +465,8 @@ void dfl_target_ws_free(const dfl_target *t, dfl_target_ws *ws)
         return;
     if (ws->arena)
         t->be->ops->free(t->be, ws->arena);
+    if (ws->moe_block)
+        t->be->ops->free(t->be, ws->moe_block);
     free(ws->pos_host);
     free(ws->cu_host);
     free(ws);
@@ -468,7 +518,12 @@ uint64_t dfl_target_ws_bytes(const dfl_target *t, int64_t max_tokens, int64_t ma
         max_tokens = 1;
     if (max_seqs < 1)
         max_seqs = 1;
-    return ws_plan_of(t, max_tokens, max_seqs, &p) ? p.total : 0;
+    if (!ws_plan_of(t, max_tokens, max_seqs, &p))
+        return 0;
+    uint64_t moe = t->cfg.n_experts ? dfl_moe_ws_bytes(&t->cfg, t->be, max_tokens) : 0;
+    if (t->cfg.n_experts && !moe)
+        return 0;
+    return dfl_add_u64(p.total, moe, &p.total) ? p.total : 0;
 }
 
 int dfl_target_ws_new(const dfl_target *t, int64_t max_tokens, int64_t max_seqs,
@@ -520,6 +575,21 @@ int dfl_target_ws_new_ex(const dfl_target *t, int64_t max_tokens, int64_t max_se
     if (extra_bytes) {
         ws->extra = at;
         ws->extra_bytes = extra_bytes;
+    }
+    if (t->cfg.n_experts) {
+        uint64_t mb = dfl_moe_ws_bytes(&t->cfg, be, max_tokens);
+        if (!mb || mb > SIZE_MAX / 2) {
+            dfl_target_ws_free(t, ws);
+            return dfl_fail(e, DFL_ENOMEM, "expert buffers for %lld tokens: size overflow",
+                            (long long)max_tokens);
+        }
+        if (!(ws->moe_block = be->ops->alloc(be, (size_t)mb, e))) {
+            dfl_err_prefix(e, "expert buffers for %lld tokens: ", (long long)max_tokens);
+            dfl_target_ws_free(t, ws);
+            return e->code;
+        }
+        dfl_moe_ws_carve(&t->cfg, be, max_tokens, ws->moe_block, &ws->moe);
+        ws->bytes += mb;
     }
     ws->pos_host = malloc((size_t)max_tokens * sizeof *ws->pos_host);
     ws->cu_host = malloc((size_t)(max_seqs + 1) * sizeof *ws->cu_host);
@@ -675,7 +745,8 @@ static int attention(const dfl_target_fwd *f, const dfl_target_layer *w)
         .o = att, .ldo = nq,
         .cu_seqlens = ws->cu, .n_seqs = (int32_t)f->S, .max_len = f->max_len, .T = T,
         .n_heads = (int)c->n_heads, .n_kv = (int)c->n_kv_heads, .d = (int)d,
-        .scale = (float)(1.0 / sqrt((double)d)),
+        /* yarn multiplies cos and sin by attention_factor: q.k by its square */
+        .scale = (float)(c->rope.attention_factor * c->rope.attention_factor / sqrt((double)d)),
     };
     if ((rc = ops->attn_varlen(be, &a)))
         return rc;
@@ -688,6 +759,17 @@ static int mlp(const dfl_target_fwd *f, const dfl_target_layer *w)
 {
     dfl_be *be = f->t->be;
     int64_t H = f->t->cfg.hidden_size, I = f->t->cfg.intermediate_size;
+    if (w->is_moe) {
+        /* a sparse layer: the router and the experts (moe.c), added to h */
+        dfl_target *t = f->t;
+        float *ro = t->router_out ? t->router_out[w - t->layers] : NULL;
+        bool fuse = t->fuse_residual;
+        int rc = dfl_moe_forward(be, &t->cfg, &f->ws->moe, &w->moe, f->ws->x, f->T,
+                                 fuse ? f->ws->h : f->ws->delta, fuse, ro);
+        if (rc || fuse)
+            return rc;
+        return be->ops->add(be, f->ws->h, f->ws->delta, f->T * H);
+    }
     void *gu = f->ws->big1;    /* [T, 2I] */
     void *mo = f->ws->big2;    /* [T, I] */
     int rc;
@@ -740,6 +822,7 @@ int dfl_target_forward_staged(dfl_target *t, dfl_target_ws *ws, uint64_t index, 
     int last = layers[n_caps - 1], next = 0;
     dfl_target_fwd f = {.t = t, .ws = ws, .T = T, .S = S, .max_len = max_len};
     be->rope_dtype = t->rope_dtype;
+    be->rope_scaling = t->cfg.rope.kind != DFL_ROPE_DEFAULT ? &t->cfg.rope : NULL;
     if ((rc = ops->embedding(be, ws->h, ws->ids, t->embed, T, H)))
         goto fail;
     for (int l = 0; l <= last; l++) {
@@ -790,7 +873,11 @@ int dfl_target_gemms(const dfl_target *t, const dfl_target_ws *ws, int64_t T, df
         {ws->big1, ws->x, w->wgu, w->bgu, 2 * I, H, false},
         {f ? ws->h : ws->delta, ws->big2, w->wdown, w->bdown, H, I, f},
     };
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 4; i++) {
+        if (i >= 2 && w->is_moe) { /* the experts' GEMMs are not cuBLAS GEMMs: M = 0, nothing */
+            out[i] = (dfl_mm){.M = 0};
+            continue;
+        }
         out[i] = (dfl_mm){
             .M = T, .N = g[i].N, .K = g[i].K,
             .A = g[i].A, .adt = be->act, .lda = g[i].K, .ta = false,
@@ -798,5 +885,6 @@ int dfl_target_gemms(const dfl_target *t, const dfl_target_ws *ws, int64_t T, df
             .C = g[i].C, .cdt = be->act, .ldc = g[i].N,
             .alpha = 1.0f, .beta = g[i].acc ? 1.0f : 0.0f, .bias = g[i].bias,
         };
+    }
     return DFL_OK;
 }

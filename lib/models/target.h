@@ -23,6 +23,7 @@
 #include "backend.h"
 #include "frame.h"
 #include "hfmodel.h"
+#include "moe.h"
 
 /* One decoder layer's weights on the backend. q/k/v and gate/up are fused so that each is one
  * GEMM. Biases are f32; NULL when the model has none. The layer's kind (hfmodel.h) says which
@@ -49,6 +50,8 @@ typedef struct dfl_target_layer {
     float *A_log, *dt_bias;/* [Hv] */
     void *gdn_norm;        /* [dv] w: linear_attn.norm.weight */
     void *w_out;           /* [H, value_dim] w: out_proj */
+    bool is_moe;           /* a sparse layer: the MLP is moe (wgu, wdown are NULL) */
+    dfl_moe_weights moe;
 } dfl_target_layer;
 
 typedef struct dfl_target {
@@ -67,6 +70,9 @@ typedef struct dfl_target {
      * once instead of twice. Set by dfl_target_open on CUDA; the CPU keeps the separate adds
      * (its results stay bit-identical to earlier versions). */
     bool fuse_residual;
+    /* Tests: when non-NULL, router_out[l] (backend f32 [T, E], or NULL) receives the router
+     * logits of sparse layer l in each forward. */
+    float **router_out;
 } dfl_target;
 
 /* Opens the model directory DIR: parses config.json (errors name unsupported features), opens
@@ -98,6 +104,8 @@ typedef struct dfl_target_ws {
     int32_t *cu;           /* [S + 1] backend: cu_seqlens */
     int32_t *pos_host;     /* [T] host staging */
     int32_t *cu_host;      /* [S + 1] host staging */
+    void *moe_block;       /* MoE models: the backend block behind moe's buffers */
+    dfl_moe_ws moe;
     void *extra;           /* extra_bytes of backend memory for the caller (256-aligned), or NULL */
     uint64_t extra_bytes;
     uint64_t bytes;        /* backend bytes held (extra included) */
@@ -143,7 +151,8 @@ int dfl_target_forward_staged(dfl_target *t, dfl_target_ws *ws, uint64_t index, 
 /* The four GEMMs of a layer as dfl_target_forward_staged issues them for a batch of T tokens on
  * ws (qkv_proj, o_proj, gate_up_proj, down_proj; layer 0's weights, the same shapes for every
  * layer of its kind; a Gated DeltaNet layer 0 gives in_proj and out_proj instead), so that a
- * driver can tune them before its first batch. */
+ * driver can tune them before its first batch. When layer 0 is sparse (MoE), the last two have
+ * M = 0 (its expert GEMMs are grouped kernels, not tunable). */
 int dfl_target_gemms(const dfl_target *t, const dfl_target_ws *ws, int64_t T, dfl_mm out[4]);
 
 /* The driver of dfl-target: reads token-batch streams and writes one hidden-state stream. */

@@ -943,6 +943,8 @@ static int warm_up(pipeline *p, const shape *sh, dfl_err *e)
             goto out;
         for (int i = 0; i < 4; i++) {
             float best = 0, first = 0;
+            if (mm[i].M == 0) /* a sparse layer's experts */
+                continue;
             if ((rc = be->ops->matmul_tune(be, &mm[i], 16, 10, &best, &first, e))) {
                 dfl_err_prefix(e, "--tune %s: ", names[i]);
                 goto out;

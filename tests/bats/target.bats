@@ -206,6 +206,27 @@ tokens_frame_offset() {
     done
 }
 
+@test "qwen3_moe and llama3-rope models run; --info names their experts and rope type" {
+    local t="$BATS_TEST_TMPDIR"
+    "$DFL_TOOLS/mktarget" -o "$t/moe" --type qwen3_moe --experts 8 --top-k 2 --moe-intermediate 16 \
+        --hidden 32 --heads 4 --kv-heads 2 --intermediate 64 --vocab 128 --layers 3
+    run -0 dfl-target -m "$t/moe" --info
+    assert_output --partial '"num_experts": 8'
+    assert_output --partial '"sparse_layers": 3'
+    run -0 dfl-target -q -m "$t/moe" --layers 0,2 -o "$t/moe.dfl" "$D/tok3.dfl"
+    run -0 hsdump "$t/moe.dfl"
+    assert_line --index 4 "end batches 3 seqs 5 tokens 20"
+    "$DFL_TOOLS/mktarget" -o "$t/llama" --type llama --hidden 32 --heads 4 --kv-heads 2 \
+        --intermediate 64 --vocab 128 --layers 2
+    dfl-target -q -m "$t/llama" --dtype f32 --layers 1 -o "$t/plain.dfl" "$D/tok3.dfl"
+    sed -i '1s/^{/{"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16},/' "$t/llama/config.json"
+    run -0 dfl-target -m "$t/llama" --info
+    assert_output --partial '"rope_type": "llama3"'
+    dfl-target -q -m "$t/llama" --dtype f32 --layers 1 -o "$t/scaled.dfl" "$D/tok3.dfl"
+    # the scaled frequencies change the layers (and so the stream)
+    ! cmp -s "$t/plain.dfl" "$t/scaled.dfl"
+}
+
 @test "a batch larger than --max-tokens grows the buffers on the CPU" {
     run --separate-stderr dfl-target -v -m "$D/m4" --max-tokens 4 -o "$BATS_TEST_TMPDIR/o.dfl" "$D/tok3.dfl"
     assert_success
@@ -239,7 +260,7 @@ tokens_frame_offset() {
 
 @test "an unknown model_type is exit 2, naming it" {
     run -2 dfl-target -m "$BAD/target/unknown-model-type" --info
-    assert_output --partial "model_type 'mistral' is not supported (supported: qwen3, llama, qwen2, qwen3_5, qwen3_5_text)"
+    assert_output --partial "model_type 'mistral' is not supported (supported: qwen3, qwen3_moe, llama, qwen2, qwen3_5, qwen3_5_text)"
 }
 
 @test "a token id out of range is exit 2, naming batch, sequence and position" {

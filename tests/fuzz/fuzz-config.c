@@ -7,6 +7,7 @@
  * what the parser promises (sizes in range, heads dividing, head_dim even), its default layer
  * choice must be valid for every K, and its fingerprint with a small fixed model must be
  * computable and the same twice. */
+#include <math.h>
 #include <stdbool.h>
 #include <sys/stat.h>
 
@@ -41,7 +42,7 @@ static void setup(void)
 static void check_config(const dfl_hf_config *c)
 {
     FZ_ASSERT(c->arch == DFL_HF_QWEN3 || c->arch == DFL_HF_LLAMA || c->arch == DFL_HF_QWEN2 ||
-                  c->arch == DFL_HF_QWEN35, "arch %d", c->arch);
+                  c->arch == DFL_HF_QWEN35 || c->arch == DFL_HF_QWEN3_MOE, "arch %d", c->arch);
     /* hybrid models: layer kinds, partial RoPE and linear-attention sizes the kernels take */
     FZ_ASSERT(c->rot_dim >= 2 && c->rot_dim <= c->head_dim && c->rot_dim % 2 == 0, "rot_dim %lld",
               (long long)c->rot_dim);
@@ -60,6 +61,20 @@ static void check_config(const dfl_hf_config *c)
                   "linear sizes %lld/%lld heads of %lld/%lld, conv %lld", (long long)c->lin_k_heads,
                   (long long)c->lin_v_heads, (long long)c->lin_k_dim, (long long)c->lin_v_dim,
                   (long long)c->lin_conv);
+    if (c->arch == DFL_HF_QWEN3_MOE)
+        FZ_ASSERT(c->n_experts >= 1 && c->top_k >= 1 && c->top_k <= c->n_experts &&
+                      c->moe_intermediate >= 1 && c->sparse_step >= 1, "experts %lld, top %lld",
+                  (long long)c->n_experts, (long long)c->top_k);
+    else
+        FZ_ASSERT(c->n_experts == 0 && !dfl_hf_layer_is_moe(c, 0), "experts in a dense model");
+    /* the rope scaling gives finite positive frequencies */
+    float inv[512];
+    dfl_rope_inv_freq_scaled(inv, (int)c->head_dim, (float)c->rope_theta, &c->rope, DFL_F32);
+    for (int i = 0; i < c->head_dim / 2; i++)
+        FZ_ASSERT(isfinite(inv[i]) && inv[i] >= 0, "rope %s: inv_freq[%d] = %g",
+                  dfl_rope_kind_name(c->rope.kind), i, inv[i]);
+    FZ_ASSERT(c->rope.attention_factor > 0 && c->rope.attention_factor < 1e3, "attention factor %g",
+              c->rope.attention_factor);
     FZ_ASSERT(c->hidden_size >= 1 && c->n_layers >= 1 && c->n_heads >= 1 && c->n_kv_heads >= 1 &&
                   c->intermediate_size >= 1 && c->vocab_size >= 1 && c->vocab_size <= INT32_MAX,
               "a size out of range");

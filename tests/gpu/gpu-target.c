@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -249,19 +250,38 @@ static void test_qwen3_oracle(void)
     forward_vs_ref(d, DFL_F32, false);
 }
 
-/* qwen35-tiny-a: the hybrid target (Gated DeltaNet and gated attention layers) */
-static void test_qwen35_oracle(void)
+/* One oracle directory through CUDA (skips when it is absent: the device's copy of the oracles
+ * may hold only some of them). */
+static void oracle_case(const char *name, const dfl_dtype *dts, const bool *fuse, int n)
 {
     if (!dfl_be_cuda_available())
         T_SKIP("no CUDA GPU");
     const char *o = t_oracle();
     if (!o)
         T_SKIP("no oracle");
-    char d[4096];
-    snprintf(d, sizeof d, "%s/qwen35-tiny-a", o);
-    forward_vs_ref(d, DFL_BF16, true);
-    forward_vs_ref(d, DFL_BF16, false);
-    forward_vs_ref(d, DFL_F32, true);
+    char d[4096], cfg[4200];
+    snprintf(d, sizeof d, "%s/%s", o, name);
+    snprintf(cfg, sizeof cfg, "%s/config.json", d);
+    if (access(cfg, R_OK) != 0)
+        T_SKIP("%s is absent", d);
+    for (int i = 0; i < n; i++)
+        forward_vs_ref(d, dts[i], fuse[i]);
+}
+
+/* qwen35-tiny-a: the hybrid target (Gated DeltaNet and gated attention layers) */
+static void test_qwen35_oracle(void)
+{
+    const dfl_dtype dts[] = {DFL_BF16, DFL_BF16, DFL_F32};
+    const bool fuse[] = {true, false, true};
+    oracle_case("qwen35-tiny-a", dts, fuse, 3);
+}
+
+/* Llama 3.1 rope scaling (llama3 frequencies in the CUDA RoPE table). Qwen3-MoE: gpu-families.c. */
+static void test_llama31_oracle(void)
+{
+    const dfl_dtype dts[] = {DFL_BF16, DFL_F32, DFL_F32};
+    const bool fuse[] = {true, true, false};
+    oracle_case("llama31-tiny-a", dts, fuse, 3);
 }
 
 static void test_fixtures(void)
@@ -362,6 +382,7 @@ int main(int argc, char **argv)
 #ifdef DFL_CUDA
     T_RUN(test_qwen3_oracle);
     T_RUN(test_qwen35_oracle);
+    T_RUN(test_llama31_oracle);
     T_RUN(test_fixtures);
     T_RUN(test_program);
 #else

@@ -1,6 +1,7 @@
-/* mktarget: writes a small random target model (qwen3, llama, qwen2, or the hybrid qwen3_5 in its
- * multimodal layout or qwen3_5_text in the text-only one) in the Hugging Face layout (config.json
- * plus model.safetensors, or shards with model.safetensors.index.json), for tests and the demo. Deterministic: the same options give the same bytes; each tensor's values depend
+/* mktarget: writes a small random target model (qwen3, qwen3_moe, llama, qwen2, or the hybrid
+ * qwen3_5 in its multimodal layout or qwen3_5_text in the text-only one) in the Hugging Face layout
+ * (config.json plus model.safetensors, or shards with model.safetensors.index.json), for tests
+ * and the demo. Deterministic: the same options give the same bytes; each tensor's values depend
  * only on the seed and its name. Options to break a model on purpose (--omit, --wrong-shape) make
  * the bad-model corpus. --no-layers writes the config of all layers but only the embedding, final
  * norm and LM head: what a drafter reads of its target (bench/draft: 2.5 GB instead of 16). */
@@ -22,6 +23,7 @@ typedef struct opts {
     const char *type, *out, *rope_spelling;
     int64_t hidden, layers, heads, kv_heads, head_dim, inter, vocab, shards;
     int64_t lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, conv, interval; /* qwen3_5 */
+    int64_t experts, top_k, moe_inter; /* qwen3_moe */
     uint64_t seed;
     double theta, eps;
     bool tied, attn_bias, mlp_bias, no_layers;
@@ -153,6 +155,7 @@ static int write_config_qwen35(const opts *o, json_t *c, dfl_err *e)
 static int write_config(const opts *o, dfl_err *e)
 {
     const char *arch = strcmp(o->type, "qwen3") == 0 ? "Qwen3ForCausalLM"
+                       : strcmp(o->type, "qwen3_moe") == 0 ? "Qwen3MoeForCausalLM"
                        : strcmp(o->type, "llama") == 0 ? "LlamaForCausalLM" : "Qwen2ForCausalLM";
     json_t *c = json_pack("{s:[s],s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:b,s:s,s:s,s:I}",
                           "architectures", arch, "model_type", o->type,
@@ -175,6 +178,14 @@ static int write_config(const opts *o, dfl_err *e)
         json_object_set_new(c, "attention_bias", json_boolean(o->attn_bias));
     if (strcmp(o->type, "llama") == 0)
         json_object_set_new(c, "mlp_bias", json_boolean(o->mlp_bias));
+    if (strcmp(o->type, "qwen3_moe") == 0) {
+        json_object_set_new(c, "num_experts", json_integer(o->experts));
+        json_object_set_new(c, "num_experts_per_tok", json_integer(o->top_k));
+        json_object_set_new(c, "moe_intermediate_size", json_integer(o->moe_inter));
+        json_object_set_new(c, "norm_topk_prob", json_true());
+        json_object_set_new(c, "decoder_sparse_step", json_integer(1));
+        json_object_set_new(c, "mlp_only_layers", json_array());
+    }
     if (strcmp(o->type, "qwen2") == 0) {
         json_object_set_new(c, "use_sliding_window", json_false());
         json_object_set_new(c, "sliding_window", json_integer(4096));
@@ -238,13 +249,16 @@ static void usage(void)
 {
     printf("Usage: %s -o DIR [OPTION]...\n"
            "Write a small random target model in the Hugging Face layout.\n"
-           "  --type qwen3|llama|qwen2|qwen3_5|qwen3_5_text   model_type (default qwen3); qwen3_5:\n"
+           "  --type qwen3|qwen3_moe|llama|qwen2|qwen3_5|qwen3_5_text   model_type (default qwen3);\n"
+           "                             qwen3_5:\n"
            "                             the multimodal layout (text_config, model.language_model.*,\n"
            "                             a model.visual.* and an mtp.* tensor), qwen3_5_text: text-only\n"
            "  --lin-k-heads N --lin-v-heads N --lin-k-dim N --lin-v-dim N --conv N\n"
            "                             qwen3_5 linear attention (default 2, 4, 16, 16, 4)\n"
            "  --interval N               qwen3_5: every Nth layer full attention (default 4: written\n"
            "                             as layer_types; otherwise as full_attention_interval)\n"
+           "  --experts N --top-k N --moe-intermediate N\n"
+           "                             qwen3_moe: experts (default 4), per token (2), width (32)\n"
            "  --hidden N --layers N --heads N --kv-heads N --head-dim N --intermediate N --vocab N\n"
            "                             sizes (default 64, 4, 4, 2, hidden/heads, 128, 256)\n"
            "  --tied                     tie_word_embeddings (no lm_head.weight)\n"
@@ -269,7 +283,7 @@ int main(int argc, char **argv)
     opts o = {.type = "qwen3", .hidden = 64, .layers = 4, .heads = 4, .kv_heads = 2, .inter = 128,
               .vocab = 256, .shards = 1, .seed = 1, .theta = 1e6, .eps = 1e-6, .dtype = DFL_BF16,
               .lin_k_heads = 2, .lin_v_heads = 4, .lin_k_dim = 16, .lin_v_dim = 16, .conv = 4,
-              .interval = 4};
+              .interval = 4, .experts = 4, .top_k = 2, .moe_inter = 32};
     static const struct option lo[] = {
         {"type", 1, 0, 't'}, {"hidden", 1, 0, 'H'}, {"layers", 1, 0, 'L'}, {"heads", 1, 0, 'A'},
         {"kv-heads", 1, 0, 'K'}, {"head-dim", 1, 0, 'D'}, {"intermediate", 1, 0, 'I'},
@@ -280,6 +294,8 @@ int main(int argc, char **argv)
         {"no-layers", 0, 0, 'N'}, {"lin-k-heads", 1, 0, 1000}, {"lin-v-heads", 1, 0, 1001},
         {"lin-k-dim", 1, 0, 1002}, {"lin-v-dim", 1, 0, 1003}, {"conv", 1, 0, 1004},
         {"interval", 1, 0, 1005},
+        {"no-layers", 0, 0, 'N'}, {"experts", 1, 0, 'E'}, {"top-k", 1, 0, 'k'},
+        {"moe-intermediate", 1, 0, 'm'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     dfl_err e = {0};
     int c;
@@ -296,6 +312,9 @@ int main(int argc, char **argv)
         case 'I': dst = &o.inter; break;
         case 'V': dst = &o.vocab; break;
         case 'S': dst = &o.shards; break;
+        case 'E': dst = &o.experts; break;
+        case 'k': dst = &o.top_k; break;
+        case 'm': dst = &o.moe_inter; break;
         case 'T': o.tied = true; break;
         case 'y': o.dtype = dfl_dtype_from_name(optarg); break;
         case 's':
@@ -338,23 +357,26 @@ int main(int argc, char **argv)
     }
     if (!o.out)
         return dfl_cli_usage_error("-o DIR is required");
-    if (strcmp(o.type, "qwen3") && strcmp(o.type, "llama") && strcmp(o.type, "qwen2") &&
+    bool moe = strcmp(o.type, "qwen3_moe") == 0;
+    if (strcmp(o.type, "qwen3") && strcmp(o.type, "llama") && strcmp(o.type, "qwen2") && !moe &&
         strcmp(o.type, "qwen3_5") && strcmp(o.type, "qwen3_5_text"))
-        return dfl_cli_usage_error("--type: '%s' is not qwen3, llama, qwen2, qwen3_5 or "
+        return dfl_cli_usage_error("--type: '%s' is not qwen3, qwen3_moe, llama, qwen2, qwen3_5 or "
                                    "qwen3_5_text", o.type);
+    if (moe && o.top_k > o.experts)
+        return dfl_cli_usage_error("--top-k: more than --experts");
     bool hybrid = strncmp(o.type, "qwen3_5", 7) == 0, wrapped = strcmp(o.type, "qwen3_5") == 0;
     if (o.dtype != DFL_BF16 && o.dtype != DFL_F16 && o.dtype != DFL_F32)
         return dfl_cli_usage_error("--dtype: bf16, f16 or f32");
     if (!o.head_dim)
         o.head_dim = o.hidden / o.heads;
     if (!o.rope_spelling)
-        o.rope_spelling = strcmp(o.type, "qwen3") == 0 ? "params" : "top";
-    bool qwen3 = strcmp(o.type, "qwen3") == 0, qwen2 = strcmp(o.type, "qwen2") == 0;
+        o.rope_spelling = strcmp(o.type, "qwen3") == 0 || moe ? "params" : "top";
+    bool qwen3 = strcmp(o.type, "qwen3") == 0 || moe, qwen2 = strcmp(o.type, "qwen2") == 0;
     bool llama = strcmp(o.type, "llama") == 0;
     bool qkv_bias = qwen2 || o.attn_bias, o_bias = !qwen2 && o.attn_bias, mlp_bias = llama && o.mlp_bias;
     int64_t H = o.hidden, d = o.head_dim, nq = o.heads * d, nkv = o.kv_heads * d, I = o.inter;
 
-    int cap = (int)(o.layers * 20 + 8);
+    int cap = (int)(o.layers * (20 + (moe ? 3 * o.experts + 1 : 0)) + 8);
     tensor *ts = calloc((size_t)cap, sizeof *ts);
     int nt = 0, rc = 0;
     if (!ts)
@@ -412,9 +434,19 @@ int main(int argc, char **argv)
             ADD(1, d, 0, nmean, 0.1f, "%s.%lld.self_attn.k_norm.weight", p, L);
         }
     mlp:
-        ADD(2, I, H, 0.0f, 0.05f, "%s.%lld.mlp.gate_proj.weight", p, L);
-        ADD(2, I, H, 0.0f, 0.05f, "%s.%lld.mlp.up_proj.weight", p, L);
-        ADD(2, H, I, 0.0f, 0.05f, "%s.%lld.mlp.down_proj.weight", p, L);
+        if (moe) {
+            int64_t Im = o.moe_inter;
+            ADD(2, o.experts, H, 0.0f, 0.2f, "%s.%lld.mlp.gate.weight", p, L);
+            for (int64_t x = 0; x < o.experts; x++) {
+                ADD(2, Im, H, 0.0f, 0.05f, "%s.%lld.mlp.experts.%lld.gate_proj.weight", p, L, (long long)x);
+                ADD(2, Im, H, 0.0f, 0.05f, "%s.%lld.mlp.experts.%lld.up_proj.weight", p, L, (long long)x);
+                ADD(2, H, Im, 0.0f, 0.05f, "%s.%lld.mlp.experts.%lld.down_proj.weight", p, L, (long long)x);
+            }
+        } else {
+            ADD(2, I, H, 0.0f, 0.05f, "%s.%lld.mlp.gate_proj.weight", p, L);
+            ADD(2, I, H, 0.0f, 0.05f, "%s.%lld.mlp.up_proj.weight", p, L);
+            ADD(2, H, I, 0.0f, 0.05f, "%s.%lld.mlp.down_proj.weight", p, L);
+        }
         if (mlp_bias) {
             ADD(1, I, 0, 0.0f, 0.1f, "%s.%lld.mlp.gate_proj.bias", p, L);
             ADD(1, I, 0, 0.0f, 0.1f, "%s.%lld.mlp.up_proj.bias", p, L);

@@ -239,11 +239,13 @@ static void test_config_unsupported(void)
         int code;
     } cases[] = {
         {"", "mistral", "model_type 'mistral'", DFL_EUNSUP},
-        {", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}", "qwen3", "rope_scaling", DFL_EUNSUP},
-        {", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}", "llama", "rope_scaling", DFL_EUNSUP},
+        {", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}", "qwen3",
+         "rope_scaling.original_max_position_embeddings is missing", DFL_EDATA},
+        {", \"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}", "llama",
+         "rope_scaling.type is 'dynamic'", DFL_EUNSUP},
         {", \"rope_scaling\": {\"factor\": 2.0}", "llama", "rope_scaling", DFL_EUNSUP},
         {", \"rope_parameters\": {\"rope_type\": \"llama3\", \"rope_theta\": 5e5}", "llama",
-         "rope_parameters.rope_type is 'llama3'", DFL_EUNSUP},
+         "rope_parameters.factor is missing", DFL_EDATA},
         {", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\"}}", "qwen3",
          "rope_parameters.full_attention", DFL_EUNSUP},
         {", \"sliding_window\": 4096, \"use_sliding_window\": true", "qwen2", "sliding_window", DFL_EUNSUP},
@@ -979,6 +981,21 @@ static void test_program_fixtures(void)
         T_SKIP("no llama/qwen2 fixtures under tests/fixtures/target");
 }
 
+/* The program on the other families' oracles (Llama 3.1 rope scaling, Qwen3-MoE). */
+static void test_program_families(void)
+{
+    const char *o = t_oracle();
+    if (!o)
+        T_SKIP("no oracle");
+    const char *names[] = {"llama31-tiny-a", "qwen3moe-tiny-a"};
+    for (size_t i = 0; i < DFL_ARRAY_LEN(names); i++) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/%s", o, names[i]);
+        program_vs_ref(dir, false);
+        program_vs_ref(dir, true);
+    }
+}
+
 int main(int argc, char **argv)
 {
     t_init(argv[0]);
@@ -1005,5 +1022,6 @@ int main(int argc, char **argv)
     T_RUN(test_program_qwen3_oracle);
     T_RUN(test_program_qwen35_oracle);
     T_RUN(test_program_fixtures);
+    T_RUN(test_program_families);
     return t_done();
 }

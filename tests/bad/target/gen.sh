@@ -23,6 +23,10 @@ printf '1 2 3 4\n5 6 7\n' | "$mktokens" --vocab 64 -o tokens.dfl
 "$mktarget" -o missing-tensor "${tiny[@]}" --omit model.layers.1.mlp.up_proj.weight
 "$mktarget" -o wrong-shape "${tiny[@]}" --wrong-shape model.layers.0.self_attn.k_proj.weight
 "$mktarget" -o qwen2-missing-bias "${tiny[@]}" --type qwen2 --omit model.layers.0.self_attn.k_proj.bias
+moe=(--type qwen3_moe --experts 4 --top-k 2 --moe-intermediate 8)
+"$mktarget" -o moe-missing-expert "${tiny[@]}" "${moe[@]}" --omit model.layers.1.mlp.experts.2.down_proj.weight
+"$mktarget" -o moe-missing-router "${tiny[@]}" "${moe[@]}" --omit model.layers.0.mlp.gate.weight
+"$mktarget" -o moe-wrong-expert-shape "${tiny[@]}" "${moe[@]}" --wrong-shape model.layers.0.mlp.experts.3.up_proj.weight
 
 # Configurations we refuse (config.json is checked before the weights, so none are needed).
 config() { # dir, extra JSON members
@@ -31,10 +35,18 @@ config() { # dir, extra JSON members
         "${3:-qwen3}" "$2" >"$1/config.json"
 }
 config unknown-model-type '' mistral
-config rope-scaling-yarn ',
-  "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}'
-config rope-type-llama3 ',
+config rope-type-dynamic ',
+  "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}'
+config rope-llama3-missing-field ',
   "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0}' llama
+config rope-yarn-no-original ',
+  "rope_scaling": {"rope_type": "yarn", "factor": 4.0}'
+config moe-no-experts ',
+  "num_experts_per_tok": 2,
+  "moe_intermediate_size": 32' qwen3_moe
+config moe-no-top-k ',
+  "num_experts": 8,
+  "moe_intermediate_size": 32' qwen3_moe
 config sliding-window ',
   "sliding_window": 4096,
   "use_sliding_window": true' qwen2
@@ -81,8 +93,14 @@ missing-tensor	2	model.layers.1.mlp.up_proj.weight
 wrong-shape	2	model.layers.0.self_attn.k_proj.weight
 qwen2-missing-bias	2	model.layers.0.self_attn.k_proj.bias
 unknown-model-type	2	model_type 'mistral' is not supported
-rope-scaling-yarn	2	rope_scaling.rope_type is 'yarn'
-rope-type-llama3	2	rope_parameters.rope_type is 'llama3'
+moe-missing-expert	2	model.layers.1.mlp.experts.2.down_proj.weight
+moe-missing-router	2	model.layers.0.mlp.gate.weight
+moe-wrong-expert-shape	2	model.layers.0.mlp.experts.3.up_proj.weight
+rope-type-dynamic	2	rope_scaling.rope_type is 'dynamic'
+rope-llama3-missing-field	2	rope_parameters.low_freq_factor is missing
+rope-yarn-no-original	2	rope_scaling.original_max_position_embeddings is missing
+moe-no-experts	2	num_experts is missing
+moe-no-top-k	2	num_experts_per_tok is missing
 sliding-window	2	sliding_window is set and use_sliding_window is true
 layer-types	2	layer_types[1] is 'sliding_attention'
 moe	2	num_experts is set

@@ -17,8 +17,9 @@ for f in tests/fixtures/target/*/config.json tests/bad/target/*/config.json; do
     d=$(basename "$(dirname "$f")")
     copy $c/config "$f" "$d.json"
 done
-[ -f ../shared/oracle/qwen3-tiny-a/config.json ] && copy $c/config ../shared/oracle/qwen3-tiny-a/config.json qwen3-tiny-a.json
-[ -f ../shared/oracle/qwen35-tiny-a/config.json ] && copy $c/config ../shared/oracle/qwen35-tiny-a/config.json qwen35-tiny-a.json
+for o in qwen3-tiny-a qwen35-tiny-a llama31-tiny-a qwen3moe-tiny-a; do
+    [ -f ../shared/oracle/$o/config.json ] && copy $c/config ../shared/oracle/$o/config.json $o.json
+done
 # stindex: the index of every bad model directory, and a good two-shard index for the fuzzer's
 # fixed shards (see fuzz-stindex.c)
 for f in tests/bad/safetensors/idx-*/model.safetensors.index.json; do

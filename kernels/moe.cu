@@ -1,0 +1,424 @@
+/* moe.cu: the CUDA backend's mixture-of-experts ops (see dfl_moe_route in backend.h), with no
+ * host round trip: the router's softmax and top-k fused in f32 (one warp per token), the
+ * grouping by expert in three small kernels (count per expert, padded offsets, placement in
+ * ascending token order: deterministic, no atomics), a row gather, one grouped GEMM launch per
+ * projection over all experts (each 64-row tile belongs to one expert, found from the device
+ * offsets), and the weighted combine. The grouped GEMM: bf16 tensor cores (WMMA, f32
+ * accumulation, 64 x 64 tiles, no pipelining yet) where K is a multiple of 8, else f32 SIMT
+ * tiles. Reference: lib/backends/be_cpu_moe.c. */
+#include <math.h>
+#include <mma.h>
+
+#include "be_cuda.cuh"
+
+#define MOE_MAX_E 2048        /* experts: 64 per lane of a warp */
+#define MOE_MAX_K 32
+
+/* ---- routing ---- */
+
+/* One warp per token: softmax over E logits (f32), the top k (ties to the lower id), weights
+ * renormalised over the k when norm. */
+__global__ void moe_topk_kernel(const float *logits, int64_t T, int E, int k, bool norm,
+                                int32_t *idx, float *weight)
+{
+    int64_t t = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (t >= T)
+        return;
+    int lane = threadIdx.x & 31;
+    const float *z = logits + t * E;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32)
+        mx = fmaxf(mx, z[e]);
+    for (int o = 16; o > 0; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+    for (int e = lane; e < E; e += 32)
+        sum += expf(z[e] - mx);
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    uint64_t taken = 0; /* bit i: element lane + 32 i was chosen */
+    float wsum = 0.0f, wj[MOE_MAX_K];
+    for (int j = 0; j < k; j++) {
+        float bv = -INFINITY;
+        int be = -1;
+        for (int i = 0, e = lane; e < E; i++, e += 32)
+            if (!(taken >> i & 1) && (be < 0 || z[e] > bv)) {
+                bv = z[e];
+                be = e;
+            }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (oe >= 0 && (be < 0 || ov > bv || (ov == bv && oe < be))) {
+                bv = ov;
+                be = oe;
+            }
+        }
+        if ((be & 31) == lane)
+            taken |= 1ull << (be >> 5);
+        wj[j] = expf(bv - mx) / sum;
+        wsum += wj[j];
+        if (lane == 0)
+            idx[t * k + j] = be;
+    }
+    if (lane == 0)
+        for (int j = 0; j < k; j++)
+            weight[t * k + j] = norm ? wj[j] / wsum : wj[j];
+}
+
+/* Block b counts the choices of expert b. */
+__global__ void moe_count_kernel(const int32_t *idx, int64_t n, int32_t *counts)
+{
+    __shared__ int part[32];
+    int e = blockIdx.x, c = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        c += idx[i] == e;
+    for (int o = 16; o > 0; o >>= 1)
+        c += __shfl_xor_sync(0xffffffffu, c, o);
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = c;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int s = 0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+            s += part[w];
+        counts[e] = s;
+    }
+}
+
+__global__ void moe_offsets_kernel(const int32_t *counts, int E, int32_t *offsets)
+{
+    if (threadIdx.x != 0 || blockIdx.x != 0)
+        return;
+    int32_t o = 0;
+    for (int e = 0; e < E; e++) {
+        offsets[e] = o;
+        o += (counts[e] + DFL_MOE_PAD - 1) / DFL_MOE_PAD * DFL_MOE_PAD;
+    }
+    offsets[E] = o;
+}
+
+/* Block b places the tokens that chose expert b, in ascending token order: a block-wide
+ * exclusive scan of the flags of each chunk of blockDim tokens. Then marks its padding rows. */
+__global__ void moe_place_kernel(const int32_t *idx, int64_t T, int k, const int32_t *offsets,
+                                 const int32_t *counts, int32_t *rows, int32_t *slot)
+{
+    __shared__ int wtot[32];
+    int e = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int32_t base = offsets[e], run = 0;
+    for (int64_t t0 = 0; t0 < T; t0 += blockDim.x) {
+        int64_t t = t0 + threadIdx.x;
+        int j = -1;
+        if (t < T)
+            for (int q = 0; q < k; q++)
+                if (idx[t * k + q] == e)
+                    j = q;
+        unsigned ball = __ballot_sync(0xffffffffu, j >= 0);
+        if (lane == 0)
+            wtot[w] = __popc(ball);
+        __syncthreads();
+        int before = 0, total = 0;
+        for (int q = 0; q < nw; q++) {
+            before += q < w ? wtot[q] : 0;
+            total += wtot[q];
+        }
+        if (j >= 0) {
+            int32_t g = base + run + before + __popc(ball & ((1u << lane) - 1));
+            rows[g] = (int32_t)t;
+            slot[t * k + j] = g;
+        }
+        run += total;
+        __syncthreads(); /* wtot is rewritten by the next chunk */
+    }
+    for (int32_t g = base + counts[e] + threadIdx.x; g < offsets[e + 1]; g += blockDim.x)
+        rows[g] = -1;
+}
+
+int cuda_moe_route(dfl_be *be, const dfl_moe_route *r)
+{
+    if (r->T <= 0)
+        return 0;
+    if (r->E < 1 || r->E > MOE_MAX_E || r->k < 1 || r->k > r->E || r->k > MOE_MAX_K)
+        return cuda_op_fail(be, DFL_EUNSUP, "moe_route: %d experts, top %d (at most %d, %d)", r->E,
+                            r->k, MOE_MAX_E, MOE_MAX_K);
+    int rc = cuda_enter(be);
+    if (rc)
+        return rc;
+    cudaStream_t s = cuda_of(be)->stream;
+    unsigned blocks = (unsigned)((r->T + 7) / 8);
+    moe_topk_kernel<<<blocks, 256, 0, s>>>(r->logits, r->T, r->E, r->k, r->norm_topk, r->idx,
+                                           r->weight);
+    moe_count_kernel<<<r->E, 256, 0, s>>>(r->idx, r->T * r->k, r->counts);
+    moe_offsets_kernel<<<1, 32, 0, s>>>(r->counts, r->E, r->offsets);
+    moe_place_kernel<<<r->E, 256, 0, s>>>(r->idx, r->T, r->k, r->offsets, r->counts, r->rows,
+                                          r->slot);
+    return cuda_launch_check(be, "moe_route");
+}
+
+/* ---- gather ---- */
+
+template <typename T>
+__global__ void moe_gather_kernel(T *dst, const T *src, const int32_t *rows, const int32_t *offsets,
+                                  int E, int64_t cap, int64_t H)
+{
+    int64_t n = offsets[E] < cap ? offsets[E] : cap;
+    for (int64_t g = blockIdx.x; g < n; g += gridDim.x) {
+        int32_t r = rows[g];
+        T *d = dst + g * H;
+        if (r >= 0) {
+            const T *sr = src + (int64_t)r * H;
+            for (int64_t i = threadIdx.x; i < H; i += blockDim.x)
+                d[i] = sr[i];
+        } else {
+            for (int64_t i = threadIdx.x; i < H; i += blockDim.x)
+                d[i] = from_f32<T>(0.0f);
+        }
+    }
+}
+
+int cuda_moe_gather(dfl_be *be, void *dst, const void *src, const int32_t *rows,
+                               const int32_t *offsets, int E, int64_t cap, int64_t H)
+{
+    if (cap <= 0 || H <= 0)
+        return 0;
+    int rc = cuda_enter(be);
+    if (rc)
+        return rc;
+    cudaStream_t s = cuda_of(be)->stream;
+    unsigned blocks = (unsigned)(cap < 65535 ? cap : 65535);
+    if (be->act == DFL_BF16)
+        moe_gather_kernel<bf16><<<blocks, 256, 0, s>>>((bf16 *)dst, (const bf16 *)src, rows,
+                                                       offsets, E, cap, H);
+    else
+        moe_gather_kernel<float><<<blocks, 256, 0, s>>>((float *)dst, (const float *)src, rows,
+                                                        offsets, E, cap, H);
+    return cuda_launch_check(be, "moe_gather");
+}
+
+/* ---- grouped GEMM ---- */
+
+#define GM 64   /* rows of a tile: DFL_MOE_PAD, so that a tile never spans two experts */
+#define GN 64
+#define GK 16
+static_assert(GM == DFL_MOE_PAD, "a tile of grouped rows must not span two experts");
+
+/* This block's tile: grouped rows from g0, columns from n0, of expert e (the last e with
+ * offsets[e] <= g0: empty experts share their offset with the next one), whose rows end at end
+ * (padding after), and e's weights We. False when the tile is past the last expert's rows. */
+template <typename T> struct MoeTile {
+    int64_t g0, n0, end;
+    const T *We;
+};
+
+template <typename T>
+__device__ __forceinline__ bool moe_tile(const T *W, const int32_t *counts, const int32_t *offsets,
+                                         int E, int64_t N, int64_t K, MoeTile<T> *t)
+{
+    t->g0 = (int64_t)blockIdx.x * GM;
+    t->n0 = (int64_t)blockIdx.y * GN;
+    if (t->g0 >= offsets[E])
+        return false;
+    int lo = 0, hi = E - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (offsets[mid] <= t->g0)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    t->end = (int64_t)offsets[lo] + counts[lo];
+    t->We = W + (int64_t)lo * N * K;
+    return t->g0 < t->end;
+}
+
+/* C[g, :] = A[g, :] W_e^T for the grouped rows g of expert e. Block (x, y): rows
+ * [x GM, x GM + GM) and columns [y GN, y GN + GN); 256 threads, 4 x 4 outputs each, f32. */
+template <typename T>
+__global__ void moe_mm_kernel(const T *A, const T *W, T *C, const int32_t *counts,
+                              const int32_t *offsets, int E, int64_t N, int64_t K)
+{
+    __shared__ float As[GK][GM + 4];
+    __shared__ float Ws[GK][GN + 4];
+    MoeTile<T> tl;
+    if (!moe_tile(W, counts, offsets, E, N, K, &tl))
+        return;
+    const int64_t g0 = tl.g0, n0 = tl.n0, end = tl.end;
+    const T *We = tl.We;
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    float acc[4][4] = {};
+    for (int64_t k0 = 0; k0 < K; k0 += GK) {
+        for (int i = threadIdx.x; i < GM * GK; i += 256) {
+            int r = i / GK, c = i % GK;
+            int64_t g = g0 + r, kk = k0 + c, n = n0 + r;
+            As[c][r] = g < end && kk < K ? to_f32(A[g * K + kk]) : 0.0f;
+            Ws[c][r] = n < N && kk < K ? to_f32(We[n * K + kk]) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int c = 0; c < GK; c++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                a[q] = As[c][ty * 4 + q];
+                b[q] = Ws[c][tx * 4 + q];
+            }
+#pragma unroll
+            for (int p = 0; p < 4; p++)
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    acc[p][q] += a[p] * b[q];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        int64_t g = g0 + ty * 4 + p;
+        if (g >= end)
+            continue;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            int64_t n = n0 + tx * 4 + q;
+            if (n < N)
+                C[g * N + n] = from_f32<T>(acc[p][q]);
+        }
+    }
+}
+
+/* The same on tensor cores for bf16 with K a multiple of 8 (16-byte row loads): 4 warps, each
+ * a 32 x 32 quarter of the 64 x 64 tile as 2 x 2 WMMA 16x16x16 fragments, f32 accumulation,
+ * K in steps of WK through shared memory; the tile goes out through shared memory so that
+ * padding rows and columns past N are not stored. */
+#define WK 32
+#define WLD (WK + 8)      /* bf16 row stride of the shared tiles: 80 bytes */
+#define CLD (GN + 4)      /* f32 row stride of the output tile */
+
+__global__ void __launch_bounds__(128) moe_mm_wmma_kernel(const bf16 *A, const bf16 *W, bf16 *C,
+                                                          const int32_t *counts,
+                                                          const int32_t *offsets, int E,
+                                                          int64_t N, int64_t K)
+{
+    using namespace nvcuda;
+    __shared__ __align__(32) bf16 As[GM][WLD];
+    __shared__ __align__(32) bf16 Bs[GN][WLD];
+    __shared__ __align__(32) float Cs[GM][CLD];
+    MoeTile<bf16> tl;
+    if (!moe_tile(W, counts, offsets, E, N, K, &tl))
+        return;
+    const int64_t g0 = tl.g0, n0 = tl.n0, end = tl.end;
+    const bf16 *We = tl.We;
+    int warp = threadIdx.x >> 5, wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::fill_fragment(acc[i][j], 0.0f);
+    for (int64_t k0 = 0; k0 < K; k0 += WK) {
+        /* 64 rows x WK columns of A and of W: 8-element (16-byte) pieces, zero outside */
+        for (int v = threadIdx.x; v < GM * (WK / 8); v += blockDim.x) {
+            int r = v / (WK / 8), c = (v % (WK / 8)) * 8;
+            int64_t g = g0 + r, n = n0 + r, kk = k0 + c;
+            uint4 a = make_uint4(0, 0, 0, 0), b = make_uint4(0, 0, 0, 0);
+            if (g < end && kk < K)
+                a = *(const uint4 *)(A + g * K + kk);
+            if (n < N && kk < K)
+                b = *(const uint4 *)(We + n * K + kk);
+            *(uint4 *)&As[r][c] = a;
+            *(uint4 *)&Bs[r][c] = b;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < WK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                wmma::load_matrix_sync(fa[i], &As[wm + 16 * i][kk], WLD);
+#pragma unroll
+            for (int j = 0; j < 2; j++) /* B(k, n) = W[n][k]: column-major with stride WLD */
+                wmma::load_matrix_sync(fb[j], &Bs[wn + 16 * j][kk], WLD);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(&Cs[wm + 16 * i][wn + 16 * j], acc[i][j], CLD,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    for (int v = threadIdx.x; v < GM * GN; v += blockDim.x) {
+        int r = v / GN, c = v % GN;
+        int64_t g = g0 + r, n = n0 + c;
+        if (g < end && n < N)
+            C[g * N + n] = __float2bfloat16_rn(Cs[r][c]);
+    }
+}
+
+int cuda_moe_matmul(dfl_be *be, const dfl_moe_mm *m)
+{
+    if (m->cap <= 0 || m->N <= 0)
+        return 0;
+    if (m->cap % GM || (m->N + GN - 1) / GN > 65535 || m->cap / GM > INT32_MAX)
+        return cuda_op_fail(be, DFL_EUNSUP, "moe_matmul: %lld rows, N %lld", (long long)m->cap,
+                            (long long)m->N);
+    int rc = cuda_enter(be);
+    if (rc)
+        return rc;
+    cudaStream_t s = cuda_of(be)->stream;
+    dim3 grid((unsigned)(m->cap / GM), (unsigned)((m->N + GN - 1) / GN));
+    if (be->act == DFL_BF16 && m->K % 8 == 0 && is_aligned(m->A, 16) && is_aligned(m->W, 16))
+        moe_mm_wmma_kernel<<<grid, 128, 0, s>>>((const bf16 *)m->A, (const bf16 *)m->W,
+                                                (bf16 *)m->C, m->counts, m->offsets, m->E, m->N,
+                                                m->K);
+    else if (be->act == DFL_BF16)
+        moe_mm_kernel<bf16><<<grid, 256, 0, s>>>((const bf16 *)m->A, (const bf16 *)m->W,
+                                                 (bf16 *)m->C, m->counts, m->offsets, m->E,
+                                                 m->N, m->K);
+    else
+        moe_mm_kernel<float><<<grid, 256, 0, s>>>((const float *)m->A, (const float *)m->W,
+                                                  (float *)m->C, m->counts, m->offsets, m->E,
+                                                  m->N, m->K);
+    return cuda_launch_check(be, "moe_matmul");
+}
+
+/* ---- combine ---- */
+
+template <typename T>
+__global__ void moe_combine_kernel(T *out, const T *y, const int32_t *slot, const float *weight,
+                                   int64_t T_, int k, int64_t H, bool accumulate)
+{
+    for (int64_t t = blockIdx.x; t < T_; t += gridDim.x) {
+        T *o = out + t * H;
+        for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
+            float acc = accumulate ? to_f32(o[i]) : 0.0f;
+            for (int j = 0; j < k; j++)
+                acc += weight[t * k + j] * to_f32(y[(int64_t)slot[t * k + j] * H + i]);
+            o[i] = from_f32<T>(acc);
+        }
+    }
+}
+
+int cuda_moe_combine(dfl_be *be, void *out, const void *y, const int32_t *slot,
+                                const float *weight, int64_t T, int k, int64_t H, bool accumulate)
+{
+    if (T <= 0 || H <= 0)
+        return 0;
+    int rc = cuda_enter(be);
+    if (rc)
+        return rc;
+    cudaStream_t s = cuda_of(be)->stream;
+    unsigned blocks = (unsigned)(T < 65535 ? T : 65535);
+    if (be->act == DFL_BF16)
+        moe_combine_kernel<bf16><<<blocks, 256, 0, s>>>((bf16 *)out, (const bf16 *)y, slot, weight,
+                                                        T, k, H, accumulate);
+    else
+        moe_combine_kernel<float><<<blocks, 256, 0, s>>>((float *)out, (const float *)y, slot,
+                                                         weight, T, k, H, accumulate);
+    return cuda_launch_check(be, "moe_combine");
+}

@@ -1,0 +1,414 @@
+/* gpu-families.c: the CUDA side of the target families beyond dense default-rope models: the
+ * RoPE op with llama3 and yarn scaling and the mixture-of-experts ops (moe_route, moe_gather,
+ * moe_matmul: tensor cores for bf16 with K % 8 == 0, SIMT otherwise; moe_combine), each CUDA
+ * against the CPU backend on the same inputs, with guard bands around every output and
+ * NaN-failing comparisons; then the Qwen3-MoE oracle
+ * (../shared/oracle/qwen3moe-tiny-a) through the CUDA backend in bf16 and f32. Routing is where
+ * bf16 and f32 part ways: the test routes in f32 from the bf16 hidden state and prints how many
+ * (token, sparse layer) pairs chose another expert set than the f32 reference and those tokens'
+ * router-logit margins (the gap between the reference's k-th and (k+1)-th logits); rows of
+ * tokens whose sets all matched must be within the bf16 bounds of gpu-target.c (relative error
+ * 3e-2, cosine 0.999), f32 within 1e-4. (The llama31-tiny-a oracle runs in gpu-target.c.) Skips
+ * without a GPU (exit 77). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "dtype.h"
+#include "moe.h"
+#include "safetensors.h"
+#include "target.h"
+#include "../unit/t.h"
+
+#ifdef DFL_CUDA
+#include "gpu-test.h"
+
+static double rel_err(const float *a, const float *b, size_t n)
+{
+    double dd = 0, bb = 0;
+    for (size_t i = 0; i < n; i++) {
+        dd += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        bb += (double)b[i] * b[i];
+    }
+    return sqrt(dd) / (bb > 0 ? sqrt(bb) : 1e-30);
+}
+
+/* qknorm_rope with rope scaling: CUDA against the CPU (f32 activations on both). */
+static void test_rope_scaled(void)
+{
+    if (!dfl_be_cuda_available())
+        T_SKIP("no CUDA GPU");
+    dfl_err e = {0};
+    dfl_be *cpu = NULL, *gpu = NULL;
+    T_CHECK(dfl_be_open(&cpu, "cpu", DFL_DT_INVALID, &e) == 0, "%s", e.msg);
+    T_CHECK(dfl_be_cuda_open(&gpu, 0, DFL_F32, &e) == 0, "%s", e.msg);
+    if (!cpu || !gpu)
+        goto out;
+    dfl_rope_scaling sc[2] = {
+        {.kind = DFL_ROPE_LLAMA3, .factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
+         .original_max_pos = 128, .attention_factor = 1},
+        {.kind = DFL_ROPE_YARN, .factor = 4, .original_max_pos = 256, .beta_fast = 32,
+         .beta_slow = 1, .truncate = true, .attention_factor = 1.1386},
+    };
+    const int R = 300, heads = 3, d = 64;
+    const int64_t ld = heads * d;
+    int32_t *pos = xmalloc(sizeof(int32_t) * R);
+    for (int r = 0; r < R; r++)
+        pos[r] = r * 7 % 1000;
+    gbuf gx, gp;
+    gb_alloc(&gx, gpu, (size_t)R * ld, DFL_F32);
+    gb_alloc(&gp, gpu, (size_t)R, DFL_F32); /* positions as raw int32 bytes */
+    gb_set_raw(&gp, pos);
+    for (int s = 0; s < 2; s++) {
+        float *x = rnd((size_t)R * ld, 1.0f, 0.0f, false), *want = fdup(x, (size_t)R * ld);
+        float *got = xmalloc(sizeof(float) * R * ld);
+        cpu->rope_scaling = gpu->rope_scaling = &sc[s];
+        T_CHECK(cpu->ops->qknorm_rope(cpu, want, ld, NULL, NULL, pos, R, heads, d, 1e-6f, 5e5f) == 0,
+                "cpu");
+        /* the default frequencies differ: the op must use the scaling */
+        float *plain = fdup(x, (size_t)R * ld);
+        cpu->rope_scaling = NULL;
+        cpu->ops->qknorm_rope(cpu, plain, ld, NULL, NULL, pos, R, heads, d, 1e-6f, 5e5f);
+        T_CHECK(!(rel_err(plain, want, (size_t)R * ld) <= 1e-3), "%s changes the rotation",
+                dfl_rope_kind_name(sc[s].kind));
+        gb_set(&gx, x);
+        T_CHECK(gpu->ops->qknorm_rope(gpu, gx.p, ld, NULL, NULL, (const int32_t *)gp.p, R, heads, d,
+                                      1e-6f, 5e5f) == 0, "cuda");
+        sync_ok(gpu, "rope");
+        gb_get(&gx, got);
+        double err = rel_err(got, want, (size_t)R * ld);
+        T_CHECK(err <= 1e-5, "%s rope: CUDA vs CPU %.3g", dfl_rope_kind_name(sc[s].kind), err);
+        gb_check_guards(&gx, "rope");
+        free(x);
+        free(want);
+        free(got);
+        free(plain);
+    }
+    gpu->rope_scaling = NULL;
+    gb_free(&gx);
+    gb_free(&gp);
+    free(pos);
+out:
+    dfl_be_close(cpu);
+    dfl_be_close(gpu);
+}
+
+/* The four MoE ops, CUDA against the CPU, for one shape and activation dtype. */
+static void moe_ops_case(int64_t T, int E, int k, int64_t H, int64_t N, dfl_dtype act)
+{
+    dfl_err e = {0};
+    dfl_be *cpu = NULL, *gpu = NULL;
+    T_CHECK(dfl_be_open(&cpu, "cpu", DFL_DT_INVALID, &e) == 0, "%s", e.msg);
+    T_CHECK(dfl_be_cuda_open(&gpu, 0, act, &e) == 0, "%s", e.msg);
+    if (!cpu || !gpu) {
+        dfl_be_close(cpu);
+        dfl_be_close(gpu);
+        return;
+    }
+    bool b16 = act == DFL_BF16;
+    int64_t cap = dfl_moe_cap(T, E, k), Tk = T * k;
+    char what[128];
+    snprintf(what, sizeof what, "T %lld E %d k %d H %lld N %lld %s", (long long)T, E, k,
+             (long long)H, (long long)N, dfl_dtype_lower(act));
+    /* route: same f32 logits on both */
+    float *logits = rnd((size_t)(T * E), 2.0f, 0.0f, false);
+    int32_t *idx = xmalloc(4 * Tk), *cnt = xmalloc(4 * E), *off = xmalloc(4 * (E + 1));
+    int32_t *rows = xmalloc(4 * cap), *slot = xmalloc(4 * Tk);
+    float *w = xmalloc(4 * Tk);
+    dfl_moe_route r = {.logits = logits, .T = T, .E = E, .k = k, .norm_topk = true, .idx = idx,
+                       .weight = w, .counts = cnt, .offsets = off, .rows = rows, .slot = slot,
+                       .cap = cap};
+    T_CHECK(cpu->ops->moe_route(cpu, &r) == 0, "cpu route");
+    gbuf gl, gi, gw, gc, go, gr, gs;
+    gb_alloc(&gl, gpu, (size_t)(T * E), DFL_F32);
+    gb_alloc(&gi, gpu, (size_t)Tk, DFL_F32);
+    gb_alloc(&gw, gpu, (size_t)Tk, DFL_F32);
+    gb_alloc(&gc, gpu, (size_t)E, DFL_F32);
+    gb_alloc(&go, gpu, (size_t)E + 1, DFL_F32);
+    gb_alloc(&gr, gpu, (size_t)cap, DFL_F32);
+    gb_alloc(&gs, gpu, (size_t)Tk, DFL_F32);
+    gb_set(&gl, logits);
+    dfl_moe_route rg = {.logits = (float *)gl.p, .T = T, .E = E, .k = k, .norm_topk = true,
+                        .idx = (int32_t *)gi.p, .weight = (float *)gw.p, .counts = (int32_t *)gc.p,
+                        .offsets = (int32_t *)go.p, .rows = (int32_t *)gr.p,
+                        .slot = (int32_t *)gs.p, .cap = cap};
+    T_CHECK(gpu->ops->moe_route(gpu, &rg) == 0, "cuda route");
+    sync_ok(gpu, "route");
+    int32_t *i2 = xmalloc(4 * Tk), *c2 = xmalloc(4 * E), *o2 = xmalloc(4 * (E + 1));
+    int32_t *r2 = xmalloc(4 * cap), *s2 = xmalloc(4 * Tk);
+    float *w2 = xmalloc(4 * Tk);
+    gb_get_raw(&gi, i2);
+    gb_get_raw(&gw, w2);
+    gb_get_raw(&gc, c2);
+    gb_get_raw(&go, o2);
+    gb_get_raw(&gr, r2);
+    gb_get_raw(&gs, s2);
+    T_CHECK(memcmp(i2, idx, 4 * Tk) == 0, "%s: expert ids", what);
+    T_CHECK(memcmp(c2, cnt, 4 * E) == 0 && memcmp(o2, off, 4 * (E + 1)) == 0, "%s: counts, offsets",
+            what);
+    T_CHECK(memcmp(r2, rows, 4 * (size_t)off[E]) == 0 && memcmp(s2, slot, 4 * Tk) == 0,
+            "%s: rows and slots (token order within each expert)", what);
+    T_CHECK(rel_err(w2, w, (size_t)Tk) <= 1e-6, "%s: weights %.3g", what, rel_err(w2, w, (size_t)Tk));
+    gb_check_guards(&gi, "idx");
+    gb_check_guards(&gw, "weight");
+    gb_check_guards(&gc, "counts");
+    gb_check_guards(&go, "offsets");
+    gb_check_guards(&gr, "rows");
+    gb_check_guards(&gs, "slot");
+    /* gather, grouped matmul, combine: CPU results on the same (rounded) inputs */
+    float *x = rnd((size_t)(T * H), 1.0f, 0.0f, b16), *W = rnd((size_t)(E * N * H), 0.1f, 0.0f, b16);
+    float *xg = xmalloc(sizeof(float) * cap * H), *C = xmalloc(sizeof(float) * cap * N);
+    float *out = rnd((size_t)(T * N), 1.0f, 0.0f, b16), *out0 = fdup(out, (size_t)(T * N));
+    cpu->ops->moe_gather(cpu, xg, x, rows, off, E, cap, H);
+    dfl_moe_mm mc = {.A = xg, .W = W, .C = C, .counts = cnt, .offsets = off, .E = E, .N = N, .K = H,
+                     .cap = cap};
+    T_CHECK(cpu->ops->moe_matmul(cpu, &mc) == 0, "cpu matmul");
+    cpu->ops->moe_combine(cpu, out, C, slot, w, T, k, N, true);
+    gbuf gx, gxg, gW, gC, gout;
+    gb_alloc(&gx, gpu, (size_t)(T * H), act);
+    gb_alloc(&gxg, gpu, (size_t)(cap * H), act);
+    gb_alloc(&gW, gpu, (size_t)(E * N * H), act);
+    gb_alloc(&gC, gpu, (size_t)(cap * N), act);
+    gb_alloc(&gout, gpu, (size_t)(T * N), act);
+    gb_set(&gx, x);
+    gb_set(&gW, W);
+    gb_set(&gout, out0);
+    T_CHECK(gpu->ops->moe_gather(gpu, gxg.p, gx.p, rg.rows, rg.offsets, E, cap, H) == 0, "gather");
+    dfl_moe_mm mg = {.A = gxg.p, .W = gW.p, .C = gC.p, .counts = rg.counts, .offsets = rg.offsets,
+                     .E = E, .N = N, .K = H, .cap = cap};
+    T_CHECK(gpu->ops->moe_matmul(gpu, &mg) == 0, "matmul");
+    T_CHECK(gpu->ops->moe_combine(gpu, gout.p, gC.p, rg.slot, rg.weight, T, k, N, true) == 0,
+            "combine");
+    sync_ok(gpu, "moe ops");
+    float *xg2 = xmalloc(sizeof(float) * cap * H), *C2 = xmalloc(sizeof(float) * cap * N);
+    float *out2 = xmalloc(sizeof(float) * T * N);
+    gb_get(&gxg, xg2);
+    gb_get(&gC, C2);
+    gb_get(&gout, out2);
+    /* gathered rows are copies (padding rows zero) */
+    T_CHECK(memcmp(xg2, xg, sizeof(float) * (size_t)(off[E] * H)) == 0, "%s: gather", what);
+    /* expert rows of C; the rest of C (never written) is still NaN on the GPU side */
+    double worst = 0;
+    for (int x_ = 0; x_ < E; x_++) {
+        double err = rel_err(C2 + (int64_t)off[x_] * N, C + (int64_t)off[x_] * N,
+                             (size_t)(cnt[x_] * N));
+        worst = err <= worst ? worst : err;
+        if (cnt[x_] < off[x_ + 1] - off[x_])
+            T_CHECK(isnan(C2[(int64_t)(off[x_] + cnt[x_]) * N]), "%s: padding row untouched", what);
+    }
+    double tol = b16 ? 1e-2 : 1e-5;
+    T_CHECK(worst <= tol, "%s: grouped matmul %.3g", what, worst);
+    double eo = rel_err(out2, out, (size_t)(T * N));
+    T_CHECK(eo <= tol, "%s: combine %.3g", what, eo);
+    printf("# moe ops %s: matmul %.3g, combine %.3g\n", what, worst, eo);
+    gb_check_guards(&gxg, "gathered");
+    gb_check_guards(&gC, "grouped matmul");
+    gb_check_guards(&gout, "combine");
+    gbuf *all[] = {&gl, &gi, &gw, &gc, &go, &gr, &gs, &gx, &gxg, &gW, &gC, &gout};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        gb_free(all[i]);
+    void *frees[] = {logits, idx, cnt, off, rows, slot, w, i2, c2, o2, r2, s2, w2, x, W, xg, C,
+                     out, out0, xg2, C2, out2};
+    for (size_t i = 0; i < sizeof frees / sizeof *frees; i++)
+        free(frees[i]);
+    dfl_be_close(cpu);
+    dfl_be_close(gpu);
+}
+
+static void test_moe_ops(void)
+{
+    if (!dfl_be_cuda_available())
+        T_SKIP("no CUDA GPU");
+    moe_ops_case(37, 8, 2, 96, 80, DFL_F32);
+    moe_ops_case(37, 8, 2, 96, 80, DFL_BF16);
+    moe_ops_case(1000, 128, 8, 256, 192, DFL_BF16); /* the Qwen3-30B-A3B routing shape */
+    moe_ops_case(5, 7, 3, 33, 17, DFL_F32);         /* odd sizes: partial tiles everywhere */
+    moe_ops_case(5, 7, 3, 33, 17, DFL_BF16);        /* K % 8 != 0: the SIMT kernel in bf16 */
+    moe_ops_case(200, 16, 4, 2048, 72, DFL_BF16);   /* long K on tensor cores, N tail */
+    moe_ops_case(300, 512, 10, 64, 64, DFL_F32);    /* more experts than tokens */
+}
+
+/* ---- the Qwen3-MoE oracle on CUDA ---- */
+
+static const float *ref_t(const dfl_st_file *f, int s, const char *what, int k)
+{
+    char name[64];
+    snprintf(name, sizeof name, k >= 0 ? "seq%d.%s%d" : "seq%d.%s", s, what, k);
+    const dfl_st_tensor *t = dfl_st_find(f, name);
+    return t ? t->data : NULL;
+}
+
+/* The reference's top-k set of a row and its margin (k-th minus (k+1)-th logit). */
+static uint64_t topk_set(const float *z, int E, int k, double *margin)
+{
+    uint64_t s = 0;
+    float last = 0;
+    for (int j = 0; j <= k && j < E; j++) {
+        int b = -1;
+        for (int x = 0; x < E; x++)
+            if (!(s >> x & 1) && (b < 0 || z[x] > z[b]))
+                b = x;
+        if (j == k) {
+            *margin = last - z[b];
+            break;
+        }
+        s |= 1ull << b;
+        last = z[b];
+    }
+    return s;
+}
+
+static void moe_oracle(const char *dir, dfl_dtype act)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%s/ref.safetensors", dir);
+    dfl_err e = {0};
+    dfl_st_file *ref = NULL;
+    dfl_be *be = NULL;
+    dfl_target *t = NULL;
+    dfl_target_ws *ws = NULL;
+    if (dfl_st_open(&ref, p, &e) || dfl_be_cuda_open(&be, 0, act, &e) ||
+        dfl_target_open(&t, be, dir, 0, &e)) {
+        T_CHECK(0, "%s: %s", dir, e.msg);
+        goto out;
+    }
+    const dfl_hf_config *c = &t->cfg;
+    int64_t H = c->hidden_size, E = c->n_experts;
+    int K = (int)c->n_layers, k = (int)c->top_k;
+    int64_t maxlen = 0;
+    for (int s = 0; ref_t(ref, s, "input_ids", -1); s++) {
+        char n[64];
+        snprintf(n, sizeof n, "seq%d.input_ids", s);
+        int64_t L = dfl_st_find(ref, n)->shape[0];
+        maxlen = L > maxlen ? L : maxlen;
+    }
+    T_CHECK(dfl_target_ws_new(t, maxlen, 1, &ws, &e) == 0, "%s", e.msg);
+    if (!ws)
+        goto out;
+    void *caps[64];
+    float *router[64] = {0};
+    int32_t layers[64];
+    for (int l = 0; l < K; l++) {
+        layers[l] = l;
+        caps[l] = be->ops->alloc(be, sizeof(float) * maxlen * H, &e);
+        if (dfl_hf_layer_is_moe(c, l))
+            router[l] = be->ops->alloc(be, sizeof(float) * maxlen * E, &e);
+    }
+    t->router_out = router;
+    float *hc = xmalloc(sizeof(float) * maxlen * H), *hr = xmalloc(sizeof(float) * maxlen * E);
+    uint8_t *flipped = xmalloc((size_t)maxlen);
+    int pairs = 0, diffs = 0;
+    double worst_rel = 0, worst_cos = 1, worst_margin = 0, worst_router = 0;
+    for (int s = 0; ref_t(ref, s, "input_ids", -1); s++) {
+        char n[64];
+        snprintf(n, sizeof n, "seq%d.input_ids", s);
+        const dfl_st_tensor *ti = dfl_st_find(ref, n);
+        uint32_t len = (uint32_t)ti->shape[0];
+        uint8_t *mask = calloc(len, 1);
+        dfl_batch b = {.index = (uint64_t)s, .n_tokens = len, .n_seqs = 1, .seq_lens = &len,
+                       .input_ids = ti->data, .loss_mask = mask};
+        if (dfl_target_forward(t, ws, &b, K, layers, DFL_F32, caps, &e) || be->ops->sync(be, &e)) {
+            T_CHECK(0, "seq %d: %s", s, e.msg);
+            free(mask);
+            continue;
+        }
+        memset(flipped, 0, len);
+        for (int l = 0; l < K; l++) {
+            if (router[l]) {
+                be->ops->download(be, hr, router[l], sizeof(float) * len * E);
+                const float *rr = ref_t(ref, s, "router", l);
+                double er = 0;
+                for (uint32_t i = 0; i < len; i++) {
+                    double mg = 0, m2 = 0;
+                    uint64_t want = topk_set(rr + (int64_t)i * E, (int)E, k, &mg);
+                    uint64_t got = topk_set(hr + (int64_t)i * E, (int)E, k, &m2);
+                    pairs++;
+                    if (got != want) {
+                        diffs++;
+                        flipped[i] = 1;
+                        worst_margin = mg > worst_margin ? mg : worst_margin;
+                        printf("# %s seq%d token %u layer %d: expert set differs, reference "
+                               "margin %.3g\n", dfl_dtype_lower(act), s, i, l, mg);
+                    }
+                    double ei = rel_err(hr + (int64_t)i * E, rr + (int64_t)i * E, (size_t)E);
+                    er = ei <= er ? er : ei;
+                }
+                worst_router = er <= worst_router ? worst_router : er;
+            }
+            be->ops->download(be, hc, caps[l], sizeof(float) * len * H);
+            const float *rl = ref_t(ref, s, "layer", l);
+            for (uint32_t i = 0; i < len; i++) {
+                if (flipped[i])
+                    continue; /* another expert set: reported above, not compared */
+                const float *a = hc + (int64_t)i * H, *y = rl + (int64_t)i * H;
+                double ab = 0, aa = 0, yy = 0;
+                for (int64_t q = 0; q < H; q++) {
+                    ab += (double)a[q] * y[q];
+                    aa += (double)a[q] * a[q];
+                    yy += (double)y[q] * y[q];
+                }
+                double rel = rel_err(a, y, (size_t)H), cs = ab / (sqrt(aa) * sqrt(yy) + 1e-30);
+                worst_rel = rel <= worst_rel ? worst_rel : rel;
+                worst_cos = cs >= worst_cos ? worst_cos : cs;
+            }
+        }
+        free(mask);
+    }
+    printf("# qwen3moe-tiny-a on CUDA, %s: worst row %.3g, cosine %.6f, router logits %.3g; "
+           "%d of %d (token, sparse layer) expert sets differ from the f32 reference "
+           "(largest reference margin among them %.3g)\n", dfl_dtype_lower(act), worst_rel,
+           worst_cos, worst_router, diffs, pairs, worst_margin);
+    if (act == DFL_F32)
+        T_CHECK(worst_rel <= 1e-4 && worst_router <= 1e-4, "f32: row %.3g, router %.3g", worst_rel,
+                worst_router);
+    else
+        T_CHECK(worst_rel <= 3e-2 && worst_cos >= 0.999, "bf16: row %.3g, cosine %.6f", worst_rel,
+                worst_cos);
+    T_CHECK(pairs > 0, "sparse layers compared");
+    t->router_out = NULL;
+    for (int l = 0; l < K; l++) {
+        be->ops->free(be, caps[l]);
+        if (router[l])
+            be->ops->free(be, router[l]);
+    }
+    free(hc);
+    free(hr);
+    free(flipped);
+out:
+    dfl_target_ws_free(t, ws);
+    dfl_target_close(t);
+    dfl_be_close(be);
+    dfl_st_close(ref);
+}
+
+static void test_qwen3moe_oracle(void)
+{
+    if (!dfl_be_cuda_available())
+        T_SKIP("no CUDA GPU");
+    const char *o = t_oracle();
+    if (!o)
+        T_SKIP("no oracle");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/qwen3moe-tiny-a", o);
+    moe_oracle(dir, DFL_BF16);
+    moe_oracle(dir, DFL_F32);
+}
+#else
+static void test_gpu_families(void) { T_SKIP("no CUDA GPU (built without CUDA)"); }
+#endif
+
+int main(int argc, char **argv)
+{
+    t_init(argv[0]);
+#ifdef DFL_CUDA
+    T_RUN(test_rope_scaled);
+    T_RUN(test_moe_ops);
+    T_RUN(test_qwen3moe_oracle);
+#else
+    T_RUN(test_gpu_families);
+#endif
+    return t_done();
+}
