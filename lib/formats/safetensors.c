@@ -207,6 +207,8 @@ static int st_parse(dfl_st_file *f, dfl_err *e)
 {
     const char *path = f->path;
     size_t size = f->map.size;
+    if (size == 0)
+        return dfl_fail_empty(e, path);
     if (size < 8)
         return dfl_fail(e, DFL_ETRUNC, "%s: file of %zu bytes is too short for the 8-byte header "
                         "length (truncated, or not a safetensors file)", path, size);
