@@ -926,7 +926,7 @@ int dfl_st_write(dfl_st_writer *w, const char *path, dfl_err *e)
     free(hdr);
 
     dfl_atomic a;
-    rc = dfl_atomic_open(&a, path, e);
+    rc = dfl_output_open(&a, path, e);
     if (!rc) {
         rc = dfl_write_all(a.fd, head, 8 + padded, path, e);
         for (size_t i = 0; !rc && i < w->n; i++)

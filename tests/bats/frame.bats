@@ -29,7 +29,9 @@ paths() {
 
 @test "the base of the indexed defects trains by file and through a pipe, and verifies" {
     paths "$FIXTURES/frame/hidden-draft.dfl"
-    [ "$s_file" -eq 0 ] && [ "$s_pipe" -eq 0 ] && [ "$s_verify" -eq 0 ]
+    [ "$s_file" -eq 0 ]
+    [ "$s_pipe" -eq 0 ]
+    [ "$s_verify" -eq 0 ]
     [[ "$m_file" == *"done: 4 steps"* ]]
 }
 
@@ -42,14 +44,16 @@ indexed() {
     echo "file: $s_file: $m_file"
     echo "pipe: $s_pipe: $m_pipe"
     echo "verify: $s_verify: $m_verify"
-    [ "$s_file" -eq 2 ] && [ "$s_pipe" -eq 2 ] && [ "$s_verify" -eq 2 ]
+    [ "$s_file" -eq 2 ]
+    [ "$s_pipe" -eq 2 ]
+    [ "$s_verify" -eq 2 ]
     [[ "$m_file" == *"$f: frame "*"$2"* ]]
     [[ "$m_pipe" == *"stdin: frame "*"$2"* ]]
     [[ "$m_verify" == *"$f: frame "*"$2"* ]]
     # the same message but for the name of the input
     [ "${m_file#*"$f"}" = "${m_pipe#*stdin}" ]
     [ "${m_verify#*"$f"}" = "${m_pipe#*stdin}" ]
-    ! ls "r-$1-indexed" 2> /dev/null | grep -q step-
+    [ -z "$(ls "r-$1-indexed" 2> /dev/null | grep step-)" ]   # no checkpoint
 }
 
 @test "by its INDEX as through a pipe: an unknown must-understand frame type" {
@@ -100,4 +104,23 @@ indexed() {
         run -2 bash -c "dfl-ckpt --verify - < '$f'"
         assert_output --partial "stdin: frame 0 at offset 0: HEADER: ${c#*:}"
     done
+}
+
+# header_json FILE: the HEADER payload of a stream (its stored_len bytes after the 64-byte header)
+header_json() {
+    local n
+    n=$(od -An -t u8 -j 8 -N 8 "$1" | tr -d ' ')
+    tail -c +65 "$1" | head -c "$n"
+}
+
+@test "dfl-bucket(1): the header's vocab_size is left out without --vocab-size (not 0), given with it" {
+    printf '{"input_ids":[1,2,3,4],"loss_mask":[0,1,1,1]}\n{"input_ids":[5,6,7]}\n' > a.jsonl
+    dfl-bucket -q -o plain a.jsonl
+    dfl-bucket -q --vocab-size 100 -o vocab a.jsonl
+    PY=$(command -v /usr/bin/python3 || command -v python3)
+    header_json plain/shard-00000.dfl > plain.json
+    header_json vocab/shard-00000.dfl > vocab.json
+    [ "$("$PY" -c 'import json, sys; print("vocab_size" in json.load(open(sys.argv[1])))' plain.json)" = False ]
+    [ "$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["vocab_size"])' vocab.json)" = 100 ]
+    grep -q '(the key is left out when it is not given' "$REPO/man/dfl-bucket.1"
 }
