@@ -22,6 +22,11 @@ int dfl_fail(dfl_err *e, int code, const char *fmt, ...)
     return code;
 }
 
+int dfl_fail_empty(dfl_err *e, const char *name)
+{
+    return dfl_fail(e, DFL_ETRUNC, "%s: truncated: empty input (no bytes at all)", name);
+}
+
 int dfl_fail_errno(dfl_err *e, int code, int errnum, const char *fmt, ...)
 {
     if (e) {

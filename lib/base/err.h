@@ -35,6 +35,10 @@ int dfl_fail(dfl_err *e, int code, const char *fmt, ...) __attribute__((format(p
 /* Like dfl_fail, appending ": strerror(errnum)". */
 int dfl_fail_errno(dfl_err *e, int code, int errnum, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* An input without a single byte is a truncated one, whatever it was meant to be (a .dfl stream,
+ * on a file or a pipe: dfl-frame(5) READING, step 1; a tensor file): the one message for it,
+ * "NAME: truncated: empty input (no bytes at all)". Returns DFL_ETRUNC. */
+int dfl_fail_empty(dfl_err *e, const char *name);
 /* Prefix an existing message: "ctx: old message". Returns e->code. */
 int dfl_err_prefix(dfl_err *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void dfl_err_clear(dfl_err *e);

@@ -328,6 +328,7 @@ int dfl_fsync_dir(const char *dir, dfl_err *e)
 int dfl_atomic_open(dfl_atomic *a, const char *path, dfl_err *e)
 {
     a->fd = -1;
+    a->direct = false;
     a->path = dfl_strdup(path);
     char *dir = dir_of(path);
     char *c = dfl_strdup(path);
@@ -363,9 +364,64 @@ int dfl_atomic_open(dfl_atomic *a, const char *path, dfl_err *e)
     return DFL_OK;
 }
 
+int dfl_output_open(dfl_atomic *a, const char *path, dfl_err *e)
+{
+    a->fd = -1;
+    a->path = a->tmp = NULL;
+    a->direct = false;
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno != ENOENT)
+            return dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot stat", path);
+        return dfl_atomic_open(a, path, e);
+    }
+    if (S_ISLNK(st.st_mode)) {
+        if (stat(path, &st) != 0)
+            return dfl_fail_errno(e, DFL_EUSAGE, errno, "%s: a symbolic link to nothing: refusing to write "
+                                  "through it (name the file to write)", path);
+        if (S_ISREG(st.st_mode)) { /* replace the file it points to, not the link */
+            char *target = realpath(path, NULL);
+            if (!target)
+                return dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot resolve the symbolic link", path);
+            int rc = dfl_atomic_open(a, target, e);
+            free(target);
+            return rc;
+        }
+    }
+    if (S_ISDIR(st.st_mode))
+        return dfl_fail(e, DFL_EUSAGE, "%s: is a directory", path);
+    if (S_ISREG(st.st_mode))
+        return dfl_atomic_open(a, path, e);
+    /* a FIFO, a device, a socket (or a link to one): written in place, there is nothing to rename */
+    a->fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (a->fd < 0)
+        return dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot open for writing", path);
+    if (isatty(a->fd)) {
+        close(a->fd);
+        a->fd = -1;
+        return dfl_fail(e, DFL_EUSAGE, "%s: refusing to write binary data to a terminal", path);
+    }
+    a->path = dfl_strdup(path);
+    if (!a->path) {
+        close(a->fd);
+        a->fd = -1;
+        return dfl_fail(e, DFL_ENOMEM, "%s: out of memory", path);
+    }
+    a->direct = true;
+    return DFL_OK;
+}
+
 int dfl_atomic_commit(dfl_atomic *a, dfl_err *e)
 {
     int rc = DFL_OK;
+    if (a->direct) {
+        if (close(a->fd) != 0)
+            rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: close failed", a->path);
+        a->fd = -1;
+        free(a->path);
+        a->path = NULL;
+        return rc;
+    }
     if (fsync(a->fd) != 0)
         rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: fsync failed", a->tmp);
     if (close(a->fd) != 0 && !rc)

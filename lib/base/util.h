@@ -51,9 +51,17 @@ void dfl_map_close(dfl_map *m);
 typedef struct dfl_atomic {
     int fd;
     char *path;  /* final name */
-    char *tmp;   /* temporary name */
+    char *tmp;   /* temporary name (NULL when direct) */
+    bool direct; /* dfl_output_open: written in place (a FIFO, a device), nothing to rename */
 } dfl_atomic;
 int dfl_atomic_open(dfl_atomic *a, const char *path, dfl_err *e);
+/* A binary output file the user names (dfl-ckpt --to-safetensors OUT), committed and aborted like
+ * dfl_atomic_open's, but never renamed over anything that is not a regular file: an existing
+ * FIFO, device or socket is opened and written in place (commit closes it; a terminal is refused,
+ * DFL_EUSAGE); a symbolic link is written through, never replaced: to a FIFO or a device in place,
+ * to a regular file by replacing that file (a temporary beside it, renamed onto it), the link
+ * left as it is; a link to nothing is refused (DFL_EUSAGE), and so is a directory. */
+int dfl_output_open(dfl_atomic *a, const char *path, dfl_err *e);
 int dfl_atomic_commit(dfl_atomic *a, dfl_err *e);
 void dfl_atomic_abort(dfl_atomic *a);
 /* Convenience: atomically replace path with buf[0..n). */

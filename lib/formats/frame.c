@@ -231,8 +231,10 @@ struct dfl_reader {
     uint64_t spare_cap;
     /* random access */
     dfl_index_entry *index;
+    uint64_t *index_seq;     /* the frame number of each listed batch frame */
     uint64_t index_n;
     bool index_loaded;
+    bool index_absent;       /* dfl_reader_index found no index (no INDEX frame, or no END) */
 };
 
 /* The number of the frame at offset off of a mapped stream, for the messages of random access
@@ -523,7 +525,7 @@ static int check_header(dfl_reader *r, const uint8_t *h, uint64_t off, uint64_t 
 static int cut(dfl_reader *r, uint64_t seq, uint64_t off, uint64_t got, uint64_t need, const fhdr *fh, dfl_err *e)
 {
     if (got == 0 && off == 0)
-        dfl_fail(e, DFL_ETRUNC, "%s: empty input (no HEADER frame): not a .dfl stream, or cut before its start", r->name);
+        dfl_fail_empty(e, r->name);
     else if (got == 0)
         dfl_fail(e, DFL_ETRUNC, "%s: truncated: no END frame after %llu batches (input ends at offset %llu, where frame %llu should start)",
                  r->name, (unsigned long long)r->n_batches, (unsigned long long)off, (unsigned long long)seq);
@@ -787,6 +789,30 @@ static int read_frame(dfl_reader *r, uint64_t off, uint64_t want_seq, bool first
 
 /* ---- payloads --------------------------------------------------------------------------------- */
 
+/* The HEADER keys of dfl-frame(5). The frame header is ours and only we write it, so it is read
+ * strictly (a config.json of Hugging Face is not): a key of the page present with the value null
+ * is invalid (an optional key is left out, never null), and an integer is an integer token
+ * (1000.0 and 1e3 are numbers, not integers). */
+static const char *const header_keys[] = {"format", "version", "kind", "producer", "vocab_size",
+                                          "fingerprint", "hidden_size", "layers", "dtype", "meta"};
+
+/* An integer key of the HEADER (HFAIL-style errors; *out untouched when absent). */
+static int header_int(dfl_reader *r, const json_t *j, const char *key, bool required, int64_t *out,
+                      const char *what, dfl_err *e)
+{
+    json_t *v = json_object_get(j, key);
+    if (!v) {
+        if (required)
+            return sticky(r, dfl_fail(e, DFL_EDATA, "%s: missing key '%s'", what, key), e);
+        return DFL_OK;
+    }
+    if (!json_is_integer(v))
+        return sticky(r, dfl_fail(e, DFL_EDATA, "%s: \"%s\" must be an integer (digits, without a fraction "
+                                  "or an exponent)", what, key), e);
+    *out = json_integer_value(v);
+    return DFL_OK;
+}
+
 static int parse_header_json(dfl_reader *r, const uint8_t *p, uint64_t len, dfl_err *e)
 {
     char what[600];
@@ -800,6 +826,10 @@ static int parse_header_json(dfl_reader *r, const uint8_t *p, uint64_t len, dfl_
 #define HFAIL(...) sticky(r, dfl_fail(e, DFL_EDATA, __VA_ARGS__), e)
     if (!json_is_object(j))
         return HFAIL("%s: not a JSON object", what);
+    for (size_t i = 0; i < DFL_ARRAY_LEN(header_keys); i++)
+        if (json_is_null(json_object_get(j, header_keys[i])))
+            return HFAIL("%s: \"%s\" is null (a key without a value is left out, never null)", what,
+                         header_keys[i]);
     const char *s;
     int64_t v;
     if ((rc = dfl_json_str(j, "format", true, &s, what, e)))
@@ -830,8 +860,8 @@ static int parse_header_json(dfl_reader *r, const uint8_t *p, uint64_t len, dfl_
         return HFAIL("%s: \"producer\" is longer than %zu bytes", what, sizeof in->producer - 1);
     strcpy(in->producer, s);
     v = 0;
-    if ((rc = dfl_json_int(j, "vocab_size", false, &v, what, e)))
-        return sticky(r, rc, e);
+    if ((rc = header_int(r, j, "vocab_size", false, &v, what, e)))
+        return rc;
     if (json_object_get(j, "vocab_size") && (v < 1 || v > INT32_MAX))
         return HFAIL("%s: \"vocab_size\" %lld is out of range [1, 2147483647]", what, (long long)v);
     in->vocab_size = v;
@@ -842,7 +872,7 @@ static int parse_header_json(dfl_reader *r, const uint8_t *p, uint64_t len, dfl_
         return HFAIL("%s: \"fingerprint\" is longer than %zu bytes", what, sizeof in->fingerprint - 1);
     strcpy(in->fingerprint, s);
     json_t *meta = json_object_get(j, "meta");
-    if (meta && !json_is_null(meta)) {
+    if (meta) {
         if (!json_is_object(meta))
             return HFAIL("%s: \"meta\" must be an object", what);
         in->meta = meta; /* borrowed from header_json, which the reader keeps */
@@ -855,8 +885,8 @@ static int parse_header_json(dfl_reader *r, const uint8_t *p, uint64_t len, dfl_
         in->dtype = DFL_DT_INVALID;
         return DFL_OK;
     }
-    if ((rc = dfl_json_int(j, "hidden_size", true, &v, what, e)))
-        return sticky(r, rc, e);
+    if ((rc = header_int(r, j, "hidden_size", true, &v, what, e)))
+        return rc;
     if (v < 1 || v > INT32_MAX)
         return HFAIL("%s: \"hidden_size\" %lld is out of range [1, 2147483647]", what, (long long)v);
     in->hidden_size = v;
@@ -1194,6 +1224,7 @@ void dfl_reader_close(dfl_reader *r)
     free(r->zbuf);
     free(r->sbuf);
     free(r->index);
+    free(r->index_seq);
     free(r->spare);
     ZSTD_freeDCtx(r->dctx);
     if (r->xx)
@@ -1348,6 +1379,73 @@ static int frame_at(dfl_reader *r, uint64_t off, uint64_t want_seq, dfl_frame *f
     return read_frame(r, off, want_seq, false, f, fh, e);
 }
 
+/* Random access (dfl-frame(5) "Random access"): the frames between the HEADER and the INDEX at
+ * io (frame io_seq), walked by their frame headers, get the checks that reading the stream makes,
+ * short of reading the batch payloads, which dfl_reader_batch_at checks in full when it reads
+ * them: each frame header (steps 2 to 6 of READING: frame numbers without a gap, no unknown
+ * must-understand type), the place of each frame (no second HEADER, no INDEX or END before the
+ * INDEX, the batch frames exactly those the INDEX lists, in its order), and every frame that is
+ * not a batch (a NOTE, a skippable frame of an unknown type) read and checked in full, as the
+ * walk of the stream checks it. seqs[i] receives the frame number of batch frame i. */
+static int walk_to_index(dfl_reader *r, uint64_t io, uint64_t io_seq, const dfl_index_entry *ent, uint64_t count,
+                         uint64_t *seqs, dfl_err *e)
+{
+    uint64_t pos = r->header_len, seq = 1, k = 0;
+    while (pos < io) {
+        fhdr fh;
+        int rc = check_header(r, r->base + pos, pos, seq, false, &fh, e);
+        if (rc)
+            return rc;
+        if (fh.total > io - pos) {
+            rfail(r, DFL_EDATA, seq, pos, "%s frame of %llu bytes runs past the INDEX frame at offset %llu",
+                  type_name(fh.type), (unsigned long long)fh.total, (unsigned long long)io);
+            return copy_failed(r, e);
+        }
+        switch (fh.type) {
+        case DFL_FT_HEADER:
+            rfail(r, DFL_EDATA, seq, pos, "a second HEADER frame");
+            return copy_failed(r, e);
+        case DFL_FT_INDEX:
+        case DFL_FT_END:
+            rfail(r, DFL_EDATA, seq, pos, "%s frame before the INDEX frame at offset %llu (INDEX must come right "
+                  "before END, and END last)", type_name(fh.type), (unsigned long long)io);
+            return copy_failed(r, e);
+        case DFL_FT_TOKENS:
+        case DFL_FT_HIDDEN:
+            if (k == count || ent[k].offset != pos) {
+                rfail(r, DFL_EDATA, seq, pos, "batch frame %llu is not the one the INDEX lists (%s)",
+                      (unsigned long long)k, k == count ? "it lists fewer" : "its entry gives another offset");
+                return copy_failed(r, e);
+            }
+            seqs[k++] = seq;
+            break;
+        default: {
+            dfl_frame f;
+            fhdr fr;
+            rc = read_frame(r, pos, seq, false, &f, &fr, e);
+            if (!rc && fh.type == DFL_FT_NOTE)
+                rc = check_note(r, &f, e);
+            dfl_frame_free(&f);
+            if (rc)
+                return rc;
+        }
+        }
+        pos += fh.total;
+        seq++;
+    }
+    if (seq != io_seq) {
+        rfail(r, DFL_EDATA, io_seq, io, "frame number %llu, expected %llu (a frame is missing or repeated)",
+              (unsigned long long)io_seq, (unsigned long long)seq);
+        return copy_failed(r, e);
+    }
+    if (k != count) {
+        rfail(r, DFL_EDATA, io_seq, io, "INDEX lists %llu batches, the stream has %llu", (unsigned long long)count,
+              (unsigned long long)k);
+        return copy_failed(r, e);
+    }
+    return DFL_OK;
+}
+
 int dfl_reader_index(dfl_reader *r, const dfl_index_entry **entries, uint64_t *n, dfl_err *e)
 {
     *entries = NULL;
@@ -1370,6 +1468,7 @@ int dfl_reader_index(dfl_reader *r, const dfl_index_entry **entries, uint64_t *n
     fhdr fh;
     if (r->size < r->header_len + END_FRAME || end_off % 64 || memcmp(h, DFL_FRAME_MAGIC, 4) != 0 ||
         get16(h + 6) != DFL_FT_END) {
+        r->index_absent = true;
         if (r->opts.allow_truncated)
             rc = dfl_fail(e, DFL_EUNSUP, "%s: no END frame at the end of the file: no index", r->name);
         else
@@ -1381,13 +1480,20 @@ int dfl_reader_index(dfl_reader *r, const dfl_index_entry **entries, uint64_t *n
         goto out;
     dfl_stream_end end;
     decode_end(f.payload, &end);
+    bool end_reserved = !all_zero(f.payload + 40, 24);
     dfl_frame_free(&f);
+    if (end_reserved) {
+        rc = dfl_fail(e, DFL_EDATA, "%s: frame %llu at offset %llu: END reserved bytes are not zero", r->name,
+                      (unsigned long long)fh.seq, (unsigned long long)end_off);
+        goto out;
+    }
     if (end.n_frames != fh.seq) {
         rc = dfl_fail(e, DFL_EDATA, "%s: END frame at offset %llu counts %llu frames but is frame %llu", r->name,
                       (unsigned long long)end_off, (unsigned long long)end.n_frames, (unsigned long long)fh.seq);
         goto out;
     }
     if (end.index_offset == 0) {
+        r->index_absent = true;
         rc = dfl_fail(e, DFL_EUNSUP, "%s: the file has no INDEX frame (read the stream in order)", r->name);
         goto out;
     }
@@ -1439,7 +1545,19 @@ int dfl_reader_index(dfl_reader *r, const dfl_index_entry **entries, uint64_t *n
                       (unsigned long long)end.n_seqs);
         goto out;
     }
+    uint64_t *seqs = malloc((count ? count : 1) * sizeof *seqs);
+    if (!seqs) {
+        free(ent);
+        rc = dfl_fail(e, DFL_ENOMEM, "%s: out of memory for the index", r->name);
+        goto out;
+    }
+    if ((rc = walk_to_index(r, io, end.n_frames - 1, ent, count, seqs, e))) {
+        free(ent);
+        free(seqs);
+        goto out;
+    }
     r->index = ent;
+    r->index_seq = seqs;
     r->index_n = count;
     r->index_loaded = true;
     *entries = ent;
@@ -1456,8 +1574,21 @@ int dfl_reader_batch_at(dfl_reader *r, uint64_t offset, dfl_batch *b, dfl_err *e
     memset(b, 0, sizeof *b);
     if (!r->mapped)
         return dfl_fail(e, DFL_EUNSUP, "%s: not a regular file: no random access", r->name);
-    uint64_t want_index = UINT64_MAX;
+    uint64_t want_index = UINT64_MAX, want_seq = UINT64_MAX;
     const dfl_index_entry *ent = NULL;
+    if (!r->index_loaded && !r->index_absent) {
+        /* a file with an INDEX is read through it, which checks the frames around the batches and
+         * the place of each: reading a batch by its offset checks what reading the stream checks */
+        const dfl_index_entry *all;
+        uint64_t n;
+        dfl_err ie;
+        int rc = dfl_reader_index(r, &all, &n, &ie);
+        if (rc && !r->index_absent) { /* absent (no INDEX, no END): each frame on its own */
+            if (e)
+                *e = ie;
+            return rc;
+        }
+    }
     if (r->index_loaded) {
         uint64_t lo = 0, hi = r->index_n;
         while (lo < hi) {
@@ -1471,6 +1602,7 @@ int dfl_reader_batch_at(dfl_reader *r, uint64_t offset, dfl_batch *b, dfl_err *e
             return dfl_fail(e, DFL_EUSAGE, "%s: offset %llu is not a batch frame listed in the index", r->name,
                             (unsigned long long)offset);
         want_index = lo;
+        want_seq = r->index_seq[lo];
         ent = &r->index[lo];
     }
     if (offset % 64 || offset < r->header_len || offset >= r->size)
@@ -1480,7 +1612,7 @@ int dfl_reader_batch_at(dfl_reader *r, uint64_t offset, dfl_batch *b, dfl_err *e
     memcpy(saved_msg, r->failed_msg, sizeof saved_msg);
     dfl_frame f;
     fhdr fh;
-    int rc = frame_at(r, offset, UINT64_MAX, &f, &fh, e);
+    int rc = frame_at(r, offset, want_seq, &f, &fh, e);
     if (!rc && fh.type != DFL_FT_TOKENS && fh.type != DFL_FT_HIDDEN)
         rc = dfl_fail(e, DFL_EDATA, "%s: frame %llu at offset %llu is %s, not a batch", r->name,
                       (unsigned long long)fh.seq, (unsigned long long)offset, type_name(fh.type));

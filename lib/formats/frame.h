@@ -174,14 +174,21 @@ int dfl_reader_parse_batch(dfl_reader *r, const dfl_frame *f, dfl_batch *b, dfl_
 const dfl_stream_end *dfl_reader_end(const dfl_reader *r);
 bool dfl_reader_truncated(const dfl_reader *r);
 /* Mapped files only: the INDEX entries, found through the END frame at the end of the file
- * without reading the batches (END and INDEX are checked, entries against END's totals).
+ * without reading the batch payloads. END and INDEX are checked (entries against END's totals),
+ * and so is every frame before the INDEX, as a walk of the stream checks it, short of the batch
+ * payloads (dfl-frame(5) "Random access"): frame headers and numbers, unknown must-understand
+ * types (DFL_EUNSUP), a second HEADER, NOTE frames, the batch frames exactly those listed.
  * Returns DFL_EUNSUP when the input is not a mapped file or has no index (callers then walk the
- * stream), DFL_ETRUNC when the file does not end with an END frame (DFL_EUNSUP with
- * allow_truncated). *entries points into the reader. Does not disturb dfl_reader_next. */
+ * stream, which fails on an unknown must-understand type too), DFL_ETRUNC when the file does not
+ * end with an END frame (DFL_EUNSUP with allow_truncated). *entries points into the reader. Does
+ * not disturb dfl_reader_next. */
 int dfl_reader_index(dfl_reader *r, const dfl_index_entry **entries, uint64_t *n, dfl_err *e);
-/* Mapped files only: reads and fully checks the batch frame at a stream offset (from the index;
- * once dfl_reader_index has loaded it, the offset must be listed in it, and the batch index and
- * counts must match). b points into the mapping, or owns a block if the frame is compressed. */
+/* Mapped files only: reads and fully checks the batch frame at a stream offset. A file with an
+ * index is read through it (loaded here if dfl_reader_index was not called, and its errors
+ * returned): the offset must be listed in it, and the frame number, batch index and counts must
+ * match, so that reading every batch by its offset checks what reading the stream checks. A file
+ * without an index (no INDEX frame, or no END) has each frame checked on its own. b points into
+ * the mapping, or owns a block if the frame is compressed. */
 int dfl_reader_batch_at(dfl_reader *r, uint64_t offset, dfl_batch *b, dfl_err *e);
 
 typedef struct dfl_writer dfl_writer;

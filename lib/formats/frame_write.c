@@ -282,6 +282,33 @@ static const char *dtype_key(dfl_dtype t)
     return t == DFL_BF16 ? "bf16" : t == DFL_F16 ? "f16" : "f32";
 }
 
+/* The text of a HEADER or NOTE payload: compact JSON with sorted keys, within the limits that a
+ * reader accepts (dfl-frame(5) JSON PAYLOADS: 16 MiB, nesting, ...), checked by parsing it back,
+ * so that a writer never writes what its reader refuses. *out is malloc'ed. */
+static int json_payload(dfl_writer *w, const json_t *v, const char *what, char **out, size_t *n, dfl_err *e)
+{
+    *out = NULL;
+    char *text = dfl_json_dump(v, 0);
+    if (!text)
+        return dfl_fail(e, DFL_EUSAGE, "%s: cannot serialize the %s (a string that is not valid UTF-8?)", w->name,
+                        what);
+    size_t len = strlen(text);
+    json_t *back = NULL;
+    dfl_err pe;
+    int rc = len > (16u << 20) ? dfl_fail(e, DFL_EUSAGE, "%s: %s of %zu bytes is over 16 MiB", w->name, what, len)
+             : dfl_json_parse(text, len, &back, what, &pe)
+                 ? dfl_fail(e, DFL_EUSAGE, "%s: a reader would refuse this %s: %s", w->name, what, pe.msg)
+                 : DFL_OK;
+    json_decref(back);
+    if (rc) {
+        free(text);
+        return rc;
+    }
+    *out = text;
+    *n = len;
+    return DFL_OK;
+}
+
 static int write_header(dfl_writer *w, const dfl_stream_info *in, dfl_err *e)
 {
     json_t *j = json_object();
@@ -305,15 +332,14 @@ static int write_header(dfl_writer *w, const dfl_stream_info *in, dfl_err *e)
             json_array_append_new(ly, json_integer(in->layers[k]));
         json_object_set_new(j, "layers", ly);
     }
-    char *text = dfl_json_dump(j, 0);
+    char *text;
+    size_t n;
+    int rc = json_payload(w, j, "stream description", &text, &n, e);
     json_decref(j);
-    if (!text)
-        return dfl_fail(e, DFL_EUSAGE, "%s: cannot serialize the stream description (producer or meta not valid UTF-8?)",
-                        w->name);
-    size_t n = strlen(text);
+    if (rc)
+        return rc;
     struct iovec iov = {text, n};
-    int rc = n > (16u << 20) ? dfl_fail(e, DFL_EUSAGE, "%s: stream description of %zu bytes is over 16 MiB", w->name, n)
-                             : write_frame(w, DFL_FT_HEADER, 0, &iov, 1, n, n, NULL, e);
+    rc = write_frame(w, DFL_FT_HEADER, 0, &iov, 1, n, n, NULL, e);
     free(text);
     return rc;
 }
@@ -711,13 +737,13 @@ int dfl_writer_note(dfl_writer *w, const json_t *note, dfl_err *e)
         return dfl_fail(e, DFL_EUSAGE, "%s: a note cannot be written while frames are reserved", w->name);
     if (!json_is_object(note))
         return dfl_fail(e, DFL_EUSAGE, "%s: a NOTE is a JSON object", w->name);
-    char *text = dfl_json_dump(note, 0);
-    if (!text)
-        return dfl_fail(e, DFL_EUSAGE, "%s: cannot serialize the NOTE", w->name);
-    size_t n = strlen(text);
+    char *text;
+    size_t n;
+    int rc = json_payload(w, note, "NOTE", &text, &n, e);
+    if (rc)
+        return rc;
     struct iovec iov = {text, n};
-    int rc = n > (16u << 20) ? dfl_fail(e, DFL_EUSAGE, "%s: NOTE of %zu bytes is over 16 MiB", w->name, n)
-                             : write_frame(w, DFL_FT_NOTE, DFL_FF_SKIPPABLE, &iov, 1, n, n, NULL, e);
+    rc = write_frame(w, DFL_FT_NOTE, DFL_FF_SKIPPABLE, &iov, 1, n, n, NULL, e);
     free(text);
     if (rc && rc != DFL_EUSAGE)
         wfail(w, e, rc);

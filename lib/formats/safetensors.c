@@ -207,6 +207,8 @@ static int st_parse(dfl_st_file *f, dfl_err *e)
 {
     const char *path = f->path;
     size_t size = f->map.size;
+    if (size == 0)
+        return dfl_fail_empty(e, path);
     if (size < 8)
         return dfl_fail(e, DFL_ETRUNC, "%s: file of %zu bytes is too short for the 8-byte header "
                         "length (truncated, or not a safetensors file)", path, size);
@@ -924,7 +926,7 @@ int dfl_st_write(dfl_st_writer *w, const char *path, dfl_err *e)
     free(hdr);
 
     dfl_atomic a;
-    rc = dfl_atomic_open(&a, path, e);
+    rc = dfl_output_open(&a, path, e);
     if (!rc) {
         rc = dfl_write_all(a.fd, head, 8 + padded, path, e);
         for (size_t i = 0; !rc && i < w->n; i++)

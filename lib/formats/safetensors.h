@@ -85,8 +85,9 @@ int dfl_st_model_get(const dfl_st_model *m, const char *name, int ndim, const in
  * when there is metadata; its keys sorted), then the tensors sorted by name (strcmp), each as
  * {"data_offsets":[b,e],"dtype":"F32","shape":[..]} (keys sorted); it is padded with spaces so
  * that the data starts at a multiple of 64 bytes. Written to a temporary file beside path,
- * fsync-ed and renamed; on any error nothing is left behind. Tensor data is borrowed until
- * dfl_st_write returns. Errors in the arguments are DFL_EUSAGE. */
+ * fsync-ed and renamed; on any error nothing is left behind. An existing FIFO or device is written
+ * in place and a symbolic link written through, never replaced (dfl_output_open). Tensor data is
+ * borrowed until dfl_st_write returns. Errors in the arguments are DFL_EUSAGE. */
 typedef struct dfl_st_writer dfl_st_writer;
 dfl_st_writer *dfl_st_writer_new(void);
 void dfl_st_writer_free(dfl_st_writer *w);

@@ -90,8 +90,8 @@ int dfl_input_detect(const char *path, dfl_input_kind *kind, dfl_err *e)
     close(fd);
     if (rc && rc != DFL_ETRUNC)
         return dfl_fail(e, DFL_EIO, "%s", ignore.msg);
-    if (got == 0)
-        return dfl_fail(e, DFL_EDATA, "%s: empty file: not a checkpoint", path);
+    if (got == 0) /* whatever it was meant to be, it is cut short: the stream reader's message */
+        return dfl_fail_empty(e, path);
     if (got >= 4 && memcmp(b, "\x89" "DFL", 4) == 0)
         *kind = DFL_INPUT_STREAM;
     else if (got >= 4 && b[0] == 'P' && b[1] == 'K' && ((b[2] == 3 && b[3] == 4) || (b[2] == 5 && b[3] == 6)))

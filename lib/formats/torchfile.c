@@ -1535,7 +1535,7 @@ static int sniff(dfl_torch_file *f, dfl_err *e)
     dfl_read_full(fd, head, sizeof head, &got, f->path, &ignore);
     if (got == 0) {
         close(fd);
-        return dfl_fail(e, DFL_EDATA, "%s: empty file", f->path);
+        return dfl_fail_empty(e, f->path);
     }
     if (dfl_torch_magic(head, got)) {
         /* A complete zip ends with its end-of-central-directory record (22 bytes and a comment

@@ -407,6 +407,58 @@ rejects() {
     assert_output ""
 }
 
+@test "--to-safetensors into a FIFO writes into it, never renames over it" {
+    gen stream s.dfl 2 bf16
+    dfl-ckpt --to-safetensors want.safetensors s.dfl
+    mkfifo out.fifo
+    timeout 60 cat out.fifo > got.safetensors &
+    run -0 dfl-ckpt --to-safetensors out.fifo s.dfl
+    wait
+    [ -p out.fifo ]
+    cmp want.safetensors got.safetensors
+    run ls -A
+    assert_output "$(printf '%s\n' got.safetensors out.fifo s.dfl want.safetensors)"
+}
+
+@test "--to-safetensors into a character device writes into it: /dev/null stays /dev/null" {
+    gen stream s.dfl 1 bf16
+    ln -s /dev/null nul
+    run -0 dfl-ckpt --to-safetensors nul s.dfl
+    [ -L nul ]
+    [ "$(readlink nul)" = /dev/null ]
+    [ -c /dev/null ]
+    [ -z "$(ls -A | grep -v '^nul$' | grep -v '^s.dfl$')" ]
+    run -0 dfl-ckpt --to-safetensors /dev/null s.dfl
+    [ -c /dev/null ]
+}
+
+@test "--to-safetensors through a symbolic link replaces the file it points to, not the link" {
+    gen stream s.dfl 2 bf16
+    dfl-ckpt --to-safetensors want.safetensors s.dfl
+    mkdir d
+    echo old > d/real.safetensors
+    ln -s d/real.safetensors link.safetensors
+    run -0 dfl-ckpt --to-safetensors link.safetensors s.dfl
+    [ -L link.safetensors ]
+    [ "$(readlink link.safetensors)" = d/real.safetensors ]
+    cmp want.safetensors d/real.safetensors
+    [ "$(ls -A d)" = real.safetensors ]
+}
+
+@test "--to-safetensors refuses a link to nothing and a directory, exit 1, touching neither" {
+    gen stream s.dfl 1 bf16
+    ln -s nowhere/x.safetensors dangling
+    run -1 dfl-ckpt --to-safetensors dangling s.dfl
+    assert_output --partial "dangling: a symbolic link to nothing: refusing to write through it"
+    [ -L dangling ]
+    [ ! -e nowhere ]
+    mkdir dir
+    run -1 dfl-ckpt --to-safetensors dir s.dfl
+    assert_output --partial "dir: is a directory"
+    [ -d dir ]
+    [ -z "$(ls -A dir)" ]
+}
+
 # --- the oracle files
 
 @test "oracle: the Qwen3 model directory lists and scans clean" {

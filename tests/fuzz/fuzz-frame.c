@@ -8,8 +8,10 @@
  *      reach the checks behind them.
  * The two paths of each pair must agree (same error code, same batches): the reader promises to
  * behave identically on pipes and on mapped files. On a mapped file the INDEX and every batch it
- * lists are also read by random access. Every batch handed out is read in full, and checked
- * against what the reader promises (seq_lens sum to n_tokens, max_len, ids, mask). */
+ * lists are also read by random access, which must not accept what the stream refuses: when the
+ * index and every batch read, the walk of the stream must succeed too (dfl-frame(5) "Random
+ * access"). Every batch handed out is read in full, and checked against what the reader
+ * promises (seq_lens sum to n_tokens, max_len, ids, mask). */
 #include <stdbool.h>
 #include <xxhash.h>
 
@@ -98,8 +100,9 @@ static void check_info(const dfl_stream_info *in)
     }
 }
 
-/* Random access on a mapped file: the index and every batch it lists. */
-static void random_access(dfl_reader *r, bool mapped)
+/* Random access on a mapped file: the index and every batch it lists. True when the file has an
+ * index and all of it was read without an error (at most 64 batches). */
+static bool random_access(dfl_reader *r, bool mapped)
 {
     const dfl_index_entry *ent;
     uint64_t n;
@@ -108,14 +111,16 @@ static void random_access(dfl_reader *r, bool mapped)
     fz_check_err(rc, &e, "dfl_reader_index");
     if (!mapped) {
         FZ_ASSERT(rc == DFL_EUNSUP, "index on a descriptor: %d", rc);
-        return;
+        return false;
     }
     if (rc)
-        return;
+        return false;
+    bool all = n <= 64;
     for (uint64_t i = 0; i < n && i < 64; i++) {
         dfl_batch b;
         rc = dfl_reader_batch_at(r, ent[i].offset, &b, &e);
         fz_check_err(rc, &e, "dfl_reader_batch_at");
+        all = all && rc == DFL_OK;
         if (rc == DFL_OK) {
             FZ_ASSERT(b.n_seqs == ent[i].n_seqs && b.n_tokens == ent[i].n_tokens, "batch_at differs from the index");
             check_batch(r, &b);
@@ -126,6 +131,7 @@ static void random_access(dfl_reader *r, bool mapped)
     dfl_batch b;
     rc = dfl_reader_batch_at(r, 1, &b, &e);
     FZ_ASSERT(rc != DFL_OK, "batch_at offset 1 accepted");
+    return all;
 }
 
 static outcome walk(const uint8_t *data, size_t n, bool mapped, const dfl_reader_opts *o, bool by_frame)
@@ -143,8 +149,7 @@ static outcome walk(const uint8_t *data, size_t n, bool mapped, const dfl_reader
         return out;
     }
     check_info(dfl_reader_info(r));
-    if (mapped)
-        random_access(r, mapped);
+    bool by_index = mapped && random_access(r, mapped);
     for (uint64_t k = 0;; k++) {
         bool eos = false;
         dfl_batch b;
@@ -184,6 +189,8 @@ static outcome walk(const uint8_t *data, size_t n, bool mapped, const dfl_reader
             dfl_batch_free(&b);
     }
     out.rc = rc;
+    FZ_ASSERT(!by_index || rc == DFL_OK, "read through its index, the file is accepted; as a stream: %s",
+              dfl_code_name(rc));
     if (rc == DFL_OK) {
         out.eos = true;
         out.truncated = dfl_reader_truncated(r);

@@ -137,6 +137,51 @@ static inline void fc_renumber(uint8_t *s, size_t n)
     }
 }
 
+/* Rewrites the INDEX and END frames of a stream after an edit that moved or added frames: the
+ * INDEX entries (offset, S, T of every batch frame, in order; the INDEX must already have room
+ * for exactly that many) and END's totals, INDEX offset and frame count (END's own seq); both
+ * refixed. Frame numbers are left as they are (fc_renumber first where they should follow). */
+static inline void fc_reindex(uint8_t *s, size_t n)
+{
+    size_t offs[4096];
+    int k = fc_list(s, n, offs, 4096);
+    uint64_t nb = 0, tokens = 0, seqs = 0;
+    size_t idx = 0, end = 0;
+    for (int i = 0; i < k; i++) {
+        uint16_t t = fc_get16(s + offs[i] + 6);
+        if (t == 4)
+            idx = offs[i];
+        if (t == 5)
+            end = offs[i];
+    }
+    if (!idx || !end || (fc_get64(s + idx + 16) - 16) / 16 != fc_get64(s + idx + 64))
+        abort();
+    uint8_t *ent = s + idx + 64 + 16;
+    for (int i = 0; i < k; i++) {
+        const uint8_t *h = s + offs[i];
+        uint16_t t = fc_get16(h + 6);
+        if (t != 2 && t != 3)
+            continue;
+        if (nb == fc_get64(s + idx + 64))
+            abort(); /* no room in the INDEX */
+        uint32_t S = fc_get32(h + 64 + 16), T = (uint32_t)fc_get64(h + 64 + 8);
+        fc_put64(ent + 16 * nb, offs[i]);
+        fc_put32(ent + 16 * nb + 8, S);
+        fc_put32(ent + 16 * nb + 12, T);
+        nb++, tokens += T, seqs += S;
+    }
+    if (nb != fc_get64(s + idx + 64))
+        abort();
+    uint8_t *e = s + end + 64;
+    fc_put64(e, nb);
+    fc_put64(e + 8, tokens);
+    fc_put64(e + 16, seqs);
+    fc_put64(e + 24, idx);
+    fc_put64(e + 32, fc_get64(s + end + 24));
+    fc_refix(s, idx);
+    fc_refix(s, end);
+}
+
 /* Index of the first frame of the given type, or -1. */
 static inline int fc_find(const uint8_t *s, size_t n, uint16_t type, size_t *off)
 {

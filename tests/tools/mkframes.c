@@ -1,7 +1,13 @@
 /* mkframes.c: writes the corpus of bad .dfl streams (one small file per defect, named for it) and
  * a few good example streams, from a fixed seed (same bytes every run).
  *
- *   build/tools/mkframes tests/bad/frame tests/fixtures/frame
+ *   build/tools/mkframes tests/bad/frame tests/fixtures/frame [tests/fixtures/draft/target]
+ *
+ * The third argument (by default BAD_DIR/../../fixtures/draft/target) is the target model of
+ * dfl-draft's tests: the *-indexed streams are hidden states for it (its fingerprint, hidden
+ * size and vocabulary, layers 1 and 2), files with an INDEX that dfl-draft would train on but for
+ * their one defect, so that its tests can read each one through the INDEX (a file), as a stream
+ * (a pipe) and under dfl-ckpt --verify; their good base is GOOD_DIR/hidden-draft.dfl.
  *
  * A bad file's name says how a reader must reject it: trunc-*.dfl is truncated (DFL_ETRUNC),
  * unsup-*.dfl uses what version 1 does not know (DFL_EUNSUP), every other one is invalid data
@@ -17,6 +23,7 @@
 #include <zstd.h>
 
 #include "frame.h"
+#include "hfmodel.h"
 #include "util.h"
 #include "framecraft.h"
 
@@ -110,8 +117,8 @@ static void info_hidden(dfl_stream_info *in, dfl_dtype dt, int64_t hidden)
 }
 
 /* A stream written by libdfl: n batches from seed, a NOTE after batch note_after (if >= 0). */
-static void make_stream(fc_buf *out, const dfl_stream_info *in, int n, uint64_t seed, int zstd_level, bool index,
-                        int note_after)
+static void make_stream_with(fc_buf *out, const dfl_stream_info *in, int n, uint64_t seed, int zstd_level, bool index,
+                             int note_after, void (*gen)(dfl_batch *, const dfl_stream_info *, uint64_t))
 {
     char *path = dfl_path_join(bad_dir, ".mkframes.tmp");
     dfl_writer_opts o = {.zstd_level = zstd_level, .no_index = !index};
@@ -121,7 +128,7 @@ static void make_stream(fc_buf *out, const dfl_stream_info *in, int n, uint64_t 
         die("writer", &e);
     for (int i = 0; i < n; i++) {
         dfl_batch b;
-        gen_batch(&b, in, seed * 100 + (uint64_t)i);
+        gen(&b, in, seed * 100 + (uint64_t)i);
         if (dfl_writer_batch(w, &b, &e))
             die("batch", &e);
         dfl_batch_free(&b);
@@ -143,6 +150,37 @@ static void make_stream(fc_buf *out, const dfl_stream_info *in, int n, uint64_t 
     out->n = 0;
     fc_append(out, s, len);
     free(s);
+}
+
+static void make_stream(fc_buf *out, const dfl_stream_info *in, int n, uint64_t seed, int zstd_level, bool index,
+                        int note_after)
+{
+    make_stream_with(out, in, n, seed, zstd_level, index, note_after, gen_batch);
+}
+
+/* A batch for the dfl-draft fixture target: 2 sequences of 24 tokens that follow
+ * t[i+1] = (5 t[i] + 3) mod (V - 1) (the rule of tests/tools/draftdata.c: the mask token V - 1
+ * never occurs), the first 2 tokens of each unscored, layer values in [-1, 1]. */
+static void gen_draft_batch(dfl_batch *b, const dfl_stream_info *in, uint64_t seed)
+{
+    uint64_t s = seed;
+    dfl_err e;
+    if (dfl_batch_alloc(b, 48, 2, (uint32_t)in->n_layers, (uint32_t)in->hidden_size, in->dtype, &e))
+        die("batch", &e);
+    int32_t *ids = (int32_t *)b->input_ids;
+    uint8_t *mask = (uint8_t *)b->loss_mask;
+    for (uint32_t q = 0; q < 2; q++) {
+        ((uint32_t *)b->seq_lens)[q] = 24;
+        int32_t t = (int32_t)(rng(&s) % (uint64_t)(in->vocab_size - 1));
+        for (int i = 0; i < 24; i++) {
+            ids[24 * q + (uint32_t)i] = t;
+            mask[24 * q + (uint32_t)i] = i >= 2;
+            t = (int32_t)((5 * (int64_t)t + 3) % (in->vocab_size - 1));
+        }
+    }
+    for (uint32_t k = 0; k < b->n_layers; k++)
+        for (size_t i = 0; i < 48 * (size_t)in->hidden_size; i++)
+            ((uint16_t *)b->layers[k])[i] = dfl_f32_to_bf16((float)((int)(rng(&s) % 17) - 8) / 8.0f);
 }
 
 /* Offset of frame number k. */
@@ -175,6 +213,16 @@ static void with_frame(fc_buf *out, const fc_buf *base, int k, uint16_t type, ui
     fc_append(out, base->p, a);
     fc_frame(out, type, flags, (uint64_t)k, payload, stored, raw);
     fc_append(out, base->p + b, base->n - b);
+}
+
+/* base (a stream with an INDEX) with n bytes of frames inserted at offset at, renumbered, its
+ * INDEX and END rewritten to agree. */
+static void with_inserted(fc_buf *out, const fc_buf *base, size_t at, const uint8_t *frames, size_t n)
+{
+    fc_copy(out, base->p, base->n);
+    fc_insert(out, at, frames, n);
+    fc_renumber(out->p, out->n);
+    fc_reindex(out->p, out->n);
 }
 
 static void clean_dir(const char *dir)
@@ -216,13 +264,29 @@ static bpos batch_at(fc_buf *b, size_t off)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: mkframes BAD_DIR GOOD_DIR\n");
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: mkframes BAD_DIR GOOD_DIR [DRAFT_TARGET_DIR]\n");
         return 1;
     }
     bad_dir = argv[1];
     good_dir = argv[2];
     dfl_err e;
+    /* the dfl-draft fixture target, read before anything is removed */
+    char *draft_dir = argc == 4 ? dfl_strdup(argv[3]) : dfl_path_join(bad_dir, "../../fixtures/draft/target");
+    dfl_hf_config tc;
+    dfl_stream_info drf;
+    memset(&drf, 0, sizeof drf);
+    if (!draft_dir || dfl_hf_config_load(draft_dir, &tc, NULL, &e) || dfl_hf_fingerprint(draft_dir, drf.fingerprint, &e))
+        die("the dfl-draft fixture target", &e);
+    free(draft_dir);
+    drf.kind = DFL_KIND_HIDDEN;
+    snprintf(drf.producer, sizeof drf.producer, "mkframes 0.1.0");
+    drf.vocab_size = tc.vocab_size;
+    drf.hidden_size = tc.hidden_size;
+    drf.n_layers = 2;
+    drf.layers[0] = 1;
+    drf.layers[1] = 2;
+    drf.dtype = DFL_BF16;
     if (dfl_mkdir_p(bad_dir, 0755, &e) || dfl_mkdir_p(good_dir, 0755, &e))
         die("mkdir", &e);
     clean_dir(bad_dir);
@@ -268,6 +332,12 @@ int main(int argc, char **argv)
     make_stream(&g, &hid32, 2, 7, 19, true, -1);
     put_file(good_dir, "hidden-f32-zstd.dfl", g.p, g.n);
     fprintf(good_readme, "%-24s hidden stream, f32, 2 batches compressed (zstd 19, shuffle 4), INDEX\n", "hidden-f32-zstd.dfl");
+
+    fc_buf dg = {0}; /* the base of the *-indexed bad streams */
+    make_stream_with(&dg, &drf, 4, 8, 0, true, -1, gen_draft_batch);
+    put_file(good_dir, "hidden-draft.dfl", dg.p, dg.n);
+    fprintf(good_readme, "%-24s hidden stream for tests/fixtures/draft/target, bf16, layers [1, 2], 4 batches, INDEX\n",
+            "hidden-draft.dfl");
 
     /* the EXAMPLE of dfl-frame(5): one batch of sequences of 3 and 2 tokens */
     {
@@ -458,6 +528,15 @@ int main(int argc, char **argv)
         {"header-duplicate-key.dfl", "{\"format\":\"dfl\",\"kind\":\"tokens\",\"kind\":\"tokens\",\"producer\":\"x\",\"version\":[1,0]}", "a key twice"},
         {"header-vocab-zero.dfl", "{\"format\":\"dfl\",\"kind\":\"tokens\",\"producer\":\"x\",\"version\":[1,0],\"vocab_size\":0}", "\"vocab_size\" 0"},
         {"header-tokens-dtype.dfl", "{\"dtype\":\"bf16\",\"format\":\"dfl\",\"kind\":\"tokens\",\"producer\":\"x\",\"version\":[1,0]}", "a tokens stream with \"dtype\""},
+        {"header-vocab-real.dfl", "{\"format\":\"dfl\",\"kind\":\"tokens\",\"producer\":\"x\",\"version\":[1,0],\"vocab_size\":1000.0}", "\"vocab_size\" written 1000.0 (integers are integer tokens)"},
+        {"header-vocab-exponent.dfl", "{\"format\":\"dfl\",\"kind\":\"tokens\",\"producer\":\"x\",\"version\":[1,0],\"vocab_size\":1e3}", "\"vocab_size\" written 1e3"},
+        {"header-vocab-null.dfl", "{\"format\":\"dfl\",\"kind\":\"tokens\",\"producer\":\"x\",\"version\":[1,0],\"vocab_size\":null}", "\"vocab_size\" null (an optional key is left out, never null)"},
+        {"header-fingerprint-null.dfl", "{\"fingerprint\":null,\"format\":\"dfl\",\"kind\":\"tokens\",\"producer\":\"x\",\"version\":[1,0]}", "\"fingerprint\" null"},
+        {"header-meta-null.dfl", "{\"format\":\"dfl\",\"kind\":\"tokens\",\"meta\":null,\"producer\":\"x\",\"version\":[1,0]}", "\"meta\" null"},
+        {"header-minor-too-big.dfl", "{\"format\":\"dfl\",\"kind\":\"tokens\",\"producer\":\"x\",\"version\":[1,9223372036854775808]}", "minor version 2^63 (integers are within int64)"},
+        {"header-bom.dfl", "\xef\xbb\xbf{\"format\":\"dfl\",\"kind\":\"tokens\",\"producer\":\"x\",\"version\":[1,0]}", "a byte order mark before the HEADER object"},
+        {"header-escaped-nul.dfl", "{\"format\":\"dfl\",\"kind\":\"tokens\",\"producer\":\"x\\u0000y\",\"version\":[1,0]}", "\\u0000 in a HEADER string"},
+        {"header-lone-surrogate.dfl", "{\"format\":\"dfl\",\"kind\":\"tokens\",\"producer\":\"x\\ud800\",\"version\":[1,0]}", "a lone surrogate \\ud800 in a HEADER string"},
         {"header-producer-long.dfl", "{\"format\":\"dfl\",\"kind\":\"tokens\",\"producer\":\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\",\"version\":[1,0]}", "\"producer\" of 128 bytes"},
     };
     for (size_t i = 0; i < sizeof hdrs / sizeof hdrs[0]; i++) {
@@ -470,6 +549,7 @@ int main(int argc, char **argv)
         {"header-hidden-layer-negative.dfl", "{\"dtype\":\"bf16\",\"format\":\"dfl\",\"hidden_size\":8,\"kind\":\"hidden\",\"layers\":[1,-5],\"producer\":\"x\",\"version\":[1,0]}", "a negative layer id"},
         {"header-hidden-dtype.dfl", "{\"dtype\":\"i8\",\"format\":\"dfl\",\"hidden_size\":8,\"kind\":\"hidden\",\"layers\":[1,5],\"producer\":\"x\",\"version\":[1,0]}", "\"dtype\" i8"},
         {"header-hidden-size.dfl", "{\"dtype\":\"bf16\",\"format\":\"dfl\",\"hidden_size\":0,\"kind\":\"hidden\",\"layers\":[1,5],\"producer\":\"x\",\"version\":[1,0]}", "\"hidden_size\" 0"},
+        {"header-hidden-size-real.dfl", "{\"dtype\":\"bf16\",\"format\":\"dfl\",\"hidden_size\":8.0,\"kind\":\"hidden\",\"layers\":[1,5],\"producer\":\"x\",\"version\":[1,0]}", "\"hidden_size\" written 8.0"},
     };
     for (size_t i = 0; i < sizeof hhdrs / sizeof hhdrs[0]; i++) {
         with_header(&d, &h, hhdrs[i].json);
@@ -668,6 +748,41 @@ int main(int argc, char **argv)
     fc_refix(d.p, t2);
     bad("major-version-mid.dfl", &d, "a batch frame of major version 2 in a version 1 stream");
 
+    /* Random access: a file read through its INDEX gets the checks of a walk of the stream. Each
+     * of these has an INDEX and an END that agree with it; only the one defect is wrong. Hidden
+     * states for the dfl-draft fixture target, made from hidden-draft.dfl. */
+    {
+        size_t g1 = frame_off(&dg, 1), g2 = frame_off(&dg, 2);
+        fc_buf fr = {0};
+        uint8_t pl[40];
+        memset(pl, 0x11, sizeof pl);
+        fc_frame(&fr, 1000, 0, 0, pl, sizeof pl, sizeof pl);
+        with_inserted(&d, &dg, g2, fr.p, fr.n);
+        bad("unsup-frame-type-indexed.dfl", &d, "a must-understand frame of unassigned type 1000 (file with an INDEX)");
+        fc_copy(&d, dg.p, dg.n);
+        fc_put64(d.p + g2 + 64, 7);
+        fc_refix(d.p, g2);
+        bad("batch-index-indexed.dfl", &d, "the second batch says it is batch 7 (file with an INDEX)");
+        with_inserted(&d, &dg, g2, dg.p, g1);
+        bad("header-twice-indexed.dfl", &d, "a second HEADER frame between batches (file with an INDEX)");
+        const char *note = "{\"a\":";
+        fr.n = 0;
+        fc_frame(&fr, DFL_FT_NOTE, DFL_FF_SKIPPABLE, 0, note, strlen(note), strlen(note));
+        with_inserted(&d, &dg, g2, fr.p, fr.n);
+        bad("note-not-json-indexed.dfl", &d, "a NOTE whose payload is not JSON (file with an INDEX)");
+        /* frame numbers 0, 1, 3, 4, ...: every frame from the second batch on one too high */
+        fc_copy(&d, dg.p, dg.n);
+        size_t offs[64];
+        int nf = fc_list(d.p, d.n, offs, 64);
+        for (int i = 2; i < nf; i++) {
+            fc_put64(d.p + offs[i] + 24, (uint64_t)i + 1);
+            fc_refix(d.p, offs[i]);
+        }
+        fc_reindex(d.p, d.n);
+        bad("seq-gap-indexed.dfl", &d, "frame numbers 0, 1, 3, 4, ... (file with an INDEX)");
+        free(fr.p);
+    }
+
     fclose(bad_readme);
     fclose(good_readme);
     free(g.p);
@@ -675,6 +790,7 @@ int main(int argc, char **argv)
     free(ti.p);
     free(h.p);
     free(hz.p);
+    free(dg.p);
     free(d.p);
     fprintf(stderr, "mkframes: wrote %d files\n", n_written);
     return 0;

@@ -663,10 +663,13 @@ static void test_truncation(void)
                 fails++;
             }
         }
-        /* the exact wording at a frame boundary and inside a frame */
+        /* the exact wording at a frame boundary and inside a frame, and of an empty input */
         uint64_t nb;
         bool tr;
         dfl_err e;
+        T_CHECK(read_bytes(s.p, 0, via_pipe, NULL, &nb, &tr, &e) == DFL_ETRUNC &&
+                    strcmp(e.msg, "in.dfl: truncated: empty input (no bytes at all)") == 0,
+                "empty input (%s): %s", via_pipe ? "pipe" : "file", e.msg);
         read_bytes(s.p, offs[4], via_pipe, NULL, &nb, &tr, &e);
         T_CHECK(strstr(e.msg, "in.dfl: truncated: no END frame after 3 batches") != NULL, "message: %s", e.msg);
         char want[128];
@@ -937,6 +940,145 @@ static void test_defects(void)
     free(s.p);
 }
 
+/* The stream base with its HEADER replaced by one holding json (base has no INDEX). */
+static void with_header_json(fc_buf *out, const fc_buf *base, const char *json, size_t len)
+{
+    size_t offs[64];
+    fc_list(base->p, base->n, offs, 64);
+    out->n = 0;
+    fc_frame(out, DFL_FT_HEADER, 0, 0, json, len, len);
+    fc_append(out, base->p + offs[1], base->n - offs[1]);
+}
+
+/* The stream base with a NOTE holding json inserted before its second frame (base has no INDEX). */
+static void with_note_json(fc_buf *out, const fc_buf *base, const char *json, size_t len)
+{
+    size_t offs[64];
+    fc_list(base->p, base->n, offs, 64);
+    fc_buf fr = {0};
+    fc_frame(&fr, DFL_FT_NOTE, DFL_FF_SKIPPABLE, 0, json, len, len);
+    fc_copy(out, base->p, base->n);
+    fc_insert(out, offs[1], fr.p, fr.n);
+    fc_renumber(out->p, out->n);
+    free(fr.p);
+}
+
+/* Reads d through a file and a pipe: both accept it (want 0) or both fail with code and want in
+ * the message. */
+static void expect_json(const fc_buf *d, int code, const char *want, const char *what)
+{
+    if (code)
+        return expect_bad(d, code, want, what);
+    for (int via_pipe = 0; via_pipe <= 1; via_pipe++) {
+        uint64_t nb;
+        bool tr;
+        dfl_err e;
+        int rc = read_bytes(d->p, d->n, via_pipe, NULL, &nb, &tr, &e);
+        T_CHECK(rc == 0 && nb == 3, "%s (%s): refused: %s", what, via_pipe ? "pipe" : "file", rc ? e.msg : "");
+    }
+}
+
+/* The HEADER follows dfl-frame(5) strictly: integers are integer tokens, null is not absence; and
+ * the JSON limits of the page hold in HEADER and NOTE, at their edges. */
+static void test_header_json(void)
+{
+    fc_buf t = {0}, h = {0}, d = {0};
+    small_stream(&t, false, 0, &small_tokens, 3);
+    small_stream(&h, false, 0, &small_hidden, 3);
+#define TOK "\"format\":\"dfl\",\"kind\":\"tokens\",\"producer\":\"x\""
+#define HID "\"dtype\":\"bf16\",\"format\":\"dfl\",\"kind\":\"hidden\",\"layers\":[1,9],\"producer\":\"x\""
+    static const struct { bool hidden; const char *json, *want; } cases[] = {
+        /* accepted: the writer's form, and the same with white space */
+        {false, "{" TOK ",\"version\":[1,0],\"vocab_size\":1000}", NULL},
+        {false, "{ " TOK ", \"version\": [1, 0],\n \"vocab_size\": 1000 }", NULL},
+        {true, "{" HID ",\"hidden_size\":8,\"version\":[1,0],\"vocab_size\":1000}", NULL},
+        /* integers are integer tokens */
+        {false, "{" TOK ",\"version\":[1,0],\"vocab_size\":1000.0}", "\"vocab_size\" must be an integer"},
+        {false, "{" TOK ",\"version\":[1,0],\"vocab_size\":1e3}", "\"vocab_size\" must be an integer"},
+        {false, "{" TOK ",\"version\":[1,0],\"vocab_size\":1000E0}", "\"vocab_size\" must be an integer"},
+        {true, "{" HID ",\"hidden_size\":8.0,\"version\":[1,0]}", "\"hidden_size\" must be an integer"},
+        {true, "{" HID ",\"hidden_size\":8e0,\"version\":[1,0]}", "\"hidden_size\" must be an integer"},
+        {false, "{" TOK ",\"version\":[1,0.0]}", "\"version\" must be [major, minor]"},
+        {false, "{" TOK ",\"version\":[1e0,0]}", "\"version\" must be [major, minor]"},
+        {true, "{\"dtype\":\"bf16\",\"format\":\"dfl\",\"hidden_size\":8,\"kind\":\"hidden\",\"layers\":[1,9.0],\"producer\":\"x\",\"version\":[1,0]}", "\"layers\"[1] is not a layer id"},
+        /* null is not absence */
+        {false, "{" TOK ",\"version\":[1,0],\"vocab_size\":null}", "\"vocab_size\" is null"},
+        {false, "{" TOK ",\"fingerprint\":null,\"version\":[1,0]}", "\"fingerprint\" is null"},
+        {false, "{" TOK ",\"meta\":null,\"version\":[1,0]}", "\"meta\" is null"},
+        {false, "{\"format\":\"dfl\",\"kind\":\"tokens\",\"producer\":null,\"version\":[1,0]}", "\"producer\" is null"},
+        {false, "{" TOK ",\"dtype\":null,\"version\":[1,0]}", "\"dtype\" is null"},
+        /* an unknown key may hold anything, null included */
+        {false, "{" TOK ",\"version\":[1,0],\"x-later\":null}", NULL},
+        /* the version rule: any minor version from 0 to 2^63-1 */
+        {false, "{" TOK ",\"version\":[1,9223372036854775807]}", NULL},
+        {false, "{" TOK ",\"version\":[1,9223372036854775808]}", "invalid JSON"},
+        {false, "{" TOK ",\"version\":[1,-1]}", "\"version\" must be [major, minor]"},
+        /* integers within int64 anywhere */
+        {false, "{" TOK ",\"meta\":{\"n\":-9223372036854775808},\"version\":[1,0]}", NULL},
+        {false, "{" TOK ",\"meta\":{\"n\":-9223372036854775809},\"version\":[1,0]}", "invalid JSON"},
+        /* no \u0000, no lone surrogate */
+        {false, "{" TOK ",\"meta\":{\"s\":\"a\\u0000b\"},\"version\":[1,0]}", "invalid JSON"},
+        {false, "{" TOK ",\"meta\":{\"s\":\"a\\ud800b\"},\"version\":[1,0]}", "invalid JSON"},
+        {false, "{" TOK ",\"meta\":{\"s\":\"a\\udc00\"},\"version\":[1,0]}", "invalid JSON"},
+        {false, "{" TOK ",\"meta\":{\"s\":\"\\ud83d\\ude00\"},\"version\":[1,0]}", NULL},
+        /* no byte order mark */
+        {false, "\xef\xbb\xbf{" TOK ",\"version\":[1,0]}", "invalid JSON"},
+    };
+    for (size_t i = 0; i < DFL_ARRAY_LEN(cases); i++) {
+        with_header_json(&d, cases[i].hidden ? &h : &t, cases[i].json, strlen(cases[i].json));
+        char what[64];
+        snprintf(what, sizeof what, "HEADER case %zu", i);
+        expect_json(&d, cases[i].want ? DFL_EDATA : 0, cases[i].want ? cases[i].want : "", what);
+    }
+    /* nesting: 64 levels (the HEADER object is level 1) accepted, 65 refused */
+    for (int depth = 64; depth <= 65; depth++) {
+        char json[1024];
+        size_t k = (size_t)snprintf(json, sizeof json, "{" TOK ",\"version\":[1,0],\"x\":");
+        for (int l = 2; l <= depth; l++)
+            json[k++] = '[';
+        json[k++] = '1';
+        for (int l = 2; l <= depth; l++)
+            json[k++] = ']';
+        json[k++] = '}';
+        with_header_json(&d, &t, json, k);
+        expect_json(&d, depth == 64 ? 0 : DFL_EDATA, "nested deeper than 64", depth == 64 ? "HEADER depth 64" : "HEADER depth 65");
+        /* the same in a NOTE */
+        k = (size_t)snprintf(json, sizeof json, "{\"n\":");
+        for (int l = 2; l <= depth; l++)
+            json[k++] = '{', k += (size_t)snprintf(json + k, sizeof json - k, "\"a\":");
+        json[k++] = '1';
+        for (int l = 1; l <= depth; l++)
+            json[k++] = '}';
+        with_note_json(&d, &t, json, k);
+        expect_json(&d, depth == 64 ? 0 : DFL_EDATA, "nested deeper than 64", depth == 64 ? "NOTE depth 64" : "NOTE depth 65");
+    }
+    /* the NOTE limits */
+    static const struct { const char *json, *want; } notes[] = {
+        {"{\"a\":1}", NULL},
+        {"{\"a\":9223372036854775808}", "invalid JSON"},
+        {"{\"a\":\"x\\u0000\"}", "invalid JSON"},
+        {"{\"a\":\"\\ud800\"}", "invalid JSON"},
+        {"\xef\xbb\xbf{\"a\":1}", "invalid JSON"},
+        {"{\"a\":1,\"a\":2}", "invalid JSON"},
+        {"{\"a\":\"\xff\"}", "invalid JSON"},
+    };
+    for (size_t i = 0; i < DFL_ARRAY_LEN(notes); i++) {
+        with_note_json(&d, &t, notes[i].json, strlen(notes[i].json));
+        char what[64];
+        snprintf(what, sizeof what, "NOTE case %zu", i);
+        expect_json(&d, notes[i].want ? DFL_EDATA : 0, notes[i].want ? notes[i].want : "", what);
+    }
+    /* a NUL byte, in HEADER and NOTE */
+    static const char nul[] = "{\"a\":\"x\0\"}";
+    with_note_json(&d, &t, nul, sizeof nul - 1);
+    expect_json(&d, DFL_EDATA, "NUL byte", "NOTE with a NUL byte");
+#undef TOK
+#undef HID
+    free(t.p);
+    free(h.p);
+    free(d.p);
+}
+
 /* ---- the committed corpus --------------------------------------------------------------------- */
 
 static const char *src_root(void)
@@ -956,6 +1098,42 @@ static const char *src_root(void)
         *slash = 0;
     }
     return root;
+}
+
+/* Reads a file by random access: its index, then every batch it lists (direct: the batches by
+ * their offsets, last first, on a second reader that was not asked for the index, as dfl-draft's
+ * prefetch threads read them). Returns the first error (DFL_OK when everything reads);
+ * *no_index when the file has no index to read it by (no INDEX, or no END at its end:
+ * dfl_reader_index's DFL_EUNSUP and DFL_ETRUNC, on which a caller walks the stream instead). */
+static int read_by_index(const char *path, bool direct, bool *no_index, dfl_err *e)
+{
+    *no_index = false;
+    dfl_reader *r;
+    int rc = dfl_reader_open(&r, path, NULL, e);
+    if (rc)
+        return rc;
+    const dfl_index_entry *ent;
+    uint64_t n;
+    rc = dfl_reader_index(r, &ent, &n, e);
+    if ((rc == DFL_EUNSUP && strstr(e->msg, "has no INDEX frame")) ||
+        (rc == DFL_ETRUNC && strstr(e->msg, "no END frame at the end of the file")))
+        *no_index = true;
+    for (uint64_t i = 0; rc == DFL_OK && !direct && i < n; i++) {
+        dfl_batch b;
+        rc = dfl_reader_batch_at(r, ent[i].offset, &b, e);
+        dfl_batch_free(&b);
+    }
+    dfl_reader *r2;
+    if (rc == DFL_OK && direct && (rc = dfl_reader_open(&r2, path, NULL, e)) == DFL_OK) {
+        for (uint64_t i = n; rc == DFL_OK && i-- > 0;) {
+            dfl_batch b;
+            rc = dfl_reader_batch_at(r2, ent[i].offset, &b, e);
+            dfl_batch_free(&b);
+        }
+        dfl_reader_close(r2);
+    }
+    dfl_reader_close(r);
+    return rc;
 }
 
 static void test_corpus(void)
@@ -985,6 +1163,18 @@ static void test_corpus(void)
             int rc = read_bytes(b.p, b.n, via_pipe, NULL, &nb, &tr, &e);
             T_CHECK(rc == want && strstr(e.msg, "in.dfl: "), "%s (%s): code %d (%s), want %d (%s): %s", nm,
                     via_pipe ? "pipe" : "file", rc, dfl_code_name(rc), want, dfl_code_name(want), rc ? e.msg : "accepted");
+        }
+        /* read through its INDEX, a file is refused the same way (or has no index to read by) */
+        for (int direct = 0; direct <= 1; direct++) {
+            bool no_index;
+            dfl_err e;
+            int rc = read_by_index(path, direct, &no_index, &e);
+            T_CHECK(rc == want || no_index, "%s (by its index%s): code %d (%s), want %d (%s): %s", nm,
+                    direct ? ", batches by offset" : "", rc, dfl_code_name(rc), want, dfl_code_name(want),
+                    rc ? e.msg : "accepted");
+            if (strstr(nm, "-indexed.dfl"))
+                T_CHECK(!no_index && rc == want, "%s: not refused through its index%s: %s", nm,
+                        direct ? " (batches by offset)" : "", rc ? e.msg : "accepted");
         }
         free(b.p);
         count++;
@@ -1237,6 +1427,7 @@ int main(int argc, char **argv)
     T_RUN(test_truncation);
     T_RUN(test_bit_flips);
     T_RUN(test_defects);
+    T_RUN(test_header_json);
     T_RUN(test_writer_files);
     T_RUN(test_corpus);
     T_RUN(test_man_example);

@@ -212,14 +212,21 @@ static void test_threads(void)
 
 /* The rules: commit in order, the reserved shape, no batch or note while reserved, pipes and
  * compressed files cannot reserve, a given-up frame fails the writer, and nothing is left. */
+/* A fresh directory NAME under the scratch directory into d, d/o.dfl into p, and the stream of
+ * one layer of hidden 16 in bf16 into in. */
+static void scratch(const char *name, char d[4200], char p[4300], dfl_stream_info *in)
+{
+    snprintf(d, 4200, "%s/%s", t_tmpdir(), name);
+    mkdir(d, 0755);
+    snprintf(p, 4300, "%s/o.dfl", d);
+    info_of(in, 1, 16, DFL_BF16);
+}
+
 static void test_rules(void)
 {
     char d[4200], p[4300];
-    snprintf(d, sizeof d, "%s/rules", t_tmpdir());
-    mkdir(d, 0755);
-    snprintf(p, sizeof p, "%s/o.dfl", d);
     dfl_stream_info in;
-    info_of(&in, 1, 16, DFL_BF16);
+    scratch("rules", d, p, &in);
     dfl_err e = {0};
     dfl_writer *w = NULL;
     dfl_batch x, y;
@@ -276,6 +283,55 @@ static void test_rules(void)
     close(fds[1]);
     dfl_batch_free(&x);
     dfl_batch_free(&y);
+}
+
+/* json_t nested depth levels deep: {"a":{"a":...{}...}} (the outermost object is level 1). */
+static json_t *nested_object(int depth)
+{
+    json_t *v = json_object();
+    for (int l = 1; l < depth; l++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "a", v);
+        v = o;
+    }
+    return v;
+}
+
+/* A writer never writes a HEADER or a NOTE that its reader would refuse (dfl-frame(5) JSON
+ * PAYLOADS): a meta that would nest the HEADER 65 deep, a NOTE 65 deep, are usage errors, and
+ * nothing is written; at 64 levels both are written and read back. */
+static void test_json_limits(void)
+{
+    char d[4200], p[4300];
+    dfl_stream_info in;
+    scratch("jsonlimits", d, p, &in);
+    dfl_err e = {0};
+    dfl_writer *w = NULL;
+    in.meta = nested_object(64); /* the HEADER is one level more */
+    T_CHECK(dfl_writer_open(&w, p, &in, NULL, &e) == DFL_EUSAGE && w == NULL &&
+                strstr(e.msg, "a reader would refuse this stream description") && strstr(e.msg, "nested deeper than 64"),
+            "HEADER 65 deep: %s", e.msg);
+    T_CHECK(n_entries(d) == 0, "nothing written");
+    json_decref(in.meta);
+    in.meta = nested_object(63);
+    T_CHECK(dfl_writer_open(&w, p, &in, NULL, &e) == 0, "HEADER 64 deep: %s", e.msg);
+    json_decref(in.meta);
+    in.meta = NULL;
+    json_t *note = nested_object(65);
+    T_CHECK(w && dfl_writer_note(w, note, &e) == DFL_EUSAGE && strstr(e.msg, "a reader would refuse this NOTE"),
+            "NOTE 65 deep: %s", e.msg);
+    json_decref(note);
+    note = nested_object(64);
+    T_CHECK(w && dfl_writer_note(w, note, &e) == 0, "NOTE 64 deep: %s", e.msg);
+    json_decref(note);
+    T_CHECK(w && dfl_writer_close(w, &e) == 0, "close: %s", e.msg);
+    dfl_reader *r;
+    T_CHECK(dfl_reader_open(&r, p, NULL, &e) == 0, "read back: %s", e.msg);
+    bool eos = false;
+    dfl_batch b;
+    T_CHECK(r && dfl_reader_next(r, &b, &eos, &e) == 0 && eos, "the NOTE reads: %s", e.msg);
+    dfl_reader_close(r);
+    unlink(p);
 }
 
 /* vmsplice: a child reads the pipe slowly; the stream is the same as written without it, and
@@ -452,6 +508,7 @@ int main(int argc, char **argv)
     T_RUN(test_same_bytes);
     T_RUN(test_threads);
     T_RUN(test_rules);
+    T_RUN(test_json_limits);
     T_RUN(test_vmsplice);
     T_RUN(test_chunks);
     return t_done();

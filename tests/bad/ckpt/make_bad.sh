@@ -17,7 +17,7 @@ echo "# path<TAB>message substring (written by make_bad.sh)" > EXPECT
 printf 'hello, this is not a checkpoint\n' > text.txt
 exp text.txt "not a checkpoint"
 : > empty.safetensors
-exp empty.safetensors "empty file"
+exp empty.safetensors "truncated: empty input"
 printf '\x89DFX\x01\x00\x00\x00 not a stream' > not-dfl.dfl
 exp not-dfl.dfl "not-dfl.dfl"
 

@@ -69,7 +69,7 @@ def main():
         shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
 
     # framing
-    raw('empty-file.safetensors', b'', 'ETRUNC', 'too short for the 8-byte header length')
+    raw('empty-file.safetensors', b'', 'ETRUNC', 'truncated: empty input')
     raw('trunc-length.safetensors', b'\x10\x00\x00\x00\x00', 'ETRUNC', 'too short for the 8-byte header length')
     st('header-past-eof.safetensors', b'{"a":{"dtype":"F32"', hlen=1000, code='ETRUNC', sub='runs past the end of the file')
     st('header-over-cap.safetensors', b'{}', hlen=(100 << 20) + 1, sub='over the limit')

@@ -169,7 +169,7 @@ def main():
     bad("legacy.pt", "unsupported", "legacy torch.save format is not supported; re-save with torch>=1.6",
         raw=legacy)
     bad("not_zip.pt", "data", "not a torch.save file", raw=b"hello, this is text\n")
-    bad("empty.pt", "data", "empty file", raw=b"")
+    bad("empty.pt", "truncated", "truncated: empty input", raw=b"")
     with open(os.path.join(OUT, "EXPECT"), "w") as fh:
         fh.write("# file\tcode\tmessage substring (written by make_bad.py)\n")
         for name, code, text in EXPECT:
