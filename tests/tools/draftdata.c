@@ -5,7 +5,9 @@
  * predictable and the mask token V-1 never occurs), the first two tokens of each sequence are
  * unscored, and the features of layer j for token t are row t of a fixed random table (the same
  * for every stream). Options make the bad inputs of the tests: --nan-batch, --nan-from, --cut,
- * --fingerprint, --layers, --hidden. For benchmarks at a real target's size (bench/draft):
+ * --fingerprint, --layers, --hidden, and, for inputs without a valid anchor, --len 1 (every
+ * sequence one token) and --mask PATTERN (the loss mask of each sequence: PATTERN's 0s and 1s,
+ * repeated, instead of the default 0 0 1 1 1 ...). For benchmarks at a real target's size (bench/draft):
  * --exact-len (every sequence --len tokens) and --table-rows N (a table of N rows per layer, row
  * = token mod N, instead of one per vocabulary entry, which would be 12 GB for an 8B target).
  * --also-seed N appends to every batch the sequences that --seed N would make (the batches of
@@ -30,7 +32,7 @@ static void usage(void)
            "       [--dtype bf16|f32] [--seed N] [--nan-batch K] [--nan-from K] [--cut BYTES]\n"
            "       [--no-index] [--also-seed N]\n"
            "       [--fingerprint HEX] [--hidden H] [--delay-ms MS]\n"
-           "       [--exact-len] [--table-rows N]\n");
+           "       [--exact-len] [--table-rows N] [--mask 0011]\n");
 }
 
 /* An error after the tables exist: stop the stream (a consumer that went away, a full disk) and
@@ -50,7 +52,7 @@ int main(int argc, char **argv)
     int64_t batches = 8, seqs = 4, len = 32, seed = 1, nan_batch = -1, nan_from = -1, cut = 0;
     int64_t hidden = 0, delay = 0, table_rows = 0, also_seed = -1;
     bool exact_len = false;
-    const char *layers_s = "1,2", *fp_override = NULL;
+    const char *layers_s = "1,2", *fp_override = NULL, *mask_pat = NULL;
     dfl_dtype dt = DFL_BF16;
     bool no_index = false;
     dfl_err e = {0};
@@ -59,13 +61,18 @@ int main(int argc, char **argv)
         {"dtype", 1, 0, 'd'}, {"seed", 1, 0, 'S'}, {"nan-batch", 1, 0, 'n'}, {"nan-from", 1, 0, 'N'}, {"cut", 1, 0, 'c'},
         {"no-index", 0, 0, 'x'}, {"fingerprint", 1, 0, 'f'}, {"hidden", 1, 0, 'H'},
         {"delay-ms", 1, 0, 'D'}, {"exact-len", 0, 0, 'E'}, {"table-rows", 1, 0, 'R'},
-        {"also-seed", 1, 0, 'A'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"also-seed", 1, 0, 'A'}, {"mask", 1, 0, 'M'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int c, rc = 0;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
         case 'b': rc = dfl_parse_i64(optarg, 0, 1 << 20, &batches, "--batches", &e); break;
         case 's': rc = dfl_parse_i64(optarg, 1, 1 << 16, &seqs, "--seqs", &e); break;
-        case 'l': rc = dfl_parse_i64(optarg, 2, 1 << 20, &len, "--len", &e); break;
+        case 'l': rc = dfl_parse_i64(optarg, 1, 1 << 20, &len, "--len", &e); break;
+        case 'M':
+            mask_pat = optarg;
+            if (!*optarg || strspn(optarg, "01") != strlen(optarg))
+                return dfl_cli_usage_error("--mask: '%s' is not a pattern of 0s and 1s", optarg);
+            break;
         case 'L': layers_s = optarg; break;
         case 'd': dt = dfl_dtype_from_name(optarg); break;
         case 'S': rc = dfl_parse_i64(optarg, 0, INT64_MAX, &seed, "--seed", &e); break;
@@ -136,7 +143,7 @@ int main(int argc, char **argv)
                 lens[s] = exact_len ? (uint32_t)len
                                     : (uint32_t)(len / 2 + (int64_t)dfl_rng_below(g, (uint64_t)(len - len / 2 + 1)));
                 if (lens[s] < 2)
-                    lens[s] = 2;
+                    lens[s] = len < 2 ? 1 : 2;   /* --len 1: one token each */
                 T += lens[s];
             }
             for (int64_t s = p * seqs; s < (p + 1) * seqs; s++)
@@ -155,7 +162,7 @@ int main(int argc, char **argv)
             int64_t tok = first[s];
             for (uint32_t i = 0; i < lens[s]; i++, t++) {
                 ids[t] = (int32_t)tok;
-                mask[t] = i >= 2;
+                mask[t] = mask_pat ? mask_pat[i % strlen(mask_pat)] == '1' : i >= 2;
                 tok = (5 * tok + 3) % (V - 1);
             }
         }
