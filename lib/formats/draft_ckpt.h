@@ -21,9 +21,10 @@
 int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_t *state,
                         dfl_dtype model_dtype, char **out_dir, dfl_err *e);
 /* Takes the lock of the run directory run (RUN/dfl-draft.lock, flock(2), exclusive, without
- * waiting; the pipelines' RUN/lock is another) and writes this process's PID into it; *fd holds the lock until it is closed (close-on-exec:
- * no child keeps it). Held by another process: DFL_EUSAGE naming run and that process's PID. A
- * file system without locks: a warning, *fd = -1 and DFL_OK. */
+ * waiting; the pipelines' RUN/lock is another) and writes this process's PID into it; *fd holds
+ * the lock until it is closed (close-on-exec: no child keeps it). Held by another process:
+ * DFL_EUSAGE naming run and that process's PID. A file system without locks: a warning, *fd = -1
+ * and DFL_OK. */
 int dfl_draft_run_lock(const char *run, int *fd, dfl_err *e);
 /* Removes what interrupted saves left in run (RUN/.step-NNNNNNN.tmp and .old directories), with
  * a warning naming each; for the start of a run, before anything is saved. */

@@ -721,12 +721,12 @@ static int no_anchor_check(run *r, int64_t empty, dfl_err *e)
         k += (size_t)snprintf(names + k, sizeof names - k, "%s%s", i ? ", " : "", r->rank_inputs[i]);
     if (k >= sizeof names - 8)
         snprintf(names + sizeof names - 8, 8, ", ...");
-    return dfl_fail(e, DFL_EDATA, "%s%s: no valid anchor in any of the %.0f batches read%s: an anchor "
-                    "is a scored token (loss mask 1) followed by another in the same sequence, and "
+    return dfl_fail(e, DFL_EDATA, "%s%s: no valid anchor in any of the %.0f batch%s read%s: an "
+                    "anchor is a scored token (loss mask 1) followed by another in the same sequence, and "
                     "every sequence here has one token or no two scored tokens in a row (a loss mask "
                     "like [1, 0]); nothing to train on, no checkpoint written", names,
                     r->world > 1 ? " (and the other ranks' inputs)" : "", n[0],
-                    r->world > 1 ? " by all ranks" : "");
+                    n[0] == 1 ? "" : "es", r->world > 1 ? " by all ranks" : "");
 }
 
 /* The loop, pipelined: while the device runs step N, the host reads the next batch, draws its
