@@ -4,6 +4,7 @@
 #   make install PREFIX=/usr/local
 #   make CUDA=0     build without the CUDA backend even where nvcc is present
 #   make SAN=1      build with ASan and UBSan (into build-san/)
+#   make DEPS=0 ... skip the set-up below
 #   make fuzz       libFuzzer harnesses (clang, ASan, UBSan; into build-fuzz/), each run for
 #                   FUZZ_TIME seconds (default 60); FUZZ=frame,config picks some
 SHELL := /bin/bash
@@ -48,6 +49,17 @@ FUZZ_CPPFLAGS := $(CPPFLAGS)
 FUZZ_LDLIBS := $(LDLIBS)
 FUZZ_SRCS := $(sort $(wildcard tests/fuzz/fuzz-*.c))
 FUZZERS := $(FUZZ_SRCS:tests/fuzz/%.c=$(FB)/%)
+
+# `make demo` and `make check` do their own set-up on a fresh Debian/Ubuntu machine: before
+# anything is built, .ci/install-deps --ensure installs the packages of its list that are missing
+# (as root, or through sudo), saying which, or stops make with the apt-get command to run.
+ifneq ($(filter demo check check-unit check-bats,$(MAKECMDGOALS)),)
+  ifneq ($(DEPS),0)
+    ifneq ($(shell .ci/install-deps --ensure >&2 && echo ok),ok)
+      $(error missing build dependencies (above); or run make with DEPS=0 to skip this)
+    endif
+  endif
+endif
 
 LIB_DIRS := base formats backends models train
 LIB_SRCS := $(sort $(foreach d,$(LIB_DIRS),$(wildcard lib/$(d)/*.c)))

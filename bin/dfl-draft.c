@@ -28,7 +28,7 @@ static void usage(void)
            "Train a DFlash drafter on hidden-state streams (.dfl files, FIFOs, - for stdin).\n"
            "\n"
            "  -t, --target DIR          the target model (config.json, safetensors): embedding, LM head\n"
-           "  -o, --out RUN             run directory: checkpoints, metrics.jsonl\n"
+           "  -o, --out RUN             run directory: checkpoints, metrics.jsonl (locked while running)\n"
            "      --config FILE         drafter config.json (public DFlash layout)\n"
            "      --draft-layers N      drafter layers (default: one per captured target layer)\n"
            "      --block-size N        block size (default 16)\n"

@@ -30,7 +30,10 @@ static void usage(void)
            "  -m, --model DIR       Hugging Face model directory (config.json, safetensors)\n"
            "  -l, --layers SPEC     captured layers: auto, auto:K or L1,L2,... (default auto:5)\n"
            "  -d, --device DEV      cpu, cuda or cuda:N (default cpu)\n"
-           "      --dtype TYPE      dtype of the hidden states written: bf16 or f32 (default bf16)\n"
+           "      --dtype TYPE      dtype of the hidden states written: bf16 or f32 (default bf16;\n"
+           "                        on CUDA f32 stores the bf16 forward's results in f32)\n"
+           "      --compute TYPE    dtype of the forward's activations: f32 (the CPU's, and an exact\n"
+           "                        check of a model on a GPU) or bf16 (the CUDA default)\n"
            "      --max-tokens N    size the buffers for batches of N tokens (default: the\n"
            "                        inputs' warm-up shapes or index on a GPU, else the first\n"
            "                        batch; on the CPU larger batches grow them)\n"
@@ -59,7 +62,7 @@ static void usage(void)
 }
 
 enum {
-    OPT_DTYPE = 256, OPT_MAX_TOKENS, OPT_MANIFEST, OPT_INFLIGHT, OPT_PROFILE, OPT_TUNE, OPT_FILE_IO,
+    OPT_DTYPE = 256, OPT_COMPUTE, OPT_MAX_TOKENS, OPT_MANIFEST, OPT_INFLIGHT, OPT_PROFILE, OPT_TUNE, OPT_FILE_IO,
     OPT_VMSPLICE, OPT_PIPE_SIZE, OPT_ZSTD, OPT_NO_INDEX, OPT_INFO, OPT_HELP, OPT_VERSION
 };
 
@@ -68,6 +71,7 @@ static const struct option long_opts[] = {
     {"layers", required_argument, NULL, 'l'},
     {"device", required_argument, NULL, 'd'},
     {"dtype", required_argument, NULL, OPT_DTYPE},
+    {"compute", required_argument, NULL, OPT_COMPUTE},
     {"max-tokens", required_argument, NULL, OPT_MAX_TOKENS},
     {"manifest", required_argument, NULL, OPT_MANIFEST},
     {"inflight", required_argument, NULL, OPT_INFLIGHT},
@@ -162,7 +166,7 @@ int main(int argc, char **argv)
     dfl_cli_init(argv[0]);
     const char *model = NULL, *layers_spec = "auto", *device = "cpu", *output = "-";
     const char *manifest = NULL;
-    dfl_dtype dtype = DFL_BF16;
+    dfl_dtype dtype = DFL_BF16, compute = DFL_DT_INVALID;   /* compute: the backend's default */
     int64_t max_tokens = 0, inflight = 0, profile = 0;
     int file_io = DFL_FILE_IO_WRITE;
     bool info_only = false, tune = false;
@@ -179,6 +183,11 @@ int main(int argc, char **argv)
             dtype = dfl_dtype_from_name(optarg);
             if (dtype != DFL_BF16 && dtype != DFL_F32)
                 return dfl_cli_usage_error("--dtype: '%s' is not bf16 or f32", optarg);
+            break;
+        case OPT_COMPUTE:
+            compute = dfl_dtype_from_name(optarg);
+            if (compute != DFL_BF16 && compute != DFL_F32)
+                return dfl_cli_usage_error("--compute: '%s' is not bf16 or f32", optarg);
             break;
         case OPT_MAX_TOKENS: {
             uint64_t v;
@@ -283,17 +292,17 @@ int main(int argc, char **argv)
 
     dfl_be *be = NULL;
     dfl_target *t = NULL;
-    int rc = dfl_be_open(&be, device, DFL_DT_INVALID, &e);
+    int rc = dfl_be_open(&be, device, compute, &e);
     if (!rc) {
         double t0 = dfl_now();
         rc = dfl_target_open(&t, be, model, layers[n_layers - 1] + 1, &e);
         if (!rc) {
             char b[32];
             dfl_info("%s: %s, %lld layers (%d loaded), hidden %lld, %s of weights on %s in %.1f s; "
-                     "capturing layers %s as %s", model, cfg.model_type, (long long)cfg.n_layers,
+                     "computing in %s, capturing layers %s as %s", model, cfg.model_type, (long long)cfg.n_layers,
                      t->n_loaded, (long long)cfg.hidden_size,
                      dfl_fmt_bytes((double)t->weight_bytes, b, sizeof b), be->name,
-                     dfl_now() - t0, lbuf, dfl_dtype_lower(dtype));
+                     dfl_now() - t0, dfl_dtype_lower(be->act), lbuf, dfl_dtype_lower(dtype));
         }
     }
     if (!rc) {

@@ -9,12 +9,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "json.h"
 #include "log.h"
 #include "safetensors.h"
+#include "scan.h"
 #include "util.h"
 
 #define STEP_FMT "step-%07lld"
@@ -191,6 +193,23 @@ int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_
                 goto out;
             }
         }
+    /* model.safetensors: the weights in the dtype written, scanned as written: an f32 weight
+     * beyond the range of bf16 (|x| > 3.39e38) is finite in the master but +-Inf when saved */
+    size_t es = dfl_dtype_size(model_dt);
+    for (int i = 0; i < nt; i++) {
+        void *dst = (char *)mdl + (size_t)t[i].offset * es;
+        dfl_convert(dst, model_dt, buf[0] + t[i].offset, DFL_F32, (size_t)t[i].numel);
+        dfl_scan_result sr;
+        if ((rc = dfl_scan_nonfinite(dst, model_dt, (uint64_t)t[i].numel, 0, &sr, e)))
+            goto out;
+        if (sr.nonfinite > 0) {
+            rc = dfl_fail(e, DFL_ENAN, "step %lld: model weight '%s' element %llu is %g, which is %g "
+                          "in %s (beyond its range): checkpoint not written", (long long)step,
+                          t[i].name, (unsigned long long)sr.first, buf[0][t[i].offset + (int64_t)sr.first],
+                          dfl_load_f64(dst, model_dt, sr.first), dfl_dtype_name(model_dt));
+            goto out;
+        }
+    }
     if ((rc = remove_dir(tmp, e)))
         goto out;
     if (mkdir(tmp, 0777) != 0) {
@@ -198,13 +217,9 @@ int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_
         goto out;
     }
     fault_point("ckpt-begin", step);
-    /* model.safetensors */
-    size_t es = dfl_dtype_size(model_dt);
-    for (int i = 0; i < nt && !rc; i++) {
-        void *dst = (char *)mdl + (size_t)t[i].offset * es;
-        dfl_convert(dst, model_dt, buf[0] + t[i].offset, DFL_F32, (size_t)t[i].numel);
-        rc = dfl_st_writer_add(wm, t[i].name, model_dt, t[i].ndim, t[i].shape, dst, e);
-    }
+    for (int i = 0; i < nt && !rc; i++)
+        rc = dfl_st_writer_add(wm, t[i].name, model_dt, t[i].ndim, t[i].shape,
+                               (char *)mdl + (size_t)t[i].offset * es, e);
     if (!rc)
         rc = dfl_st_writer_meta(wm, "format", "pt", e);
     if (!rc && !(p = dfl_path_join(tmp, "model.safetensors")))
@@ -273,6 +288,45 @@ out:
         free(buf[k]);
     free(final);
     free(tmp);
+    return rc;
+}
+
+int dfl_draft_run_lock(const char *run, int *fd, dfl_err *e)
+{
+    *fd = -1;
+    char *p = dfl_path_join(run, "dfl-draft.lock");
+    if (!p)
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    int rc = DFL_OK, f = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (f < 0) {
+        rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot open the lock of the run directory", p);
+    } else if (flock(f, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        if (err == EWOULDBLOCK) {   /* the holder wrote its PID after taking the lock */
+            char buf[32] = "";
+            ssize_t n = pread(f, buf, sizeof buf - 1, 0);
+            long long pid = n > 0 ? strtoll(buf, NULL, 10) : 0;
+            char who[48] = "another process";
+            if (pid > 0)
+                snprintf(who, sizeof who, "process %lld", pid);
+            rc = dfl_fail(e, DFL_EUSAGE, "%s: the run directory is in use by %s (it holds %s): two "
+                          "runs in one directory would mix their checkpoints and metrics; wait for "
+                          "it to end, or give another --out", run, who, p);
+        } else if (err == ENOLCK || err == ENOTSUP || err == EINVAL) {
+            dfl_warn("%s: cannot lock (%s): nothing keeps a second run out of %s", p, strerror(err), run);
+        } else {
+            rc = dfl_fail_errno(e, DFL_EIO, err, "%s: cannot lock", p);
+        }
+        close(f);
+        f = -1;
+    } else {
+        char pid[24];
+        int n = snprintf(pid, sizeof pid, "%lld\n", (long long)getpid());
+        if (ftruncate(f, 0) != 0 || pwrite(f, pid, (size_t)n, 0) != n)
+            dfl_verbose("%s: cannot write the PID into it: %s", p, strerror(errno));
+        *fd = f;
+    }
+    free(p);
     return rc;
 }
 

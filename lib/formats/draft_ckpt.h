@@ -13,12 +13,19 @@
 
 #include "draft.h"
 
-/* Writes step `step` of m with state. A non-finite weight or moment: DFL_ENAN, nothing is left
+/* Writes step `step` of m with state. A non-finite weight or moment, or a weight that is not
+ * finite in model_dtype (an f32 value beyond the range of bf16): DFL_ENAN, nothing is left
  * behind. If RUN/step-NNNNNNN exists already (left by a run that went further than the one
  * saving now) it is replaced, atomically where the file system allows. *out_dir (if non-NULL)
  * receives the checkpoint directory (malloc'ed). */
 int dfl_draft_ckpt_save(dfl_draft *m, const char *run, int64_t step, const json_t *state,
                         dfl_dtype model_dtype, char **out_dir, dfl_err *e);
+/* Takes the lock of the run directory run (RUN/dfl-draft.lock, flock(2), exclusive, without
+ * waiting; the pipelines' RUN/lock is another) and writes this process's PID into it; *fd holds
+ * the lock until it is closed (close-on-exec: no child keeps it). Held by another process:
+ * DFL_EUSAGE naming run and that process's PID. A file system without locks: a warning, *fd = -1
+ * and DFL_OK. */
+int dfl_draft_run_lock(const char *run, int *fd, dfl_err *e);
 /* Removes what interrupted saves left in run (RUN/.step-NNNNNNN.tmp and .old directories), with
  * a warning naming each; for the start of a run, before anything is saved. */
 int dfl_draft_ckpt_clean(const char *run, dfl_err *e);

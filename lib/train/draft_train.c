@@ -97,6 +97,7 @@ typedef struct run {
     int rank, world;
     json_t *ranks_state;         /* rank 0 while saving: every rank's rng and data position */
     char **rank_inputs;
+    int lock_fd;                 /* rank 0: the lock of the run directory; -1 when none */
 } run;
 
 /* ---- target and drafter configuration ------------------------------------------------------ */
@@ -320,7 +321,19 @@ static int restore_state(run *r, dfl_err *e)
                 return dfl_fail(e, DFL_EDATA, "%s: 'ranks[%d].rng' must be 4 hex strings", what, r->rank);
         json_object_set(r->state, "data", json_object_get(mine, "data"));
     }
-    return DFL_OK;
+    /* the step must be the one the directory is named for (its real name: latest is a link) */
+    char *real = realpath(r->resume_dir, NULL);
+    const char *base = real ? strrchr(real, '/') : NULL;
+    long long named;
+    int len = -1;
+    base = base ? base + 1 : real;
+    if (base && sscanf(base, "step-%lld%n", &named, &len) == 1 && len == (int)strlen(base) &&
+        named != r->step)
+        rc = dfl_fail(e, DFL_EDATA, "%s: %s says step %lld, but the checkpoint is %s: refusing to "
+                      "resume from it (an edited or misplaced trainer state)", r->resume_dir, what,
+                      (long long)r->step, base);
+    free(real);
+    return rc;
 }
 
 /* ---- checkpoints --------------------------------------------------------------------------- */
@@ -715,6 +728,29 @@ static int drain(run *r, dfl_err *e)
     return rc;
 }
 
+/* The input ended before this run took a step (collective: every rank comes here at the same
+ * step). When batches were read and none had an anchor, there is nothing to train on: an error
+ * naming the inputs, rather than an untrained checkpoint given as the result. */
+static int no_anchor_check(run *r, int64_t empty, dfl_err *e)
+{
+    double n[1] = {(double)empty};   /* over all ranks */
+    int rc = dfl_dist_sum_host(r->dist, n, 1, e);
+    if (rc || n[0] <= 0)
+        return rc;
+    char names[512] = "";
+    size_t k = 0;
+    for (int i = 0; i < r->o->n_inputs && k < sizeof names - 8; i++)
+        k += (size_t)snprintf(names + k, sizeof names - k, "%s%s", i ? ", " : "", r->rank_inputs[i]);
+    if (k >= sizeof names - 8)
+        snprintf(names + sizeof names - 8, 8, ", ...");
+    return dfl_fail(e, DFL_EDATA, "%s%s: no valid anchor in any of the %.0f batch%s read%s: an "
+                    "anchor is a scored token (loss mask 1) followed by another in the same sequence, and "
+                    "every sequence here has one token or no two scored tokens in a row (a loss mask "
+                    "like [1, 0]); nothing to train on, no checkpoint written", names,
+                    r->world > 1 ? " (and the other ranks' inputs)" : "", n[0],
+                    n[0] == 1 ? "" : "es", r->world > 1 ? " by all ranks" : "");
+}
+
 /* The loop, pipelined: while the device runs step N, the host reads the next batch, draws its
  * anchors, builds and stages its arrays (uploaded on the copy stream), enqueues step N+1, and
  * then reads step N's results (long done, unless the host is ahead of the GPU). r->step counts
@@ -729,6 +765,7 @@ static int train_loop(run *r, dfl_err *e)
     if (r->rank > 0)   /* each rank its own noise; rank 0 (and a single rank) as before */
         noise_seed = dfl_hash2(noise_seed, (uint64_t)r->rank);
     const bool grows = !dfl_dp_async(r->be);   /* the CPU may resize between steps */
+    const int64_t step0 = r->step, empty0 = r->empty_batches;   /* where this run started */
     int rc = DFL_OK;
     metrics_reset(r);
     profile_reset(r);
@@ -775,6 +812,8 @@ static int train_loop(run *r, dfl_err *e)
             return (rc = drain(r, e)) ? rc : DFL_EINTR;
         if (agree[0] < r->world) {
             if ((rc = drain(r, e)))
+                return rc;
+            if (r->step == step0 && (rc = no_anchor_check(r, r->empty_batches - empty0, e)))
                 return rc;
             if (r->world > 1 && b)
                 dfl_info("the input of another rank ended after %lld steps", (long long)r->step);
@@ -953,6 +992,7 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
     r->o = o;
     r->last_saved = -1;
     r->metrics_fd = -1;
+    r->lock_fd = -1;
     int rc;
     if (o->n_inputs < 1)
         return dfl_fail(e, DFL_EUSAGE, "no input (give hidden-state streams, or - for stdin)");
@@ -971,7 +1011,8 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
                  env.local_rank, env.from, o->rendezvous);
     if ((rc = make_rank_inputs(r, e)))
         goto out;
-    if (r->rank == 0 && (rc = dfl_mkdir_p(o->run_dir, 0777, e)))
+    if (r->rank == 0 && ((rc = dfl_mkdir_p(o->run_dir, 0777, e)) ||
+                         (rc = dfl_draft_run_lock(o->run_dir, &r->lock_fd, e))))
         goto out;
     if (o->resume && (rc = dfl_draft_ckpt_resolve(o->resume, &r->resume_dir, e)))
         goto out;
@@ -1112,5 +1153,7 @@ out:
     for (int i = 0; r->rank_inputs && i < o->n_inputs; i++)
         free(r->rank_inputs[i]);
     free(r->rank_inputs);
+    if (r->lock_fd >= 0)   /* last: the directory is left complete */
+        close(r->lock_fd);
     return rc;
 }

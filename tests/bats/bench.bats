@@ -1,6 +1,6 @@
 #!/usr/bin/env bats
 # bench/draft: the drafter benchmark script, run here at --shape tiny (CPU, no peer, no ceiling),
-# and the test-tool options it relies on (mktarget --no-layers, draftdata --exact-len and
+# bench/target's options and its peer's source (it needs a GPU and torch to run), and the test-tool options it relies on (mktarget --no-layers, draftdata --exact-len and
 # --table-rows). The real run (the 8B shape on a GPU) is the lead's, on the GPU machine.
 load helper
 bats_require_minimum_version 1.5.0
@@ -66,6 +66,21 @@ setup() {
 @test "bench/draft: a missing program is named, exit 1" {
     run -1 "$REPO/bench/draft" --shape tiny --out "$T/r.txt" "$T/nobuild"
     [[ "$output" == *"$T/nobuild/bin/dfl-draft is missing"* ]]
+}
+
+@test "bench/target --help and an unknown option; its peer hf_target.py compiles and copies into pinned buffers" {
+    run --separate-stderr "$REPO/bench/target" --help
+    [ "$status" -eq 0 ]
+    [[ "$output" == "# bench/target [--quick]"* ]]
+    [[ "$output" == *"pinned buffers, non_blocking, double-buffered"* ]]
+    run -1 "$REPO/bench/target" --bogus
+    [[ "$output" == *"unknown option --bogus"* ]]
+    command -v python3 >/dev/null || skip "no python3"
+    python3 -c "import ast, sys; ast.parse(open(sys.argv[1]).read())" "$REPO/bench/peers/hf_target.py"
+    # no blocking copy to pageable memory is left; the copies go to pinned buffers, non_blocking
+    ! grep -n 'to("cpu"' "$REPO/bench/peers/hf_target.py"
+    grep -q 'pin_memory=True' "$REPO/bench/peers/hf_target.py"
+    grep -q 'copy_(src, non_blocking=True)' "$REPO/bench/peers/hf_target.py"
 }
 
 @test "mktarget --no-layers: the config of all layers, only the embedding, norm and LM head" {

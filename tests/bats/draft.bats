@@ -14,6 +14,11 @@ setup() {
     A=(--target "$TGT" --mask-token-id 63 --draft-layers 1 --block-size 8 --num-anchors 16)
 }
 
+# a background dfl-draft a failed test leaves must not keep bats waiting
+teardown() {
+    [ -z "${BGPID:-}" ] || kill -KILL "$BGPID" 2>/dev/null || true
+}
+
 data() { # data OUT [draftdata options]: a stream for the fixture target
     local out=$1
     shift
@@ -213,6 +218,94 @@ losses() { grep -o '"loss":[^,]*' "$1"; }
     printf '\000\000\300\177' | dd of="$f" bs=1 seek=$((8 + hl)) conv=notrunc status=none
     run -2 dfl-draft "${A[@]}" --out "$T/r" --resume "$T/r/latest" "$T/a.dfl"
     [[ "$output" == *"not finite"* ]]
+}
+
+# setf32 FILE TENSOR VALUE: element 0 of TENSOR in the safetensors FILE becomes the f32 VALUE
+setf32() {
+    python3 - "$@" <<'PY'
+import json, struct, sys
+f, name, value = sys.argv[1], sys.argv[2], float(sys.argv[3])
+b = bytearray(open(f, 'rb').read())
+n = struct.unpack('<Q', b[:8])[0]
+o = 8 + n + json.loads(b[8:8 + n])[name]['data_offsets'][0]
+b[o:o + 4] = struct.pack('<f', value)
+open(f, 'wb').write(b)
+PY
+}
+
+@test "a weight finite in f32 but beyond bf16 (3.4e38 -> Inf) is never published; f32 saves keep it" {
+    command -v python3 >/dev/null || skip "no python3"
+    data "$T/a.dfl"
+    dfl-draft "${A[@]}" --out "$T/r" "$T/a.dfl"
+    setf32 "$T/r/step-0000006/optimizer.safetensors" master.layers.0.self_attn.k_norm.weight 3.4e38
+    cp -r "$T/r" "$T/f32"
+    cp -r "$T/r/step-0000006" "$T/before"
+    run -2 dfl-draft "${A[@]}" --out "$T/r" --resume "$T/r" --epochs 2 "$T/a.dfl"
+    [[ "$output" == *"model weight 'layers.0.self_attn.k_norm.weight' element 0 is 3.4e+38, which is inf in BF16"* ]]
+    [[ "$output" == *"checkpoint not written"* ]]
+    [ "$(readlink "$T/r/latest")" = step-0000006 ]
+    [ "$(ls -d "$T"/r/step-* | wc -l)" -eq 1 ]
+    diff -r "$T/before" "$T/r/step-0000006"
+    ! ls -a "$T/r" | grep -q tmp
+    # in f32 the same value is finite: saved, and dfl-ckpt finds nothing to object to
+    run -0 dfl-draft "${A[@]}" --out "$T/f32" --resume "$T/f32" --epochs 2 --save-dtype f32 "$T/a.dfl"
+    [ "$(readlink "$T/f32/latest")" = step-0000012 ]
+    run -0 dfl-ckpt --check-nan "$T/f32/latest"
+}
+
+@test "input without a valid anchor anywhere: exit 2 naming the inputs, no checkpoint" {
+    draftdata "$TGT" "$T/one.dfl" --batches 3 --seqs 2 --len 1
+    draftdata "$TGT" "$T/m10.dfl" --batches 3 --seqs 2 --len 2 --mask 10
+    run -2 --separate-stderr dfl-draft "${A[@]}" --out "$T/r" "$T/one.dfl" "$T/m10.dfl"
+    [[ "$stderr" == *"$T/one.dfl, $T/m10.dfl: no valid anchor in any of the 6 batches read"* ]]
+    [ -z "$output" ]
+    ! ls "$T/r" | grep -q step-
+    # through a pipe too (the schedule is known, the input is not)
+    run -2 --separate-stderr bash -c "draftdata '$TGT' - --batches 3 --seqs 2 --len 2 --mask 10 |
+        dfl-draft ${A[*]} --out '$T/p' --total-steps 5 -"
+    [[ "$stderr" == *"-: no valid anchor in any of the 3 batches read"* ]]
+    ! ls "$T/p" | grep -q step-
+    # one good batch among them is enough: the others are skipped
+    data "$T/good.dfl" --batches 1
+    run -0 dfl-draft "${A[@]}" --out "$T/g" "$T/one.dfl" "$T/good.dfl"
+    [ "$(readlink "$T/g/latest")" = step-0000001 ]
+}
+
+@test "--resume refuses a trainer_state.json whose step is not the directory's" {
+    data "$T/a.dfl"
+    dfl-draft "${A[@]}" --out "$T/r" --save-every 4 --epochs 2 "$T/a.dfl"
+    for s in 100 4611686018427387904; do
+        sed -i "s/\"step\": [0-9]*,/\"step\": $s,/" "$T/r/step-0000004/trainer_state.json"
+        run -2 dfl-draft "${A[@]}" --out "$T/r" --epochs 2 --resume "$T/r/step-0000004" "$T/a.dfl"
+        [[ "$output" == *"trainer_state.json says step $s, but the checkpoint is step-0000004"* ]]
+    done
+    [ ! -e "$T/r/step-0000100" ]
+    [ "$(readlink "$T/r/latest")" = step-0000012 ]
+    # through latest (a link): the name it points to counts
+    sed -i 's/"step": 12,/"step": 8,/; s/"adam_step": 12,/"adam_step": 8,/' "$T/r/step-0000012/trainer_state.json"
+    run -2 dfl-draft "${A[@]}" --out "$T/r" --epochs 2 --resume "$T/r/latest" "$T/a.dfl"
+    [[ "$output" == *"says step 8, but the checkpoint is step-0000012"* ]]
+    run -0 dfl-draft "${A[@]}" --out "$T/r" --epochs 2 --resume "$T/r/step-0000008" "$T/a.dfl"
+}
+
+@test "--out is locked for the run: a second dfl-draft in the directory fails at once, naming it and the PID" {
+    mkfifo "$T/p"
+    dfl-draft "${A[@]}" --out "$T/r" --total-steps 6 "$T/p" > "$T/out1" 2> "$T/err1" 3>&- &
+    pid=$! BGPID=$!
+    for i in $(seq 100); do [ -s "$T/r/dfl-draft.lock" ] && break; sleep 0.05; done
+    data "$T/a.dfl"
+    SECONDS=0
+    run -1 --separate-stderr dfl-draft "${A[@]}" --out "$T/r" "$T/a.dfl"
+    [ "$SECONDS" -lt 5 ]
+    [[ "$stderr" == *"$T/r: the run directory is in use by process $pid"* ]]
+    [ -z "$output" ]
+    ! ls "$T/r" | grep -q step-
+    data "$T/p"   # the first run goes on and ends normally
+    wait "$pid"
+    [ "$(readlink "$T/r/latest")" = step-0000006 ]
+    # the lock ends with the process: a later run (a resume) takes it
+    run -0 dfl-draft "${A[@]}" --out "$T/r" --resume "$T/r" --total-steps 12 "$T/a.dfl"
+    [ "$(readlink "$T/r/latest")" = step-0000012 ]
 }
 
 @test "a truncated stream stops the run with 2 and leaves the last checkpoint intact" {

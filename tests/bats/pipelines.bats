@@ -106,6 +106,20 @@ wait_for() {
     [ ! -e "$T/r" ]
 }
 
+@test "dfl-train and dfl-dump: the default worker count follows the CPUs, not OMP_NUM_THREADS" {
+    ncpu=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+    [ "$ncpu" -ge 2 ] || skip "needs 2 CPUs"
+    run --separate-stderr env OMP_NUM_THREADS=1 dfl-train --dry-run --model "$TGT" --out "$T/r" "$F/sh" -- "${D[@]}"
+    [ "$status" -eq 0 ]
+    [ "$(grep -c 'dfl-target --model' <<<"$output")" -eq 2 ]
+    run --separate-stderr env OMP_NUM_THREADS=1 OMP_THREAD_LIMIT=1 dfl-dump --dry-run --model "$TGT" --out "$T/hs" "$F/sh"
+    [ "$status" -eq 0 ]
+    [ "$(grep -c 'dfl-target --model' <<<"$output")" -eq 2 ]
+    # --threads still sets the threads of each process, not the workers
+    run --separate-stderr dfl-train --dry-run --threads 1 --model "$TGT" --out "$T/r" "$F/sh" -- "${D[@]}"
+    [ "$(grep -c 'dfl-target --model' <<<"$output")" -eq 2 ]
+}
+
 @test "dfl-train --device cuda: one worker per target GPU, dfl-draft on the last GPU (dry run, no GPU needed)" {
     run --separate-stderr env CUDA_VISIBLE_DEVICES=0,1,2 dfl-train -n --device cuda --model "$TGT" --out "$T/r" "$F/sh" -- "${D[@]}"
     [ "$status" -eq 0 ]

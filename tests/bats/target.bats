@@ -59,6 +59,19 @@ tokens_frame_offset() {
     [ ! -e "$BATS_TEST_TMPDIR/o.dfl" ]
 }
 
+@test "--compute: bf16 or f32; the CPU computes in f32 only, and --compute f32 there changes nothing" {
+    run -1 dfl-target -m "$D/m4" --compute f16 -o "$BATS_TEST_TMPDIR/o.dfl" "$D/tok3.dfl"
+    assert_output --partial "--compute: 'f16' is not bf16 or f32"
+    run -1 dfl-target -m "$D/m4" --compute bf16 -o "$BATS_TEST_TMPDIR/o.dfl" "$D/tok3.dfl"
+    assert_output --partial "--device cpu computes in f32 only (asked for bf16)"
+    [ ! -e "$BATS_TEST_TMPDIR/o.dfl" ]
+    dfl-target -q -m "$D/m4" --dtype f32 -o "$BATS_TEST_TMPDIR/a.dfl" "$D/tok3.dfl"
+    run -0 --separate-stderr dfl-target -m "$D/m4" --dtype f32 --compute f32 -o "$BATS_TEST_TMPDIR/b.dfl" "$D/tok3.dfl"
+    [[ "$stderr" == *"computing in f32, capturing layers"* ]]
+    cmp "$BATS_TEST_TMPDIR/a.dfl" "$BATS_TEST_TMPDIR/b.dfl"
+    dfl-target --help | grep -q -- "--compute TYPE"
+}
+
 @test "--max-tokens and --zstd are checked" {
     run -1 dfl-target -m "$D/m4" --max-tokens 0 --info
     assert_output --partial "--max-tokens"

@@ -304,8 +304,47 @@ static void test_fixtures(void)
         T_SKIP("no llama/qwen2 fixtures");
 }
 
-/* dfl-target --device cuda end to end: its f32 output against the CPU run's, batch by batch;
- * and a batch larger than the buffers is an error on the GPU (not a silent growth). */
+/* Two hidden-state files batch by batch: the worst row over all; *n the batches compared. */
+static cmp compare_files(const char *a, const char *b, int *n)
+{
+    dfl_err e = {0};
+    dfl_reader *ra = NULL, *rb = NULL;
+    cmp c = {.rel = 0, .cos = 1};
+    *n = 0;
+    T_CHECK(dfl_reader_open(&ra, a, NULL, &e) == 0 && dfl_reader_open(&rb, b, NULL, &e) == 0,
+            "%s", e.msg);
+    if (!ra || !rb)
+        goto out;
+    T_CHECK(strcmp(dfl_reader_info(ra)->fingerprint, dfl_reader_info(rb)->fingerprint) == 0,
+            "same fingerprint on both devices");
+    for (;;) {
+        dfl_batch ba, bb;
+        memset(&ba, 0, sizeof ba);
+        memset(&bb, 0, sizeof bb);
+        bool ea = false, eb = false;
+        if (dfl_reader_next(ra, &ba, &ea, &e) || dfl_reader_next(rb, &bb, &eb, &e)) {
+            T_CHECK(0, "%s", e.msg);
+            break;
+        }
+        T_CHECK(ea == eb, "same number of batches");
+        if (ea || eb)
+            break;
+        (*n)++;
+        for (uint32_t k = 0; k < ba.n_layers; k++)
+            compare(&c, ba.layers[k], bb.layers[k], (int64_t)ba.n_tokens, ba.hidden);
+        dfl_batch_free(&ba);
+        dfl_batch_free(&bb);
+    }
+out:
+    dfl_reader_close(ra);
+    dfl_reader_close(rb);
+    return c;
+}
+
+/* dfl-target --device cuda end to end: its f32 output against the CPU run's, batch by batch,
+ * computing in bf16 (the default: bf16 tolerances) and with --compute f32 (f32 tolerances: an
+ * exact check of a model on the GPU); and a batch larger than the buffers is an error on the GPU
+ * (not a silent growth). */
 static void test_program(void)
 {
     if (!dfl_be_cuda_available())
@@ -313,53 +352,33 @@ static void test_program(void)
     const char *d = oracle_dir();
     if (!d)
         T_SKIP("no oracle");
-    char bin[4200], tools[4200], cmd[16384], tok[4200], gpu[4200], cpu[4200];
+    char bin[4200], tools[4200], cmd[16384], tok[4200], gpu[4200], cpu[4200], g32[4200];
     t_build_dir(bin, sizeof bin, "DFL_BIN", self_dir, "bin");
     t_build_dir(tools, sizeof tools, "DFL_TOOLS", self_dir, "tools");
     snprintf(tok, sizeof tok, "%s/tok.dfl", t_tmpdir());
     snprintf(gpu, sizeof gpu, "%s/gpu.dfl", t_tmpdir());
     snprintf(cpu, sizeof cpu, "%s/cpu.dfl", t_tmpdir());
+    snprintf(g32, sizeof g32, "%s/gpu-f32.dfl", t_tmpdir());
     snprintf(cmd, sizeof cmd, "'%s/mktokens' --from-ref '%s/ref.safetensors' -o '%s' && "
              "'%s/dfl-target' -q -m '%s' --device cuda --dtype f32 --max-tokens 1024 "
              "--layers 0,1,2,3,4,5 -o '%s' '%s' && "
+             "'%s/dfl-target' -q -m '%s' --device cuda --compute f32 --dtype f32 --max-tokens 1024 "
+             "--layers 0,1,2,3,4,5 -o '%s' '%s' && "
              "'%s/dfl-target' -q -m '%s' --device cpu --dtype f32 --layers 0,1,2,3,4,5 -o '%s' '%s'",
-             tools, d, tok, bin, d, gpu, tok, bin, d, cpu, tok);
+             tools, d, tok, bin, d, gpu, tok, bin, d, g32, tok, bin, d, cpu, tok);
     int st = system(cmd);
     T_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: status %d", cmd, st);
     if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0))
         return;
-    dfl_err e = {0};
-    dfl_reader *rg = NULL, *rc = NULL;
-    T_CHECK(dfl_reader_open(&rg, gpu, NULL, &e) == 0 && dfl_reader_open(&rc, cpu, NULL, &e) == 0,
-            "%s", e.msg);
-    T_CHECK(strcmp(dfl_reader_info(rg)->fingerprint, dfl_reader_info(rc)->fingerprint) == 0,
-            "same fingerprint on both devices");
-    cmp c = {.rel = 0, .cos = 1};
-    int n = 0;
-    for (;;) {
-        dfl_batch bg, bc;
-        memset(&bg, 0, sizeof bg);
-        memset(&bc, 0, sizeof bc);
-        bool eg = false, ec = false;
-        if (dfl_reader_next(rg, &bg, &eg, &e) || dfl_reader_next(rc, &bc, &ec, &e)) {
-            T_CHECK(0, "%s", e.msg);
-            break;
-        }
-        T_CHECK(eg == ec, "same number of batches");
-        if (eg || ec)
-            break;
-        n++;
-        for (uint32_t k = 0; k < bg.n_layers; k++)
-            compare(&c, bg.layers[k], bc.layers[k], (int64_t)bg.n_tokens, bg.hidden);
-        dfl_batch_free(&bg);
-        dfl_batch_free(&bc);
-    }
+    int n = 0, n32 = 0;
+    cmp c = compare_files(gpu, cpu, &n), c32 = compare_files(g32, cpu, &n32);
     printf("# dfl-target --device cuda (bf16 compute) vs --device cpu: %d batches, rel %.3g cos %.6f\n",
            n, c.rel, c.cos);
-    T_CHECK(n == 5, "5 batches");
+    printf("# dfl-target --device cuda --compute f32 vs --device cpu: %d batches, rel %.3g cos %.6f\n",
+           n32, c32.rel, c32.cos);
+    T_CHECK(n == 5 && n32 == 5, "5 batches");
     T_CHECK(within(&c, DFL_BF16), "cuda vs cpu: rel %.3g cos %.6f", c.rel, c.cos);
-    dfl_reader_close(rg);
-    dfl_reader_close(rc);
+    T_CHECK(within(&c32, DFL_F32), "cuda --compute f32 vs cpu: rel %.3g cos %.6f", c32.rel, c32.cos);
     /* through a pipe (no index to size from) and without --max-tokens the buffers fit the first
      * batch (1 token); the next is larger */
     remove(gpu);

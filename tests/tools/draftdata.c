@@ -5,7 +5,9 @@
  * predictable and the mask token V-1 never occurs), the first two tokens of each sequence are
  * unscored, and the features of layer j for token t are row t of a fixed random table (the same
  * for every stream). Options make the bad inputs of the tests: --nan-batch, --nan-from, --cut,
- * --fingerprint, --layers, --hidden. For benchmarks at a real target's size (bench/draft):
+ * --fingerprint, --layers, --hidden, and, for inputs without a valid anchor, --len 1 (every
+ * sequence one token) and --mask PATTERN (the loss mask of each sequence: PATTERN's 0s and 1s,
+ * repeated, instead of the default 0 0 1 1 1 ...). For benchmarks at a real target's size (bench/draft):
  * --exact-len (every sequence --len tokens) and --table-rows N (a table of N rows per layer, row
  * = token mod N, instead of one per vocabulary entry, which would be 12 GB for an 8B target).
  * --also-seed N appends to every batch the sequences that --seed N would make (the batches of
@@ -32,7 +34,7 @@ static void usage(void)
            "       [--dtype bf16|f32] [--seed N] [--nan-batch K] [--nan-from K] [--cut BYTES]\n"
            "       [--no-index] [--also-seed N]\n"
            "       [--fingerprint HEX] [--hidden H] [--delay-ms MS]\n"
-           "       [--exact-len] [--table-rows N] [--ids A,B,.. [--mask 0011..]]\n");
+           "       [--exact-len] [--table-rows N] [--ids A,B,..] [--mask 0011..]\n");
 }
 
 /* An error after the tables exist: stop the stream (a consumer that went away, a full disk) and
@@ -70,7 +72,12 @@ int main(int argc, char **argv)
         switch (c) {
         case 'b': rc = dfl_parse_i64(optarg, 0, 1 << 20, &batches, "--batches", &e); break;
         case 's': rc = dfl_parse_i64(optarg, 1, 1 << 16, &seqs, "--seqs", &e); break;
-        case 'l': rc = dfl_parse_i64(optarg, 2, 1 << 20, &len, "--len", &e); break;
+        case 'l': rc = dfl_parse_i64(optarg, 1, 1 << 20, &len, "--len", &e); break;
+        case 'M':
+            mask_s = optarg;
+            if (!*optarg || strspn(optarg, "01") != strlen(optarg))
+                return dfl_cli_usage_error("--mask: '%s' is not a pattern of 0s and 1s", optarg);
+            break;
         case 'L': layers_s = optarg; break;
         case 'd': dt = dfl_dtype_from_name(optarg); break;
         case 'S': rc = dfl_parse_i64(optarg, 0, INT64_MAX, &seed, "--seed", &e); break;
@@ -85,7 +92,6 @@ int main(int argc, char **argv)
         case 'R': rc = dfl_parse_i64(optarg, 1, INT32_MAX, &table_rows, "--table-rows", &e); break;
         case 'A': rc = dfl_parse_i64(optarg, 0, INT64_MAX, &also_seed, "--also-seed", &e); break;
         case 'I': rc = dfl_parse_i64_list(optarg, 0, INT32_MAX, 1 << 20, &fixed, &n_fixed, "--ids", &e); break;
-        case 'M': mask_s = optarg; break;
         case 'h': usage(); return 0;
         default: return dfl_cli_usage_error("unknown option");
         }
@@ -94,8 +100,8 @@ int main(int argc, char **argv)
     }
     if (argc - optind != 2)
         return dfl_cli_usage_error("expected TARGET_DIR OUT");
-    if (mask_s && (!fixed || strlen(mask_s) != n_fixed || strspn(mask_s, "01") != n_fixed))
-        return dfl_cli_usage_error("--mask needs --ids and one 0 or 1 per token");
+    if (mask_s && fixed && strlen(mask_s) != n_fixed)
+        return dfl_cli_usage_error("--mask with --ids: one 0 or 1 per token");
     if (fixed && n_fixed < 2)
         return dfl_cli_usage_error("--ids: at least 2 tokens");
     const char *dir = argv[optind], *out = argv[optind + 1];
@@ -147,7 +153,7 @@ int main(int argc, char **argv)
                 lens[s] = fixed ? (uint32_t)n_fixed : exact_len ? (uint32_t)len
                                     : (uint32_t)(len / 2 + (int64_t)dfl_rng_below(g, (uint64_t)(len - len / 2 + 1)));
                 if (lens[s] < 2)
-                    lens[s] = 2;
+                    lens[s] = len < 2 ? 1 : 2;   /* --len 1: one token each */
                 T += lens[s];
             }
             for (int64_t s = p * seqs; s < (p + 1) * seqs; s++)
@@ -166,7 +172,7 @@ int main(int argc, char **argv)
             int64_t tok = first[s];
             for (uint32_t i = 0; i < lens[s]; i++, t++) {
                 ids[t] = fixed ? (int32_t)fixed[i] : (int32_t)tok;
-                mask[t] = mask_s ? mask_s[i] == '1' : i >= 2;
+                mask[t] = mask_s ? mask_s[i % strlen(mask_s)] == '1' : i >= 2;
                 tok = (5 * tok + 3) % (V - 1);
             }
         }

@@ -14,6 +14,7 @@
 
 #include "backend.h"
 #include "safetensors.h"
+#include "golden_tol.h"
 #include "t.h"
 
 /* Runs dflash-golden on $DFL_ORACLE/NAME/golden.safetensors with the options opts (skips when
@@ -227,6 +228,29 @@ static void test_mkgolden(void)
     T_CHECK(system(p) != 0, "--seed 7 made the same file as the default seed");
 }
 
+/* dflash-golden's count and accuracy tolerances agree: k flipped argmaxes among acc_den scored
+ * slots (accuracy off by k / acc_den) pass both checks or neither, in float32 and in bf16 */
+static void test_count_and_accuracy_tolerances_agree(void)
+{
+    static const double dens[] = {1, 7, 49, 50, 51, 100, 1126, 4096, 12345, 999999};
+    for (int mode = 0; mode < 2; mode++)
+        for (size_t i = 0; i < sizeof dens / sizeof *dens; i++) {
+            double den = dens[i], ct = golden_count_tol(mode, den), at = golden_acc_tol(mode, den);
+            for (double k = 0; k <= ct + 3; k++) {
+                bool count_ok = k <= ct, acc_ok = k / den <= at;
+                T_CHECK(count_ok == acc_ok, "%s, %g scored slots, %g flipped: counts %s (tol %g), "
+                        "accuracy %s (%.3g, tol %.3g)", mode ? "bf16" : "f32", den, k,
+                        count_ok ? "pass" : "fail", ct, acc_ok ? "pass" : "fail", k / den, at);
+            }
+        }
+    /* the case that was inconsistent: 1,126 scored slots, one flip (8.9e-4) in bf16 */
+    T_CHECK(1 <= golden_count_tol(true, 1126) && 1.0 / 1126 <= golden_acc_tol(true, 1126),
+            "one flip among 1126 slots: counts tol %g, accuracy tol %g", golden_count_tol(true, 1126),
+            golden_acc_tol(true, 1126));
+    T_CHECK(golden_count_tol(false, 1126) == 0 && !(1.0 / 1126 <= golden_acc_tol(false, 1126)),
+            "float32: one flip fails both");
+}
+
 int main(int argc, char **argv)
 {
     t_init(argv[0]);
@@ -243,5 +267,6 @@ int main(int argc, char **argv)
     T_RUN(test_own_golden);
     T_RUN(test_own_golden_perturbed);
     T_RUN(test_mkgolden);
+    T_RUN(test_count_and_accuracy_tolerances_agree);
     return t_done();
 }

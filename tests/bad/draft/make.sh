@@ -7,7 +7,7 @@ set -euo pipefail
 B=$(cd "${1:-build}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 tgt="$here/../../fixtures/draft/target"
-dd_() { "$B/tools/draftdata" "$tgt" "$@" --batches 2 --seqs 2 --len 16; }
+dd_() { "$B/tools/draftdata" "$tgt" "$1" --batches 2 --seqs 2 --len 16 "${@:2}"; }   # later options win
 cd "$here"
 rm -f ./*.dfl ./*.json
 dd_ fingerprint.dfl --fingerprint 00000000000000000000000000000000
@@ -16,6 +16,8 @@ dd_ hidden.dfl --hidden 16
 dd_ truncated.dfl --cut 64
 dd_ no-end-pipe.dfl --no-index --cut 200
 dd_ bitflip.dfl
+dd_ no-anchor-one-token.dfl --len 1        # every sequence one token: no anchor anywhere
+dd_ no-anchor-mask10.dfl --len 2 --mask 10  # loss mask [1, 0]: no two scored tokens in a row
 size=$(stat -c %s bitflip.dfl)
 printf '\252' | dd of=bitflip.dfl bs=1 seek=$((size / 2)) conv=notrunc status=none
 sed 's/"mask_token_id": 63/"mask_token_id": 64/' ../../fixtures/draft/config.json > config-mask.json
