@@ -14,6 +14,7 @@
 #include "util.h"
 #include "t.h"
 #include "../tools/framecraft.h"
+#include "../tools/frame-example.h"
 
 /* ---- test data -------------------------------------------------------------------------------- */
 
@@ -75,13 +76,7 @@ static void gen_batch(dfl_batch *b, const cfg *c, uint64_t seed, int maxs, int m
     for (uint32_t k = 0; k < K; k++) {
         size_t n = (size_t)T * (size_t)c->hidden;
         for (size_t i = 0; i < n; i++) {
-            float v = (float)((int)(rng_next(&s) % 64) - 32) / 8.0f;
-            if (c->dtype == DFL_BF16)
-                ((uint16_t *)b->layers[k])[i] = dfl_f32_to_bf16(v);
-            else if (c->dtype == DFL_F16)
-                ((uint16_t *)b->layers[k])[i] = dfl_f32_to_f16(v);
-            else
-                ((float *)b->layers[k])[i] = v;
+            fc_store_f32((void *)b->layers[k], c->dtype, i, (float)((int)(rng_next(&s) % 64) - 32) / 8.0f);
         }
     }
 }
@@ -771,20 +766,12 @@ static void test_defects(void)
     /* unknown must-understand type before END */
     uint8_t pl[100];
     memset(pl, 0x5a, sizeof pl);
-    fc_buf fr = {0};
-    fc_frame(&fr, 77, 0, 0, pl, sizeof pl, sizeof pl);
-    fc_copy(&d, s.p, s.n);
-    fc_insert(&d, end_off, fr.p, fr.n);
-    fc_renumber(d.p, d.n);
+    fc_with_frame(&d, s.p, s.n, end_off, 77, 0, pl, sizeof pl, sizeof pl);
     snprintf(want, sizeof want, "frame 4 at offset %zu: unsupported frame type 77", end_off);
     expect_bad(&d, DFL_EUNSUP, want, "unknown must-understand type");
 
     /* the same, skippable: skipped, everything else read */
-    fr.n = 0;
-    fc_frame(&fr, 77, DFL_FF_SKIPPABLE, 0, pl, sizeof pl, sizeof pl);
-    fc_copy(&d, s.p, s.n);
-    fc_insert(&d, offs[2], fr.p, fr.n);
-    fc_renumber(d.p, d.n);
+    fc_with_frame(&d, s.p, s.n, offs[2], 77, DFL_FF_SKIPPABLE, pl, sizeof pl, sizeof pl);
     for (int via_pipe = 0; via_pipe <= 1; via_pipe++) {
         uint64_t nb;
         bool tr;
@@ -817,11 +804,7 @@ static void test_defects(void)
         }
     }
     /* a skippable frame with a payload that is not even zstd is skipped unread */
-    fr.n = 0;
-    fc_frame(&fr, 300, DFL_FF_SKIPPABLE | DFL_FF_ZSTD, 0, pl, sizeof pl, 1000);
-    fc_copy(&d, s.p, s.n);
-    fc_insert(&d, offs[1], fr.p, fr.n);
-    fc_renumber(d.p, d.n);
+    fc_with_frame(&d, s.p, s.n, offs[1], 300, DFL_FF_SKIPPABLE | DFL_FF_ZSTD, pl, sizeof pl, 1000);
     {
         uint64_t nb;
         bool tr;
@@ -932,7 +915,6 @@ static void test_defects(void)
     fc_put64(d.p + offs[2] + 64, 5);
     fc_refix(d.p, offs[2]);
     expect_bad(&d, DFL_EDATA, "batch index 5, expected 1", "batch index");
-    free(fr.p);
     free(d.p);
     free(s.p);
 }
@@ -1020,28 +1002,11 @@ static void test_corpus(void)
     snprintf(dir, sizeof dir, "%s/tests/fixtures/frame/example.dfl", root);
     fc_buf want = {0}, got = {0};
     T_CHECK(slurp(dir, &want) && want.n == 896, "example.dfl");
-    dfl_stream_info ex;
-    memset(&ex, 0, sizeof ex);
-    ex.kind = DFL_KIND_TOKENS;
-    snprintf(ex.producer, sizeof ex.producer, "example");
-    ex.vocab_size = 100;
-    dfl_batch b;
-    dfl_err e;
-    dfl_batch_alloc(&b, 5, 2, 0, 0, DFL_DT_INVALID, &e);
-    ((uint32_t *)b.seq_lens)[0] = 3;
-    ((uint32_t *)b.seq_lens)[1] = 2;
-    static const uint8_t mask[5] = {0, 1, 1, 0, 1};
-    for (int i = 0; i < 5; i++) {
-        ((int32_t *)b.input_ids)[i] = 5 + i;
-        ((uint8_t *)b.loss_mask)[i] = mask[i];
-    }
     char *path = tmp_path("example.dfl");
-    dfl_writer *w;
-    T_CHECK(dfl_writer_open(&w, path, &ex, NULL, &e) == 0 && dfl_writer_batch(w, &b, &e) == 0 &&
-                dfl_writer_close(w, &e) == 0, "write the example: %s", e.msg);
+    dfl_err e;
+    T_CHECK(write_frame_example(path, &e) == 0, "write the example: %s", e.msg);
     T_CHECK(slurp(path, &got) && got.n == want.n && memcmp(got.p, want.p, want.n) == 0,
             "the writer no longer writes the bytes of the EXAMPLE in man/dfl-frame.5");
-    dfl_batch_free(&b);
     free(want.p);
     free(got.p);
 }
