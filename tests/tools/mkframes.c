@@ -41,6 +41,15 @@ static void put_file(const char *dir, const char *name, const uint8_t *p, size_t
     n_written++;
 }
 
+/* A good stream (make_stream's arguments) into good_dir, listed in its README. */
+static void good(fc_buf *g, const char *name, const dfl_stream_info *in, int n, uint64_t seed, int zstd_level,
+                 bool index, int note_after, const char *what)
+{
+    make_stream(g, in, n, seed, zstd_level, index, note_after);
+    put_file(good_dir, name, g->p, g->n);
+    fprintf(good_readme, "%-24s %s\n", name, what);
+}
+
 static void bad(const char *name, const fc_buf *b, const char *what)
 {
     put_file(bad_dir, name, b->p, b->n);
@@ -242,27 +251,13 @@ int main(int argc, char **argv)
 
     /* ---- good examples ---- */
     fc_buf g = {0};
-    make_stream(&g, &tok, 3, 1, 0, true, -1);
-    put_file(good_dir, "tokens.dfl", g.p, g.n);
-    fprintf(good_readme, "%-24s tokens stream, 3 batches, vocab 1000, INDEX (as written to a file)\n", "tokens.dfl");
-    make_stream(&g, &tok, 3, 2, 0, false, 1);
-    put_file(good_dir, "tokens-pipe.dfl", g.p, g.n);
-    fprintf(good_readme, "%-24s tokens stream, 3 batches, a NOTE, no INDEX (as written to a pipe)\n", "tokens-pipe.dfl");
-    make_stream(&g, &hid, 3, 3, 0, true, -1);
-    put_file(good_dir, "hidden-bf16.dfl", g.p, g.n);
-    fprintf(good_readme, "%-24s hidden stream, bf16, layers [1, 5], hidden 8, 3 batches, INDEX\n", "hidden-bf16.dfl");
-    make_stream(&g, &hid16, 2, 4, 0, true, -1);
-    put_file(good_dir, "hidden-f16.dfl", g.p, g.n);
-    fprintf(good_readme, "%-24s hidden stream, f16, 2 batches, INDEX\n", "hidden-f16.dfl");
-    make_stream(&g, &hid32, 2, 5, 0, true, -1);
-    put_file(good_dir, "hidden-f32.dfl", g.p, g.n);
-    fprintf(good_readme, "%-24s hidden stream, f32, 2 batches, INDEX\n", "hidden-f32.dfl");
-    make_stream(&g, &hid, 3, 6, 19, true, -1);
-    put_file(good_dir, "hidden-zstd.dfl", g.p, g.n);
-    fprintf(good_readme, "%-24s hidden stream, bf16, 3 batches compressed (zstd 19, shuffle 2), INDEX\n", "hidden-zstd.dfl");
-    make_stream(&g, &hid32, 2, 7, 19, true, -1);
-    put_file(good_dir, "hidden-f32-zstd.dfl", g.p, g.n);
-    fprintf(good_readme, "%-24s hidden stream, f32, 2 batches compressed (zstd 19, shuffle 4), INDEX\n", "hidden-f32-zstd.dfl");
+    good(&g, "tokens.dfl", &tok, 3, 1, 0, true, -1, "tokens stream, 3 batches, vocab 1000, INDEX (as written to a file)");
+    good(&g, "tokens-pipe.dfl", &tok, 3, 2, 0, false, 1, "tokens stream, 3 batches, a NOTE, no INDEX (as written to a pipe)");
+    good(&g, "hidden-bf16.dfl", &hid, 3, 3, 0, true, -1, "hidden stream, bf16, layers [1, 5], hidden 8, 3 batches, INDEX");
+    good(&g, "hidden-f16.dfl", &hid16, 2, 4, 0, true, -1, "hidden stream, f16, 2 batches, INDEX");
+    good(&g, "hidden-f32.dfl", &hid32, 2, 5, 0, true, -1, "hidden stream, f32, 2 batches, INDEX");
+    good(&g, "hidden-zstd.dfl", &hid, 3, 6, 19, true, -1, "hidden stream, bf16, 3 batches compressed (zstd 19, shuffle 2), INDEX");
+    good(&g, "hidden-f32-zstd.dfl", &hid32, 2, 7, 19, true, -1, "hidden stream, f32, 2 batches compressed (zstd 19, shuffle 4), INDEX");
 
     /* the EXAMPLE of dfl-frame(5): one batch of sequences of 3 and 2 tokens */
     {
