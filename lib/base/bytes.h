@@ -33,16 +33,20 @@ static inline void dfl_put_le16(uint8_t *p, uint16_t v) { dfl_put_le(p, v, 2); }
 static inline void dfl_put_le32(uint8_t *p, uint32_t v) { dfl_put_le(p, v, 4); }
 static inline void dfl_put_le64(uint8_t *p, uint64_t v) { dfl_put_le(p, v, 8); }
 
-/* Room for element n of the array *(T **)arrp of *cap elements of elem bytes: when n == *cap,
- * reallocates it to first elements (when *cap is 0) or twice *cap. Returns false, changing
- * nothing, when out of memory or when the size would overflow. Use:
- *     if (!dfl_grow(&f->recs, &f->cap_recs, f->nrecs, sizeof *f->recs, 64)) return ENOMEM... */
-static inline bool dfl_grow(void *arrp, size_t *cap, size_t n, size_t elem, size_t first)
+/* Room for need elements in the array *(T **)arrp of *cap elements of elem bytes: when *cap is
+ * smaller, reallocates it to first elements (when *cap is 0) doubled until need fit. Returns
+ * false, changing nothing, when out of memory or when the size would overflow. */
+static inline bool dfl_reserve(void *arrp, size_t *cap, size_t need, size_t elem, size_t first)
 {
-    if (n < *cap)
+    if (need <= *cap)
         return true;
-    size_t ncap = *cap ? *cap * 2 : first, bytes;
-    if (ncap < *cap || __builtin_mul_overflow(ncap, elem, &bytes))
+    size_t ncap = *cap ? *cap : first ? first : 1, bytes;
+    while (ncap < need) {
+        if (ncap > SIZE_MAX / 2)
+            return false;
+        ncap *= 2;
+    }
+    if (__builtin_mul_overflow(ncap, elem, &bytes))
         return false;
     void *old;
     memcpy(&old, arrp, sizeof old);
@@ -52,6 +56,14 @@ static inline bool dfl_grow(void *arrp, size_t *cap, size_t n, size_t elem, size
     memcpy(arrp, &p, sizeof p);
     *cap = ncap;
     return true;
+}
+
+/* Room for element n (an append): dfl_reserve for n + 1, growing by doubling. Use:
+ *     if (!dfl_grow(&f->recs, &f->cap_recs, f->nrecs, sizeof *f->recs, 64))
+ *         return dfl_fail(e, DFL_ENOMEM, "out of memory"); */
+static inline bool dfl_grow(void *arrp, size_t *cap, size_t n, size_t elem, size_t first)
+{
+    return n < SIZE_MAX && dfl_reserve(arrp, cap, n + 1, elem, first);
 }
 
 #endif

@@ -230,6 +230,17 @@ static void test_grow(void)
     T_CHECK(!dfl_grow(&a, &big, big, sizeof *a, 4) && a == before && big == SIZE_MAX / 4 + 1,
             "overflow refused, nothing changed");
     free(a);
+    /* a byte buffer: from first, doubled until the request fits */
+    char *b = NULL;
+    size_t bcap = 0;
+    T_CHECK(dfl_reserve(&b, &bcap, 10, 1, 4096) && b && bcap == 4096, "first %zu", bcap);
+    T_CHECK(dfl_reserve(&b, &bcap, 4096, 1, 4096) && bcap == 4096, "fits: %zu", bcap);
+    T_CHECK(dfl_reserve(&b, &bcap, 4097, 1, 4096) && bcap == 8192, "doubled: %zu", bcap);
+    T_CHECK(dfl_reserve(&b, &bcap, 40000, 1, 4096) && bcap == 65536, "doubled until it fits: %zu", bcap);
+    memset(b, 7, 40000);
+    T_CHECK(!dfl_reserve(&b, &bcap, SIZE_MAX, 1, 4096) && bcap == 65536 && b[39999] == 7,
+            "impossible request refused, nothing changed");
+    free(b);
 }
 
 int main(int argc, char **argv)

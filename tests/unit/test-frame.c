@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "frame.h"
+#include "frame_type.h"
 #include "util.h"
 #include "t.h"
 #include "../tools/framecraft.h"
@@ -1203,10 +1204,21 @@ static void test_payload_size(void)
     }
 }
 
+static void test_type_names(void)
+{
+    static const char *const names[] = {NULL, "HEADER", "TOKENS", "HIDDEN", "INDEX", "END", "NOTE", NULL};
+    for (uint32_t t = 0; t < DFL_ARRAY_LEN(names); t++) {
+        const char *n = dfl_frame_type_name(t);
+        T_CHECK(names[t] ? n && strcmp(n, names[t]) == 0 : n == NULL, "type %u: %s", t, n ? n : "NULL");
+    }
+    T_CHECK(dfl_frame_type_name(1000) == NULL, "an unassigned type has no name");
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
     t_init(argv[0]);
+    T_RUN(test_type_names);
     T_RUN(test_payload_size);
     T_RUN(test_roundtrip_file);
     T_RUN(test_roundtrip_pipe);
