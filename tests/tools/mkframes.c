@@ -41,15 +41,6 @@ static void put_file(const char *dir, const char *name, const uint8_t *p, size_t
     n_written++;
 }
 
-/* A good stream (make_stream's arguments) into good_dir, listed in its README. */
-static void good(fc_buf *g, const char *name, const dfl_stream_info *in, int n, uint64_t seed, int zstd_level,
-                 bool index, int note_after, const char *what)
-{
-    make_stream(g, in, n, seed, zstd_level, index, note_after);
-    put_file(good_dir, name, g->p, g->n);
-    fprintf(good_readme, "%-24s %s\n", name, what);
-}
-
 static void bad(const char *name, const fc_buf *b, const char *what)
 {
     put_file(bad_dir, name, b->p, b->n);
@@ -147,6 +138,15 @@ static void make_stream(fc_buf *out, const dfl_stream_info *in, int n, uint64_t 
     out->n = 0;
     fc_append(out, s, len);
     free(s);
+}
+
+/* A good stream (make_stream's arguments) into good_dir, listed in its README. */
+static void good(fc_buf *g, const char *name, const dfl_stream_info *in, int n, uint64_t seed, int zstd_level,
+                 bool index, int note_after, const char *what)
+{
+    make_stream(g, in, n, seed, zstd_level, index, note_after);
+    put_file(good_dir, name, g->p, g->n);
+    fprintf(good_readme, "%-24s %s\n", name, what);
 }
 
 /* Offset of frame number k. */
