@@ -139,6 +139,19 @@ static inline void fc_renumber(uint8_t *s, size_t n)
     }
 }
 
+/* Index of the first frame of the given type, or -1. */
+static inline int fc_find(const uint8_t *s, size_t n, uint16_t type, size_t *off)
+{
+    size_t offs[4096];
+    int k = fc_list(s, n, offs, 4096);
+    for (int i = 0; i < k; i++)
+        if (fc_get16(s + offs[i] + 6) == type) {
+            *off = offs[i];
+            return i;
+        }
+    return -1;
+}
+
 /* d = the stream src[0..n) with the bytes add[0..len) inserted at offset at, renumbered. */
 static inline void fc_with_bytes(fc_buf *d, const uint8_t *src, size_t n, size_t at, const void *add, size_t len)
 {
@@ -156,19 +169,6 @@ static inline void fc_with_frame(fc_buf *d, const uint8_t *src, size_t n, size_t
     fc_frame(&fr, type, flags, 0, payload, stored, raw);
     fc_with_bytes(d, src, n, at, fr.p, fr.n);
     free(fr.p);
-}
-
-/* Index of the first frame of the given type, or -1. */
-static inline int fc_find(const uint8_t *s, size_t n, uint16_t type, size_t *off)
-{
-    size_t offs[4096];
-    int k = fc_list(s, n, offs, 4096);
-    for (int i = 0; i < k; i++)
-        if (fc_get16(s + offs[i] + 6) == type) {
-            *off = offs[i];
-            return i;
-        }
-    return -1;
 }
 
 /* v as element i of a BF16, F16 or F32 array (a batch's hidden-state layer). */
