@@ -140,15 +140,6 @@ static void make_stream(fc_buf *out, const dfl_stream_info *in, int n, uint64_t 
     free(s);
 }
 
-/* A good stream (make_stream's arguments) into good_dir, listed in its README. */
-static void good(fc_buf *g, const char *name, const dfl_stream_info *in, int n, uint64_t seed, int zstd_level,
-                 bool index, int note_after, const char *what)
-{
-    make_stream(g, in, n, seed, zstd_level, index, note_after);
-    put_file(good_dir, name, g->p, g->n);
-    fprintf(good_readme, "%-24s %s\n", name, what);
-}
-
 /* Offset of frame number k. */
 static size_t frame_off(const fc_buf *b, int k)
 {
@@ -216,6 +207,15 @@ static bpos batch_at(fc_buf *b, size_t off)
     p.o_mask = p.o_ids + DFL_ALIGN_UP(4 * p.T, 64);
     p.o_layer0 = p.o_mask + DFL_ALIGN_UP(p.T, 64);
     return p;
+}
+
+/* A good stream (make_stream's arguments) into good_dir, listed in its README. */
+static void good(fc_buf *g, const char *name, const dfl_stream_info *in, int n, uint64_t seed, int zstd_level,
+                 bool index, int note_after, const char *what)
+{
+    make_stream(g, in, n, seed, zstd_level, index, note_after);
+    put_file(good_dir, name, g->p, g->n);
+    fprintf(good_readme, "%-24s %s\n", name, what);
 }
 
 int main(int argc, char **argv)
