@@ -187,6 +187,18 @@ static void test_json(void)
     T_CHECK(dfl_json_parse(deep, 200, &v, "cfg", &e) == DFL_EDATA && strstr(e.msg, "nested"), "depth: %s", e.msg);
 }
 
+static void test_json_depth(void)
+{
+    const char *ok = "{\"a\": [[1, {\"b\": 2}]]}";
+    T_CHECK(dfl_json_depth_ok(ok, strlen(ok), 4), "4 deep, limit 4");
+    T_CHECK(!dfl_json_depth_ok(ok, strlen(ok), 3), "4 deep, limit 3");
+    const char *str = "[\"[[[[\\\"[[\", \"}}}\"]";   /* brackets (and an escaped quote) in strings */
+    T_CHECK(dfl_json_depth_ok(str, strlen(str), 1), "strings skipped: %s", str);
+    T_CHECK(!dfl_json_depth_ok("[[", 2, 1), "unclosed still counts");
+    T_CHECK(dfl_json_depth_ok("[[", 1, 1), "only n bytes read");
+    T_CHECK(dfl_json_depth_ok("", 0, 0) && dfl_json_depth_ok("1", 1, 0), "scalars have depth 0");
+}
+
 static void test_bytes(void)
 {
     const uint8_t b[9] = {0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x88, 0xff};
@@ -247,6 +259,7 @@ int main(int argc, char **argv)
 {
     t_init(argv[0]);
     T_RUN(test_exit_codes);
+    T_RUN(test_json_depth);
     T_RUN(test_bytes);
     T_RUN(test_grow);
     T_RUN(test_sizes);
