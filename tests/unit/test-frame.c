@@ -264,6 +264,28 @@ static void each_config(const char *via, size_t seed, int level, rt_fn fn)
     each_config_of(0, DFL_ARRAY_LEN(cfgs), 24, via, seed, level, fn);
 }
 
+/* dfl_reader_open, checked: NULL (a failed check) when it fails. */
+static dfl_reader *open_ok(const char *path)
+{
+    dfl_reader *r = NULL;
+    dfl_err e;
+    if (dfl_reader_open(&r, path, NULL, &e)) {
+        T_CHECK(0, "open: %s", e.msg);
+        return NULL;
+    }
+    return r;
+}
+
+/* The next frame into *f: false at the end of the stream or on an error (a failed check). */
+static bool next_frame_ok(dfl_reader *r, dfl_frame *f)
+{
+    bool eos;
+    dfl_err e;
+    int rc = dfl_reader_next_frame(r, f, &eos, &e);
+    T_CHECK(rc == 0, "next_frame: %s", e.msg);
+    return rc == 0 && !eos;
+}
+
 static void roundtrip_file(const cfg *c, const dfl_writer_opts *o, dfl_batch *bs, int n, int z, const char *what)
 {
     char *path = tmp_path("rt.dfl");
@@ -283,11 +305,8 @@ static void roundtrip_file(const cfg *c, const dfl_writer_opts *o, dfl_batch *bs
     rc = dfl_reader_open(&r, path, NULL, &e);
     if (rc == 0) {
         int zframes = 0;
-        for (;;) {
-            dfl_frame f;
-            bool eos;
-            if (dfl_reader_next_frame(r, &f, &eos, &e) || eos)
-                break;
+        dfl_frame f;
+        while (next_frame_ok(r, &f)) {
             if (f.type == DFL_FT_TOKENS || f.type == DFL_FT_HIDDEN) {
                 zframes += (f.flags & DFL_FF_ZSTD) != 0;
                 T_CHECK(z || f.owned == NULL, "%s: uncompressed mapped frame should not be copied", what);
@@ -396,28 +415,6 @@ static void test_large_batch(void)
         dfl_reader_close(r);
     }
     free_all(bs, 2);
-}
-
-/* dfl_reader_open, checked: NULL (a failed check) when it fails. */
-static dfl_reader *open_ok(const char *path)
-{
-    dfl_reader *r = NULL;
-    dfl_err e;
-    if (dfl_reader_open(&r, path, NULL, &e)) {
-        T_CHECK(0, "open: %s", e.msg);
-        return NULL;
-    }
-    return r;
-}
-
-/* The next frame into *f: false at the end of the stream or on an error (a failed check). */
-static bool next_frame_ok(dfl_reader *r, dfl_frame *f)
-{
-    bool eos;
-    dfl_err e;
-    int rc = dfl_reader_next_frame(r, f, &eos, &e);
-    T_CHECK(rc == 0, "next_frame: %s", e.msg);
-    return rc == 0 && !eos;
 }
 
 static void index_case(const cfg *c, const dfl_writer_opts *o, dfl_batch *bs, int n, int z, const char *what)
@@ -804,11 +801,8 @@ static void test_defects(void)
         dfl_reader *r;
         if (dfl_reader_open(&r, path, NULL, &e) == 0) {
             int seen = 0;
-            for (;;) {
-                dfl_frame f;
-                bool eos;
-                if (dfl_reader_next_frame(r, &f, &eos, &e) || eos)
-                    break;
+            dfl_frame f;
+            while (next_frame_ok(r, &f)) {
                 if (f.type == 77) {
                     seen++;
                     T_CHECK(f.payload == NULL && f.stored_len == 100 && (f.flags & DFL_FF_SKIPPABLE), "listed unknown frame");
