@@ -906,30 +906,29 @@ extern "C" int dfl_cuda_host_unregister(dfl_be *be, void *p, dfl_err *e)
     return 0;
 }
 
-extern "C" int dfl_cuda_download_async(dfl_be *be, void *dst_host, const void *src_dev, size_t bytes,
-                                       dfl_cuda_stream s, dfl_err *e)
+/* An asynchronous copy of bytes on stream s (nothing for 0 bytes); what names it in errors. */
+static int copy_async(dfl_be *be, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                      dfl_cuda_stream s, const char *what, dfl_err *e)
 {
     if (bytes == 0)
         return 0;
     int rc = api_enter(be, e);
     if (rc)
         return rc;
-    API_TRY(cudaMemcpyAsync(dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, to_stream(s)),
-            "asynchronous download");
+    API_TRY(cudaMemcpyAsync(dst, src, bytes, kind, to_stream(s)), what);
     return 0;
+}
+
+extern "C" int dfl_cuda_download_async(dfl_be *be, void *dst_host, const void *src_dev, size_t bytes,
+                                       dfl_cuda_stream s, dfl_err *e)
+{
+    return copy_async(be, dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, s, "asynchronous download", e);
 }
 
 extern "C" int dfl_cuda_upload_async(dfl_be *be, void *dst_dev, const void *src_host, size_t bytes,
                                      dfl_cuda_stream s, dfl_err *e)
 {
-    if (bytes == 0)
-        return 0;
-    int rc = api_enter(be, e);
-    if (rc)
-        return rc;
-    API_TRY(cudaMemcpyAsync(dst_dev, src_host, bytes, cudaMemcpyHostToDevice, to_stream(s)),
-            "asynchronous upload");
-    return 0;
+    return copy_async(be, dst_dev, src_host, bytes, cudaMemcpyHostToDevice, s, "asynchronous upload", e);
 }
 
 extern "C" void dfl_cuda_freeze(dfl_be *be, bool frozen) { cuda_of(be)->frozen = frozen; }

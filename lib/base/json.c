@@ -7,7 +7,7 @@
 
 /* Nesting depth of the text itself, checked before jansson sees it (jansson's own limit is a
  * compile-time constant of 2048, far too deep for anything we read). Strings are skipped. */
-static bool depth_ok(const char *s, size_t n, int max)
+bool dfl_json_depth_ok(const char *s, size_t n, int max)
 {
     int d = 0;
     bool in_str = false;
@@ -39,7 +39,7 @@ int dfl_json_parse(const char *buf, size_t len, json_t **out, const char *what, 
                         DFL_JSON_MAX_BYTES);
     if (memchr(buf, 0, len))
         return dfl_fail(e, DFL_EDATA, "%s: JSON text contains a NUL byte", what);
-    if (!depth_ok(buf, len, DFL_JSON_MAX_DEPTH))
+    if (!dfl_json_depth_ok(buf, len, DFL_JSON_MAX_DEPTH))
         return dfl_fail(e, DFL_EDATA, "%s: JSON nested deeper than %d levels", what, DFL_JSON_MAX_DEPTH);
     json_error_t je;
     json_t *v = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);

@@ -16,6 +16,9 @@
  * nesting deeper than DFL_JSON_MAX_DEPTH, NUL bytes, and duplicate keys. */
 int dfl_json_parse(const char *buf, size_t len, json_t **out, const char *what, dfl_err *e);
 int dfl_json_load_file(const char *path, json_t **out, dfl_err *e);
+/* Is the nesting of the text s[0..n) (arrays and objects; strings skipped) at most max deep?
+ * Checked before jansson sees a text: its own limit is far too deep for anything we read. */
+bool dfl_json_depth_ok(const char *s, size_t n, int max);
 
 /* Typed getters. A missing key is an error only when required (then *out is untouched otherwise).
  * Return DFL_EDATA with "what: key 'k' must be ..." on a type mismatch. */

@@ -27,6 +27,8 @@ static void emit(const char *buf, size_t n)
 
 static void vlog(int level, int progress, const char *fmt, va_list ap)
 {
+    if (level > dfl_log_level)
+        return;
     char line[2048];
     size_t n = 0;
     int tty = isatty(2);
@@ -61,8 +63,6 @@ static void vlog(int level, int progress, const char *fmt, va_list ap)
 
 void dfl_log(int level, const char *fmt, ...)
 {
-    if (level > dfl_log_level)
-        return;
     va_list ap;
     va_start(ap, fmt);
     vlog(level, 0, fmt, ap);
@@ -71,8 +71,6 @@ void dfl_log(int level, const char *fmt, ...)
 
 void dfl_progress(const char *fmt, ...)
 {
-    if (DFL_LOG_INFO > dfl_log_level)
-        return;
     va_list ap;
     va_start(ap, fmt);
     vlog(DFL_LOG_INFO, 1, fmt, ap);

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "bytes.h"
 #include "json.h"
 
 #if JANSSON_VERSION_HEX < 0x020800
@@ -16,20 +17,6 @@
 
 #define ST_INDEX_NAME "model.safetensors.index.json"
 #define ST_SINGLE_NAME "model.safetensors"
-
-static uint64_t le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static void put_le64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
 
 /* "[2, 3, 4]" into buf; for messages. */
 static const char *fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape)
@@ -212,7 +199,7 @@ static int st_parse(dfl_st_file *f, dfl_err *e)
     if (size < 8)
         return dfl_fail(e, DFL_ETRUNC, "%s: file of %zu bytes is too short for the 8-byte header "
                         "length (truncated, or not a safetensors file)", path, size);
-    uint64_t n = le64(f->map.data);
+    uint64_t n = dfl_get_le64(f->map.data);
     if (n > DFL_ST_MAX_HEADER)
         return dfl_fail(e, DFL_EDATA, "%s: header length %llu is over the limit of %u bytes (not "
                         "a safetensors file?)", path, (unsigned long long)n, DFL_ST_MAX_HEADER);
@@ -920,7 +907,7 @@ int dfl_st_write(dfl_st_writer *w, const char *path, dfl_err *e)
         free(begin);
         return dfl_fail(e, DFL_ENOMEM, "%s: out of memory", path);
     }
-    put_le64(head, padded);
+    dfl_put_le64(head, padded);
     memcpy(head + 8, hdr, hlen);
     memset(head + 8 + hlen, ' ', padded - hlen);
     free(hdr);

@@ -19,27 +19,21 @@
 
 #define CLONES __attribute__((target_clones("avx2", "default")))
 
-CLONES static uint16_t max_mag16(const uint16_t *p, size_t n)
-{
-    uint16_t acc = 0;
-#pragma omp simd reduction(max : acc)
-    for (size_t i = 0; i < n; i++) {
-        uint16_t v = p[i] & 0x7fffu;
-        acc = v > acc ? v : acc;
+/* The largest magnitude (sign bit cleared) of n unsigned words of type T. */
+#define MAX_MAG(name, T, mask)                                 \
+    CLONES static T name(const T *p, size_t n)                 \
+    {                                                          \
+        T acc = 0;                                             \
+        _Pragma("omp simd reduction(max : acc)")               \
+        for (size_t i = 0; i < n; i++) {                       \
+            T v = p[i] & (mask);                               \
+            acc = v > acc ? v : acc;                           \
+        }                                                      \
+        return acc;                                            \
     }
-    return acc;
-}
-
-CLONES static uint32_t max_mag32(const uint32_t *p, size_t n)
-{
-    uint32_t acc = 0;
-#pragma omp simd reduction(max : acc)
-    for (size_t i = 0; i < n; i++) {
-        uint32_t v = p[i] & 0x7fffffffu;
-        acc = v > acc ? v : acc;
-    }
-    return acc;
-}
+MAX_MAG(max_mag8, uint8_t, 0x7fu)
+MAX_MAG(max_mag16, uint16_t, 0x7fffu)
+MAX_MAG(max_mag32, uint32_t, 0x7fffffffu)
 
 CLONES static uint64_t any_exp64(const uint64_t *p, size_t n)
 {
@@ -48,17 +42,6 @@ CLONES static uint64_t any_exp64(const uint64_t *p, size_t n)
 #pragma omp simd reduction(| : acc)
     for (size_t i = 0; i < n; i++)
         acc |= (uint64_t)((p[i] & exp) == exp);
-    return acc;
-}
-
-CLONES static uint8_t max_mag8(const uint8_t *p, size_t n)
-{
-    uint8_t acc = 0;
-#pragma omp simd reduction(max : acc)
-    for (size_t i = 0; i < n; i++) {
-        uint8_t v = p[i] & 0x7fu;
-        acc = v > acc ? v : acc;
-    }
     return acc;
 }
 
@@ -134,25 +117,43 @@ typedef struct chunk {
     uint64_t start, n;
 } chunk;
 
+/* Job j's chunks of DFL_SCAN_CHUNK elements (the last one shorter) into c from index k; returns
+ * the index after them. */
+static size_t chunks_count(uint64_t n) { return (size_t)((n + DFL_SCAN_CHUNK - 1) / DFL_SCAN_CHUNK); }
+
+static size_t chunks_fill(chunk *c, size_t k, size_t j, uint64_t n)
+{
+    for (uint64_t s = 0; s < n; s += DFL_SCAN_CHUNK) {
+        c[k].job = j;
+        c[k].start = s;
+        c[k].n = n - s < DFL_SCAN_CHUNK ? n - s : DFL_SCAN_CHUNK;
+        k++;
+    }
+    return k;
+}
+
+/* A chunk's first hit (relative to the chunk) folded into its job's (absolute): chunks come in
+ * order, so the job's first hit is the first chunk's that has one. */
+static void first_hit(uint64_t *first, const chunk *c, uint64_t chunk_first)
+{
+    if (*first == DFL_SCAN_NONE && chunk_first != DFL_SCAN_NONE)
+        *first = c->start + chunk_first;
+}
+
 static int make_chunks(const dfl_scan_job *jobs, size_t njobs, chunk **out, size_t *nout, dfl_err *e)
 {
     uint64_t total = 0;
     for (size_t j = 0; j < njobs; j++) {
         if (!scannable(jobs[j].dtype))
             return dfl_fail(e, DFL_EUNSUP, "cannot scan elements of dtype %d", (int)jobs[j].dtype);
-        total += (jobs[j].n + DFL_SCAN_CHUNK - 1) / DFL_SCAN_CHUNK;
+        total += chunks_count(jobs[j].n);
     }
     chunk *c = malloc((total ? total : 1) * sizeof *c);
     if (!c)
         return dfl_fail(e, DFL_ENOMEM, "out of memory (%" PRIu64 " scan chunks)", total);
     size_t k = 0;
     for (size_t j = 0; j < njobs; j++)
-        for (uint64_t s = 0; s < jobs[j].n; s += DFL_SCAN_CHUNK) {
-            c[k].job = j;
-            c[k].start = s;
-            c[k].n = jobs[j].n - s < DFL_SCAN_CHUNK ? jobs[j].n - s : DFL_SCAN_CHUNK;
-            k++;
-        }
+        k = chunks_fill(c, k, j, jobs[j].n);
     *out = c;
     *nout = k;
     return DFL_OK;
@@ -257,6 +258,56 @@ static int run_chunks(const dfl_scan_job *jobs, const chunk *ch, size_t nch, int
     return rc;
 }
 
+/* The jobs' chunks and fn's result for each (res_size bytes each, in chunk order). */
+typedef struct scan_run {
+    chunk *ch;
+    size_t nch;
+    void *res;
+} scan_run;
+
+static void scan_run_free(scan_run *r)
+{
+    free(r->res);
+    free(r->ch);
+}
+
+/* Chunks the jobs and runs fn on every chunk into *r (the caller's to free on success; nothing
+ * is left on failure). */
+static int scan_jobs(const dfl_scan_job *jobs, size_t njobs, int threads, bool scratch, chunk_fn fn,
+                     size_t res_size, scan_run *r, dfl_err *e)
+{
+    int rc = make_chunks(jobs, njobs, &r->ch, &r->nch, e);
+    if (rc)
+        return rc;
+    r->res = calloc(r->nch ? r->nch : 1, res_size);
+    if (!r->res) {
+        free(r->ch);
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    }
+    rc = run_chunks(jobs, r->ch, r->nch, nthreads(threads, r->nch), scratch, fn, r->res, res_size, e);
+    if (rc)
+        scan_run_free(r);
+    return rc;
+}
+
+/* A job's non-finite counts: start (n elements, no hit), fold its chunks in in order, finish. */
+static void nf_start(dfl_scan_result *r, uint64_t n)
+{
+    memset(r, 0, sizeof *r);
+    r->n = n;
+    r->first = DFL_SCAN_NONE;
+}
+
+static void nf_fold(dfl_scan_result *r, const chunk *c, const chunk_nf *b)
+{
+    r->nan += b->nan;
+    r->posinf += b->posinf;
+    r->neginf += b->neginf;
+    first_hit(&r->first, c, b->first);
+}
+
+static void nf_finish(dfl_scan_result *r) { r->nonfinite = r->nan + r->posinf + r->neginf; }
+
 /* ---------------------------------------------------------------- non-finite scan */
 
 static void nf_chunk(const void *p, dfl_dtype dt, size_t n, float *fbuf, double *dbuf, void *res)
@@ -272,39 +323,18 @@ static void nf_chunk(const void *p, dfl_dtype dt, size_t n, float *fbuf, double 
 int dfl_scan_nonfinite_many(const dfl_scan_job *jobs, size_t njobs, int threads, dfl_scan_result *out,
                             dfl_err *e)
 {
-    chunk *ch;
-    size_t nch;
-    int rc = make_chunks(jobs, njobs, &ch, &nch, e);
+    scan_run sr;
+    int rc = scan_jobs(jobs, njobs, threads, false, nf_chunk, sizeof(chunk_nf), &sr, e);
     if (rc)
         return rc;
-    chunk_nf *res = calloc(nch ? nch : 1, sizeof *res);
-    if (!res) {
-        free(ch);
-        return dfl_fail(e, DFL_ENOMEM, "out of memory");
-    }
-    rc = run_chunks(jobs, ch, nch, nthreads(threads, nch), false, nf_chunk, res, sizeof *res, e);
-    if (rc) {
-        free(res);
-        free(ch);
-        return rc;
-    }
-    for (size_t j = 0; j < njobs; j++) {
-        memset(&out[j], 0, sizeof out[j]);
-        out[j].n = jobs[j].n;
-        out[j].first = DFL_SCAN_NONE;
-    }
-    for (size_t k = 0; k < nch; k++) { /* in order: the first hit of a job is its first index */
-        dfl_scan_result *r = &out[ch[k].job];
-        r->nan += res[k].nan;
-        r->posinf += res[k].posinf;
-        r->neginf += res[k].neginf;
-        if (r->first == DFL_SCAN_NONE && res[k].first != DFL_SCAN_NONE)
-            r->first = ch[k].start + res[k].first;
-    }
+    const chunk_nf *res = sr.res;
     for (size_t j = 0; j < njobs; j++)
-        out[j].nonfinite = out[j].nan + out[j].posinf + out[j].neginf;
-    free(res);
-    free(ch);
+        nf_start(&out[j], jobs[j].n);
+    for (size_t k = 0; k < sr.nch; k++) /* in order: the first hit of a job is its first index */
+        nf_fold(&out[sr.ch[k].job], &sr.ch[k], &res[k]);
+    for (size_t j = 0; j < njobs; j++)
+        nf_finish(&out[j]);
+    scan_run_free(&sr);
     return DFL_OK;
 }
 
@@ -325,50 +355,31 @@ typedef struct chunk_stats {
 
 /* Finite values only: sum, min, max in one pass, then the squared deviations from the chunk's
  * mean in a second (the chunk is still in cache), all in double. */
-CLONES static void stats_f32(const float *x, size_t n, chunk_stats *c)
-{
-    double sum = 0;
-    float mn = INFINITY, mx = -INFINITY;
-#pragma omp simd reduction(+ : sum) reduction(min : mn) reduction(max : mx)
-    for (size_t i = 0; i < n; i++) {
-        sum += (double)x[i];
-        mn = x[i] < mn ? x[i] : mn;
-        mx = x[i] > mx ? x[i] : mx;
+#define STATS_FN(name, T)                                                                  \
+    CLONES static void name(const T *x, size_t n, chunk_stats *c)                          \
+    {                                                                                      \
+        double sum = 0;                                                                    \
+        T mn = INFINITY, mx = -INFINITY;                                                   \
+        _Pragma("omp simd reduction(+ : sum) reduction(min : mn) reduction(max : mx)")     \
+        for (size_t i = 0; i < n; i++) {                                                   \
+            sum += (double)x[i];                                                           \
+            mn = x[i] < mn ? x[i] : mn;                                                    \
+            mx = x[i] > mx ? x[i] : mx;                                                    \
+        }                                                                                  \
+        double mean = sum / (double)n, m2 = 0;                                             \
+        _Pragma("omp simd reduction(+ : m2)")                                              \
+        for (size_t i = 0; i < n; i++) {                                                   \
+            double d = (double)x[i] - mean;                                                \
+            m2 += d * d;                                                                   \
+        }                                                                                  \
+        c->n = n;                                                                          \
+        c->mean = mean;                                                                    \
+        c->m2 = m2;                                                                        \
+        c->min = mn;                                                                       \
+        c->max = mx;                                                                       \
     }
-    double mean = sum / (double)n, m2 = 0;
-#pragma omp simd reduction(+ : m2)
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)x[i] - mean;
-        m2 += d * d;
-    }
-    c->n = n;
-    c->mean = mean;
-    c->m2 = m2;
-    c->min = mn;
-    c->max = mx;
-}
-
-CLONES static void stats_f64(const double *x, size_t n, chunk_stats *c)
-{
-    double sum = 0, mn = INFINITY, mx = -INFINITY;
-#pragma omp simd reduction(+ : sum) reduction(min : mn) reduction(max : mx)
-    for (size_t i = 0; i < n; i++) {
-        sum += x[i];
-        mn = x[i] < mn ? x[i] : mn;
-        mx = x[i] > mx ? x[i] : mx;
-    }
-    double mean = sum / (double)n, m2 = 0;
-#pragma omp simd reduction(+ : m2)
-    for (size_t i = 0; i < n; i++) {
-        double d = x[i] - mean;
-        m2 += d * d;
-    }
-    c->n = n;
-    c->mean = mean;
-    c->m2 = m2;
-    c->min = mn;
-    c->max = mx;
-}
+STATS_FN(stats_f32, float)
+STATS_FN(stats_f64, double)
 
 CLONES static void bf16_to_f32(float *dst, const uint16_t *src, size_t n)
 {
@@ -487,39 +498,25 @@ static void stats_chunk(const void *p, dfl_dtype dt, size_t n, float *fbuf, doub
 int dfl_scan_stats_many(const dfl_scan_job *jobs, size_t njobs, int threads, dfl_stats *out, dfl_err *e)
 {
     pthread_once(&tables_once, make_tables);
-    chunk *ch;
-    size_t nch;
-    int rc = make_chunks(jobs, njobs, &ch, &nch, e);
+    scan_run sr;
+    int rc = scan_jobs(jobs, njobs, threads, true, stats_chunk, sizeof(chunk_stats), &sr, e);
     if (rc)
         return rc;
-    chunk_stats *res = calloc(nch ? nch : 1, sizeof *res);
-    if (!res) {
-        free(ch);
-        return dfl_fail(e, DFL_ENOMEM, "out of memory");
-    }
-    rc = run_chunks(jobs, ch, nch, nthreads(threads, nch), true, stats_chunk, res, sizeof *res, e);
-    if (rc) {
-        free(res);
-        free(ch);
-        return rc;
-    }
+    const chunk_stats *res = sr.res;
     /* combine in chunk order (deterministic whatever the thread count) */
     chunk_stats *acc = calloc(njobs ? njobs : 1, sizeof *acc);
     if (!acc) {
-        free(res);
-        free(ch);
+        scan_run_free(&sr);
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
     }
-    for (size_t j = 0; j < njobs; j++)
-        acc[j].nf.first = DFL_SCAN_NONE;
-    for (size_t k = 0; k < nch; k++) {
-        chunk_stats *a = &acc[ch[k].job];
+    for (size_t j = 0; j < njobs; j++) {
+        memset(&out[j], 0, sizeof out[j]);
+        nf_start(&out[j].nf, jobs[j].n);
+    }
+    for (size_t k = 0; k < sr.nch; k++) {
+        chunk_stats *a = &acc[sr.ch[k].job];
         const chunk_stats *b = &res[k];
-        a->nf.nan += b->nf.nan;
-        a->nf.posinf += b->nf.posinf;
-        a->nf.neginf += b->nf.neginf;
-        if (a->nf.first == DFL_SCAN_NONE && b->nf.first != DFL_SCAN_NONE)
-            a->nf.first = ch[k].start + b->nf.first;
+        nf_fold(&out[sr.ch[k].job].nf, &sr.ch[k], &b->nf);
         if (!b->n)
             continue;
         if (!a->n) {
@@ -540,13 +537,7 @@ int dfl_scan_stats_many(const dfl_scan_job *jobs, size_t njobs, int threads, dfl
     for (size_t j = 0; j < njobs; j++) {
         dfl_stats *s = &out[j];
         const chunk_stats *a = &acc[j];
-        memset(s, 0, sizeof *s);
-        s->nf.n = jobs[j].n;
-        s->nf.nan = a->nf.nan;
-        s->nf.posinf = a->nf.posinf;
-        s->nf.neginf = a->nf.neginf;
-        s->nf.nonfinite = a->nf.nan + a->nf.posinf + a->nf.neginf;
-        s->nf.first = a->nf.first;
+        nf_finish(&s->nf);
         s->finite = a->n;
         if (a->n) {
             s->min = a->min;
@@ -559,8 +550,7 @@ int dfl_scan_stats_many(const dfl_scan_job *jobs, size_t njobs, int threads, dfl
         }
     }
     free(acc);
-    free(res);
-    free(ch);
+    scan_run_free(&sr);
     return DFL_OK;
 }
 
@@ -584,7 +574,7 @@ int dfl_diff_many(const dfl_diff_job *jobs, size_t njobs, int threads, dfl_diff_
     for (size_t j = 0; j < njobs; j++) {
         if (!scannable(jobs[j].ta) || !scannable(jobs[j].tb))
             return dfl_fail(e, DFL_EUNSUP, "cannot compare elements of an invalid dtype");
-        total += (jobs[j].n + DFL_SCAN_CHUNK - 1) / DFL_SCAN_CHUNK;
+        total += chunks_count(jobs[j].n);
     }
     chunk *ch = malloc((total ? total : 1) * sizeof *ch);
     dfl_diff_result *res = calloc(total ? total : 1, sizeof *res);
@@ -595,12 +585,7 @@ int dfl_diff_many(const dfl_diff_job *jobs, size_t njobs, int threads, dfl_diff_
     }
     size_t nch = 0;
     for (size_t j = 0; j < njobs; j++)
-        for (uint64_t s = 0; s < jobs[j].n; s += DFL_SCAN_CHUNK) {
-            ch[nch].job = j;
-            ch[nch].start = s;
-            ch[nch].n = jobs[j].n - s < DFL_SCAN_CHUNK ? jobs[j].n - s : DFL_SCAN_CHUNK;
-            nch++;
-        }
+        nch = chunks_fill(ch, nch, j, jobs[j].n);
     int nt = nthreads(threads, nch);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
     for (size_t k = 0; k < nch; k++) {
@@ -636,8 +621,7 @@ int dfl_diff_many(const dfl_diff_job *jobs, size_t njobs, int threads, dfl_diff_
     for (size_t k = 0; k < nch; k++) {
         dfl_diff_result *o = &out[ch[k].job];
         o->ndiff += res[k].ndiff;
-        if (o->first == DFL_SCAN_NONE && res[k].first != DFL_SCAN_NONE)
-            o->first = ch[k].start + res[k].first;
+        first_hit(&o->first, &ch[k], res[k].first);
         o->max_abs = res[k].max_abs > o->max_abs ? res[k].max_abs : o->max_abs;
         o->max_rel = res[k].max_rel > o->max_rel ? res[k].max_rel : o->max_rel;
     }

@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bytes.h"
 #include "util.h"
 
 #define MAX_STACK (1u << 20)       /* pickle stack entries */
@@ -281,12 +282,8 @@ static int push(unpickler *u, pv *v)
     if (u->sp == u->stack_cap) {
         if (u->stack_cap >= MAX_STACK)
             return UFAIL(u, DFL_EDATA, "pickle stack deeper than %u entries", MAX_STACK);
-        size_t ncap = u->stack_cap ? u->stack_cap * 2 : 256;
-        pv **ns = realloc(u->stack, ncap * sizeof *ns);
-        if (!ns)
+        if (!dfl_grow(&u->stack, &u->stack_cap, u->sp, sizeof *u->stack, 256))
             return UFAIL(u, DFL_ENOMEM, "out of memory");
-        u->stack = ns;
-        u->stack_cap = ncap;
     }
     u->stack[u->sp++] = v;
     return DFL_OK;
@@ -308,6 +305,15 @@ static int top(unpickler *u, pv **v)
         return UFAIL(u, DFL_EDATA, "stack underflow");
     *v = u->stack[u->sp - 1];
     return DFL_OK;
+}
+
+/* top(), which must be of kind want: else "<op> a <kind>" (op e.g. "APPEND to"). */
+static int top_kind(unpickler *u, pv_kind want, const char *op, pv **v)
+{
+    int rc = top(u, v);
+    if (!rc && (*v)->kind != want)
+        rc = UFAIL(u, DFL_EDATA, "%s a %s", op, pv_kind_name[(*v)->kind]);
+    return rc;
 }
 
 /* Pops everything above the last MARK: *items points into the stack (valid until the next push). */
@@ -360,12 +366,15 @@ static int need(unpickler *u, size_t n)
     return DFL_OK;
 }
 
-static uint64_t rd_le(const uint8_t *p, int n)
+/* need(u, n), then the next n bytes as a little-endian integer, consumed. */
+static int take_le(unpickler *u, size_t n, uint64_t *x)
 {
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
+    int rc = need(u, n);
+    if (!rc) {
+        *x = dfl_get_le(u->buf + u->pos, (int)n);
+        u->pos += n;
+    }
+    return rc;
 }
 
 static int pk_string(unpickler *u, pv_kind k, uint64_t n)
@@ -564,14 +573,9 @@ static int pk_persid(unpickler *u, pv *pid)
     } else {
         if (f->nstorages >= DFL_TORCH_MAX_TENSORS)
             return UFAIL(u, DFL_EDATA, "more than %u storages", DFL_TORCH_MAX_TENSORS);
-        if (f->nstorages == f->cap_storages) {
-            size_t ncap = f->cap_storages ? f->cap_storages * 2 : 16;
-            storage_rec *ns = realloc(f->storages, ncap * sizeof *ns);
-            if (!ns)
-                return UFAIL(u, DFL_ENOMEM, "out of memory");
-            f->storages = ns; /* the key map borrows the key strings, which do not move */
-            f->cap_storages = ncap;
-        }
+        /* the key map borrows the key strings, which do not move */
+        if (!dfl_grow(&f->storages, &f->cap_storages, f->nstorages, sizeof *f->storages, 16))
+            return UFAIL(u, DFL_ENOMEM, "out of memory");
         storage_rec *s = &f->storages[f->nstorages];
         memset(s, 0, sizeof *s);
         s->key = dfl_strdup(it[2]->u.str.s);
@@ -685,14 +689,8 @@ static int pk_rebuild(unpickler *u, bool v3, const pv *args, pv **out)
                      "its storage '%s'", s->key);
     if (f->nrecs >= DFL_TORCH_MAX_TENSORS)
         return UFAIL(u, DFL_EDATA, "more than %u tensor records", DFL_TORCH_MAX_TENSORS);
-    if (f->nrecs == f->cap_recs) {
-        size_t ncap = f->cap_recs ? f->cap_recs * 2 : 64;
-        tensor_rec *nr = realloc(f->recs, ncap * sizeof *nr);
-        if (!nr)
-            return UFAIL(u, DFL_ENOMEM, "out of memory");
-        f->recs = nr;
-        f->cap_recs = ncap;
-    }
+    if (!dfl_grow(&f->recs, &f->cap_recs, f->nrecs, sizeof *f->recs, 64))
+        return UFAIL(u, DFL_ENOMEM, "out of memory");
     f->recs[f->nrecs] = r;
     pv *v = pv_new(u, PV_TENSOR);
     if (!v)
@@ -794,13 +792,13 @@ static int unpickle(unpickler *u, pv **result)
                 u->marks[u->nmarks++] = u->sp;
             break;
         case OP_EMPTY_DICT:
-            rc = push(u, pv_new(u, PV_DICT));
-            break;
         case OP_EMPTY_LIST:
-            rc = push(u, pv_new(u, PV_LIST));
-            break;
         case OP_EMPTY_TUPLE:
-            rc = push(u, pv_new(u, PV_TUPLE));
+        case OP_NONE:
+            rc = push(u, pv_new(u, op == OP_EMPTY_DICT    ? PV_DICT
+                                   : op == OP_EMPTY_LIST  ? PV_LIST
+                                   : op == OP_EMPTY_TUPLE ? PV_TUPLE
+                                                          : PV_NONE));
             break;
         case OP_TUPLE:
         case OP_LIST:
@@ -831,38 +829,23 @@ static int unpickle(unpickler *u, pv **result)
             rc = push(u, seq_from(u, PV_DICT, items, n));
             break;
         case OP_APPEND:
-            if ((rc = pop(u, &v)) || (rc = top(u, &t)))
-                break;
-            if (t->kind != PV_LIST)
-                rc = UFAIL(u, DFL_EDATA, "APPEND to a %s", pv_kind_name[t->kind]);
-            else
+            if (!(rc = pop(u, &v)) && !(rc = top_kind(u, PV_LIST, "APPEND to", &t)))
                 rc = seq_append(u, t, v);
             break;
         case OP_APPENDS:
-            if ((rc = pop_mark(u, &items, &n)) || (rc = top(u, &t)))
+            if ((rc = pop_mark(u, &items, &n)) || (rc = top_kind(u, PV_LIST, "APPENDS to", &t)))
                 break;
-            if (t->kind != PV_LIST) {
-                rc = UFAIL(u, DFL_EDATA, "APPENDS to a %s", pv_kind_name[t->kind]);
-                break;
-            }
             for (size_t i = 0; i < n && !rc; i++)
                 rc = seq_append(u, t, items[i]);
             break;
         case OP_SETITEM:
-            if ((rc = pop(u, &v)) || (rc = pop(u, &k)) || (rc = top(u, &t)))
-                break;
-            if (t->kind != PV_DICT)
-                rc = UFAIL(u, DFL_EDATA, "SETITEM on a %s", pv_kind_name[t->kind]);
-            else if (!(rc = seq_append(u, t, k)))
+            if (!(rc = pop(u, &v)) && !(rc = pop(u, &k)) && !(rc = top_kind(u, PV_DICT, "SETITEM on", &t)) &&
+                !(rc = seq_append(u, t, k)))
                 rc = seq_append(u, t, v);
             break;
         case OP_SETITEMS:
-            if ((rc = pop_mark(u, &items, &n)) || (rc = top(u, &t)))
+            if ((rc = pop_mark(u, &items, &n)) || (rc = top_kind(u, PV_DICT, "SETITEMS on", &t)))
                 break;
-            if (t->kind != PV_DICT) {
-                rc = UFAIL(u, DFL_EDATA, "SETITEMS on a %s", pv_kind_name[t->kind]);
-                break;
-            }
             if (n % 2) {
                 rc = UFAIL(u, DFL_EDATA, "SETITEMS with an odd number of items");
                 break;
@@ -874,14 +857,12 @@ static int unpickle(unpickler *u, pv **result)
         case OP_BININT1:
         case OP_BININT2:
             n = op == OP_BININT ? 4 : op == OP_BININT1 ? 1 : 2;
-            if ((rc = need(u, n)))
+            uint64_t iv;
+            if ((rc = take_le(u, n, &iv)))
                 break;
             v = pv_new(u, PV_INT);
-            if (v) {
-                uint64_t x = rd_le(u->buf + u->pos, (int)n);
-                v->u.i = op == OP_BININT ? (int64_t)(int32_t)(uint32_t)x : (int64_t)x;
-            }
-            u->pos += n;
+            if (v)
+                v->u.i = op == OP_BININT ? (int64_t)(int32_t)(uint32_t)iv : (int64_t)iv;
             rc = push(u, v);
             break;
         case OP_LONG1:
@@ -896,7 +877,7 @@ static int unpickle(unpickler *u, pv **result)
             }
             v = pv_new(u, PV_INT);
             if (v) {
-                uint64_t x = n ? rd_le(u->buf + u->pos, (int)n) : 0;
+                uint64_t x = n ? dfl_get_le(u->buf + u->pos, (int)n) : 0;
                 if (n > 0 && n < 8 && (u->buf[u->pos + n - 1] & 0x80))
                     x |= ~0ull << (8 * n); /* sign-extend */
                 v->u.i = (int64_t)x;
@@ -924,56 +905,31 @@ static int unpickle(unpickler *u, pv **result)
                 v->u.b = op == OP_NEWTRUE;
             rc = push(u, v);
             break;
-        case OP_NONE:
-            rc = push(u, pv_new(u, PV_NONE));
-            break;
-        case OP_BINUNICODE:
-        case OP_BINBYTES:
-            if (!(rc = need(u, 4))) {
-                uint64_t len = rd_le(u->buf + u->pos, 4);
-                u->pos += 4;
-                rc = pk_string(u, op == OP_BINUNICODE ? PV_STR : PV_BYTES, len);
-            }
-            break;
         case OP_SHORT_BINUNICODE:
         case OP_SHORT_BINBYTES:
-            if (!(rc = need(u, 1))) {
-                uint64_t len = u->buf[u->pos++];
-                rc = pk_string(u, op == OP_SHORT_BINUNICODE ? PV_STR : PV_BYTES, len);
-            }
-            break;
+        case OP_BINUNICODE:
+        case OP_BINBYTES:
         case OP_BINUNICODE8:
-        case OP_BINBYTES8:
-            if (!(rc = need(u, 8))) {
-                uint64_t len = rd_le(u->buf + u->pos, 8);
-                u->pos += 8;
-                rc = pk_string(u, op == OP_BINUNICODE8 ? PV_STR : PV_BYTES, len);
-            }
+        case OP_BINBYTES8: {
+            bool str = op == OP_SHORT_BINUNICODE || op == OP_BINUNICODE || op == OP_BINUNICODE8;
+            size_t w = op == OP_SHORT_BINUNICODE || op == OP_SHORT_BINBYTES ? 1
+                       : op == OP_BINUNICODE || op == OP_BINBYTES ? 4 : 8;
+            uint64_t len;
+            if (!(rc = take_le(u, w, &len)))
+                rc = pk_string(u, str ? PV_STR : PV_BYTES, len);
             break;
+        }
         case OP_BINPUT:
-            if (!(rc = need(u, 1)))
-                rc = memo_put(u, u->buf[u->pos++]);
-            break;
         case OP_LONG_BINPUT:
-            if (!(rc = need(u, 4))) {
-                uint64_t idx = rd_le(u->buf + u->pos, 4);
-                u->pos += 4;
-                rc = memo_put(u, idx);
-            }
+        case OP_BINGET:
+        case OP_LONG_BINGET: {
+            uint64_t idx;
+            if (!(rc = take_le(u, op == OP_BINPUT || op == OP_BINGET ? 1 : 4, &idx)))
+                rc = op == OP_BINPUT || op == OP_LONG_BINPUT ? memo_put(u, idx) : memo_get(u, idx);
             break;
+        }
         case OP_MEMOIZE:
             rc = memo_put(u, u->memo_len);
-            break;
-        case OP_BINGET:
-            if (!(rc = need(u, 1)))
-                rc = memo_get(u, u->buf[u->pos++]);
-            break;
-        case OP_LONG_BINGET:
-            if (!(rc = need(u, 4))) {
-                uint64_t idx = rd_le(u->buf + u->pos, 4);
-                u->pos += 4;
-                rc = memo_get(u, idx);
-            }
             break;
         case OP_GLOBAL: {
             char mod[MAX_GLOBAL_NAME], name[MAX_GLOBAL_NAME];
@@ -1036,14 +992,8 @@ static int add_tensor(flattener *fl, const pv *v, size_t len)
     const char *nm = len ? fl->name : "tensor";
     if (f->n >= DFL_TORCH_MAX_TENSORS)
         return dfl_fail(fl->e, DFL_EDATA, "%s: more than %u tensors", fl->what, DFL_TORCH_MAX_TENSORS);
-    if (f->n == fl->cap) {
-        size_t ncap = fl->cap ? fl->cap * 2 : 64;
-        dfl_torch_tensor *nt = realloc(f->t, ncap * sizeof *nt);
-        if (!nt)
-            return dfl_fail(fl->e, DFL_ENOMEM, "%s: out of memory", fl->what);
-        f->t = nt;
-        fl->cap = ncap;
-    }
+    if (!dfl_grow(&f->t, &fl->cap, f->n, sizeof *f->t, 64))
+        return dfl_fail(fl->e, DFL_ENOMEM, "%s: out of memory", fl->what);
     const tensor_rec *r = &f->recs[v->u.tensor.rec];
     storage_rec *s = &f->storages[r->storage];
     dfl_torch_tensor *t = &f->t[f->n];
@@ -1267,15 +1217,9 @@ static int zip_scan(dfl_torch_file *f, zip_list *z, uint8_t **pkl, size_t *pkl_l
             rc = dfl_fail(e, DFL_EDATA, "%s: more than %u zip entries", f->path, DFL_TORCH_MAX_ENTRIES);
             break;
         }
-        if (z->n == z->cap) {
-            size_t ncap = z->cap ? z->cap * 2 : 64;
-            zip_entry *ne = realloc(z->e, ncap * sizeof *ne);
-            if (!ne) {
-                rc = dfl_fail(e, DFL_ENOMEM, "%s: out of memory", f->path);
-                break;
-            }
-            z->e = ne;
-            z->cap = ncap;
+        if (!dfl_grow(&z->e, &z->cap, z->n, sizeof *z->e, 64)) {
+            rc = dfl_fail(e, DFL_ENOMEM, "%s: out of memory", f->path);
+            break;
         }
         zip_entry *ze = &z->e[z->n];
         ze->name = dfl_strdup(name);
@@ -1404,13 +1348,12 @@ static int check_storages(dfl_torch_file *f, const zip_list *z, dfl_err *e)
 /* Pass 2: reads every needed storage. */
 static int load_storages(dfl_torch_file *f, dfl_err *e)
 {
+    size_t pl = strlen(f->prefix);
     struct archive *a;
-    int rc = zip_open(&a, f->path, e);
+    struct archive_entry *ent;
+    int r, rc = zip_open(&a, f->path, e);
     if (rc)
         return rc;
-    struct archive_entry *ent;
-    int r;
-    size_t pl = strlen(f->prefix);
     while ((r = archive_read_next_header(a, &ent)) == ARCHIVE_OK || r == ARCHIVE_WARN) {
         const char *name = archive_entry_pathname(ent);
         size_t idx;
@@ -1615,13 +1558,7 @@ int dfl_torch_open(dfl_torch_file **out, const char *path, unsigned flags, dfl_e
     if (!rc) {
         char what[1024];
         snprintf(what, sizeof what, "%s: %s/data.pkl", path, f->prefix);
-        unpickler u;
-        memset(&u, 0, sizeof u);
-        u.f = f;
-        u.what = what;
-        u.buf = pkl;
-        u.len = pkl_len;
-        u.e = e;
+        unpickler u = {.f = f, .what = what, .buf = pkl, .len = pkl_len, .e = e};
         pv *root = NULL;
         rc = unpickle(&u, &root);
         if (!rc) {

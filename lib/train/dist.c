@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bytes.h"
 #include "util.h"
 
 
@@ -64,11 +65,6 @@ struct dfl_dist {
 };
 
 /* ---- little helpers ------------------------------------------------------------------------ */
-
-static void put_u32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static void put_u64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static uint32_t get_u32(const uint8_t *p) { uint32_t v = 0; for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i); return v; }
-static uint64_t get_u64(const uint8_t *p) { uint64_t v = 0; for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i); return v; }
 
 /* Latches the first error of the communicator (every later call returns it) and fills e. */
 static int latch(dfl_dist *d, dfl_err *e, int code, const char *fmt, ...)
@@ -124,34 +120,20 @@ static const char *peer_str(const dfl_dist *d, int peer, char *buf, size_t n)
 /* fd index of a peer: the hub talks to rank r on fd[r], the others to the hub on fd[0]. */
 static int peer_fd(const dfl_dist *d, int peer) { return d->rank == 0 ? d->fd[peer] : d->fd[0]; }
 
-static int send_all(dfl_dist *d, int peer, const void *buf, size_t n, const char *during, dfl_err *e)
-{
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t k = send(peer_fd(d, peer), p, n, MSG_NOSIGNAL);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0) {
-            char who[32];
-            return latch(d, e, DFL_EIO, "lost the connection to %s during %s (%s): it exited or "
-                         "failed (see its messages)", peer_str(d, peer, who, sizeof who), during,
-                         strerror(errno));
-        }
-        p += k;
-        n -= (size_t)k;
-    }
-    return DFL_OK;
-}
-
-static int recv_all(dfl_dist *d, int peer, void *buf, size_t n, const char *during, dfl_err *e)
+/* All n bytes to (send) or from (!send) a peer, retrying on EINTR and short counts. */
+static int xfer_all(dfl_dist *d, int peer, void *buf, size_t n, bool send_, const char *during, dfl_err *e)
 {
     char *p = buf;
     while (n > 0) {
-        ssize_t k = recv(peer_fd(d, peer), p, n, 0);
+        ssize_t k = send_ ? send(peer_fd(d, peer), p, n, MSG_NOSIGNAL) : recv(peer_fd(d, peer), p, n, 0);
         if (k < 0 && errno == EINTR)
             continue;
         if (k <= 0) {
             char who[32];
+            if (send_)
+                return latch(d, e, DFL_EIO, "lost the connection to %s during %s (%s): it exited or "
+                             "failed (see its messages)", peer_str(d, peer, who, sizeof who), during,
+                             strerror(errno));
             return latch(d, e, DFL_EIO, "%s closed its connection during %s%s%s: it exited or "
                          "failed (see its messages)", peer_str(d, peer, who, sizeof who), during,
                          k < 0 ? ": " : "", k < 0 ? strerror(errno) : "");
@@ -162,12 +144,22 @@ static int recv_all(dfl_dist *d, int peer, void *buf, size_t n, const char *duri
     return DFL_OK;
 }
 
+static int send_all(dfl_dist *d, int peer, const void *buf, size_t n, const char *during, dfl_err *e)
+{
+    return xfer_all(d, peer, (void *)buf, n, true, during, e);
+}
+
+static int recv_all(dfl_dist *d, int peer, void *buf, size_t n, const char *during, dfl_err *e)
+{
+    return xfer_all(d, peer, buf, n, false, during, e);
+}
+
 static int send_msg(dfl_dist *d, int peer, uint32_t op, const void *buf, size_t n, dfl_err *e)
 {
     uint8_t h[HDR];
-    put_u32(h, op);
-    put_u32(h + 4, d->seq);
-    put_u64(h + 8, n);
+    dfl_put_le32(h, op);
+    dfl_put_le32(h + 4, d->seq);
+    dfl_put_le64(h + 8, n);
     int rc = send_all(d, peer, h, HDR, op_name(op), e);
     if (!rc && n)
         rc = send_all(d, peer, buf, n, op_name(op), e);
@@ -182,8 +174,8 @@ static int recv_hdr(dfl_dist *d, int peer, uint32_t op, uint64_t want_n, uint64_
     int rc = recv_all(d, peer, h, HDR, op_name(op), e);
     if (rc)
         return rc;
-    uint32_t pop = get_u32(h), pseq = get_u32(h + 4);
-    uint64_t pn = get_u64(h + 8);
+    uint32_t pop = dfl_get_le32(h), pseq = dfl_get_le32(h + 4);
+    uint64_t pn = dfl_get_le64(h + 8);
     if (pop == OP_ABORT && pn < 4096) {
         char msg[4096];
         if ((rc = recv_all(d, peer, msg, (size_t)pn, op_name(op), e)))
@@ -211,9 +203,9 @@ static void hub_abort_others(dfl_dist *d)
     pthread_mutex_unlock(&d->mu);
     size_t n = strlen(msg);
     uint8_t h[HDR];
-    put_u32(h, OP_ABORT);
-    put_u32(h + 4, d->seq);
-    put_u64(h + 8, n);
+    dfl_put_le32(h, OP_ABORT);
+    dfl_put_le32(h + 4, d->seq);
+    dfl_put_le64(h + 8, n);
     for (int r = 1; r < d->world; r++)
         if (d->fd[r] >= 0 && send(d->fd[r], h, HDR, MSG_NOSIGNAL | MSG_DONTWAIT) == HDR)
             (void)!send(d->fd[r], msg, n, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -390,12 +382,12 @@ static int hub_open(dfl_dist *d, const rdv *rv, double timeout, dfl_err *e)
                 break;
             got += (size_t)k;
         }
-        if (got < sizeof h || get_u32(h) != OP_HELLO || get_u64(h + 8) != 16) {
+        if (got < sizeof h || dfl_get_le32(h) != OP_HELLO || dfl_get_le64(h + 8) != 16) {
             close(c);
             continue;
         }
-        int cr = (int)get_u32(h + HDR), cw = (int)get_u32(h + HDR + 4);
-        uint64_t cn = get_u64(h + HDR + 8);
+        int cr = (int)dfl_get_le32(h + HDR), cw = (int)dfl_get_le32(h + HDR + 4);
+        uint64_t cn = dfl_get_le64(h + HDR + 8);
         if (rv->file && cn != nonce) {   /* read a stale rendezvous file: it retries */
             close(c);
             continue;
@@ -409,9 +401,9 @@ static int hub_open(dfl_dist *d, const rdv *rv, double timeout, dfl_err *e)
             snprintf(why, sizeof why, "rank %d joined twice (two processes with the same rank?)", cr);
         if (*why) {
             uint8_t a[HDR];
-            put_u32(a, OP_ABORT);
-            put_u32(a + 4, 0);
-            put_u64(a + 8, strlen(why));
+            dfl_put_le32(a, OP_ABORT);
+            dfl_put_le32(a + 4, 0);
+            dfl_put_le64(a + 8, strlen(why));
             if (send(c, a, HDR, MSG_NOSIGNAL) == HDR)
                 (void)!send(c, why, strlen(why), MSG_NOSIGNAL);
             close(c);
@@ -522,12 +514,12 @@ static int client_open(dfl_dist *d, const rdv *rv, double timeout, dfl_err *e)
                          strerror(errno));
             } else {
                 uint8_t h[HDR + 16];
-                put_u32(h, OP_HELLO);
-                put_u32(h + 4, 0);
-                put_u64(h + 8, 16);
-                put_u32(h + HDR, (uint32_t)d->rank);
-                put_u32(h + HDR + 4, (uint32_t)d->world);
-                put_u64(h + HDR + 8, nonce);
+                dfl_put_le32(h, OP_HELLO);
+                dfl_put_le32(h + 4, 0);
+                dfl_put_le64(h + 8, 16);
+                dfl_put_le32(h + HDR, (uint32_t)d->rank);
+                dfl_put_le32(h + HDR + 4, (uint32_t)d->world);
+                dfl_put_le64(h + HDR + 8, nonce);
                 d->fd[0] = fd;
                 if (send(fd, h, sizeof h, MSG_NOSIGNAL) == (ssize_t)sizeof h) {
                     /* wait for the welcome: rank 0 sends it when every rank has joined (or
@@ -542,11 +534,11 @@ static int client_open(dfl_dist *d, const rdv *rv, double timeout, dfl_err *e)
                             break;
                         got += (size_t)k;
                     }
-                    if (got == HDR && get_u32(a) == OP_WELCOME)
+                    if (got == HDR && dfl_get_le32(a) == OP_WELCOME)
                         return DFL_OK;
-                    if (got == HDR && get_u32(a) == OP_ABORT && get_u64(a + 8) < 1024) {
+                    if (got == HDR && dfl_get_le32(a) == OP_ABORT && dfl_get_le64(a + 8) < 1024) {
                         char msg[1024];
-                        size_t n = (size_t)get_u64(a + 8);
+                        size_t n = (size_t)dfl_get_le64(a + 8);
                         if (recv_all(d, 0, msg, n, "rendezvous", e) == 0) {
                             msg[n] = 0;
                             close(fd);
@@ -669,13 +661,23 @@ static int sock_allreduce(dfl_dist *d, void *buf, size_t bytes, bool f64, dfl_er
     return DFL_OK;
 }
 
+/* Starts a collective call: the communicator's latched error (or 0) into *rc, and the call
+ * numbered. False when there is nothing to exchange: an error, no communicator, or one rank. */
+static bool call_begin(dfl_dist *d, dfl_err *e, int *rc)
+{
+    *rc = dfl_dist_check(d, e);
+    if (!d || *rc || d->world == 1)
+        return false;
+    d->seq++;
+    return true;
+}
+
 static int sock_barrier(dfl_dist *d, uint32_t op, dfl_err *e)
 {
-    int rc = dfl_dist_check(d, e);
+    int rc;
     uint64_t n;
-    if (rc || d->world == 1)
+    if (!call_begin(d, e, &rc))
         return rc;
-    d->seq++;
     if (d->rank != 0) {
         if ((rc = send_msg(d, 0, op, NULL, 0, e)))
             return rc;
@@ -694,11 +696,10 @@ int dfl_dist_barrier(dfl_dist *d, dfl_err *e) { return d ? sock_barrier(d, OP_BA
 
 static int bcast_op(dfl_dist *d, uint32_t op, void *buf, size_t bytes, dfl_err *e)
 {
-    int rc = dfl_dist_check(d, e);
+    int rc;
     uint64_t n;
-    if (rc || d->world == 1)
+    if (!call_begin(d, e, &rc))
         return rc;
-    d->seq++;
     /* the others announce the call first, so that the hub can check that the ranks agree */
     if (d->rank != 0) {
         if ((rc = send_msg(d, 0, op, NULL, 0, e)) || (rc = recv_hdr(d, 0, op, bytes, &n, e)))
@@ -723,11 +724,10 @@ int dfl_dist_allgather(dfl_dist *d, const void *mine, size_t n, void *all, dfl_e
 {
     if (n)
         memcpy((char *)all + (d ? (size_t)d->rank * n : 0), mine, n);
-    int rc = dfl_dist_check(d, e);
+    int rc;
     uint64_t got;
-    if (!d || rc || d->world == 1)
+    if (!call_begin(d, e, &rc))
         return rc;
-    d->seq++;
     size_t total = (size_t)d->world * n;
     if (d->rank != 0) {
         if ((rc = send_msg(d, 0, OP_ALLGATHER, mine, n, e)) ||

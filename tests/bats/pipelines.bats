@@ -275,14 +275,17 @@ wait_for() {
     [ $((SECONDS - start)) -lt 25 ]
 }
 
+stop_run() { # SIG PID FILE: once FILE exists, send SIG to PID and wait for it; its exit status in $st
+    wait_for "$3"
+    kill -"$1" "$2"
+    st=0
+    wait "$2" || st=$?
+}
+
 @test "dfl-train: SIGTERM makes dfl-draft write its checkpoint, then everything exits (status 1)" {
     dfl-train --model "$TGT" --out "$T/r" --layers 1,2 "$F/big" -- "${D[@]}" --min-ready 1 \
         >"$T/out" 2>"$T/err" &
-    pid=$!
-    wait_for "$T/r/metrics.jsonl"
-    kill -TERM "$pid"
-    st=0
-    wait "$pid" || st=$?
+    stop_run TERM $! "$T/r/metrics.jsonl"
     [ "$st" -eq 1 ]
     grep -q "SIGTERM: stopping" "$T/err"
     grep -q "stopped by SIGTERM: checkpoint" "$T/err"
@@ -300,11 +303,7 @@ wait_for() {
     python3 -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' \
         dfl-train --model "$TGT" --out "$T/r" --layers 1,2 "$F/big" -- "${D[@]}" --min-ready 1 \
         >"$T/out" 2>"$T/err" &
-    pid=$!
-    wait_for "$T/r/metrics.jsonl"
-    kill -INT "$pid"
-    st=0
-    wait "$pid" || st=$?
+    stop_run INT $! "$T/r/metrics.jsonl"
     [ "$st" -eq 1 ]
     grep -q "stopped by SIGINT: checkpoint" "$T/err"
     [ -s "$T/out" ]
@@ -398,11 +397,7 @@ wait_for() {
     R=(--epochs 1 "$T/hs" -- "${D[@]}" --save-every 0 --seed 7)
     dfl-replay -q --target "$TGT" --out "$T/a" "${R[@]}" >/dev/null
     dfl-replay --target "$TGT" --out "$T/b" "${R[@]}" >"$T/out" 2>"$T/err" &
-    pid=$!
-    wait_for "$T/b/metrics.jsonl"
-    kill -TERM "$pid"
-    st=0
-    wait "$pid" || st=$?
+    stop_run TERM $! "$T/b/metrics.jsonl"
     [ "$st" -eq 1 ]
     grep -q "stopped by SIGTERM: checkpoint" "$T/err"
     no_orphans "$T/b/pids"

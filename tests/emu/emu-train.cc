@@ -16,23 +16,8 @@ extern "C" {
 
 static int failures;
 
-static uint64_t rs = 0x243F6A8885A308D3ull;
-static uint64_t rnext()
-{
-    rs ^= rs >> 12;
-    rs ^= rs << 25;
-    rs ^= rs >> 27;
-    return rs * 0x2545F4914F6CDD1Dull;
-}
-static float runi() { return (float)((rnext() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
-static float rnorm()
-{
-    float s = 0;
-    for (int i = 0; i < 4; i++)
-        s += runi();
-    return s * 0.8660254f;
-}
-static float rb(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+#define EMU_SEED 0x243F6A8885A308D3ull
+#include "emu-rng.h"
 
 template <typename T> static std::vector<T> conv(const std::vector<float> &v)
 {

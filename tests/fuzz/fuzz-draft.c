@@ -28,14 +28,8 @@ static char path_a[512], path_b[512], cfg_dir[512];
 static void write_stream(const char *path, int f, int n, bool no_index)
 {
     dfl_err e;
-    dfl_stream_info si = {0};
-    si.kind = DFL_KIND_HIDDEN;
-    si.version_major = DFL_FRAME_MAJOR;
-    si.hidden_size = H;
-    si.vocab_size = 100000;
-    si.n_layers = 2;
-    si.layers[0] = 1, si.layers[1] = 2;
-    si.dtype = DFL_BF16;
+    dfl_stream_info si = {.kind = DFL_KIND_HIDDEN, .version_major = DFL_FRAME_MAJOR, .hidden_size = H,
+                          .vocab_size = 100000, .n_layers = 2, .layers = {1, 2}, .dtype = DFL_BF16};
     snprintf(si.fingerprint, sizeof si.fingerprint, "fp");
     snprintf(si.producer, sizeof si.producer, "fuzz-draft");
     dfl_writer *w;

@@ -14,6 +14,7 @@
  * pickle that reaches a name outside the allowlist must be refused. */
 #include <stdbool.h>
 
+#include "bytes.h"
 #include "fuzz.h"
 #include "torchfile.h"
 
@@ -45,15 +46,8 @@ typedef struct buf {
 
 static void put(buf *b, const void *s, size_t n)
 {
-    if (b->n + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->n + n)
-            cap *= 2;
-        b->p = realloc(b->p, cap);
-        if (!b->p)
-            fz_die("out of memory");
-        b->cap = cap;
-    }
+    if (!dfl_reserve(&b->p, &b->cap, b->n + n, 1, 4096))
+        fz_die("out of memory");
     memcpy(b->p + b->n, s, n);
     b->n += n;
 }

@@ -13,46 +13,11 @@
 #include "dtype.h"
 #include "err.h"
 
+#define BENCH_NAME "bench-ceiling"
+#include "bench.h"
+
 #ifdef DFL_CUDA
-#include "../../kernels/cuda.h"
 
-static dfl_be *be;
-static dfl_cuda_event ev0, ev1;
-
-static void die(const char *what, const dfl_err *e)
-{
-    fprintf(stderr, "bench-ceiling: %s: %s\n", what, e ? e->msg : "failed");
-    exit(1);
-}
-
-static void *dalloc(size_t bytes)
-{
-    dfl_err e = {0};
-    void *p = be_alloc(be, bytes, &e);
-    if (!p)
-        die("alloc", &e);
-    return p;
-}
-
-static void fill_bf16(void *dev, size_t n, uint64_t seed)
-{
-    const size_t chunk = (size_t)1 << 24;
-    uint16_t *h = malloc(chunk * 2);
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (size_t off = 0; off < n; off += chunk) {
-        size_t m = n - off < chunk ? n - off : chunk;
-        for (size_t i = 0; i < m; i++) {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            float u = (float)((x * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f;
-            h[i] = dfl_f32_to_bf16(2 * u - 1);
-        }
-        if (be->ops->upload(be, (uint16_t *)dev + off, h, m * 2))
-            die("upload", NULL);
-    }
-    free(h);
-}
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -86,7 +51,8 @@ static double median_ms(void (*fn)(void *), void *arg, int iters, int rounds)
     return t[rounds / 2];
 }
 
-static void run_mm(void *arg)
+/* run_mm, but a failed call is fatal at once */
+static void run_mm_or_die(void *arg)
 {
     if (be->ops->matmul(be, (const dfl_mm *)arg))
         die("matmul", NULL);
@@ -115,32 +81,24 @@ int main(int argc, char **argv)
 {
     bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     int rounds = quick ? 3 : 7;
-    if (dfl_be_cuda_count() <= 0) {
-        printf("skip: no CUDA GPU\n");
-        return 77;
-    }
-    dfl_err e = {0};
-    if (dfl_be_cuda_open(&be, 0, DFL_BF16, &e))
-        die("open", &e);
-    if (dfl_cuda_event_create(be, &ev0, true, &e) || dfl_cuda_event_create(be, &ev1, true, &e))
-        die("event", &e);
     dfl_cuda_props pr;
-    if (dfl_cuda_device_props(0, &pr, &e))
-        die("props", &e);
+    if (!bench_open(&pr))
+        return 77;
+    dfl_err e = {0};
     printf("device: %s, %d SMs, %.0f GB\n", pr.name, pr.sm_count, pr.mem_total / 1e9);
 
     const int64_t P = 8192;
     void *a = dalloc((size_t)P * P * 2), *b = dalloc((size_t)P * P * 2), *c = dalloc((size_t)P * P * 2);
-    fill_bf16(a, (size_t)P * P, 1);
-    fill_bf16(b, (size_t)P * P, 2);
+    fill_bf16(a, (size_t)P * P, 1, 1);
+    fill_bf16(b, (size_t)P * P, 1, 2);
     dfl_mm m = {.M = P, .N = P, .K = P, .A = a, .adt = DFL_BF16, .lda = P, .B = b, .bdt = DFL_BF16,
                 .ldb = P, .tb = true, .C = c, .cdt = DFL_BF16, .ldc = P, .alpha = 1, .beta = 0};
     double flop = 2.0 * P * P * P;
-    double t_h = median_ms(run_mm, &m, 10, rounds);
+    double t_h = median_ms(run_mm_or_die, &m, 10, rounds);
     float best = 0, first = 0;
     if (dfl_cuda_matmul_tune(be, &m, 16, 5, &best, &first, &e))
         die("tune", &e);
-    double t_t = median_ms(run_mm, &m, 10, rounds);
+    double t_t = median_ms(run_mm_or_die, &m, 10, rounds);
     double gemm = flop / (t_h < t_t ? t_h : t_t) / 1e9;
     printf("gemm 8192^3 bf16: first choice %.3f ms (%.1f TFLOP/s), tuned %.3f ms (%.1f TFLOP/s)\n", t_h,
            flop / t_h / 1e9, t_t, flop / t_t / 1e9);
@@ -166,18 +124,8 @@ int main(int argc, char **argv)
     dfl_cuda_host_free(be, host);
     be->ops->free(be, (void *)d2d.dst);
     be->ops->free(be, (void *)d2d.src);
-    dfl_cuda_event_destroy(be, ev0);
-    dfl_cuda_event_destroy(be, ev1);
-    dfl_be_close(be);
+    bench_close();
     return 0;
-}
-
-#else
-
-int main(void)
-{
-    printf("skip: no CUDA GPU (this build has no CUDA support)\n");
-    return 77;
 }
 
 #endif

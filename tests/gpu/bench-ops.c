@@ -15,85 +15,14 @@
 #include "dtype.h"
 #include "err.h"
 
-#ifdef DFL_CUDA
-#include "../../kernels/cuda.h"
+#define BENCH_NAME "bench-ops"
+#include "bench.h"
 
-static dfl_be *be;
-static dfl_cuda_event ev0, ev1;
+#ifdef DFL_CUDA
+
 static int iters = 20;
 
-static void die(const char *what, const dfl_err *e)
-{
-    fprintf(stderr, "bench-ops: %s: %s\n", what, e ? e->msg : "failed");
-    exit(1);
-}
-
-static void *dalloc(size_t bytes)
-{
-    dfl_err e = {0};
-    void *p = be_alloc(be, bytes, &e);
-    if (!p)
-        die("alloc", &e);
-    return p;
-}
-
-/* fill n bf16 values ~ U(-a, a) on the device (through a host buffer) */
-static void fill_bf16(void *dev, size_t n, float a, uint64_t seed)
-{
-    const size_t chunk = (size_t)1 << 24;
-    uint16_t *h = malloc(chunk * sizeof *h);
-    if (!h)
-        die("malloc", NULL);
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (size_t off = 0; off < n; off += chunk) {
-        size_t m = n - off < chunk ? n - off : chunk;
-        for (size_t i = 0; i < m; i++) {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            float u = (float)((x * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f;
-            h[i] = dfl_f32_to_bf16(a * (2 * u - 1));
-        }
-        if (be->ops->upload(be, (uint16_t *)dev + off, h, m * 2))
-            die("upload", NULL);
-    }
-    free(h);
-}
-
-static void check_sync(const char *what)
-{
-    dfl_err e = {0};
-    if (be->ops->sync(be, &e))
-        die(what, &e);
-}
-
-/* Milliseconds per call of fn(arg), averaged over `n` calls after one warm-up call. */
-static double time_ms(void (*fn)(void *), void *arg, int n)
-{
-    dfl_err e = {0};
-    dfl_cuda_stream s = dfl_cuda_compute_stream(be);
-    fn(arg);
-    check_sync("warm-up");
-    if (dfl_cuda_event_record(be, ev0, s, &e))
-        die("event", &e);
-    for (int i = 0; i < n; i++)
-        fn(arg);
-    if (dfl_cuda_event_record(be, ev1, s, &e) || dfl_cuda_event_sync(be, ev1, &e))
-        die("event", &e);
-    check_sync("timed runs");
-    float ms = 0;
-    if (dfl_cuda_event_elapsed(be, ev0, ev1, &ms, &e))
-        die("elapsed", &e);
-    return ms / n;
-}
-
 /* ---- GEMM ---- */
-
-static void run_mm(void *arg)
-{
-    if (be->ops->matmul(be, (const dfl_mm *)arg))
-        check_sync("matmul");
-}
 
 /* y[M,N] = x[M,K] W[N,K]^T, the nn.Linear layout; returns the tuned ms per call */
 static double bench_gemm(const char *name, int64_t M, int64_t N, int64_t K, double peak_tflops,
@@ -230,18 +159,9 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "--quick") == 0)
         iters = 5;
-    if (dfl_be_cuda_count() <= 0) {
-        printf("skip: no CUDA GPU\n");
-        return 77;
-    }
-    dfl_err e = {0};
-    if (dfl_be_cuda_open(&be, 0, DFL_BF16, &e))
-        die("open", &e);
-    if (dfl_cuda_event_create(be, &ev0, true, &e) || dfl_cuda_event_create(be, &ev1, true, &e))
-        die("event", &e);
     dfl_cuda_props pr;
-    if (dfl_cuda_device_props(0, &pr, &e))
-        die("props", &e);
+    if (!bench_open(&pr))
+        return 77;
     printf("device: %s, %d SMs, %.0f GB (%.0f GB free)\n", pr.name, pr.sm_count, pr.mem_total / 1e9,
            pr.mem_free / 1e9);
 
@@ -338,21 +258,11 @@ int main(int argc, char **argv)
            "%.0f tokens/s (goal: 1.35 x HF ~ 40000)\n", t_gemm, t_attn, t_ew, layer,
            T / (36 * layer / 1e3));
 
-    dfl_cuda_event_destroy(be, ev0);
-    dfl_cuda_event_destroy(be, ev1);
     be->ops->free(be, wn);
     be->ops->free(be, pos);
     be->ops->free(be, ids);
-    dfl_be_close(be);
+    bench_close();
     return 0;
-}
-
-#else
-
-int main(void)
-{
-    printf("skip: no CUDA GPU (this build has no CUDA support)\n");
-    return 77;
 }
 
 #endif

@@ -24,35 +24,13 @@
 #include "dtype.h"
 #include "err.h"
 
+#define BENCH_NAME "bench-train-ops"
+#include "bench.h"
+
 #ifdef DFL_CUDA
-#include "../../kernels/cuda.h"
 #include "../../kernels/cuda_train.h"
 
-static dfl_be *be;
-static dfl_cuda_event ev0, ev1;
 static int iters = 10;
-
-static void die(const char *what, const dfl_err *e)
-{
-    fprintf(stderr, "bench-train-ops: %s: %s\n", what, e ? e->msg : "failed");
-    exit(1);
-}
-
-static void *dalloc(size_t bytes)
-{
-    dfl_err e = {0};
-    void *p = be_alloc(be, bytes, &e);
-    if (!p)
-        die("alloc", &e);
-    return p;
-}
-
-static void check_sync(const char *what)
-{
-    dfl_err e = {0};
-    if (be->ops->sync(be, &e))
-        die(what, &e);
-}
 
 /* n act (bf16) values ~ U(-a, a): zeros plus the backend's own uniform noise */
 static void fill(void *dev, size_t n, float a, uint64_t seed)
@@ -68,32 +46,6 @@ static uint64_t rnext(void)
     rs ^= rs << 25;
     rs ^= rs >> 27;
     return rs * 0x2545F4914F6CDD1Dull;
-}
-
-/* Milliseconds per call of fn(arg), averaged over n calls after one warm-up call. */
-static double time_ms(void (*fn)(void *), void *arg, int n)
-{
-    dfl_err e = {0};
-    dfl_cuda_stream s = dfl_cuda_compute_stream(be);
-    fn(arg);
-    check_sync("warm-up");
-    if (dfl_cuda_event_record(be, ev0, s, &e))
-        die("event", &e);
-    for (int i = 0; i < n; i++)
-        fn(arg);
-    if (dfl_cuda_event_record(be, ev1, s, &e) || dfl_cuda_event_sync(be, ev1, &e))
-        die("event", &e);
-    check_sync("timed runs");
-    float ms = 0;
-    if (dfl_cuda_event_elapsed(be, ev0, ev1, &ms, &e))
-        die("elapsed", &e);
-    return ms / n;
-}
-
-static void run_mm(void *arg)
-{
-    if (be->ops->matmul(be, (const dfl_mm *)arg))
-        check_sync("matmul");
 }
 
 struct cp {
@@ -407,18 +359,10 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--window") == 0)
             window_only = true;
     }
-    if (dfl_be_cuda_count() <= 0) {
-        printf("skip: no CUDA GPU\n");
-        return 77;
-    }
-    dfl_err e = {0};
-    if (dfl_be_cuda_open(&be, 0, DFL_BF16, &e))
-        die("open", &e);
-    if (dfl_cuda_event_create(be, &ev0, true, &e) || dfl_cuda_event_create(be, &ev1, true, &e))
-        die("event", &e);
     dfl_cuda_props pr;
-    if (dfl_cuda_device_props(0, &pr, &e))
-        die("props", &e);
+    if (!bench_open(&pr))
+        return 77;
+    dfl_err e = {0};
     printf("device: %s, %d SMs, %.0f GB (%.0f GB free)\n", pr.name, pr.sm_count, pr.mem_total / 1e9, pr.mem_free / 1e9);
 
     /* ceilings */
@@ -454,18 +398,8 @@ int main(int argc, char **argv)
         bench_bandwidth(copy_gbs);
     }
 
-    dfl_cuda_event_destroy(be, ev0);
-    dfl_cuda_event_destroy(be, ev1);
-    dfl_be_close(be);
+    bench_close();
     return 0;
-}
-
-#else
-
-int main(void)
-{
-    printf("skip: no CUDA GPU (this build has no CUDA support)\n");
-    return 77;
 }
 
 #endif

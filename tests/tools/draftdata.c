@@ -115,17 +115,12 @@ int main(int argc, char **argv)
         return dfl_cli_usage_error("%s", e.msg);
     const int64_t H = hidden ? hidden : tc.hidden_size, V = tc.vocab_size;
     const int64_t rows = table_rows && table_rows < V ? table_rows : V;   /* feature table rows */
-    dfl_stream_info info = {0};
-    info.kind = DFL_KIND_HIDDEN;
-    info.version_major = DFL_FRAME_MAJOR;
-    info.version_minor = DFL_FRAME_MINOR;
+    dfl_stream_info info = {.kind = DFL_KIND_HIDDEN, .version_major = DFL_FRAME_MAJOR,
+                            .version_minor = DFL_FRAME_MINOR, .vocab_size = V, .hidden_size = H,
+                            .n_layers = (int)nl, .dtype = dt};
     snprintf(info.producer, sizeof info.producer, "draftdata (dfl tests)");
-    info.vocab_size = V;
-    info.hidden_size = H;
-    info.n_layers = (int)nl;
     for (size_t i = 0; i < nl; i++)
         info.layers[i] = (int32_t)lay[i];
-    info.dtype = dt;
     snprintf(info.fingerprint, sizeof info.fingerprint, "%s", fp_override ? fp_override : fp);
     /* the feature tables: fixed, whatever the stream's seed */
     float *tab = malloc((size_t)nl * rows * H * sizeof *tab);

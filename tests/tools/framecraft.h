@@ -9,6 +9,8 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "dtype.h"
+
 typedef struct fc_buf {
     uint8_t *p;
     size_t n, cap;
@@ -193,6 +195,36 @@ static inline int fc_find(const uint8_t *s, size_t n, uint16_t type, size_t *off
             return i;
         }
     return -1;
+}
+
+/* d = the stream src[0..n) with the bytes add[0..len) inserted at offset at, renumbered. */
+static inline void fc_with_bytes(fc_buf *d, const uint8_t *src, size_t n, size_t at, const void *add, size_t len)
+{
+    fc_copy(d, src, n);
+    fc_insert(d, at, add, len);
+    fc_renumber(d->p, d->n);
+}
+
+/* d = the stream src[0..n) with a frame (as fc_frame makes it, seq 0) inserted at offset at,
+ * renumbered. */
+static inline void fc_with_frame(fc_buf *d, const uint8_t *src, size_t n, size_t at, uint16_t type, uint8_t flags,
+                                 const void *payload, uint64_t stored, uint64_t raw)
+{
+    fc_buf fr = {0};
+    fc_frame(&fr, type, flags, 0, payload, stored, raw);
+    fc_with_bytes(d, src, n, at, fr.p, fr.n);
+    free(fr.p);
+}
+
+/* v as element i of a BF16, F16 or F32 array (a batch's hidden-state layer). */
+static inline void fc_store_f32(void *p, dfl_dtype dt, size_t i, float v)
+{
+    if (dt == DFL_BF16)
+        ((uint16_t *)p)[i] = dfl_f32_to_bf16(v);
+    else if (dt == DFL_F16)
+        ((uint16_t *)p)[i] = dfl_f32_to_f16(v);
+    else
+        ((float *)p)[i] = v;
 }
 
 #endif

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "bucket.h"
+#include "bytes.h"
 #include "cli.h"
 #include "util.h"
 
@@ -24,14 +25,9 @@ typedef struct out {
 
 static void put(out *o, const char *s, size_t n)
 {
-    if (o->n + n > o->cap) {
-        while (o->n + n > o->cap)
-            o->cap = o->cap ? o->cap * 2 : (1u << 20);
-        o->buf = realloc(o->buf, o->cap);
-        if (!o->buf) {
-            fprintf(stderr, "gen-bucket-jsonl: out of memory\n");
-            exit(1);
-        }
+    if (!dfl_reserve(&o->buf, &o->cap, o->n + n, 1, 1u << 20)) {
+        fprintf(stderr, "gen-bucket-jsonl: out of memory\n");
+        exit(1);
     }
     memcpy(o->buf + o->n, s, n);
     o->n += n;

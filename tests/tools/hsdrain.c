@@ -49,8 +49,7 @@ int main(int argc, char **argv)
     uint64_t batches = 0, tokens = 0, steady_tokens = 0, sum = 0;
     int rc;
     for (;;) {
-        dfl_batch b;
-        memset(&b, 0, sizeof b);
+        dfl_batch b = {0};
         bool eos = false;
         if ((rc = dfl_reader_next(r, &b, &eos, &e)) || eos)
             break;

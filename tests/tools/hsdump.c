@@ -10,19 +10,14 @@
 
 #include "cli.h"
 #include "frame.h"
+#include "frame_type.h"
 #include "log.h"
 
+/* The type's name, "OTHER" for a type version 1 does not define. */
 static const char *type_name(uint32_t t)
 {
-    switch (t) {
-    case DFL_FT_HEADER: return "HEADER";
-    case DFL_FT_TOKENS: return "TOKENS";
-    case DFL_FT_HIDDEN: return "HIDDEN";
-    case DFL_FT_INDEX: return "INDEX";
-    case DFL_FT_END: return "END";
-    case DFL_FT_NOTE: return "NOTE";
-    default: return "OTHER";
-    }
+    const char *n = dfl_frame_type_name(t);
+    return n ? n : "OTHER";
 }
 
 int main(int argc, char **argv)
@@ -70,8 +65,7 @@ int main(int argc, char **argv)
     }
     printf("\n");
     for (;;) {
-        dfl_batch b;
-        memset(&b, 0, sizeof b);
+        dfl_batch b = {0};
         bool eos = false;
         if ((rc = dfl_reader_next(r, &b, &eos, &e)) || eos)
             break;

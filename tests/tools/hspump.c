@@ -64,16 +64,12 @@ int main(int argc, char **argv)
     if (S > T)
         return dfl_cli_usage_error("--seqs %lld is more than --tokens %lld", (long long)S, (long long)T);
 
-    dfl_stream_info info = {0};
-    info.kind = DFL_KIND_HIDDEN;
-    info.version_major = DFL_FRAME_MAJOR;
-    info.version_minor = DFL_FRAME_MINOR;
+    dfl_stream_info info = {.kind = DFL_KIND_HIDDEN, .version_major = DFL_FRAME_MAJOR,
+                            .version_minor = DFL_FRAME_MINOR, .hidden_size = H, .n_layers = (int)K,
+                            .dtype = DFL_BF16};
     snprintf(info.producer, sizeof info.producer, "hspump (dfl tests)");
-    info.hidden_size = H;
-    info.n_layers = (int)K;
     for (int k = 0; k < K; k++)
         info.layers[k] = k;
-    info.dtype = DFL_BF16;
 
     /* the slots: K layer arrays each, random bf16 values (never zeros), lengths and ids */
     size_t n = (size_t)T * (size_t)H;

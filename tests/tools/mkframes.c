@@ -26,6 +26,7 @@
 #include "hfmodel.h"
 #include "util.h"
 #include "framecraft.h"
+#include "frame-example.h"
 
 static const char *bad_dir, *good_dir;
 static FILE *bad_readme, *good_readme;
@@ -83,13 +84,7 @@ static void gen_batch(dfl_batch *b, const dfl_stream_info *in, uint64_t seed)
     for (uint32_t k = 0; k < b->n_layers; k++) {
         size_t n = (size_t)T * b->hidden;
         for (size_t i = 0; i < n; i++) {
-            float v = (float)((int)(rng(&s) % 16) - 8) / 4.0f;
-            if (in->dtype == DFL_BF16)
-                ((uint16_t *)b->layers[k])[i] = dfl_f32_to_bf16(v);
-            else if (in->dtype == DFL_F16)
-                ((uint16_t *)b->layers[k])[i] = dfl_f32_to_f16(v);
-            else
-                ((float *)b->layers[k])[i] = v;
+            fc_store_f32((void *)b->layers[k], in->dtype, i, (float)((int)(rng(&s) % 16) - 8) / 4.0f);
         }
     }
 }
@@ -262,6 +257,15 @@ static bpos batch_at(fc_buf *b, size_t off)
     return p;
 }
 
+/* A good stream (make_stream's arguments) into good_dir, listed in its README. */
+static void good(fc_buf *g, const char *name, const dfl_stream_info *in, int n, uint64_t seed, int zstd_level,
+                 bool index, int note_after, const char *what)
+{
+    make_stream(g, in, n, seed, zstd_level, index, note_after);
+    put_file(good_dir, name, g->p, g->n);
+    fprintf(good_readme, "%-24s %s\n", name, what);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3 && argc != 4) {
@@ -311,27 +315,13 @@ int main(int argc, char **argv)
 
     /* ---- good examples ---- */
     fc_buf g = {0};
-    make_stream(&g, &tok, 3, 1, 0, true, -1);
-    put_file(good_dir, "tokens.dfl", g.p, g.n);
-    fprintf(good_readme, "%-24s tokens stream, 3 batches, vocab 1000, INDEX (as written to a file)\n", "tokens.dfl");
-    make_stream(&g, &tok, 3, 2, 0, false, 1);
-    put_file(good_dir, "tokens-pipe.dfl", g.p, g.n);
-    fprintf(good_readme, "%-24s tokens stream, 3 batches, a NOTE, no INDEX (as written to a pipe)\n", "tokens-pipe.dfl");
-    make_stream(&g, &hid, 3, 3, 0, true, -1);
-    put_file(good_dir, "hidden-bf16.dfl", g.p, g.n);
-    fprintf(good_readme, "%-24s hidden stream, bf16, layers [1, 5], hidden 8, 3 batches, INDEX\n", "hidden-bf16.dfl");
-    make_stream(&g, &hid16, 2, 4, 0, true, -1);
-    put_file(good_dir, "hidden-f16.dfl", g.p, g.n);
-    fprintf(good_readme, "%-24s hidden stream, f16, 2 batches, INDEX\n", "hidden-f16.dfl");
-    make_stream(&g, &hid32, 2, 5, 0, true, -1);
-    put_file(good_dir, "hidden-f32.dfl", g.p, g.n);
-    fprintf(good_readme, "%-24s hidden stream, f32, 2 batches, INDEX\n", "hidden-f32.dfl");
-    make_stream(&g, &hid, 3, 6, 19, true, -1);
-    put_file(good_dir, "hidden-zstd.dfl", g.p, g.n);
-    fprintf(good_readme, "%-24s hidden stream, bf16, 3 batches compressed (zstd 19, shuffle 2), INDEX\n", "hidden-zstd.dfl");
-    make_stream(&g, &hid32, 2, 7, 19, true, -1);
-    put_file(good_dir, "hidden-f32-zstd.dfl", g.p, g.n);
-    fprintf(good_readme, "%-24s hidden stream, f32, 2 batches compressed (zstd 19, shuffle 4), INDEX\n", "hidden-f32-zstd.dfl");
+    good(&g, "tokens.dfl", &tok, 3, 1, 0, true, -1, "tokens stream, 3 batches, vocab 1000, INDEX (as written to a file)");
+    good(&g, "tokens-pipe.dfl", &tok, 3, 2, 0, false, 1, "tokens stream, 3 batches, a NOTE, no INDEX (as written to a pipe)");
+    good(&g, "hidden-bf16.dfl", &hid, 3, 3, 0, true, -1, "hidden stream, bf16, layers [1, 5], hidden 8, 3 batches, INDEX");
+    good(&g, "hidden-f16.dfl", &hid16, 2, 4, 0, true, -1, "hidden stream, f16, 2 batches, INDEX");
+    good(&g, "hidden-f32.dfl", &hid32, 2, 5, 0, true, -1, "hidden stream, f32, 2 batches, INDEX");
+    good(&g, "hidden-zstd.dfl", &hid, 3, 6, 19, true, -1, "hidden stream, bf16, 3 batches compressed (zstd 19, shuffle 2), INDEX");
+    good(&g, "hidden-f32-zstd.dfl", &hid32, 2, 7, 19, true, -1, "hidden stream, f32, 2 batches compressed (zstd 19, shuffle 4), INDEX");
 
     fc_buf dg = {0}; /* the base of the *-indexed bad streams */
     make_stream_with(&dg, &drf, 4, 8, 0, true, -1, gen_draft_batch);
@@ -341,27 +331,10 @@ int main(int argc, char **argv)
 
     /* the EXAMPLE of dfl-frame(5): one batch of sequences of 3 and 2 tokens */
     {
-        dfl_stream_info ex;
-        memset(&ex, 0, sizeof ex);
-        ex.kind = DFL_KIND_TOKENS;
-        snprintf(ex.producer, sizeof ex.producer, "example");
-        ex.vocab_size = 100;
-        dfl_batch b;
-        if (dfl_batch_alloc(&b, 5, 2, 0, 0, DFL_DT_INVALID, &e))
-            die("batch", &e);
-        ((uint32_t *)b.seq_lens)[0] = 3;
-        ((uint32_t *)b.seq_lens)[1] = 2;
-        static const uint8_t mask[5] = {0, 1, 1, 0, 1};
-        for (int i = 0; i < 5; i++) {
-            ((int32_t *)b.input_ids)[i] = 5 + i;
-            ((uint8_t *)b.loss_mask)[i] = mask[i];
-        }
         char *path = dfl_path_join(good_dir, "example.dfl");
-        dfl_writer *w;
-        if (dfl_writer_open(&w, path, &ex, NULL, &e) || dfl_writer_batch(w, &b, &e) || dfl_writer_close(w, &e))
+        if (write_frame_example(path, &e))
             die("example", &e);
         free(path);
-        dfl_batch_free(&b);
         n_written++;
         fprintf(good_readme, "%-24s the EXAMPLE of dfl-frame(5), byte for byte\n", "example.dfl");
     }
@@ -405,13 +378,8 @@ int main(int argc, char **argv)
     {
         uint8_t pl[40];
         memset(pl, 0x11, sizeof pl);
-        fc_buf fr = {0};
-        fc_frame(&fr, 1000, 0, 0, pl, sizeof pl, sizeof pl);
-        fc_copy(&d, t.p, t.n);
-        fc_insert(&d, t2, fr.p, fr.n);
-        fc_renumber(d.p, d.n);
+        fc_with_frame(&d, t.p, t.n, t2, 1000, 0, pl, sizeof pl, sizeof pl);
         bad("unsup-frame-type.dfl", &d, "a must-understand frame of unassigned type 1000");
-        free(fr.p);
     }
 
     /* frame structure */
@@ -496,23 +464,14 @@ int main(int argc, char **argv)
     fc_copy(&d, t.p + t1, t.n - t1);
     fc_renumber(d.p, d.n);
     bad("first-not-header.dfl", &d, "a stream that starts with a TOKENS frame");
-    fc_copy(&d, t.p, t.n);
-    fc_insert(&d, t2, t.p, t1);
-    fc_renumber(d.p, d.n);
+    fc_with_bytes(&d, t.p, t.n, t2, t.p, t1);
     bad("header-twice.dfl", &d, "a second HEADER frame between batches");
-    fc_copy(&d, t.p, t.n);
-    fc_insert(&d, t1, h.p + h1, (size_t)fc_total(h.p + h1));
-    fc_renumber(d.p, d.n);
+    fc_with_bytes(&d, t.p, t.n, t1, h.p + h1, (size_t)fc_total(h.p + h1));
     bad("batch-wrong-kind.dfl", &d, "a HIDDEN frame in a tokens stream");
     {
         const char *note = "{\"after\":\"index\"}";
-        fc_buf fr = {0};
-        fc_frame(&fr, DFL_FT_NOTE, DFL_FF_SKIPPABLE, 0, note, strlen(note), strlen(note));
-        fc_copy(&d, ti.p, ti.n);
-        fc_insert(&d, ti_end, fr.p, fr.n);
-        fc_renumber(d.p, d.n);
+        fc_with_frame(&d, ti.p, ti.n, ti_end, DFL_FT_NOTE, DFL_FF_SKIPPABLE, note, strlen(note), strlen(note));
         bad("index-not-last.dfl", &d, "a NOTE frame between INDEX and END");
-        free(fr.p);
     }
 
     /* HEADER contents */
@@ -734,13 +693,9 @@ int main(int argc, char **argv)
         const char *names[2] = {"note-not-json.dfl", "note-not-object.dfl"};
         const char *whats[2] = {"a NOTE whose payload is not JSON", "a NOTE holding a JSON array"};
         for (int i = 0; i < 2; i++) {
-            fc_buf fr = {0};
-            fc_frame(&fr, DFL_FT_NOTE, DFL_FF_SKIPPABLE, 0, notes[i], strlen(notes[i]), strlen(notes[i]));
-            fc_copy(&d, t.p, t.n);
-            fc_insert(&d, t2, fr.p, fr.n);
-            fc_renumber(d.p, d.n);
+            fc_with_frame(&d, t.p, t.n, t2, DFL_FT_NOTE, DFL_FF_SKIPPABLE, notes[i], strlen(notes[i]),
+                          strlen(notes[i]));
             bad(names[i], &d, whats[i]);
-            free(fr.p);
         }
     }
     fc_copy(&d, t.p, t.n);

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bytes.h"
 #include "dtype.h"
 #include "err.h"
 #include "json.h"
@@ -186,10 +187,81 @@ static void test_json(void)
     T_CHECK(dfl_json_parse(deep, 200, &v, "cfg", &e) == DFL_EDATA && strstr(e.msg, "nested"), "depth: %s", e.msg);
 }
 
+static void test_json_depth(void)
+{
+    const char *ok = "{\"a\": [[1, {\"b\": 2}]]}";
+    T_CHECK(dfl_json_depth_ok(ok, strlen(ok), 4), "4 deep, limit 4");
+    T_CHECK(!dfl_json_depth_ok(ok, strlen(ok), 3), "4 deep, limit 3");
+    const char *str = "[\"[[[[\\\"[[\", \"}}}\"]";   /* brackets (and an escaped quote) in strings */
+    T_CHECK(dfl_json_depth_ok(str, strlen(str), 1), "strings skipped: %s", str);
+    T_CHECK(!dfl_json_depth_ok("[[", 2, 1), "unclosed still counts");
+    T_CHECK(dfl_json_depth_ok("[[", 1, 1), "only n bytes read");
+    T_CHECK(dfl_json_depth_ok("", 0, 0) && dfl_json_depth_ok("1", 1, 0), "scalars have depth 0");
+}
+
+static void test_bytes(void)
+{
+    const uint8_t b[9] = {0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x88, 0xff};
+    T_EQ_INT(dfl_get_le16(b), 0x0201, "le16");
+    T_EQ_INT(dfl_get_le32(b + 1), 0x05040302, "le32 unaligned");
+    T_CHECK(dfl_get_le64(b) == 0x8807060504030201ull, "le64 %llx", (unsigned long long)dfl_get_le64(b));
+    T_CHECK(dfl_get_le64(b + 1) == 0xff88070605040302ull, "le64 top byte");
+    T_EQ_INT(dfl_get_le(b, 0), 0, "le of 0 bytes");
+    T_EQ_INT(dfl_get_le(b + 6, 3), 0xff8807, "le of 3 bytes");
+    uint8_t o[10];
+    memset(o, 0xaa, sizeof o);
+    dfl_put_le64(o + 1, 0x8807060504030201ull);
+    T_CHECK(memcmp(o + 1, b, 8) == 0 && o[0] == 0xaa && o[9] == 0xaa, "put_le64 bytes or bounds");
+    memset(o, 0xaa, sizeof o);
+    dfl_put_le32(o, 0xdeadbeefu);
+    T_CHECK(o[0] == 0xef && o[1] == 0xbe && o[2] == 0xad && o[3] == 0xde && o[4] == 0xaa, "put_le32");
+    dfl_put_le16(o, 0x1234);
+    T_CHECK(o[0] == 0x34 && o[1] == 0x12 && o[2] == 0xad, "put_le16");
+    dfl_put_le(o, 0x030201, 3);
+    T_EQ_INT(dfl_get_le(o, 3), 0x030201, "put_le/get_le of 3 bytes");
+}
+
+static void test_grow(void)
+{
+    int *a = NULL;
+    size_t n = 0, cap = 0;
+    for (int i = 0; i < 100; i++) {
+        T_CHECK(dfl_grow(&a, &cap, n, sizeof *a, 4), "grow at %d", i);
+        if (!a)
+            return;
+        a[n++] = i;
+    }
+    T_EQ_INT(cap, 128, "capacity after 100 from 4, doubling");
+    int sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += a[i];
+    T_EQ_INT(sum, 4950, "elements kept across reallocations");
+    int *before = a;
+    T_CHECK(dfl_grow(&a, &cap, 50, sizeof *a, 4) && a == before && cap == 128, "room: unchanged");
+    size_t big = SIZE_MAX / 4 + 1;
+    T_CHECK(!dfl_grow(&a, &big, big, sizeof *a, 4) && a == before && big == SIZE_MAX / 4 + 1,
+            "overflow refused, nothing changed");
+    free(a);
+    /* a byte buffer: from first, doubled until the request fits */
+    char *b = NULL;
+    size_t bcap = 0;
+    T_CHECK(dfl_reserve(&b, &bcap, 10, 1, 4096) && b && bcap == 4096, "first %zu", bcap);
+    T_CHECK(dfl_reserve(&b, &bcap, 4096, 1, 4096) && bcap == 4096, "fits: %zu", bcap);
+    T_CHECK(dfl_reserve(&b, &bcap, 4097, 1, 4096) && bcap == 8192, "doubled: %zu", bcap);
+    T_CHECK(dfl_reserve(&b, &bcap, 40000, 1, 4096) && bcap == 65536, "doubled until it fits: %zu", bcap);
+    memset(b, 7, 40000);
+    T_CHECK(!dfl_reserve(&b, &bcap, SIZE_MAX, 1, 4096) && bcap == 65536 && b[39999] == 7,
+            "impossible request refused, nothing changed");
+    free(b);
+}
+
 int main(int argc, char **argv)
 {
     t_init(argv[0]);
     T_RUN(test_exit_codes);
+    T_RUN(test_json_depth);
+    T_RUN(test_bytes);
+    T_RUN(test_grow);
     T_RUN(test_sizes);
     T_RUN(test_numbers);
     T_RUN(test_bf16);

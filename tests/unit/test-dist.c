@@ -255,29 +255,30 @@ static void dying_ranks(dfl_dist *d, int rank)
         _exit(t_case_failed_ ? 1 : 0);
 }
 
+/* Forks rank `rank` of world at rdv: the child opens it, runs fn (which may exit itself), closes
+ * it and exits 0, or 1 when a check failed or the rank did not open. Returns the child's pid. */
+static pid_t spawn_rank(int rank, int world, const char *rdv, rank_fn fn)
+{
+    pid_t k = fork();
+    if (k == 0) {
+        dfl_dist *d;
+        dfl_err e = {0};
+        t_case_failed_ = 0;
+        if (open_rank(&d, rank, world, rdv, 10, &e))
+            _exit(1);
+        fn(d, rank);
+        dfl_dist_close(d);
+        _exit(t_case_failed_ ? 1 : 0);
+    }
+    return k;
+}
+
 static void test_dead_rank(void)
 {
     char p[300];
     rdv_path(p, sizeof p, "dead");
-    pid_t k1 = fork();
-    if (k1 == 0) {
-        dfl_dist *d;
-        dfl_err e = {0};
-        t_case_failed_ = 0;
-        if (open_rank(&d, 1, 3, p, 10, &e))
-            _exit(1);
-        dying_ranks(d, 1);
-        _exit(1);
-    }
-    pid_t k2 = fork();
-    if (k2 == 0) {
-        dfl_dist *d;
-        dfl_err e = {0};
-        if (open_rank(&d, 2, 3, p, 10, &e))
-            _exit(1);
-        dying_ranks(d, 2);
-        _exit(1);
-    }
+    pid_t k1 = spawn_rank(1, 3, p, dying_ranks); /* dying_ranks exits the process itself */
+    pid_t k2 = spawn_rank(2, 3, p, dying_ranks);
     dfl_dist *d;
     dfl_err e = {0};
     T_CHECK(open_rank(&d, 0, 3, p, 10, &e) == 0, "%s", e.msg);
@@ -305,17 +306,7 @@ static void test_disagree(void)
     char p[300];
     rdv_path(p, sizeof p, "disagree");
     /* run_world's finish fails on every rank: count failures instead */
-    pid_t k = fork();
-    if (k == 0) {
-        dfl_dist *d;
-        dfl_err e = {0};
-        t_case_failed_ = 0;
-        if (open_rank(&d, 1, 2, p, 10, &e))
-            _exit(1);
-        disagree_ranks(d, 1);
-        dfl_dist_close(d);
-        _exit(t_case_failed_ ? 1 : 0);
-    }
+    pid_t k = spawn_rank(1, 2, p, disagree_ranks);
     dfl_dist *d;
     dfl_err e = {0};
     T_CHECK(open_rank(&d, 0, 2, p, 10, &e) == 0, "%s", e.msg);

@@ -18,15 +18,8 @@ static const int32_t layers[2] = {1, 2};
 
 static dfl_stream_info info(void)
 {
-    dfl_stream_info si = {0};
-    si.kind = DFL_KIND_HIDDEN;
-    si.version_major = DFL_FRAME_MAJOR;
-    si.hidden_size = H;
-    si.vocab_size = 100000;
-    si.n_layers = 2;
-    si.layers[0] = 1;
-    si.layers[1] = 2;
-    si.dtype = DFL_F32;
+    dfl_stream_info si = {.kind = DFL_KIND_HIDDEN, .version_major = DFL_FRAME_MAJOR, .hidden_size = H,
+                          .vocab_size = 100000, .n_layers = 2, .layers = {1, 2}, .dtype = DFL_F32};
     snprintf(si.fingerprint, sizeof si.fingerprint, "fp");
     return si;
 }

@@ -11,9 +11,11 @@
 #include <unistd.h>
 
 #include "frame.h"
+#include "frame_type.h"
 #include "util.h"
 #include "t.h"
 #include "../tools/framecraft.h"
+#include "../tools/frame-example.h"
 
 /* ---- test data -------------------------------------------------------------------------------- */
 
@@ -75,13 +77,7 @@ static void gen_batch(dfl_batch *b, const cfg *c, uint64_t seed, int maxs, int m
     for (uint32_t k = 0; k < K; k++) {
         size_t n = (size_t)T * (size_t)c->hidden;
         for (size_t i = 0; i < n; i++) {
-            float v = (float)((int)(rng_next(&s) % 64) - 32) / 8.0f;
-            if (c->dtype == DFL_BF16)
-                ((uint16_t *)b->layers[k])[i] = dfl_f32_to_bf16(v);
-            else if (c->dtype == DFL_F16)
-                ((uint16_t *)b->layers[k])[i] = dfl_f32_to_f16(v);
-            else
-                ((float *)b->layers[k])[i] = v;
+            fc_store_f32((void *)b->layers[k], c->dtype, i, (float)((int)(rng_next(&s) % 64) - 32) / 8.0f);
         }
     }
 }
@@ -243,59 +239,95 @@ static void free_all(dfl_batch *bs, int n)
         dfl_batch_free(&bs[i]);
 }
 
-static void test_roundtrip_file(void)
+/* Configurations cfgs[from..to), each uncompressed and compressed (zstd at level), as nb <= 24
+ * batches from seed ci + seed, each given to fn with a name for messages. */
+typedef void (*rt_fn)(const cfg *c, const dfl_writer_opts *o, dfl_batch *bs, int n, int z, const char *what);
+
+static void each_config_of(size_t from, size_t to, int nb, const char *via, size_t seed, int level, rt_fn fn)
 {
-    for (size_t ci = 0; ci < DFL_ARRAY_LEN(cfgs); ci++) {
+    for (size_t ci = from; ci < to; ci++) {
         for (int z = 0; z <= 1; z++) {
             const cfg *c = &cfgs[ci];
             dfl_batch bs[24];
-            int n = gen_all(bs, c, 24, ci + 1);
-            dfl_writer_opts o = {.zstd_level = z ? 3 : 0};
-            char *path = tmp_path("rt.dfl"), what[64];
-            snprintf(what, sizeof what, "file cfg %zu zstd %d", ci, z);
-            dfl_err e;
-            int rc = write_file(path, c, &o, bs, n, 5, &e);
-            T_CHECK(rc == 0, "%s: write: %s", what, e.msg);
-            dfl_reader *r;
-            rc = dfl_reader_open(&r, path, NULL, &e);
-            T_CHECK(rc == 0, "%s: open: %s", what, e.msg);
-            if (rc == 0) {
-                read_and_check(r, c, bs, n, false, what);
-                T_CHECK(dfl_reader_end(r)->index_offset > 0, "%s: a file gets an index", what);
-                dfl_reader_close(r);
-            }
-            /* the compressed path was taken for compressible batches, and batches point into the
-             * mapping otherwise */
-            rc = dfl_reader_open(&r, path, NULL, &e);
-            if (rc == 0) {
-                int zframes = 0;
-                for (;;) {
-                    dfl_frame f;
-                    bool eos;
-                    if (dfl_reader_next_frame(r, &f, &eos, &e) || eos)
-                        break;
-                    if (f.type == DFL_FT_TOKENS || f.type == DFL_FT_HIDDEN) {
-                        zframes += (f.flags & DFL_FF_ZSTD) != 0;
-                        T_CHECK(z || f.owned == NULL, "%s: uncompressed mapped frame should not be copied", what);
-                        if (f.flags & DFL_FF_ZSTD) {
-                            unsigned want = c->kind == DFL_KIND_TOKENS ? 0
-                                            : dfl_dtype_size(c->dtype) == 2 ? DFL_FF_SHUFFLE2 : DFL_FF_SHUFFLE4;
-                            T_CHECK((f.flags & (DFL_FF_SHUFFLE2 | DFL_FF_SHUFFLE4)) == want, "%s: shuffle flags 0x%x",
-                                    what, f.flags);
-                        }
-                    }
-                    dfl_frame_free(&f);
-                }
-                if (z && c->kind == DFL_KIND_HIDDEN)
-                    T_CHECK(zframes == n, "%s: %d of %d hidden frames compressed", what, zframes, n);
-                if (!z)
-                    T_CHECK(zframes == 0, "%s: compressed without zstd_level", what);
-                dfl_reader_close(r);
-            }
+            int n = gen_all(bs, c, nb, ci + seed);
+            dfl_writer_opts o = {.zstd_level = z ? level : 0};
+            char what[64];
+            snprintf(what, sizeof what, "%s cfg %zu zstd %d", via, ci, z);
+            fn(c, &o, bs, n, z, what);
             free_all(bs, n);
         }
     }
 }
+
+static void each_config(const char *via, size_t seed, int level, rt_fn fn)
+{
+    each_config_of(0, DFL_ARRAY_LEN(cfgs), 24, via, seed, level, fn);
+}
+
+/* dfl_reader_open, checked: NULL (a failed check) when it fails. */
+static dfl_reader *open_ok(const char *path)
+{
+    dfl_reader *r = NULL;
+    dfl_err e;
+    if (dfl_reader_open(&r, path, NULL, &e)) {
+        T_CHECK(0, "open: %s", e.msg);
+        return NULL;
+    }
+    return r;
+}
+
+/* The next frame into *f: false at the end of the stream or on an error (a failed check). */
+static bool next_frame_ok(dfl_reader *r, dfl_frame *f)
+{
+    bool eos;
+    dfl_err e;
+    int rc = dfl_reader_next_frame(r, f, &eos, &e);
+    T_CHECK(rc == 0, "next_frame: %s", e.msg);
+    return rc == 0 && !eos;
+}
+
+static void roundtrip_file(const cfg *c, const dfl_writer_opts *o, dfl_batch *bs, int n, int z, const char *what)
+{
+    char *path = tmp_path("rt.dfl");
+    dfl_err e;
+    int rc = write_file(path, c, o, bs, n, 5, &e);
+    T_CHECK(rc == 0, "%s: write: %s", what, e.msg);
+    dfl_reader *r;
+    rc = dfl_reader_open(&r, path, NULL, &e);
+    T_CHECK(rc == 0, "%s: open: %s", what, e.msg);
+    if (rc == 0) {
+        read_and_check(r, c, bs, n, false, what);
+        T_CHECK(dfl_reader_end(r)->index_offset > 0, "%s: a file gets an index", what);
+        dfl_reader_close(r);
+    }
+    /* the compressed path was taken for compressible batches, and batches point into the
+     * mapping otherwise */
+    rc = dfl_reader_open(&r, path, NULL, &e);
+    if (rc == 0) {
+        int zframes = 0;
+        dfl_frame f;
+        while (next_frame_ok(r, &f)) {
+            if (f.type == DFL_FT_TOKENS || f.type == DFL_FT_HIDDEN) {
+                zframes += (f.flags & DFL_FF_ZSTD) != 0;
+                T_CHECK(z || f.owned == NULL, "%s: uncompressed mapped frame should not be copied", what);
+                if (f.flags & DFL_FF_ZSTD) {
+                    unsigned want = c->kind == DFL_KIND_TOKENS ? 0
+                                    : dfl_dtype_size(c->dtype) == 2 ? DFL_FF_SHUFFLE2 : DFL_FF_SHUFFLE4;
+                    T_CHECK((f.flags & (DFL_FF_SHUFFLE2 | DFL_FF_SHUFFLE4)) == want, "%s: shuffle flags 0x%x",
+                            what, f.flags);
+                }
+            }
+            dfl_frame_free(&f);
+        }
+        if (z && c->kind == DFL_KIND_HIDDEN)
+            T_CHECK(zframes == n, "%s: %d of %d hidden frames compressed", what, zframes, n);
+        if (!z)
+            T_CHECK(zframes == 0, "%s: compressed without zstd_level", what);
+        dfl_reader_close(r);
+    }
+}
+
+static void test_roundtrip_file(void) { each_config("file", 1, 3, roundtrip_file); }
 
 /* Writes in a child process into a pipe; returns the read end and the child's pid. */
 static int spawn_writer(const cfg *c, const dfl_writer_opts *o, dfl_batch *bs, int n, pid_t *pid)
@@ -326,38 +358,36 @@ static int spawn_writer(const cfg *c, const dfl_writer_opts *o, dfl_batch *bs, i
     return p[0];
 }
 
-static void test_roundtrip_pipe(void)
+/* Closes the read end of a writer child's pipe and checks that the child succeeded. */
+static void reap_writer(int fd, pid_t pid, const char *what)
 {
-    for (size_t ci = 0; ci < DFL_ARRAY_LEN(cfgs); ci++) {
-        for (int z = 0; z <= 1; z++) {
-            const cfg *c = &cfgs[ci];
-            dfl_batch bs[24];
-            int n = gen_all(bs, c, 24, ci + 7);
-            dfl_writer_opts o = {.zstd_level = z ? 1 : 0};
-            char what[64];
-            snprintf(what, sizeof what, "pipe cfg %zu zstd %d", ci, z);
-            pid_t pid;
-            int fd = spawn_writer(c, &o, bs, n, &pid);
-            dfl_reader *r;
-            dfl_err e;
-            int rc = dfl_reader_open_fd(&r, fd, "pipe", NULL, &e);
-            T_CHECK(rc == 0, "%s: open: %s", what, e.msg);
-            if (rc == 0) {
-                read_and_check(r, c, bs, n, true, what);
-                T_CHECK(dfl_reader_end(r)->index_offset == 0, "%s: a pipe gets no index", what);
-                const dfl_index_entry *ent;
-                uint64_t ne;
-                T_CHECK(dfl_reader_index(r, &ent, &ne, &e) == DFL_EUNSUP, "%s: index on a pipe", what);
-                dfl_reader_close(r);
-            }
-            close(fd);
-            int st;
-            waitpid(pid, &st, 0);
-            T_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: writer child failed", what);
-            free_all(bs, n);
-        }
-    }
+    close(fd);
+    int st;
+    waitpid(pid, &st, 0);
+    T_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: writer child failed", what);
 }
+
+static void roundtrip_pipe(const cfg *c, const dfl_writer_opts *o, dfl_batch *bs, int n, int z, const char *what)
+{
+    (void)z;
+    pid_t pid;
+    int fd = spawn_writer(c, o, bs, n, &pid);
+    dfl_reader *r;
+    dfl_err e;
+    int rc = dfl_reader_open_fd(&r, fd, "pipe", NULL, &e);
+    T_CHECK(rc == 0, "%s: open: %s", what, e.msg);
+    if (rc == 0) {
+        read_and_check(r, c, bs, n, true, what);
+        T_CHECK(dfl_reader_end(r)->index_offset == 0, "%s: a pipe gets no index", what);
+        const dfl_index_entry *ent;
+        uint64_t ne;
+        T_CHECK(dfl_reader_index(r, &ent, &ne, &e) == DFL_EUNSUP, "%s: index on a pipe", what);
+        dfl_reader_close(r);
+    }
+    reap_writer(fd, pid, what);
+}
+
+static void test_roundtrip_pipe(void) { each_config("pipe", 7, 1, roundtrip_pipe); }
 
 /* A big hidden batch (several write and read chunks) through a pipe and a file. */
 static void test_large_batch(void)
@@ -377,10 +407,7 @@ static void test_large_batch(void)
     } else {
         T_CHECK(0, "open: %s", e.msg);
     }
-    close(fd);
-    int st;
-    waitpid(pid, &st, 0);
-    T_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "writer child failed");
+    reap_writer(fd, pid, "large pipe");
     char *path = tmp_path("large.dfl");
     T_CHECK(write_file(path, &c, &o, bs, 2, -1, &e) == 0, "write: %s", e.msg);
     if (dfl_reader_open(&r, path, NULL, &e) == 0) {
@@ -390,66 +417,58 @@ static void test_large_batch(void)
     free_all(bs, 2);
 }
 
+static void index_case(const cfg *c, const dfl_writer_opts *o, dfl_batch *bs, int n, int z, const char *what)
+{
+    (void)what;
+    char *path = tmp_path("index.dfl");
+    dfl_err e;
+    T_CHECK(write_file(path, c, o, bs, n, 2, &e) == 0, "write: %s", e.msg);
+    /* the offsets, as walking finds them */
+    uint64_t offs[12];
+    int k = 0;
+    dfl_reader *r = open_ok(path);
+    if (!r)
+        return;
+    dfl_frame f;
+    while (next_frame_ok(r, &f)) {
+        if (f.type == DFL_FT_HIDDEN && k < 12)
+            offs[k++] = f.offset;
+        dfl_frame_free(&f);
+    }
+    dfl_reader_close(r);
+    T_EQ_INT(k, n, "batches walked");
+    /* a fresh reader finds the index without walking, and reads batches in any order */
+    T_CHECK(dfl_reader_open(&r, path, NULL, &e) == 0, "open: %s", e.msg);
+    const dfl_index_entry *ent;
+    uint64_t ne;
+    int rc = dfl_reader_index(r, &ent, &ne, &e);
+    T_CHECK(rc == 0, "index: %s", e.msg);
+    if (rc == 0) {
+        T_CHECK(ne == (uint64_t)n, "index has %llu entries", (unsigned long long)ne);
+        for (int i = 0; i < n && (uint64_t)i < ne; i++)
+            T_CHECK(ent[i].offset == offs[i] && ent[i].n_seqs == bs[i].n_seqs && ent[i].n_tokens == bs[i].n_tokens,
+                    "entry %d", i);
+        for (int i = n - 1; i >= 0; i--) {
+            dfl_batch b;
+            rc = dfl_reader_batch_at(r, ent[i].offset, &b, &e);
+            T_CHECK(rc == 0, "batch_at %d: %s", i, e.msg);
+            if (rc)
+                continue;
+            check_same(&b, &bs[i], (uint64_t)i, "batch_at");
+            T_CHECK(z ? b.owned != NULL : b.owned == NULL, "batch_at %d owned", i);
+            dfl_batch_free(&b);
+        }
+        dfl_batch b;
+        T_CHECK(dfl_reader_batch_at(r, ent[0].offset + 64, &b, &e) == DFL_EUSAGE, "an offset not in the index");
+        /* random access leaves the walk intact */
+        read_and_check(r, c, bs, n, z, "walk after random access");
+    }
+    dfl_reader_close(r);
+}
+
 static void test_index(void)
 {
-    for (int z = 0; z <= 1; z++) {
-        const cfg *c = &cfgs[2];
-        dfl_batch bs[12];
-        int n = gen_all(bs, c, 12, 31);
-        dfl_writer_opts o = {.zstd_level = z ? 3 : 0};
-        char *path = tmp_path("index.dfl");
-        dfl_err e;
-        T_CHECK(write_file(path, c, &o, bs, n, 2, &e) == 0, "write: %s", e.msg);
-        /* the offsets, as walking finds them */
-        uint64_t offs[12];
-        int k = 0;
-        dfl_reader *r;
-        if (dfl_reader_open(&r, path, NULL, &e)) {
-            T_CHECK(0, "open: %s", e.msg);
-            return;
-        }
-        for (;;) {
-            dfl_frame f;
-            bool eos;
-            int rc = dfl_reader_next_frame(r, &f, &eos, &e);
-            T_CHECK(rc == 0, "next_frame: %s", e.msg);
-            if (rc || eos)
-                break;
-            if (f.type == DFL_FT_HIDDEN && k < 12)
-                offs[k++] = f.offset;
-            dfl_frame_free(&f);
-        }
-        dfl_reader_close(r);
-        T_EQ_INT(k, n, "batches walked");
-        /* a fresh reader finds the index without walking, and reads batches in any order */
-        T_CHECK(dfl_reader_open(&r, path, NULL, &e) == 0, "open: %s", e.msg);
-        const dfl_index_entry *ent;
-        uint64_t ne;
-        int rc = dfl_reader_index(r, &ent, &ne, &e);
-        T_CHECK(rc == 0, "index: %s", e.msg);
-        if (rc == 0) {
-            T_CHECK(ne == (uint64_t)n, "index has %llu entries", (unsigned long long)ne);
-            for (int i = 0; i < n && (uint64_t)i < ne; i++)
-                T_CHECK(ent[i].offset == offs[i] && ent[i].n_seqs == bs[i].n_seqs && ent[i].n_tokens == bs[i].n_tokens,
-                        "entry %d", i);
-            for (int i = n - 1; i >= 0; i--) {
-                dfl_batch b;
-                rc = dfl_reader_batch_at(r, ent[i].offset, &b, &e);
-                T_CHECK(rc == 0, "batch_at %d: %s", i, e.msg);
-                if (rc)
-                    continue;
-                check_same(&b, &bs[i], (uint64_t)i, "batch_at");
-                T_CHECK(z ? b.owned != NULL : b.owned == NULL, "batch_at %d owned", i);
-                dfl_batch_free(&b);
-            }
-            dfl_batch b;
-            T_CHECK(dfl_reader_batch_at(r, ent[0].offset + 64, &b, &e) == DFL_EUSAGE, "an offset not in the index");
-            /* random access leaves the walk intact */
-            read_and_check(r, c, bs, n, z, "walk after random access");
-        }
-        dfl_reader_close(r);
-        free_all(bs, n);
-    }
+    each_config_of(2, 3, 12, "index", 29, 3, index_case);
     /* without an index */
     const cfg *c = &cfgs[0];
     dfl_batch bs[3];
@@ -483,22 +502,15 @@ static void test_listing(void)
     dfl_err e;
     dfl_writer_opts o = {0};
     T_CHECK(write_file(path, c, &o, bs, n, 1, &e) == 0, "write: %s", e.msg);
-    dfl_reader *r;
-    if (dfl_reader_open(&r, path, NULL, &e)) {
-        T_CHECK(0, "open: %s", e.msg);
+    dfl_reader *r = open_ok(path);
+    if (!r)
         return;
-    }
     static const uint32_t want[] = {DFL_FT_TOKENS, DFL_FT_TOKENS, DFL_FT_NOTE, DFL_FT_TOKENS, DFL_FT_INDEX, DFL_FT_END};
     uint64_t off = dfl_reader_offset(r);
     T_CHECK(off > 64 && off % 64 == 0, "header frame size %llu", (unsigned long long)off);
     size_t k = 0;
-    for (;;) {
-        dfl_frame f;
-        bool eos;
-        int rc = dfl_reader_next_frame(r, &f, &eos, &e);
-        T_CHECK(rc == 0, "next_frame: %s", e.msg);
-        if (rc || eos)
-            break;
+    dfl_frame f;
+    while (next_frame_ok(r, &f)) {
         T_CHECK(k < DFL_ARRAY_LEN(want) && f.type == want[k], "frame %zu type %u", k, f.type);
         T_CHECK(f.seq == k + 1, "frame seq %llu", (unsigned long long)f.seq);
         T_CHECK(f.offset == off, "frame %zu offset %llu, expected %llu", k, (unsigned long long)f.offset,
@@ -536,26 +548,22 @@ static bool slurp(const char *path, fc_buf *b)
     return true;
 }
 
-static void test_determinism(void)
+static void determinism_case(const cfg *c, const dfl_writer_opts *o, dfl_batch *bs, int n, int z, const char *what)
 {
-    for (int z = 0; z <= 1; z++) {
-        const cfg *c = &cfgs[3];
-        dfl_batch bs[5];
-        int n = gen_all(bs, c, 5, 77);
-        dfl_writer_opts o = {.zstd_level = z ? 5 : 0};
-        dfl_err e;
-        char *p1 = tmp_path("det1.dfl"), *p2 = tmp_path("det2.dfl");
-        T_CHECK(write_file(p1, c, &o, bs, n, 1, &e) == 0, "write 1");
-        T_CHECK(write_file(p2, c, &o, bs, n, 1, &e) == 0, "write 2");
-        fc_buf a = {0}, b = {0};
-        T_CHECK(slurp(p1, &a) && slurp(p2, &b), "read back");
-        T_CHECK(a.n == b.n && a.n > 0 && memcmp(a.p, b.p, a.n) == 0, "zstd %d: same batches gave different bytes", z);
-        /* and a pipe gets the same bytes, less INDEX, with END saying so */
-        free(a.p);
-        free(b.p);
-        free_all(bs, n);
-    }
+    (void)what;
+    dfl_err e;
+    char *p1 = tmp_path("det1.dfl"), *p2 = tmp_path("det2.dfl");
+    T_CHECK(write_file(p1, c, o, bs, n, 1, &e) == 0, "write 1");
+    T_CHECK(write_file(p2, c, o, bs, n, 1, &e) == 0, "write 2");
+    fc_buf a = {0}, b = {0};
+    T_CHECK(slurp(p1, &a) && slurp(p2, &b), "read back");
+    T_CHECK(a.n == b.n && a.n > 0 && memcmp(a.p, b.p, a.n) == 0, "zstd %d: same batches gave different bytes", z);
+    /* and a pipe gets the same bytes, less INDEX, with END saying so */
+    free(a.p);
+    free(b.p);
 }
+
+static void test_determinism(void) { each_config_of(3, 4, 5, "determinism", 74, 5, determinism_case); }
 
 /* ---- damaged streams -------------------------------------------------------------------------- */
 
@@ -774,20 +782,12 @@ static void test_defects(void)
     /* unknown must-understand type before END */
     uint8_t pl[100];
     memset(pl, 0x5a, sizeof pl);
-    fc_buf fr = {0};
-    fc_frame(&fr, 77, 0, 0, pl, sizeof pl, sizeof pl);
-    fc_copy(&d, s.p, s.n);
-    fc_insert(&d, end_off, fr.p, fr.n);
-    fc_renumber(d.p, d.n);
+    fc_with_frame(&d, s.p, s.n, end_off, 77, 0, pl, sizeof pl, sizeof pl);
     snprintf(want, sizeof want, "frame 4 at offset %zu: unsupported frame type 77", end_off);
     expect_bad(&d, DFL_EUNSUP, want, "unknown must-understand type");
 
     /* the same, skippable: skipped, everything else read */
-    fr.n = 0;
-    fc_frame(&fr, 77, DFL_FF_SKIPPABLE, 0, pl, sizeof pl, sizeof pl);
-    fc_copy(&d, s.p, s.n);
-    fc_insert(&d, offs[2], fr.p, fr.n);
-    fc_renumber(d.p, d.n);
+    fc_with_frame(&d, s.p, s.n, offs[2], 77, DFL_FF_SKIPPABLE, pl, sizeof pl, sizeof pl);
     for (int via_pipe = 0; via_pipe <= 1; via_pipe++) {
         uint64_t nb;
         bool tr;
@@ -804,11 +804,8 @@ static void test_defects(void)
         dfl_reader *r;
         if (dfl_reader_open(&r, path, NULL, &e) == 0) {
             int seen = 0;
-            for (;;) {
-                dfl_frame f;
-                bool eos;
-                if (dfl_reader_next_frame(r, &f, &eos, &e) || eos)
-                    break;
+            dfl_frame f;
+            while (next_frame_ok(r, &f)) {
                 if (f.type == 77) {
                     seen++;
                     T_CHECK(f.payload == NULL && f.stored_len == 100 && (f.flags & DFL_FF_SKIPPABLE), "listed unknown frame");
@@ -820,11 +817,7 @@ static void test_defects(void)
         }
     }
     /* a skippable frame with a payload that is not even zstd is skipped unread */
-    fr.n = 0;
-    fc_frame(&fr, 300, DFL_FF_SKIPPABLE | DFL_FF_ZSTD, 0, pl, sizeof pl, 1000);
-    fc_copy(&d, s.p, s.n);
-    fc_insert(&d, offs[1], fr.p, fr.n);
-    fc_renumber(d.p, d.n);
+    fc_with_frame(&d, s.p, s.n, offs[1], 300, DFL_FF_SKIPPABLE | DFL_FF_ZSTD, pl, sizeof pl, 1000);
     {
         uint64_t nb;
         bool tr;
@@ -935,7 +928,6 @@ static void test_defects(void)
     fc_put64(d.p + offs[2] + 64, 5);
     fc_refix(d.p, offs[2]);
     expect_bad(&d, DFL_EDATA, "batch index 5, expected 1", "batch index");
-    free(fr.p);
     free(d.p);
     free(s.p);
 }
@@ -1210,28 +1202,11 @@ static void test_corpus(void)
     snprintf(dir, sizeof dir, "%s/tests/fixtures/frame/example.dfl", root);
     fc_buf want = {0}, got = {0};
     T_CHECK(slurp(dir, &want) && want.n == 896, "example.dfl");
-    dfl_stream_info ex;
-    memset(&ex, 0, sizeof ex);
-    ex.kind = DFL_KIND_TOKENS;
-    snprintf(ex.producer, sizeof ex.producer, "example");
-    ex.vocab_size = 100;
-    dfl_batch b;
-    dfl_err e;
-    dfl_batch_alloc(&b, 5, 2, 0, 0, DFL_DT_INVALID, &e);
-    ((uint32_t *)b.seq_lens)[0] = 3;
-    ((uint32_t *)b.seq_lens)[1] = 2;
-    static const uint8_t mask[5] = {0, 1, 1, 0, 1};
-    for (int i = 0; i < 5; i++) {
-        ((int32_t *)b.input_ids)[i] = 5 + i;
-        ((uint8_t *)b.loss_mask)[i] = mask[i];
-    }
     char *path = tmp_path("example.dfl");
-    dfl_writer *w;
-    T_CHECK(dfl_writer_open(&w, path, &ex, NULL, &e) == 0 && dfl_writer_batch(w, &b, &e) == 0 &&
-                dfl_writer_close(w, &e) == 0, "write the example: %s", e.msg);
+    dfl_err e;
+    T_CHECK(write_frame_example(path, &e) == 0, "write the example: %s", e.msg);
     T_CHECK(slurp(path, &got) && got.n == want.n && memcmp(got.p, want.p, want.n) == 0,
             "the writer no longer writes the bytes of the EXAMPLE in man/dfl-frame.5");
-    dfl_batch_free(&b);
     free(want.p);
     free(got.p);
 }
@@ -1413,10 +1388,21 @@ static void test_payload_size(void)
     }
 }
 
+static void test_type_names(void)
+{
+    static const char *const names[] = {NULL, "HEADER", "TOKENS", "HIDDEN", "INDEX", "END", "NOTE", NULL};
+    for (uint32_t t = 0; t < DFL_ARRAY_LEN(names); t++) {
+        const char *n = dfl_frame_type_name(t);
+        T_CHECK(names[t] ? n && strcmp(n, names[t]) == 0 : n == NULL, "type %u: %s", t, n ? n : "NULL");
+    }
+    T_CHECK(dfl_frame_type_name(1000) == NULL, "an unassigned type has no name");
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
     t_init(argv[0]);
+    T_RUN(test_type_names);
     T_RUN(test_payload_size);
     T_RUN(test_roundtrip_file);
     T_RUN(test_roundtrip_pipe);

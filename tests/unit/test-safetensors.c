@@ -156,14 +156,26 @@ static int write_specs(const char *path, uint8_t **bufs, int rev, dfl_err *e)
     return rc;
 }
 
-static void test_roundtrip(void)
+/* One buffer per spec, filled from seed + i. */
+static void fill_specs(uint8_t **bufs, unsigned seed)
 {
-    uint8_t *bufs[NSPECS];
     for (size_t i = 0; i < NSPECS; i++) {
         uint64_t n = spec_bytes(&specs[i]);
         bufs[i] = malloc(n ? n : 1);
-        fill(bufs[i], n, (unsigned)i + 7);
+        fill(bufs[i], n, (unsigned)i + seed);
     }
+}
+
+static void free_specs(uint8_t **bufs)
+{
+    for (size_t i = 0; i < NSPECS; i++)
+        free(bufs[i]);
+}
+
+static void test_roundtrip(void)
+{
+    uint8_t *bufs[NSPECS];
+    fill_specs(bufs, 7);
     char *path = tmp_path("rt.safetensors");
     dfl_err e;
     int rc = write_specs(path, bufs, 0, &e);
@@ -227,18 +239,13 @@ static void test_roundtrip(void)
         dfl_st_model_close(m);
     }
     free(path);
-    for (size_t i = 0; i < NSPECS; i++)
-        free(bufs[i]);
+    free_specs(bufs);
 }
 
 static void test_deterministic(void)
 {
     uint8_t *bufs[NSPECS];
-    for (size_t i = 0; i < NSPECS; i++) {
-        uint64_t n = spec_bytes(&specs[i]);
-        bufs[i] = malloc(n ? n : 1);
-        fill(bufs[i], n, (unsigned)i + 100);
-    }
+    fill_specs(bufs, 100);
     char *a = tmp_path("det-a.safetensors"), *b = tmp_path("det-b.safetensors");
     dfl_err e;
     T_CHECK(write_specs(a, bufs, 0, &e) == 0, "write a: %s", e.msg);
@@ -257,8 +264,7 @@ static void test_deterministic(void)
     free(bb);
     free(a);
     free(b);
-    for (size_t i = 0; i < NSPECS; i++)
-        free(bufs[i]);
+    free_specs(bufs);
 }
 
 /* The exact bytes of a small file: the documented header layout. */
@@ -485,18 +491,25 @@ static void test_oracle_target(void)
     dfl_st_model_close(m);
 }
 
+/* Opens the oracle's file rel into f (checked), or skips the test case when there is no
+ * oracle; returns from the test case when it does not open. */
+#define OPEN_ORACLE_ST(f, rel)                                                    \
+    do {                                                                          \
+        const char *o_ = t_oracle();                                              \
+        if (!o_)                                                                  \
+            T_SKIP("no $DFL_ORACLE");                                             \
+        char p_[PATH_MAX];                                                        \
+        dfl_err e_;                                                               \
+        snprintf(p_, sizeof p_, "%s/%s", o_, rel);                                \
+        T_CHECK(dfl_st_open(&(f), p_, &e_) == 0, "open: %s", e_.msg);             \
+        if (!(f))                                                                 \
+            return;                                                               \
+    } while (0)
+
 static void test_oracle_ref(void)
 {
-    const char *o = t_oracle();
-    if (!o)
-        T_SKIP("no $DFL_ORACLE");
-    char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s/qwen3-tiny-a/ref.safetensors", o);
     dfl_st_file *f = NULL;
-    dfl_err e;
-    T_CHECK(dfl_st_open(&f, p, &e) == 0, "open: %s", e.msg);
-    if (!f)
-        return;
+    OPEN_ORACLE_ST(f, "qwen3-tiny-a/ref.safetensors");
     T_EQ_INT(f->n, 5 * 9, "9 tensors per sequence");
     static const int64_t lens[5] = {1, 5, 33, 200, 517};
     char name[64];
@@ -527,16 +540,8 @@ static void test_oracle_ref(void)
 
 static void test_oracle_golden(void)
 {
-    const char *o = t_oracle();
-    if (!o)
-        T_SKIP("no $DFL_ORACLE");
-    char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s/dflash-tiny/golden.safetensors", o);
     dfl_st_file *f = NULL;
-    dfl_err e;
-    T_CHECK(dfl_st_open(&f, p, &e) == 0, "open: %s", e.msg);
-    if (!f)
-        return;
+    OPEN_ORACLE_ST(f, "dflash-tiny/golden.safetensors");
     T_EQ_INT(f->n, 134, "tensor count");
     T_CHECK(dfl_st_meta(f, "format") && strcmp(dfl_st_meta(f, "format"), "dflash-golden-v1") == 0,
             "format");

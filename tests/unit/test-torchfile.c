@@ -55,11 +55,18 @@ static uint64_t fnv1a64(const void *data, uint64_t n)
     return h;
 }
 
+/* fopen(path, "r"), checked: NULL (a failed check) when it cannot be opened. */
+static FILE *open_text(const char *path)
+{
+    FILE *fp = fopen(path, "r");
+    T_CHECK(fp != NULL, "cannot open %s", path);
+    return fp;
+}
+
 /* Compares f against an .expect file: same tensors in the same order, dtype, shape, hash. */
 static void check_expect(const dfl_torch_file *f, const char *expect_path, bool with_data)
 {
-    FILE *fp = fopen(expect_path, "r");
-    T_CHECK(fp != NULL, "cannot open %s", expect_path);
+    FILE *fp = open_text(expect_path);
     if (!fp)
         return;
     char line[8192];
@@ -177,14 +184,12 @@ static void test_views(void)
 /* Every file of tests/bad/torch/EXPECT is rejected with its code and message. */
 static void test_bad_corpus(void)
 {
-    char ex[PATH_MAX];
+    char ex[PATH_MAX], line[1024];
+    int n = 0;
     snprintf(ex, sizeof ex, "%s/EXPECT", src_path("tests/bad/torch"));
-    FILE *fp = fopen(ex, "r");
-    T_CHECK(fp != NULL, "cannot open %s", ex);
+    FILE *fp = open_text(ex);
     if (!fp)
         return;
-    char line[1024];
-    int n = 0;
     while (fgets(line, sizeof line, fp)) {
         if (line[0] == '#' || line[0] == '\n')
             continue;
@@ -288,15 +293,26 @@ static bool clean_error(int rc)
     return rc == DFL_OK || rc == DFL_EDATA || rc == DFL_ETRUNC || rc == DFL_EUNSUP;
 }
 
+/* The fixture checkpoint.pt read whole (NULL, checked, when it cannot be), and tmp set to
+ * name in the scratch directory. */
+static char *read_checkpoint(char *tmp, const char *name, size_t *len)
+{
+    char pt[PATH_MAX];
+    snprintf(pt, sizeof pt, "%s/checkpoint.pt", src_path("tests/fixtures/torch"));
+    snprintf(tmp, PATH_MAX, "%s/%s", t_tmpdir(), name);
+    char *buf = NULL;
+    dfl_err e;
+    *len = 0;
+    T_CHECK(dfl_read_file(pt, 1 << 20, &buf, len, &e) == 0, "read %s", e.msg);
+    return buf;
+}
+
 static void test_truncations(void)
 {
-    char pt[PATH_MAX], tmp[PATH_MAX];
-    snprintf(pt, sizeof pt, "%s/checkpoint.pt", src_path("tests/fixtures/torch"));
-    snprintf(tmp, sizeof tmp, "%s/cut.pt", t_tmpdir());
-    char *buf;
+    char tmp[PATH_MAX];
     size_t len;
+    char *buf = read_checkpoint(tmp, "cut.pt", &len);
     dfl_err e;
-    T_CHECK(dfl_read_file(pt, 1 << 20, &buf, &len, &e) == 0, "read %s", e.msg);
     int bad = 0;
     for (size_t cut = 0; cut < len; cut++) {
         FILE *fp = fopen(tmp, "wb");
@@ -315,13 +331,10 @@ static void test_truncations(void)
 
 static void test_pickle_mutations(void)
 {
-    char pt[PATH_MAX], tmp[PATH_MAX];
-    snprintf(pt, sizeof pt, "%s/checkpoint.pt", src_path("tests/fixtures/torch"));
-    snprintf(tmp, sizeof tmp, "%s/mut.pt", t_tmpdir());
-    char *buf;
+    char tmp[PATH_MAX];
     size_t len;
+    char *buf = read_checkpoint(tmp, "mut.pt", &len);
     dfl_err e;
-    T_CHECK(dfl_read_file(pt, 1 << 20, &buf, &len, &e) == 0, "read %s", e.msg);
     zentry ents[64];
     size_t n = read_entries((const uint8_t *)buf, len, ents, 64);
     T_CHECK(n >= 5 && strcmp(ents[0].name, "checkpoint/data.pkl") == 0, "entries: %zu", n);
