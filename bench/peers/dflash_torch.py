@@ -157,9 +157,9 @@ def step_forward(m, c, E, W_lm, hidden, ids, mask, seq_lens, anchors, mask_facto
     ctx = m.hidden_norm(m.fc(torch.cat(hidden, -1).to(dtype)))
     # one mask per window in use (0: full attention), layer l takes windows[l]'s
     windows = layer_windows(c)
-    masks = {w: mask_factory(a_row - a_pos, a_row, T, Q, bs, w) for w in set(windows)}
-    for layer, w in zip(m.layers, windows):
-        h = layer(h, ctx, pos_blk, pos_ctx, masks[w])
+    masks = {win: mask_factory(a_row - a_pos, a_row, T, Q, bs, win) for win in set(windows)}
+    for layer, win in zip(m.layers, windows):   # (not w: that is the slots' weights)
+        h = layer(h, ctx, pos_blk, pos_ctx, masks[win])
     z = m.norm(h)
     loss_num, acc_num = head(z, W_lm, labels, w, w0)
     return loss_num, w.sum(), acc_num, w0.sum()

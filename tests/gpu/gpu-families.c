@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -301,7 +302,8 @@ static void moe_oracle(const char *dir, dfl_dtype act)
     float *hc = xmalloc(sizeof(float) * maxlen * H), *hr = xmalloc(sizeof(float) * maxlen * E);
     uint8_t *flipped = xmalloc((size_t)maxlen);
     int pairs = 0, diffs = 0;
-    double worst_rel = 0, worst_cos = 1, worst_margin = 0, worst_router = 0;
+    int64_t down_rows = 0;   /* rows after a routing change in their sequence (attention carries it) */
+    double worst_rel = 0, worst_cos = 1, worst_margin = 0, worst_router = 0, down_rel = 0, down_cos = 1;
     for (int s = 0; ref_t(ref, s, "input_ids", -1); s++) {
         char n[64];
         snprintf(n, sizeof n, "seq%d.input_ids", s);
@@ -316,6 +318,7 @@ static void moe_oracle(const char *dir, dfl_dtype act)
             continue;
         }
         memset(flipped, 0, len);
+        uint32_t first = len;   /* the first position whose expert set differed, so far */
         for (int l = 0; l < K; l++) {
             if (router[l]) {
                 be->ops->download(be, hr, router[l], sizeof(float) * len * E);
@@ -329,6 +332,7 @@ static void moe_oracle(const char *dir, dfl_dtype act)
                     if (got != want) {
                         diffs++;
                         flipped[i] = 1;
+                        first = i < first ? i : first;
                         worst_margin = mg > worst_margin ? mg : worst_margin;
                         printf("# %s seq%d token %u layer %d: expert set differs, reference "
                                "margin %.3g\n", dfl_dtype_lower(act), s, i, l, mg);
@@ -351,6 +355,14 @@ static void moe_oracle(const char *dir, dfl_dtype act)
                     yy += (double)y[q] * y[q];
                 }
                 double rel = rel_err(a, y, (size_t)H), cs = ab / (sqrt(aa) * sqrt(yy) + 1e-30);
+                if (i > first) {
+                    /* a later position of a sequence in which a token took other experts: its
+                     * attention reads that token's different output */
+                    down_rows++;
+                    down_rel = rel <= down_rel ? down_rel : rel;
+                    down_cos = cs >= down_cos ? down_cos : cs;
+                    continue;
+                }
                 worst_rel = rel <= worst_rel ? worst_rel : rel;
                 worst_cos = cs >= worst_cos ? worst_cos : cs;
             }
@@ -361,12 +373,15 @@ static void moe_oracle(const char *dir, dfl_dtype act)
            "%d of %d (token, sparse layer) expert sets differ from the f32 reference "
            "(largest reference margin among them %.3g)\n", dfl_dtype_lower(act), worst_rel,
            worst_cos, worst_router, diffs, pairs, worst_margin);
+    printf("# %s: %lld rows after a routing change in their sequence: worst row %.3g, cosine %.6f\n",
+           dfl_dtype_lower(act), (long long)down_rows, down_rel, down_cos);
     if (act == DFL_F32)
         T_CHECK(worst_rel <= 1e-4 && worst_router <= 1e-4, "f32: row %.3g, router %.3g", worst_rel,
                 worst_router);
     else
-        T_CHECK(worst_rel <= 3e-2 && worst_cos >= 0.999, "bf16: row %.3g, cosine %.6f", worst_rel,
-                worst_cos);
+        T_CHECK(worst_rel <= 3e-2 && worst_cos >= 0.999 && down_cos >= 0.99,
+                "bf16: row %.3g, cosine %.6f; after a routing change: cosine %.6f", worst_rel,
+                worst_cos, down_cos);
     T_CHECK(pairs > 0, "sparse layers compared");
     t->router_out = NULL;
     for (int l = 0; l < K; l++) {
@@ -393,6 +408,10 @@ static void test_qwen3moe_oracle(void)
         T_SKIP("no oracle");
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/qwen3moe-tiny-a", o);
+    char cfg[4200];
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    if (access(cfg, R_OK) != 0)
+        T_SKIP("%s is absent", dir);
     moe_oracle(dir, DFL_BF16);
     moe_oracle(dir, DFL_F32);
 }
