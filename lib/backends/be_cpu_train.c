@@ -108,11 +108,7 @@ int dfl_cpu_qknorm_rope_bwd(dfl_be *be, void *dxv, int64_t ld, float *dw, const 
 #pragma omp parallel for schedule(static) if (PAR(R * heads * d))
     for (int64_t r = 0; r < R; r++) {
         float c[MAX_HEAD_DIM / 2], s[MAX_HEAD_DIM / 2], g[MAX_HEAD_DIM];
-        for (int i = 0; i < half; i++) {
-            float ang = (float)pos[r] * inv[i];
-            c[i] = cosf(ang);
-            s[i] = sinf(ang);
-        }
+        dfl_cpu_rope_cs(c, s, pos[r], inv, half);
         for (int h = 0; h < heads; h++) {
             float *dr = dx + r * ld + (int64_t)h * d;
             const float *xr = xin + r * ld + (int64_t)h * d;

@@ -27,6 +27,7 @@
 
 #include "backend.h"
 #include "../unit/t.h"
+#include "gpu-sh.h"
 
 static char self_dir[4096], bin[4200], tools[4200], dir[4200];
 static const char *device = "cuda";
@@ -35,23 +36,6 @@ static char common[8192];   /* the options every run shares */
 static int STEPS = 44;   /* batches, steps of a run (DFL_GPU_SMALL: 12) */
 
 static bool have_device(void) { return strcmp(device, "cpu") == 0 || dfl_be_cuda_available(); }
-
-/* Runs a shell command; returns its exit status (or -1). */
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[16384];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    if (st == -1 || !WIFEXITED(st)) {
-        fprintf(stderr, "  command did not exit normally: %s\n", cmd);
-        return -1;
-    }
-    return WEXITSTATUS(st);
-}
 
 static char *slurp(const char *path)
 {

@@ -20,21 +20,10 @@
 #include "backend.h"
 #include "eval.h"
 #include "../unit/t.h"
+#include "gpu-sh.h"
 
 static char self_dir[4096], bin[4200], tools[4200], dir[4200];
 static const char *device = "cuda";
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[16384];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return st == -1 || !WIFEXITED(st) ? -1 : WEXITSTATUS(st);
-}
 
 /* Leading matches of every block, by (batch, sequence, anchor): batches x seqs x len entries. */
 enum { BATCHES = 6, SEQS = 4, LEN = 200 };

@@ -32,6 +32,7 @@
 #include "dtype.h"
 #include "frame.h"
 #include "../unit/t.h"
+#include "gpu-sh.h"
 
 static char self_dir[4096], bin[4200], tools[4200], dir[4200];
 static const char *wrap = "";
@@ -39,31 +40,6 @@ static const char *device = "cuda"; /* DFL_TEST_DEVICE=cpu runs the test's own m
 static bool small;
 
 static bool have_device(void) { return strcmp(device, "cpu") == 0 || dfl_be_cuda_available(); }
-
-static bool exists(const char *p)
-{
-    struct stat s;
-    return stat(p, &s) == 0;
-}
-
-/* Runs a shell command; returns its exit status (or -1). */
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[16384];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    if (st == -1 || !WIFEXITED(st)) {
-        fprintf(stderr, "  command did not exit normally: %s\n", cmd);
-        return -1;
-    }
-    if (WEXITSTATUS(st) != 0)
-        fprintf(stderr, "  exit %d: %s\n", WEXITSTATUS(st), cmd);
-    return WEXITSTATUS(st);
-}
 
 /* ---- comparing streams ---- */
 
@@ -347,6 +323,7 @@ static void test_profile_and_inputs(void)
 int main(int argc, char **argv)
 {
     t_init(argv[0]);
+    sh_report_exit = true;
     char *slash = strrchr(argv[0], '/');
     snprintf(self_dir, sizeof self_dir, "%.*s", slash ? (int)(slash - argv[0]) : 1,
              slash ? argv[0] : ".");

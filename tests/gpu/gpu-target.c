@@ -28,58 +28,12 @@
 #include "safetensors.h"
 #include "target.h"
 #include "../unit/t.h"
+#include "../unit/oracle-ref.h"
+#include "gpu-sh.h"
 
 static char self_dir[4096];
 
 #ifdef DFL_CUDA
-static bool exists(const char *p)
-{
-    struct stat s;
-    return stat(p, &s) == 0;
-}
-
-typedef struct ref {
-    dfl_st_file *f;
-    int n_seqs, n_layers;
-    const int32_t *ids[16];
-    int64_t len[16];
-} ref;
-
-static bool ref_open(ref *r, const char *dir, dfl_err *e)
-{
-    memset(r, 0, sizeof *r);
-    char p[4200];
-    snprintf(p, sizeof p, "%s/ref.safetensors", dir);
-    if (dfl_st_open(&r->f, p, e))
-        return false;
-    for (int i = 0; i < 16; i++) {
-        char name[64];
-        snprintf(name, sizeof name, "seq%d.input_ids", i);
-        const dfl_st_tensor *t = dfl_st_find(r->f, name);
-        if (!t)
-            break;
-        r->ids[i] = t->data;
-        r->len[i] = t->shape[0];
-        r->n_seqs = i + 1;
-    }
-    for (int k = 0; k < 256; k++) {
-        char name[64];
-        snprintf(name, sizeof name, "seq0.layer%d", k);
-        if (!dfl_st_find(r->f, name))
-            break;
-        r->n_layers = k + 1;
-    }
-    return r->n_seqs > 0 && r->n_layers > 0;
-}
-
-static const float *ref_layer(const ref *r, int s, int k)
-{
-    char name[64];
-    snprintf(name, sizeof name, "seq%d.layer%d", s, k);
-    const dfl_st_tensor *t = dfl_st_find(r->f, name);
-    return t ? t->data : NULL;
-}
-
 /* Worst per-row relative error and cosine (NaN sticks to the error). */
 typedef struct cmp {
     double rel, cos;
