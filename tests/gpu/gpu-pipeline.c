@@ -32,14 +32,10 @@
 #include "dtype.h"
 #include "frame.h"
 #include "../unit/t.h"
-#include "gpu-sh.h"
+#include "gpu-e2e.h"
 
-static char self_dir[4096], bin[4200], tools[4200], dir[4200];
 static const char *wrap = "";
-static const char *device = "cuda"; /* DFL_TEST_DEVICE=cpu runs the test's own machinery on the CPU */
 static bool small;
-
-static bool have_device(void) { return strcmp(device, "cpu") == 0 || dfl_be_cuda_available(); }
 
 /* ---- comparing streams ---- */
 
@@ -324,9 +320,7 @@ int main(int argc, char **argv)
 {
     t_init(argv[0]);
     sh_report_exit = true;
-    char *slash = strrchr(argv[0], '/');
-    snprintf(self_dir, sizeof self_dir, "%.*s", slash ? (int)(slash - argv[0]) : 1,
-             slash ? argv[0] : ".");
+    e2e_init(argv[0]);
     const char *w = getenv("DFL_GPU_WRAP");
     if (w && *w) {
         wrap = w;
@@ -334,12 +328,6 @@ int main(int argc, char **argv)
     }
     if (getenv("DFL_GPU_SMALL"))
         small = true;
-    const char *d = getenv("DFL_TEST_DEVICE");
-    if (d && *d)
-        device = d;
-    t_build_dir(bin, sizeof bin, "DFL_BIN", self_dir, "bin");
-    t_build_dir(tools, sizeof tools, "DFL_TOOLS", self_dir, "tools");
-    snprintf(dir, sizeof dir, "%s", t_tmpdir());
     if (have_device() && !setup()) {
         printf("not ok - setup (model, tokens, CPU reference)\n");
         return 1;
