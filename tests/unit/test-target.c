@@ -504,21 +504,6 @@ static double max_row_err(const float *a, const float *b, int64_t rows, int64_t 
     return worst;
 }
 
-/* f32 copy of a model tensor (NULL if absent). */
-static float *tensor_f32(const dfl_st_model *m, const char *name, int64_t *n)
-{
-    const dfl_st_tensor *t = dfl_st_model_find(m, name);
-    if (!t)
-        return NULL;
-    float *v = malloc((size_t)t->numel * sizeof *v);
-    if (v && !dfl_convert(v, DFL_F32, t->data, t->dtype, (size_t)t->numel)) {
-        free(v);
-        return NULL;
-    }
-    *n = (int64_t)t->numel;
-    return v;
-}
-
 /* The final norm (the model's RMSNorm, on the backend's op) and the logits of the last 8 rows
  * (lm_head, or the embedding when tied) of sequence s from its last layer's output x, against
  * seq{s}.norm and seq{s}.logits_last8 when the reference has them. */
@@ -581,10 +566,8 @@ static void forward_vs_ref_ex(const char *dir, bool fuse)
 {
     dfl_err e = {0};
     ref r;
-    if (!ref_open(&r, dir, &e)) {
-        T_CHECK(0, "%s: %s", dir, e.msg);
+    if (!ref_load(&r, dir))
         return;
-    }
     dfl_be *be = NULL;
     dfl_target *t = NULL;
     dfl_target_ws *ws = NULL;
@@ -835,10 +818,8 @@ static void program_vs_ref(const char *dir, bool pack)
 {
     dfl_err e = {0};
     ref r;
-    if (!ref_open(&r, dir, &e)) {
-        T_CHECK(0, "%s: %s", dir, e.msg);
+    if (!ref_load(&r, dir))
         return;
-    }
     char tok[4096], out[4096], cmd[16384], layers[512] = "";
     snprintf(tok, sizeof tok, "%s/tokens-%d.dfl", t_tmpdir(), pack);
     snprintf(out, sizeof out, "%s/hidden-%d.dfl", t_tmpdir(), pack);
