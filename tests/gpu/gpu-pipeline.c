@@ -102,17 +102,11 @@ static void compare(const char *what, const char *got, const char *ref, const ch
         int64_t H = (int64_t)bg.hidden;
         for (uint32_t k = 0; st && k < bg.n_layers; k++) {
             for (uint64_t r = 0; r < bg.n_tokens; r++) {
-                double num = 0, den = 0, ab = 0, aa = 0;
-                for (int64_t i = 0; i < H; i++) {
-                    double x = elem(bg.layers[k], bg.dtype, r * (uint64_t)H + (uint64_t)i);
-                    double y = elem(br.layers[k], br.dtype, r * (uint64_t)H + (uint64_t)i);
-                    num += (x - y) * (x - y);
-                    den += y * y;
-                    ab += x * y;
-                    aa += x * x;
-                }
-                double rel = sqrt(num) / (den > 0 ? sqrt(den) : 1e-30);
-                double cs = ab / (sqrt(aa) * sqrt(den) + 1e-30);
+                rowcmp rc = {0};
+                for (int64_t i = 0; i < H; i++)
+                    rowcmp_add(&rc, elem(bg.layers[k], bg.dtype, r * (uint64_t)H + (uint64_t)i),
+                               elem(br.layers[k], br.dtype, r * (uint64_t)H + (uint64_t)i));
+                double rel = rowcmp_rel(&rc), cs = rowcmp_cos(&rc);
                 if (!(rel <= c->rel))
                     c->rel = rel;
                 if (!(cs >= c->cos))

@@ -44,16 +44,10 @@ typedef struct cmp {
 static void compare(cmp *c, const float *a, const float *b, int64_t rows, int64_t H)
 {
     for (int64_t r = 0; r < rows; r++) {
-        double num = 0, den = 0, ab = 0, aa = 0;
-        for (int64_t i = 0; i < H; i++) {
-            double x = a[r * H + i], y = b[r * H + i];
-            num += (x - y) * (x - y);
-            den += y * y;
-            ab += x * y;
-            aa += x * x;
-        }
-        double rel = sqrt(num) / (den > 0 ? sqrt(den) : 1e-30);
-        double cs = ab / (sqrt(aa) * sqrt(den) + 1e-30);
+        rowcmp rc = {0};
+        for (int64_t i = 0; i < H; i++)
+            rowcmp_add(&rc, a[r * H + i], b[r * H + i]);
+        double rel = rowcmp_rel(&rc), cs = rowcmp_cos(&rc);
         if (!(rel <= c->rel))
             c->rel = rel;
         c->rows++;
