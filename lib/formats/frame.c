@@ -19,6 +19,7 @@
 #include <xxhash.h>
 #include <zstd.h>
 
+#include "batch_check.h"
 #include "bytes.h"
 #include "frame_type.h"
 #include "json.h"
@@ -954,41 +955,24 @@ static int parse_batch(dfl_reader *r, const uint8_t *p, const fhdr *fh, uint64_t
     if (!contents)
         return DFL_OK;
     /* seq_lens */
-    uint64_t sum = 0;
-    uint32_t mx = 0, zero = 0;
-    for (uint32_t i = 0; i < S; i++) {
-        uint32_t s = b->seq_lens[i];
-        sum += s;
-        mx = s > mx ? s : mx;
-        zero |= s == 0;
-    }
-    if (zero)
-        for (uint32_t i = 0; i < S; i++)
-            if (b->seq_lens[i] == 0)
-                return BFAIL("batch %llu: sequence %u has length 0", (unsigned long long)idx, i);
+    uint64_t sum;
+    uint32_t mx;
+    int64_t zero = dfl_seq_lens_scan(b->seq_lens, S, &sum, &mx);
+    if (zero >= 0)
+        return BFAIL("batch %llu: sequence %u has length 0", (unsigned long long)idx, (uint32_t)zero);
     if (sum != T)
         return BFAIL("batch %llu: seq_lens sum to %llu, not n_tokens %llu", (unsigned long long)idx,
                      (unsigned long long)sum, (unsigned long long)T);
     if (mx != ml)
         return BFAIL("batch %llu: the longest sequence is %u, max_len says %u", (unsigned long long)idx, mx, ml);
-    /* ids: one unsigned compare catches negatives too */
-    uint32_t lim = in->vocab_size > 0 ? (uint32_t)in->vocab_size : 0x80000000u, bad = 0;
-    const uint32_t *ids = (const uint32_t *)b->input_ids;
-    for (uint64_t i = 0; i < T; i++)
-        bad |= ids[i] >= lim;
-    if (bad)
-        for (uint64_t i = 0; i < T; i++)
-            if (ids[i] >= lim)
-                return BFAIL("batch %llu: token %llu has id %d, outside [0, %u)", (unsigned long long)idx,
-                             (unsigned long long)i, b->input_ids[i], lim);
-    uint8_t mbad = 0;
-    for (uint64_t i = 0; i < T; i++)
-        mbad |= b->loss_mask[i] & 0xfe;
-    if (mbad)
-        for (uint64_t i = 0; i < T; i++)
-            if (b->loss_mask[i] > 1)
-                return BFAIL("batch %llu: loss_mask[%llu] is %u (must be 0 or 1)", (unsigned long long)idx,
-                             (unsigned long long)i, b->loss_mask[i]);
+    uint32_t lim = in->vocab_size > 0 ? (uint32_t)in->vocab_size : 0x80000000u;
+    int64_t at = dfl_ids_first_bad(b->input_ids, T, lim);
+    if (at >= 0)
+        return BFAIL("batch %llu: token %llu has id %d, outside [0, %u)", (unsigned long long)idx,
+                     (unsigned long long)at, b->input_ids[at], lim);
+    if ((at = dfl_mask_first_bad(b->loss_mask, T)) >= 0)
+        return BFAIL("batch %llu: loss_mask[%llu] is %u (must be 0 or 1)", (unsigned long long)idx,
+                     (unsigned long long)at, b->loss_mask[at]);
     /* section padding */
     uint64_t ends[3 + DFL_MAX_LAYERS][2];
     int ns = 0;

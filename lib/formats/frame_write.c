@@ -25,6 +25,7 @@
 #include <xxhash.h>
 #include <zstd.h>
 
+#include "batch_check.h"
 #include "bytes.h"
 #include "json.h"
 #include "util.h"
@@ -514,14 +515,9 @@ static int check_batch(dfl_writer *w, const dfl_batch *b, uint32_t *max_len, dfl
                 return dfl_fail(e, DFL_EUSAGE, "%s: batch %llu: layer array %u is missing", w->name,
                                 (unsigned long long)idx, k);
     }
-    uint64_t sum = 0;
-    uint32_t mx = 0, zero = 0;
-    for (uint32_t i = 0; i < S; i++) {
-        uint32_t s = b->seq_lens[i];
-        sum += s;
-        mx = s > mx ? s : mx;
-        zero |= s == 0;
-    }
+    uint64_t sum;
+    uint32_t mx;
+    bool zero = dfl_seq_lens_scan(b->seq_lens, S, &sum, &mx) >= 0;
     if (zero || sum != T)
         return dfl_fail(e, DFL_EDATA, "%s: batch %llu: seq_lens %s (sum %llu, n_tokens %llu)", w->name,
                         (unsigned long long)idx, zero ? "include a 0" : "do not sum to n_tokens",
@@ -529,23 +525,14 @@ static int check_batch(dfl_writer *w, const dfl_batch *b, uint32_t *max_len, dfl
     if (b->max_len && b->max_len != mx)
         return dfl_fail(e, DFL_EDATA, "%s: batch %llu: max_len %u, but the longest sequence is %u", w->name,
                         (unsigned long long)idx, b->max_len, mx);
-    uint32_t lim = w->vocab > 0 ? (uint32_t)w->vocab : 0x80000000u, bad = 0;
-    const uint32_t *ids = (const uint32_t *)b->input_ids;
-    for (uint64_t i = 0; i < T; i++)
-        bad |= ids[i] >= lim;
-    if (bad)
-        for (uint64_t i = 0; i < T; i++)
-            if (ids[i] >= lim)
-                return dfl_fail(e, DFL_EDATA, "%s: batch %llu: token %llu has id %d, outside [0, %u)", w->name,
-                                (unsigned long long)idx, (unsigned long long)i, b->input_ids[i], lim);
-    uint8_t mbad = 0;
-    for (uint64_t i = 0; i < T; i++)
-        mbad |= b->loss_mask[i] & 0xfe;
-    if (mbad)
-        for (uint64_t i = 0; i < T; i++)
-            if (b->loss_mask[i] > 1)
-                return dfl_fail(e, DFL_EDATA, "%s: batch %llu: loss_mask[%llu] is %u (must be 0 or 1)", w->name,
-                                (unsigned long long)idx, (unsigned long long)i, b->loss_mask[i]);
+    uint32_t lim = w->vocab > 0 ? (uint32_t)w->vocab : 0x80000000u;
+    int64_t i = dfl_ids_first_bad(b->input_ids, T, lim);
+    if (i >= 0)
+        return dfl_fail(e, DFL_EDATA, "%s: batch %llu: token %llu has id %d, outside [0, %u)", w->name,
+                        (unsigned long long)idx, (unsigned long long)i, b->input_ids[i], lim);
+    if ((i = dfl_mask_first_bad(b->loss_mask, T)) >= 0)
+        return dfl_fail(e, DFL_EDATA, "%s: batch %llu: loss_mask[%llu] is %u (must be 0 or 1)", w->name,
+                        (unsigned long long)idx, (unsigned long long)i, b->loss_mask[i]);
     *max_len = mx;
     return DFL_OK;
 }
