@@ -1,8 +1,6 @@
 /* dfl-draft: trains a DFlash drafter from hidden-state streams (dfl-draft(1)). Options, then
  * lib/train/draft_train.c does the work. */
 #include <getopt.h>
-#include <omp.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,16 +9,6 @@
 #include "draft_train.h"
 #include "log.h"
 #include "util.h"
-
-void openblas_set_num_threads(int n);   /* OpenBLAS */
-
-static volatile sig_atomic_t stop_flag;
-
-static void on_signal(int sig)
-{
-    stop_flag = 1;
-    signal(sig, SIG_DFL);   /* a second signal ends the process at once */
-}
 
 static void usage(void)
 {
@@ -165,12 +153,8 @@ int main(int argc, char **argv)
     int64_t v, threads = 0;
     int c, rc = 0;
     while ((c = getopt_long(argc, argv, "t:o:qvh", longopts, NULL)) != -1) {
-        const char *nm = NULL;
-        for (const struct option *lo = longopts; lo->name; lo++)
-            if (lo->val == c)
-                nm = lo->name;
         char what[64];
-        snprintf(what, sizeof what, "--%s", nm ? nm : "?");
+        dfl_cli_opt_name(longopts, c, what, sizeof what);
         switch (c) {
         case 't': o.target_dir = optarg; break;
         case 'o': o.run_dir = optarg; break;
@@ -280,23 +264,12 @@ int main(int argc, char **argv)
         return dfl_cli_usage_error("no input: give hidden-state streams (files, FIFOs, - for stdin)");
     if (o.min_ready > o.pool_size)
         return dfl_cli_usage_error("--min-ready %d is more than --pool-size %d", o.min_ready, o.pool_size);
-    int nstdin = 0;
-    for (int i = optind; i < argc; i++)
-        nstdin += strcmp(argv[i], "-") == 0;
-    if (nstdin > 1)
-        return dfl_cli_usage_error("stdin (-) given more than once");
     o.n_inputs = argc - optind;
     o.inputs = (const char *const *)(argv + optind);
-    if (threads > 0) {
-        omp_set_num_threads((int)threads);
-        openblas_set_num_threads((int)threads);
-    }
-    struct sigaction sa = {0};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    o.stop = &stop_flag;
+    if (dfl_cli_count_stdin(o.inputs, o.n_inputs) > 1)
+        return dfl_cli_usage_error("stdin (-) given more than once");
+    dfl_cli_threads(threads);
+    o.stop = dfl_cli_stop_on_signals();
     if (!o.rendezvous && getenv("DFL_RENDEZVOUS") && *getenv("DFL_RENDEZVOUS"))
         o.rendezvous = getenv("DFL_RENDEZVOUS");   /* as dfl-train passes it */
     rc = dfl_draft_train(&o, &e);

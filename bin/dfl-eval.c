@@ -3,8 +3,6 @@
  * this file prints the report (text on stderr, JSON on stdout). */
 #include <getopt.h>
 #include <jansson.h>
-#include <omp.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,16 +12,6 @@
 #include "eval.h"
 #include "log.h"
 #include "util.h"
-
-void openblas_set_num_threads(int n);   /* OpenBLAS */
-
-static volatile sig_atomic_t stop_flag;
-
-static void on_signal(int sig)
-{
-    stop_flag = 1;
-    signal(sig, SIG_DFL);
-}
 
 static void usage(void)
 {
@@ -139,12 +127,8 @@ int main(int argc, char **argv)
     int64_t v, threads = 0;
     int c, rc = 0;
     while ((c = getopt_long(argc, argv, "d:t:qvh", longopts, NULL)) != -1) {
-        const char *nm = NULL;
-        for (const struct option *lo = longopts; lo->name; lo++)
-            if (lo->val == c)
-                nm = lo->name;
         char what[64];
-        snprintf(what, sizeof what, "--%s", nm ? nm : "?");
+        dfl_cli_opt_name(longopts, c, what, sizeof what);
         switch (c) {
         case 'd': o.draft = optarg; break;
         case 't': o.target_dir = optarg; break;
@@ -180,28 +164,18 @@ int main(int argc, char **argv)
     o.inputs = o.n_inputs ? (const char *const *)(argv + optind) : dash;
     if (!o.n_inputs)
         o.n_inputs = 1;
-    int nstdin = 0;
-    for (int i = 0; i < o.n_inputs; i++)
-        nstdin += strcmp(o.inputs[i], "-") == 0;
+    int nstdin = dfl_cli_count_stdin(o.inputs, o.n_inputs);
     if (nstdin > 1)
         return dfl_cli_usage_error("stdin (-) given more than once");
     if (nstdin && isatty(STDIN_FILENO))
         return dfl_cli_usage_error("no input: give hidden-state streams (files, FIFOs, - for stdin), "
                                    "not a terminal");
-    if (threads > 0) {
-        omp_set_num_threads((int)threads);
-        openblas_set_num_threads((int)threads);
-    }
+    dfl_cli_threads(threads);
     if (dfl_log_level < DFL_LOG_INFO)
         o.progress_every = 0;
     if (per_seq)
         o.on_seq = on_seq;
-    struct sigaction sa = {0};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    o.stop = &stop_flag;
+    o.stop = dfl_cli_stop_on_signals();
     dfl_eval_stats st;
     dfl_eval_info info;
     rc = dfl_eval_run(&o, &st, &info, &e);

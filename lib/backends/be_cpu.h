@@ -5,11 +5,33 @@
 #ifndef DFL_BE_CPU_H
 #define DFL_BE_CPU_H
 
+#include <math.h>
+
 #include "backend.h"
 
 /* Run a loop on several threads only when it has enough work: on small shapes spinning up (and
  * spinning) OpenMP threads costs more than the work itself. */
 #define PAR(work) ((int64_t)(work) >= ((int64_t)1 << 16))
+
+/* RoPE of one row: the cosines and sines at position pos of the half = rot/2 frequencies inv,
+ * then the rotation of the pairs (v[i], v[i + half]) of one head by them. */
+static inline void dfl_cpu_rope_cs(float *c, float *s, int32_t pos, const float *inv, int half)
+{
+    for (int i = 0; i < half; i++) {
+        float ang = (float)pos * inv[i];
+        c[i] = cosf(ang);
+        s[i] = sinf(ang);
+    }
+}
+
+static inline void dfl_cpu_rope_rotate(float *v, const float *c, const float *s, int half)
+{
+    for (int i = 0; i < half; i++) {
+        float x1 = v[i], x2 = v[i + half];
+        v[i] = x1 * c[i] - x2 * s[i];
+        v[i + half] = x2 * c[i] + x1 * s[i];
+    }
+}
 
 /* be_cpu_ops.c */
 int dfl_cpu_embedding(dfl_be *be, void *out, const int32_t *ids, const void *E, int64_t T, int64_t H);

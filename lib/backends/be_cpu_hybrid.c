@@ -50,21 +50,13 @@ int dfl_cpu_qknorm_rope_partial(dfl_be *be, void *xv, int64_t ld, const void *wv
 #pragma omp parallel for schedule(static) if (PAR(R * heads * d))
     for (int64_t r = 0; r < R; r++) {
         float c[512], s[512];
-        for (int i = 0; i < half; i++) {
-            float ang = (float)pos[r] * inv[i];
-            c[i] = cosf(ang);
-            s[i] = sinf(ang);
-        }
+        dfl_cpu_rope_cs(c, s, pos[r], inv, half);
         for (int h = 0; h < heads; h++) {
             float *v = x + r * ld + (int64_t)h * d;
             float sc = (float)(1.0 / sqrt((double)sumsq(v, d) / (double)d + (double)eps));
             for (int i = 0; i < d; i++)
                 v[i] = (v[i] * sc) * (1.0f + w[i]);
-            for (int i = 0; i < half; i++) {
-                float x1 = v[i], x2 = v[i + half];
-                v[i] = x1 * c[i] - x2 * s[i];
-                v[i + half] = x2 * c[i] + x1 * s[i];
-            }
+            dfl_cpu_rope_rotate(v, c, s, half);
         }
     }
     return 0;

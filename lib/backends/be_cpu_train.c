@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "be_cpu.h"
+#include "train_math.h"
 
 /* Run a loop on several threads only when it has enough work to pay for waking them (many
  * small ops in a row otherwise spend more time in barriers than in arithmetic, badly so on a
@@ -108,11 +109,7 @@ int dfl_cpu_qknorm_rope_bwd(dfl_be *be, void *dxv, int64_t ld, float *dw, const 
 #pragma omp parallel for schedule(static) if (PAR(R * heads * d))
     for (int64_t r = 0; r < R; r++) {
         float c[MAX_HEAD_DIM / 2], s[MAX_HEAD_DIM / 2], g[MAX_HEAD_DIM];
-        for (int i = 0; i < half; i++) {
-            float ang = (float)pos[r] * inv[i];
-            c[i] = cosf(ang);
-            s[i] = sinf(ang);
-        }
+        dfl_cpu_rope_cs(c, s, pos[r], inv, half);
         for (int h = 0; h < heads; h++) {
             float *dr = dx + r * ld + (int64_t)h * d;
             const float *xr = xin + r * ld + (int64_t)h * d;
@@ -485,19 +482,7 @@ int dfl_cpu_sumsq(dfl_be *be, double *out, const float *x, int64_t n)
 
 int dfl_cpu_clip_scale(dfl_be *be, float *out, int32_t *skip, const double *sums, float max_norm)
 {
-    double den = sums[DFL_SUM_LOSS_DEN];
-    double norm = sqrt(sums[DFL_SUM_GRAD_SQ]) / den;
-    int bad = !(den > 0) || !isfinite(sums[DFL_SUM_LOSS_NUM]) || !isfinite(norm);
-    double coef = 1.0;
-    if (max_norm > 0 && !bad) {
-        coef = (double)max_norm / (norm + 1e-6);
-        if (coef > 1.0)
-            coef = 1.0;
-    }
-    out[0] = bad ? 0.0f : (float)(coef / den);
-    out[1] = (float)norm;
-    out[2] = (float)coef;
-    *skip = bad;
+    dfl_clip_scale_calc(out, skip, sums, max_norm);
     return 0;
 }
 

@@ -19,6 +19,9 @@
 #include <xxhash.h>
 #include <zstd.h>
 
+#include "batch_check.h"
+#include "bytes.h"
+#include "frame_type.h"
 #include "json.h"
 #include "util.h"
 
@@ -33,13 +36,6 @@
 #define READ_CHUNK (256u << 10)        /* default opts.chunk: read(2) and hash pieces that stay in
                                           the cache while the producer refills the pipe */
 
-static inline uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static inline uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static inline uint64_t get64(const uint8_t *p) { return get32(p) | (uint64_t)get32(p + 4) << 32; }
-
 static bool all_zero(const uint8_t *p, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -52,15 +48,8 @@ static uint64_t pad_of(uint64_t stored_len) { return (64 - (stored_len + 8) % 64
 
 static const char *type_name(uint32_t t)
 {
-    switch (t) {
-    case DFL_FT_HEADER: return "HEADER";
-    case DFL_FT_TOKENS: return "TOKENS";
-    case DFL_FT_HIDDEN: return "HIDDEN";
-    case DFL_FT_INDEX: return "INDEX";
-    case DFL_FT_END: return "END";
-    case DFL_FT_NOTE: return "NOTE";
-    default: return "unknown";
-    }
+    const char *n = dfl_frame_type_name(t);
+    return n ? n : "unknown";
 }
 
 /* ---- blocks, batches ------------------------------------------------------------------------ */
@@ -246,9 +235,9 @@ static uint64_t seq_at(const dfl_reader *r, uint64_t off)
     uint64_t pos = r->header_len, seq = 1;
     while (pos < off && r->size - pos >= 64) {
         const uint8_t *h = r->base + pos;
-        if (memcmp(h, DFL_FRAME_MAGIC, 4) != 0 || XXH3_64bits(h, 56) != get64(h + 56))
+        if (memcmp(h, DFL_FRAME_MAGIC, 4) != 0 || XXH3_64bits(h, 56) != dfl_get_le64(h + 56))
             return UINT64_MAX;
-        uint64_t stored = get64(h + 8);
+        uint64_t stored = dfl_get_le64(h + 8);
         if (stored > r->size)
             return UINT64_MAX;
         pos += 64 + stored + pad_of(stored) + 8;
@@ -408,16 +397,16 @@ static int check_header(dfl_reader *r, const uint8_t *h, uint64_t off, uint64_t 
               h[4], DFL_FRAME_MAJOR);
         return copy_failed(r, e);
     }
-    uint64_t check = get64(h + 56);
+    uint64_t check = dfl_get_le64(h + 56);
     if (XXH3_64bits(h, 56) != check) {
         rfail(r, DFL_EDATA, n, off, "frame header check mismatch (the frame header is corrupt)");
         return copy_failed(r, e);
     }
     fh->flags = h[5];
-    fh->type = get16(h + 6);
-    fh->stored = get64(h + 8);
-    fh->raw = get64(h + 16);
-    fh->seq = get64(h + 24);
+    fh->type = dfl_get_le16(h + 6);
+    fh->stored = dfl_get_le64(h + 8);
+    fh->raw = dfl_get_le64(h + 16);
+    fh->seq = dfl_get_le64(h + 24);
     if (h[4] != DFL_FRAME_MAJOR) {
         rfail(r, DFL_EDATA, n, off, "major version %u differs from the stream's version %d", h[4], DFL_FRAME_MAJOR);
         return copy_failed(r, e);
@@ -636,7 +625,7 @@ static int read_body(dfl_reader *r, const uint8_t *h, const fhdr *fh, uint64_t o
         }
         done += got;
     }
-    if (verify && XXH3_64bits_digest(r->xx) != get64(dst + body - 8)) {
+    if (verify && XXH3_64bits_digest(r->xx) != dfl_get_le64(dst + body - 8)) {
         rfail(r, DFL_EDATA, fh->seq, off, "checksum mismatch (the %s frame is corrupt)", type_name(fh->type));
         return copy_failed(r, e);
     }
@@ -678,7 +667,7 @@ static int skip_body(dfl_reader *r, const uint8_t *h, const fhdr *fh, uint64_t o
         return cut(r, fh->seq, off, done + got, fh->total, fh, e);
     if (verify) {
         XXH3_64bits_update(r->xx, r->zbuf, fh->pad);
-        if (XXH3_64bits_digest(r->xx) != get64(r->zbuf + fh->pad)) {
+        if (XXH3_64bits_digest(r->xx) != dfl_get_le64(r->zbuf + fh->pad)) {
             rfail(r, DFL_EDATA, fh->seq, off, "checksum mismatch (the frame of type %u is corrupt)", fh->type);
             return copy_failed(r, e);
         }
@@ -743,7 +732,7 @@ static int read_frame(dfl_reader *r, uint64_t off, uint64_t want_seq, bool first
         if (fh->total >= (1u << 20))
             madvise((void *)((uintptr_t)(r->base + off) & ~(uintptr_t)4095), fh->total + 4096, MADV_WILLNEED);
         if (!r->opts.no_verify &&
-            XXH3_64bits(r->base + off, 64 + fh->stored + fh->pad) != get64(stored + fh->stored + fh->pad)) {
+            XXH3_64bits(r->base + off, 64 + fh->stored + fh->pad) != dfl_get_le64(stored + fh->stored + fh->pad)) {
             rfail(r, DFL_EDATA, n, off, "checksum mismatch (the %s frame is corrupt)", type_name(fh->type));
             return copy_failed(r, e);
         }
@@ -922,9 +911,9 @@ static int parse_batch(dfl_reader *r, const uint8_t *p, const fhdr *fh, uint64_t
                        uint64_t expect_index, bool contents, dfl_batch *b, dfl_err *e)
 {
     const dfl_stream_info *in = &r->info;
-    uint64_t idx = get64(p), T = get64(p + 8);
-    uint32_t S = get32(p + 16), K = get32(p + 20), H = get32(p + 24), ml = get32(p + 32);
-    uint16_t dt = get16(p + 28);
+    uint64_t idx = dfl_get_le64(p), T = dfl_get_le64(p + 8);
+    uint32_t S = dfl_get_le32(p + 16), K = dfl_get_le32(p + 20), H = dfl_get_le32(p + 24), ml = dfl_get_le32(p + 32);
+    uint16_t dt = dfl_get_le16(p + 28);
 #define BFAIL(...) (rfail(r, DFL_EDATA, seq, off, __VA_ARGS__), copy_failed(r, e))
     if ((fh->type == DFL_FT_TOKENS) != (in->kind == DFL_KIND_TOKENS))
         return BFAIL("%s frame in a %s stream", type_name(fh->type), in->kind == DFL_KIND_TOKENS ? "tokens" : "hidden");
@@ -936,7 +925,7 @@ static int parse_batch(dfl_reader *r, const uint8_t *p, const fhdr *fh, uint64_t
     if (S < 1 || S > T)
         return BFAIL("batch %llu: n_seqs %u is out of range [1, n_tokens %llu]", (unsigned long long)idx, S,
                      (unsigned long long)T);
-    if (get16(p + 30) != 0 || !all_zero(p + 36, 28))
+    if (dfl_get_le16(p + 30) != 0 || !all_zero(p + 36, 28))
         return BFAIL("batch %llu: reserved batch header fields are not zero", (unsigned long long)idx);
     if (in->kind == DFL_KIND_TOKENS) {
         if (K || H || dt)
@@ -966,41 +955,24 @@ static int parse_batch(dfl_reader *r, const uint8_t *p, const fhdr *fh, uint64_t
     if (!contents)
         return DFL_OK;
     /* seq_lens */
-    uint64_t sum = 0;
-    uint32_t mx = 0, zero = 0;
-    for (uint32_t i = 0; i < S; i++) {
-        uint32_t s = b->seq_lens[i];
-        sum += s;
-        mx = s > mx ? s : mx;
-        zero |= s == 0;
-    }
-    if (zero)
-        for (uint32_t i = 0; i < S; i++)
-            if (b->seq_lens[i] == 0)
-                return BFAIL("batch %llu: sequence %u has length 0", (unsigned long long)idx, i);
+    uint64_t sum;
+    uint32_t mx;
+    int64_t zero = dfl_seq_lens_scan(b->seq_lens, S, &sum, &mx);
+    if (zero >= 0)
+        return BFAIL("batch %llu: sequence %u has length 0", (unsigned long long)idx, (uint32_t)zero);
     if (sum != T)
         return BFAIL("batch %llu: seq_lens sum to %llu, not n_tokens %llu", (unsigned long long)idx,
                      (unsigned long long)sum, (unsigned long long)T);
     if (mx != ml)
         return BFAIL("batch %llu: the longest sequence is %u, max_len says %u", (unsigned long long)idx, mx, ml);
-    /* ids: one unsigned compare catches negatives too */
-    uint32_t lim = in->vocab_size > 0 ? (uint32_t)in->vocab_size : 0x80000000u, bad = 0;
-    const uint32_t *ids = (const uint32_t *)b->input_ids;
-    for (uint64_t i = 0; i < T; i++)
-        bad |= ids[i] >= lim;
-    if (bad)
-        for (uint64_t i = 0; i < T; i++)
-            if (ids[i] >= lim)
-                return BFAIL("batch %llu: token %llu has id %d, outside [0, %u)", (unsigned long long)idx,
-                             (unsigned long long)i, b->input_ids[i], lim);
-    uint8_t mbad = 0;
-    for (uint64_t i = 0; i < T; i++)
-        mbad |= b->loss_mask[i] & 0xfe;
-    if (mbad)
-        for (uint64_t i = 0; i < T; i++)
-            if (b->loss_mask[i] > 1)
-                return BFAIL("batch %llu: loss_mask[%llu] is %u (must be 0 or 1)", (unsigned long long)idx,
-                             (unsigned long long)i, b->loss_mask[i]);
+    uint32_t lim = in->vocab_size > 0 ? (uint32_t)in->vocab_size : 0x80000000u;
+    int64_t at = dfl_ids_first_bad(b->input_ids, T, lim);
+    if (at >= 0)
+        return BFAIL("batch %llu: token %llu has id %d, outside [0, %u)", (unsigned long long)idx,
+                     (unsigned long long)at, b->input_ids[at], lim);
+    if ((at = dfl_mask_first_bad(b->loss_mask, T)) >= 0)
+        return BFAIL("batch %llu: loss_mask[%llu] is %u (must be 0 or 1)", (unsigned long long)idx,
+                     (unsigned long long)at, b->loss_mask[at]);
     /* section padding */
     uint64_t ends[3 + DFL_MAX_LAYERS][2];
     int ns = 0;
@@ -1040,9 +1012,9 @@ static int check_note(dfl_reader *r, const dfl_frame *f, dfl_err *e)
 static int check_index(dfl_reader *r, const dfl_frame *f, dfl_err *e)
 {
     const uint8_t *p = f->payload;
-    uint64_t count = get64(p);
+    uint64_t count = dfl_get_le64(p);
 #define IFAIL(...) (rfail(r, DFL_EDATA, f->seq, f->offset, __VA_ARGS__), copy_failed(r, e))
-    if (get64(p + 8) != 0)
+    if (dfl_get_le64(p + 8) != 0)
         return IFAIL("INDEX reserved field is not zero");
     if (count != (f->raw_len - 16) / 16)
         return IFAIL("INDEX count %llu does not match its %llu bytes", (unsigned long long)count,
@@ -1052,9 +1024,9 @@ static int check_index(dfl_reader *r, const dfl_frame *f, dfl_err *e)
                      (unsigned long long)r->n_batches);
     for (uint64_t i = 0; i < count; i++) {
         const uint8_t *q = p + 16 + 16 * i;
-        if (get64(q) != r->seen[i].offset || get32(q + 8) != r->seen[i].n_seqs || get32(q + 12) != r->seen[i].n_tokens)
+        if (dfl_get_le64(q) != r->seen[i].offset || dfl_get_le32(q + 8) != r->seen[i].n_seqs || dfl_get_le32(q + 12) != r->seen[i].n_tokens)
             return IFAIL("INDEX entry %llu (offset %llu, %u seqs, %u tokens) does not match batch %llu (offset %llu, %u seqs, %u tokens)",
-                         (unsigned long long)i, (unsigned long long)get64(q), get32(q + 8), get32(q + 12),
+                         (unsigned long long)i, (unsigned long long)dfl_get_le64(q), dfl_get_le32(q + 8), dfl_get_le32(q + 12),
                          (unsigned long long)i, (unsigned long long)r->seen[i].offset, r->seen[i].n_seqs,
                          r->seen[i].n_tokens);
     }
@@ -1064,11 +1036,11 @@ static int check_index(dfl_reader *r, const dfl_frame *f, dfl_err *e)
 
 static void decode_end(const uint8_t *p, dfl_stream_end *end)
 {
-    end->n_batches = get64(p);
-    end->n_tokens = get64(p + 8);
-    end->n_seqs = get64(p + 16);
-    end->index_offset = get64(p + 24);
-    end->n_frames = get64(p + 32);
+    end->n_batches = dfl_get_le64(p);
+    end->n_tokens = dfl_get_le64(p + 8);
+    end->n_seqs = dfl_get_le64(p + 16);
+    end->index_offset = dfl_get_le64(p + 24);
+    end->n_frames = dfl_get_le64(p + 32);
 }
 
 static int check_end(dfl_reader *r, const dfl_frame *f, dfl_err *e)
@@ -1467,7 +1439,7 @@ int dfl_reader_index(dfl_reader *r, const dfl_index_entry **entries, uint64_t *n
     dfl_frame f = {0}, fi = {0};
     fhdr fh;
     if (r->size < r->header_len + END_FRAME || end_off % 64 || memcmp(h, DFL_FRAME_MAGIC, 4) != 0 ||
-        get16(h + 6) != DFL_FT_END) {
+        dfl_get_le16(h + 6) != DFL_FT_END) {
         r->index_absent = true;
         if (r->opts.allow_truncated)
             rc = dfl_fail(e, DFL_EUNSUP, "%s: no END frame at the end of the file: no index", r->name);
@@ -1511,8 +1483,8 @@ int dfl_reader_index(dfl_reader *r, const dfl_index_entry **entries, uint64_t *n
         goto out;
     }
     const uint8_t *p = fi.payload;
-    uint64_t count = get64(p);
-    if (get64(p + 8) != 0 || count != (fi.raw_len - 16) / 16 || count != end.n_batches) {
+    uint64_t count = dfl_get_le64(p);
+    if (dfl_get_le64(p + 8) != 0 || count != (fi.raw_len - 16) / 16 || count != end.n_batches) {
         rc = dfl_fail(e, DFL_EDATA, "%s: INDEX frame at offset %llu: count %llu does not match its size or END's %llu batches",
                       r->name, (unsigned long long)io, (unsigned long long)count, (unsigned long long)end.n_batches);
         goto out;
@@ -1525,7 +1497,7 @@ int dfl_reader_index(dfl_reader *r, const dfl_index_entry **entries, uint64_t *n
     uint64_t st = 0, ss = 0, prev = 0;
     for (uint64_t i = 0; i < count; i++) {
         const uint8_t *q = p + 16 + 16 * i;
-        ent[i] = (dfl_index_entry){get64(q), get32(q + 8), get32(q + 12)};
+        ent[i] = (dfl_index_entry){dfl_get_le64(q), dfl_get_le32(q + 8), dfl_get_le32(q + 12)};
         if (ent[i].offset % 64 || ent[i].offset < r->header_len || ent[i].offset >= io || (i && ent[i].offset <= prev) ||
             ent[i].n_seqs < 1 || ent[i].n_tokens < ent[i].n_seqs) {
             rc = dfl_fail(e, DFL_EDATA, "%s: INDEX frame at offset %llu: entry %llu (offset %llu, %u seqs, %u tokens) is impossible",

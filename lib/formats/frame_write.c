@@ -25,6 +25,8 @@
 #include <xxhash.h>
 #include <zstd.h>
 
+#include "batch_check.h"
+#include "bytes.h"
 #include "json.h"
 #include "util.h"
 
@@ -36,18 +38,6 @@
 #define GROUP_IOV 64
 
 static const uint8_t zeros[64];
-
-static inline void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static inline void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
 
 struct dfl_writer {
     char *name;
@@ -96,33 +86,46 @@ static int wfail(dfl_writer *w, dfl_err *e, int rc)
     return rc;
 }
 
+/* After a failed write to fd: true to try again (EINTR, or EAGAIN once fd is writable). */
+static bool write_again(int fd)
+{
+    if (errno == EINTR)
+        return true;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        poll(&p, 1, -1);
+        return true;
+    }
+    return false;
+}
+
+/* Drops the first done bytes of the list *iov of *n pieces. */
+static void iov_advance(struct iovec **iov, int *n, size_t done)
+{
+    while (*n > 0 && done >= (*iov)->iov_len) {
+        done -= (*iov)->iov_len;
+        (*iov)++;
+        (*n)--;
+    }
+    if (*n > 0) {
+        (*iov)->iov_base = (uint8_t *)(*iov)->iov_base + done;
+        (*iov)->iov_len -= done;
+    }
+}
+
 /* writev of the whole list, through short writes, EINTR and EAGAIN. */
 static int writev_all(dfl_writer *w, struct iovec *iov, int n, dfl_err *e)
 {
     while (n > 0) {
         ssize_t k = writev(w->fd, iov, n);
         if (k < 0) {
-            if (errno == EINTR)
+            if (write_again(w->fd))
                 continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                struct pollfd p = {.fd = w->fd, .events = POLLOUT};
-                poll(&p, 1, -1);
-                continue;
-            }
             if (errno == EPIPE)
                 return dfl_fail(e, DFL_EPIPE, "%s: the reader went away (broken pipe)", w->name);
             return dfl_fail_errno(e, DFL_EIO, errno, "%s: write failed", w->name);
         }
-        size_t done = (size_t)k;
-        while (n > 0 && done >= iov->iov_len) {
-            done -= iov->iov_len;
-            iov++;
-            n--;
-        }
-        if (n > 0) {
-            iov->iov_base = (uint8_t *)iov->iov_base + done;
-            iov->iov_len -= done;
-        }
+        iov_advance(&iov, &n, (size_t)k);
     }
     return DFL_OK;
 }
@@ -135,29 +138,15 @@ static int vmsplice_all(dfl_writer *w, struct iovec *iov, int n, dfl_err *e)
     while (n > 0) {
         ssize_t k = vmsplice(w->fd, iov, (unsigned long)n, 0);
         if (k < 0) {
-            if (errno == EINTR)
+            if (write_again(w->fd))
                 continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                struct pollfd p = {.fd = w->fd, .events = POLLOUT};
-                poll(&p, 1, -1);
-                continue;
-            }
             if (errno == EPIPE)
                 return dfl_fail(e, DFL_EPIPE, "%s: the reader went away (broken pipe)", w->name);
             w->splice = false; /* EINVAL, EFAULT, ENOSYS, ...: copy instead */
             return writev_all(w, iov, n, e);
         }
         w->spliced = true;
-        size_t done = (size_t)k;
-        while (n > 0 && done >= iov->iov_len) {
-            done -= iov->iov_len;
-            iov++;
-            n--;
-        }
-        if (n > 0) {
-            iov->iov_base = (uint8_t *)iov->iov_base + done;
-            iov->iov_len -= done;
-        }
+        iov_advance(&iov, &n, (size_t)k);
     }
     return DFL_OK;
 }
@@ -191,11 +180,11 @@ static int write_frame(dfl_writer *w, uint32_t type, uint32_t flags, const struc
     memcpy(hdr, DFL_FRAME_MAGIC, 4);
     hdr[4] = DFL_FRAME_MAJOR;
     hdr[5] = (uint8_t)flags;
-    put16(hdr + 6, (uint16_t)type);
-    put64(hdr + 8, stored_len);
-    put64(hdr + 16, raw_len);
-    put64(hdr + 24, w->seq);
-    put64(hdr + 56, XXH3_64bits(hdr, 56));
+    dfl_put_le16(hdr + 6, (uint16_t)type);
+    dfl_put_le64(hdr + 8, stored_len);
+    dfl_put_le64(hdr + 16, raw_len);
+    dfl_put_le64(hdr + 24, w->seq);
+    dfl_put_le64(hdr + 56, XXH3_64bits(hdr, 56));
     uint64_t pad = (64 - (stored_len + 8) % 64) % 64;
 
     XXH3_64bits_reset(w->xx);
@@ -234,7 +223,7 @@ static int write_frame(dfl_writer *w, uint32_t type, uint32_t flags, const struc
             }
         }
     }
-    put64(trailer, XXH3_64bits_digest(w->xx));
+    dfl_put_le64(trailer, XXH3_64bits_digest(w->xx));
     g[gn].iov_base = trailer;
     g[gn].iov_len = 8;
     gs[gn] = false;
@@ -526,14 +515,9 @@ static int check_batch(dfl_writer *w, const dfl_batch *b, uint32_t *max_len, dfl
                 return dfl_fail(e, DFL_EUSAGE, "%s: batch %llu: layer array %u is missing", w->name,
                                 (unsigned long long)idx, k);
     }
-    uint64_t sum = 0;
-    uint32_t mx = 0, zero = 0;
-    for (uint32_t i = 0; i < S; i++) {
-        uint32_t s = b->seq_lens[i];
-        sum += s;
-        mx = s > mx ? s : mx;
-        zero |= s == 0;
-    }
+    uint64_t sum;
+    uint32_t mx;
+    bool zero = dfl_seq_lens_scan(b->seq_lens, S, &sum, &mx) >= 0;
     if (zero || sum != T)
         return dfl_fail(e, DFL_EDATA, "%s: batch %llu: seq_lens %s (sum %llu, n_tokens %llu)", w->name,
                         (unsigned long long)idx, zero ? "include a 0" : "do not sum to n_tokens",
@@ -541,23 +525,14 @@ static int check_batch(dfl_writer *w, const dfl_batch *b, uint32_t *max_len, dfl
     if (b->max_len && b->max_len != mx)
         return dfl_fail(e, DFL_EDATA, "%s: batch %llu: max_len %u, but the longest sequence is %u", w->name,
                         (unsigned long long)idx, b->max_len, mx);
-    uint32_t lim = w->vocab > 0 ? (uint32_t)w->vocab : 0x80000000u, bad = 0;
-    const uint32_t *ids = (const uint32_t *)b->input_ids;
-    for (uint64_t i = 0; i < T; i++)
-        bad |= ids[i] >= lim;
-    if (bad)
-        for (uint64_t i = 0; i < T; i++)
-            if (ids[i] >= lim)
-                return dfl_fail(e, DFL_EDATA, "%s: batch %llu: token %llu has id %d, outside [0, %u)", w->name,
-                                (unsigned long long)idx, (unsigned long long)i, b->input_ids[i], lim);
-    uint8_t mbad = 0;
-    for (uint64_t i = 0; i < T; i++)
-        mbad |= b->loss_mask[i] & 0xfe;
-    if (mbad)
-        for (uint64_t i = 0; i < T; i++)
-            if (b->loss_mask[i] > 1)
-                return dfl_fail(e, DFL_EDATA, "%s: batch %llu: loss_mask[%llu] is %u (must be 0 or 1)", w->name,
-                                (unsigned long long)idx, (unsigned long long)i, b->loss_mask[i]);
+    uint32_t lim = w->vocab > 0 ? (uint32_t)w->vocab : 0x80000000u;
+    int64_t i = dfl_ids_first_bad(b->input_ids, T, lim);
+    if (i >= 0)
+        return dfl_fail(e, DFL_EDATA, "%s: batch %llu: token %llu has id %d, outside [0, %u)", w->name,
+                        (unsigned long long)idx, (unsigned long long)i, b->input_ids[i], lim);
+    if ((i = dfl_mask_first_bad(b->loss_mask, T)) >= 0)
+        return dfl_fail(e, DFL_EDATA, "%s: batch %llu: loss_mask[%llu] is %u (must be 0 or 1)", w->name,
+                        (unsigned long long)idx, (unsigned long long)i, b->loss_mask[i]);
     *max_len = mx;
     return DFL_OK;
 }
@@ -628,13 +603,13 @@ int dfl_writer_batch(dfl_writer *w, const dfl_batch *b, dfl_err *e)
         return dfl_fail(e, DFL_EUSAGE, "%s: batch %llu is too large", w->name, (unsigned long long)w->n_batches);
     uint8_t bh[64];
     memset(bh, 0, sizeof bh);
-    put64(bh, w->n_batches);
-    put64(bh + 8, T);
-    put32(bh + 16, S);
-    put32(bh + 20, K);
-    put32(bh + 24, H);
-    put16(bh + 28, (uint16_t)(K ? b->dtype : 0));
-    put32(bh + 32, max_len);
+    dfl_put_le64(bh, w->n_batches);
+    dfl_put_le64(bh + 8, T);
+    dfl_put_le32(bh + 16, S);
+    dfl_put_le32(bh + 20, K);
+    dfl_put_le32(bh + 24, H);
+    dfl_put_le16(bh + 28, (uint16_t)(K ? b->dtype : 0));
+    dfl_put_le32(bh + 32, max_len);
 
     /* the payload as pieces, each followed by its padding */
     struct iovec pieces[2 * (4 + DFL_MAX_LAYERS)];
@@ -923,20 +898,20 @@ int dfl_writer_commit(dfl_writer *w, dfl_frame_res *f, const dfl_batch *b, dfl_e
     memset(fr, 0, 64);
     memcpy(fr, DFL_FRAME_MAGIC, 4);
     fr[4] = DFL_FRAME_MAJOR;
-    put16(fr + 6, DFL_FT_HIDDEN);
-    put64(fr + 8, l.size);
-    put64(fr + 16, l.size);
-    put64(fr + 24, f->seq);
-    put64(fr + 56, XXH3_64bits(fr, 56));
+    dfl_put_le16(fr + 6, DFL_FT_HIDDEN);
+    dfl_put_le64(fr + 8, l.size);
+    dfl_put_le64(fr + 16, l.size);
+    dfl_put_le64(fr + 24, f->seq);
+    dfl_put_le64(fr + 56, XXH3_64bits(fr, 56));
     /* batch header and sections */
     memset(p, 0, 64);
-    put64(p, f->index);
-    put64(p + 8, T);
-    put32(p + 16, S);
-    put32(p + 20, K);
-    put32(p + 24, H);
-    put16(p + 28, (uint16_t)w->dtype);
-    put32(p + 32, max_len);
+    dfl_put_le64(p, f->index);
+    dfl_put_le64(p + 8, T);
+    dfl_put_le32(p + 16, S);
+    dfl_put_le32(p + 20, K);
+    dfl_put_le32(p + 24, H);
+    dfl_put_le16(p + 28, (uint16_t)w->dtype);
+    dfl_put_le32(p + 32, max_len);
     put_section(p + l.seq_lens, c.seq_lens, 4ull * S);
     put_section(p + l.input_ids, c.input_ids, 4 * T);
     put_section(p + l.loss_mask, c.loss_mask, T);
@@ -946,7 +921,7 @@ int dfl_writer_commit(dfl_writer *w, dfl_frame_res *f, const dfl_batch *b, dfl_e
             memset(p + l.layer0 + k * l.layer_stride + layer_bytes, 0, (size_t)(64 - layer_bytes % 64));
     uint64_t pad = f->frame_len - 64 - l.size - 8;
     memset(p + l.size, 0, (size_t)pad);
-    put64(fr + f->frame_len - 8, XXH3_64bits(fr, (size_t)(f->frame_len - 8)));
+    dfl_put_le64(fr + f->frame_len - 8, XXH3_64bits(fr, (size_t)(f->frame_len - 8)));
     unmap_res(f);
     /* the next write (INDEX, END) goes after this frame */
     if (lseek(w->fd, (off_t)(f->offset + f->frame_len), SEEK_SET) < 0) {
@@ -1007,12 +982,12 @@ int dfl_writer_close(dfl_writer *w, dfl_err *e)
             dfl_writer_abort(w);
             return rc;
         }
-        put64(p, n);
-        put64(p + 8, 0);
+        dfl_put_le64(p, n);
+        dfl_put_le64(p + 8, 0);
         for (uint64_t i = 0; i < n; i++) {
-            put64(p + 16 + 16 * i, w->entries[i].offset);
-            put32(p + 24 + 16 * i, w->entries[i].n_seqs);
-            put32(p + 28 + 16 * i, w->entries[i].n_tokens);
+            dfl_put_le64(p + 16 + 16 * i, w->entries[i].offset);
+            dfl_put_le32(p + 24 + 16 * i, w->entries[i].n_seqs);
+            dfl_put_le32(p + 28 + 16 * i, w->entries[i].n_tokens);
         }
         index_off = w->bytes;
         struct iovec iov = {p, (size_t)len};
@@ -1025,11 +1000,11 @@ int dfl_writer_close(dfl_writer *w, dfl_err *e)
     }
     uint8_t end[64];
     memset(end, 0, sizeof end);
-    put64(end, w->n_batches);
-    put64(end + 8, w->n_tokens);
-    put64(end + 16, w->n_seqs);
-    put64(end + 24, index_off);
-    put64(end + 32, w->seq);
+    dfl_put_le64(end, w->n_batches);
+    dfl_put_le64(end + 8, w->n_tokens);
+    dfl_put_le64(end + 16, w->n_seqs);
+    dfl_put_le64(end + 24, index_off);
+    dfl_put_le64(end + 32, w->seq);
     struct iovec iov = {end, 64};
     if ((rc = write_frame(w, DFL_FT_END, 0, &iov, 1, 64, 64, NULL, e))) {
         dfl_writer_abort(w);

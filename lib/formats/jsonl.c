@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "json.h"
 #include "log.h"
 #include "util.h"
 
@@ -839,31 +840,6 @@ int dfl_sample_parse_fast(dfl_sample *s, const char *line, size_t n)
 
 /* ---- the jansson path ---- */
 
-/* Nesting depth of the text, as lib/base/json.c counts it (strings skipped). */
-static bool depth_ok(const char *s, size_t n, int max)
-{
-    int d = 0;
-    bool in_str = false;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (in_str) {
-            if (c == '\\')
-                i++;
-            else if (c == '"')
-                in_str = false;
-            continue;
-        }
-        if (c == '"')
-            in_str = true;
-        else if (c == '[' || c == '{') {
-            if (++d > max)
-                return false;
-        } else if (c == ']' || c == '}')
-            d--;
-    }
-    return true;
-}
-
 int dfl_sample_parse_json(dfl_sample *s, const char *line, size_t n, dfl_err *e)
 {
     s->has_ids = s->has_mask = s->has_lab = false;
@@ -873,7 +849,7 @@ int dfl_sample_parse_json(dfl_sample *s, const char *line, size_t n, dfl_err *e)
                         DFL_JSONL_MAX_LINE);
     if (memchr(line, 0, n))
         return dfl_fail(e, DFL_EDATA, "not valid JSON: the line contains a NUL byte");
-    if (!depth_ok(line, n, DFL_JSON_MAX_DEPTH))
+    if (!dfl_json_depth_ok(line, n, DFL_JSON_MAX_DEPTH))
         return dfl_fail(e, DFL_EDATA, "JSON nested deeper than %d levels", DFL_JSON_MAX_DEPTH);
     json_error_t je;
     /* JSON_ALLOW_NUL: a string value may hold \u0000 (the keys read here hold no strings, and

@@ -156,7 +156,7 @@ int dfl_draft_upload(dfl_draft *m, int which, const float *src, dfl_err *e);
 int dfl_draft_reserve(dfl_draft *m, int64_t max_tokens, int64_t max_blocks, int64_t lmce_chunk,
                       dfl_err *e);
 /* The reservation: tokens, blocks, bytes of backend memory (0s before dfl_draft_reserve). On an
- * asynchronous backend (CUDA) the workspace is sized once: a second dfl_draft_reserve for larger
+ * asynchronous backend (a GPU) the workspace is sized once: a second dfl_draft_reserve for larger
  * batches fails (DFL_EUSAGE) instead of reallocating, and the first fails at once (DFL_ENOMEM,
  * with the sizes) when the device has less memory free than it needs. */
 void dfl_draft_capacity(const dfl_draft *m, int64_t *max_tokens, int64_t *max_blocks,
@@ -192,7 +192,7 @@ int dfl_draft_pending(const dfl_draft *m);
  * synthetic inputs, then a wait for it: every kernel loaded and every plan made before the first
  * real batch. Leaves the weights, the optimizer and the results of earlier steps unchanged. */
 int dfl_draft_warmup(dfl_draft *m, dfl_err *e);
-/* Host waits so far (the CUDA backend's count: syncs that drained a stream, event waits that
+/* Host waits so far (the GPU backend's count: syncs that drained a stream, event waits that
  * blocked; zeros on the CPU). */
 void dfl_draft_host_waits(const dfl_draft *m, uint64_t *syncs, uint64_t *event_waits);
 

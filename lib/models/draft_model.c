@@ -5,7 +5,7 @@
  * dfl_draft_reserve; a step allocates nothing.
  *
  * The pipeline (draft.h, "Pipelined steps"): a batch is staged into one of IN_SETS input sets
- * (host arrays, pinned on CUDA, and their backend copies): the host builds and checks the
+ * (host arrays, pinned on a GPU, and their backend copies): the host builds and checks the
  * per-step arrays, copies the features in, and enqueues the upload on the copy stream, which
  * first waits for the end of the step that last read that set (ev_read); the step waits on the
  * compute stream for the upload (ev_up); the host rewrites a set's host arrays only after its
@@ -32,7 +32,7 @@ typedef struct res_layout {
     size_t sums, bmet, scal, skip, prev_skip, bytes;
 } res_layout;
 
-/* One step's inputs: host arrays (pinned on CUDA) and their backend copies. */
+/* One step's inputs: host arrays (pinned on a GPU) and their backend copies. */
 typedef struct in_set {
     void *hblock;                /* the host arrays, one allocation */
     int32_t *h_pos;              /* [T+Q] context positions, then block-slot positions */
@@ -54,7 +54,7 @@ typedef struct in_set {
     dfl_dp_event ev_up, ev_read;
 } in_set;
 
-/* One result slot (host, pinned on CUDA). */
+/* One result slot (host, pinned on a GPU). */
 typedef struct res_slot {
     void *host;                  /* res_layout.bytes */
     int64_t T, B;

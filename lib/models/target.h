@@ -1,7 +1,7 @@
 /* target.h: the target model (a dense qwen3 / llama / qwen2 decoder, or a hybrid qwen3_5 one of
  * Gated DeltaNet and gated attention layers, in the Hugging Face layout) on a backend, and its prefill forward over one packed batch of variable-length sequences,
  * capturing the outputs of chosen decoder layers. Written only against the backend ops
- * (backend.h): the same code runs on the CPU and on CUDA.
+ * (backend.h): the same code runs on the CPU and on a GPU.
  *
  * Separate pieces, so that a pipelined driver can overlap them:
  *   dfl_target_open      weights on the backend (converted on the host to be->wdt)
@@ -67,8 +67,8 @@ typedef struct dfl_target {
     uint64_t weight_bytes; /* backend bytes held by the weights */
     /* The residual adds run in the epilogues of o_proj and down_proj (h += x W^T, a GEMM with
      * beta = 1) instead of as separate passes: one pass over [T, H] less per add, and h rounded
-     * once instead of twice. Set by dfl_target_open on CUDA; the CPU keeps the separate adds
-     * (its results stay bit-identical to earlier versions). */
+     * once instead of twice. Set by dfl_target_open where the backend fuses (be->fuse_residual: a
+     * GPU); the CPU keeps the separate adds (its results stay bit-identical to earlier versions). */
     bool fuse_residual;
     /* Tests: when non-NULL, router_out[l] (backend f32 [T, E], or NULL) receives the router
      * logits of sparse layer l in each forward. */
@@ -173,7 +173,7 @@ typedef struct dfl_target_run_opts {
                                     pipe, where a slot waits until the consumer has read it) */
     int profile;                 /* print stage times every `profile` batches (0 = off) */
     int file_io;                 /* -o FILE: DFL_FILE_IO_* */
-    bool tune;                   /* CUDA: time cuBLASLt's candidate algorithms for the largest
+    bool tune;                   /* GPU: time the GEMM library's candidate algorithms for the largest
                                     batch's GEMMs before the first batch */
     dfl_writer_opts wopts;
     volatile sig_atomic_t *stop; /* set by a signal handler: stop at the next batch boundary */
@@ -181,7 +181,7 @@ typedef struct dfl_target_run_opts {
 
 /* How a file output (-o FILE) is written: from host buffers with write(2); through a mapping of
  * the file (the CPU forward writes straight into it; a GPU's copies land in pinned buffers and are
- * copied into it); or, CUDA only, with the mapping registered with the GPU so that its copies
+ * copied into it); or, GPU only, with the mapping registered with the GPU so that its copies
  * land in the file's pages (falls back to DFL_FILE_IO_MAP when registration is refused). Pipes
  * are always written with write(2) (or vmsplice). */
 enum { DFL_FILE_IO_WRITE = 0, DFL_FILE_IO_MAP = 1, DFL_FILE_IO_REGISTER = 2 };

@@ -542,7 +542,7 @@ int dfl_eval_run(const dfl_eval_opts *o, dfl_eval_stats *st, dfl_eval_info *info
         rc = load_weights(&v, dir, e);
     const int bs = v.c.block_size;
     if (!rc) {
-        const bool gpu = v.be->kind == DFL_BE_CUDA;
+        const bool gpu = dfl_dp_async(v.be);   /* an asynchronous backend: a GPU's larger rounds */
         info->max_tokens = o->max_tokens > 0 ? o->max_tokens : gpu ? 65536 : 16384;
         info->max_blocks = o->max_blocks > 0 ? o->max_blocks : (gpu ? 32768 : 4096) / bs;
         v.bseq = malloc((size_t)info->max_blocks * sizeof *v.bseq);

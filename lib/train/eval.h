@@ -74,7 +74,7 @@ typedef struct dfl_eval_opts {
     /* called with each finished sequence, in stream order */
     int (*on_seq)(void *ctx, const dfl_eval_seq *s, dfl_err *e);
     void *ctx;
-    /* called after each drafter forward (tests: CPU against CUDA) with its blocks: block k is
+    /* called after each drafter forward (tests: CPU against GPU) with its blocks: block k is
      * sequence seq0 + bseq[k] of batch `batch` of input `input`, at anchor banchor[k], its slots'
      * matches correct[k * bs + j] */
     void (*on_forward)(void *ctx, int input, int64_t batch, int64_t seq0, int64_t n_blocks,

@@ -27,31 +27,11 @@
 
 #include "backend.h"
 #include "../unit/t.h"
+#include "gpu-e2e.h"
 
-static char self_dir[4096], bin[4200], tools[4200], dir[4200];
-static const char *device = "cuda";
 static char common[8192];   /* the options every run shares */
 
 static int STEPS = 44;   /* batches, steps of a run (DFL_GPU_SMALL: 12) */
-
-static bool have_device(void) { return strcmp(device, "cpu") == 0 || dfl_be_cuda_available(); }
-
-/* Runs a shell command; returns its exit status (or -1). */
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[16384];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    if (st == -1 || !WIFEXITED(st)) {
-        fprintf(stderr, "  command did not exit normally: %s\n", cmd);
-        return -1;
-    }
-    return WEXITSTATUS(st);
-}
 
 static char *slurp(const char *path)
 {
@@ -290,17 +270,9 @@ static void test_sizing(void)
 int main(int argc, char **argv)
 {
     t_init(argv[0]);
-    char *slash = strrchr(argv[0], '/');
-    snprintf(self_dir, sizeof self_dir, "%.*s", slash ? (int)(slash - argv[0]) : 1,
-             slash ? argv[0] : ".");
-    const char *d = getenv("DFL_TEST_DEVICE");
-    if (d && *d)
-        device = d;
+    e2e_init(argv[0]);
     if (getenv("DFL_GPU_SMALL"))
         STEPS = 12;
-    t_build_dir(bin, sizeof bin, "DFL_BIN", self_dir, "bin");
-    t_build_dir(tools, sizeof tools, "DFL_TOOLS", self_dir, "tools");
-    snprintf(dir, sizeof dir, "%s", t_tmpdir());
     if (have_device() && !setup()) {
         printf("not ok - setup (target, hidden states)\n");
         return 1;

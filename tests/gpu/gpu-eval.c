@@ -20,21 +20,8 @@
 #include "backend.h"
 #include "eval.h"
 #include "../unit/t.h"
+#include "gpu-e2e.h"
 
-static char self_dir[4096], bin[4200], tools[4200], dir[4200];
-static const char *device = "cuda";
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[16384];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return st == -1 || !WIFEXITED(st) ? -1 : WEXITSTATUS(st);
-}
 
 /* Leading matches of every block, by (batch, sequence, anchor): batches x seqs x len entries. */
 enum { BATCHES = 6, SEQS = 4, LEN = 200 };
@@ -78,7 +65,7 @@ static int eval_on(const char *dev, blocks *b, dfl_eval_stats *st, dfl_err *e)
 
 static void test_cpu_and_cuda_agree(void)
 {
-    if (strcmp(device, "cpu") != 0 && !dfl_be_cuda_available())
+    if (!have_device())
         T_SKIP("no CUDA GPU");
     static blocks bc, bg;
     dfl_eval_stats sc, sg;
@@ -147,16 +134,8 @@ static bool setup(void)
 int main(int argc, char **argv)
 {
     t_init(argv[0]);
-    char *slash = strrchr(argv[0], '/');
-    snprintf(self_dir, sizeof self_dir, "%.*s", slash ? (int)(slash - argv[0]) : 1,
-             slash ? argv[0] : ".");
-    const char *d = getenv("DFL_TEST_DEVICE");
-    if (d && *d)
-        device = d;
-    t_build_dir(bin, sizeof bin, "DFL_BIN", self_dir, "bin");
-    t_build_dir(tools, sizeof tools, "DFL_TOOLS", self_dir, "tools");
-    snprintf(dir, sizeof dir, "%s", t_tmpdir());
-    if ((strcmp(device, "cpu") == 0 || dfl_be_cuda_available()) && !setup()) {
+    e2e_init(argv[0]);
+    if (have_device() && !setup()) {
         printf("not ok - setup (target, hidden states, a trained drafter)\n");
         return 1;
     }

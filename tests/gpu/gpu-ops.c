@@ -38,71 +38,10 @@ static dfl_be *g_cpu, *g_bf, *g_f32;
 /* ------------------------------------------------------------------------------------------ */
 /* comparisons */
 
-/* Compare rows of n values (got with stride ldg, ref with stride ldr); returns true if within
- * tolerance. Prints one "#" summary line, and the worst rows and elements on failure. */
 static bool cmp_rows(const char *what, const float *got, int64_t ldg, const float *ref, int64_t ldr,
                      int64_t R, int64_t n, double rel_tol, double cos_min)
 {
-    double worst_rel = 0, worst_cos = 1;
-    int64_t bad_rows = 0, nonfinite = 0, worst_row = -1;
-    int printed = 0;
-    for (int64_t r = 0; r < R; r++) {
-        const float *g = got + r * ldg, *f = ref + r * ldr;
-        double e2 = 0, r2 = 0, g2 = 0, dot = 0, maxd = -1;
-        int64_t maxj = 0, nf = 0;
-        for (int64_t j = 0; j < n; j++) {
-            double gv = g[j], fv = f[j];
-            if (!isfinite(gv) && isfinite(fv)) {
-                nf++;
-                continue;
-            }
-            double dd = fabs(gv - fv);
-            e2 += dd * dd;
-            r2 += fv * fv;
-            g2 += gv * gv;
-            dot += gv * fv;
-            if (!(dd <= maxd)) {
-                maxd = dd;
-                maxj = j;
-            }
-        }
-        double rel = sqrt(e2) / (sqrt(r2) > 1e-30 ? sqrt(r2) : 1e-30);
-        double cs = (r2 == 0 && g2 == 0) ? 1.0 : dot / sqrt(r2 * g2 > 0 ? r2 * g2 : 1e-300);
-        if (r2 == 0 && g2 == 0)
-            rel = 0;
-        nonfinite += nf;
-        bool ok = nf == 0 && rel <= rel_tol && cs >= cos_min;
-        if (!(rel <= worst_rel) || !(cs >= worst_cos) || nf) {
-            if (!(rel <= worst_rel))
-                worst_rel = rel;
-            if (!(cs >= worst_cos))
-                worst_cos = cs;
-            worst_row = r;
-        }
-        if (!ok) {
-            bad_rows++;
-            if (printed < 5) {
-                printed++;
-                fprintf(stderr, "    %s: row %lld: rel %.3g (tol %.3g), cos %.9f (min %.9f), %lld "
-                        "non-finite; worst element [%lld]: gpu %.9g cpu %.9g (|diff| %.3g)\n",
-                        what, (long long)r, rel, rel_tol, cs, cos_min, (long long)nf,
-                        (long long)maxj, (double)g[maxj], (double)f[maxj], maxd);
-                int shown = 0;
-                for (int64_t j = 0; j < n && shown < 3; j++)
-                    if (!isfinite(g[j]) && isfinite(f[j])) {
-                        fprintf(stderr, "      non-finite at [%lld]: gpu %g cpu %g\n",
-                                (long long)j, (double)g[j], (double)f[j]);
-                        shown++;
-                    }
-            }
-        }
-    }
-    printf("#   %-58s rows %-6lld max rel %.3g  min cos %.9f%s\n", what, (long long)R, worst_rel,
-           worst_cos, bad_rows ? "  FAIL" : "");
-    T_CHECK(bad_rows == 0, "%s: %lld of %lld rows out of tolerance (worst row %lld: rel %.3g, cos %.9f; "
-            "%lld non-finite values)", what, (long long)bad_rows, (long long)R, (long long)worst_row,
-            worst_rel, worst_cos, (long long)nonfinite);
-    return bad_rows == 0;
+    return gpu_cmp_rows(what, got, ldg, ref, ldr, R, n, rel_tol, cos_min, NULL, NULL, false);
 }
 
 /* got and ref (f32 views) must agree exactly, NaN matching NaN. */

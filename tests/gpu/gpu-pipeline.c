@@ -32,38 +32,10 @@
 #include "dtype.h"
 #include "frame.h"
 #include "../unit/t.h"
+#include "gpu-e2e.h"
 
-static char self_dir[4096], bin[4200], tools[4200], dir[4200];
 static const char *wrap = "";
-static const char *device = "cuda"; /* DFL_TEST_DEVICE=cpu runs the test's own machinery on the CPU */
 static bool small;
-
-static bool have_device(void) { return strcmp(device, "cpu") == 0 || dfl_be_cuda_available(); }
-
-static bool exists(const char *p)
-{
-    struct stat s;
-    return stat(p, &s) == 0;
-}
-
-/* Runs a shell command; returns its exit status (or -1). */
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[16384];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    if (st == -1 || !WIFEXITED(st)) {
-        fprintf(stderr, "  command did not exit normally: %s\n", cmd);
-        return -1;
-    }
-    if (WEXITSTATUS(st) != 0)
-        fprintf(stderr, "  exit %d: %s\n", WEXITSTATUS(st), cmd);
-    return WEXITSTATUS(st);
-}
 
 /* ---- comparing streams ---- */
 
@@ -130,17 +102,11 @@ static void compare(const char *what, const char *got, const char *ref, const ch
         int64_t H = (int64_t)bg.hidden;
         for (uint32_t k = 0; st && k < bg.n_layers; k++) {
             for (uint64_t r = 0; r < bg.n_tokens; r++) {
-                double num = 0, den = 0, ab = 0, aa = 0;
-                for (int64_t i = 0; i < H; i++) {
-                    double x = elem(bg.layers[k], bg.dtype, r * (uint64_t)H + (uint64_t)i);
-                    double y = elem(br.layers[k], br.dtype, r * (uint64_t)H + (uint64_t)i);
-                    num += (x - y) * (x - y);
-                    den += y * y;
-                    ab += x * y;
-                    aa += x * x;
-                }
-                double rel = sqrt(num) / (den > 0 ? sqrt(den) : 1e-30);
-                double cs = ab / (sqrt(aa) * sqrt(den) + 1e-30);
+                rowcmp rc = {0};
+                for (int64_t i = 0; i < H; i++)
+                    rowcmp_add(&rc, elem(bg.layers[k], bg.dtype, r * (uint64_t)H + (uint64_t)i),
+                               elem(br.layers[k], br.dtype, r * (uint64_t)H + (uint64_t)i));
+                double rel = rowcmp_rel(&rc), cs = rowcmp_cos(&rc);
                 if (!(rel <= c->rel))
                     c->rel = rel;
                 if (!(cs >= c->cos))
@@ -347,9 +313,8 @@ static void test_profile_and_inputs(void)
 int main(int argc, char **argv)
 {
     t_init(argv[0]);
-    char *slash = strrchr(argv[0], '/');
-    snprintf(self_dir, sizeof self_dir, "%.*s", slash ? (int)(slash - argv[0]) : 1,
-             slash ? argv[0] : ".");
+    sh_report_exit = true;
+    e2e_init(argv[0]);
     const char *w = getenv("DFL_GPU_WRAP");
     if (w && *w) {
         wrap = w;
@@ -357,12 +322,6 @@ int main(int argc, char **argv)
     }
     if (getenv("DFL_GPU_SMALL"))
         small = true;
-    const char *d = getenv("DFL_TEST_DEVICE");
-    if (d && *d)
-        device = d;
-    t_build_dir(bin, sizeof bin, "DFL_BIN", self_dir, "bin");
-    t_build_dir(tools, sizeof tools, "DFL_TOOLS", self_dir, "tools");
-    snprintf(dir, sizeof dir, "%s", t_tmpdir());
     if (have_device() && !setup()) {
         printf("not ok - setup (model, tokens, CPU reference)\n");
         return 1;

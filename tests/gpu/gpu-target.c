@@ -28,58 +28,12 @@
 #include "safetensors.h"
 #include "target.h"
 #include "../unit/t.h"
+#include "../unit/oracle-ref.h"
+#include "gpu-sh.h"
 
 static char self_dir[4096];
 
 #ifdef DFL_CUDA
-static bool exists(const char *p)
-{
-    struct stat s;
-    return stat(p, &s) == 0;
-}
-
-typedef struct ref {
-    dfl_st_file *f;
-    int n_seqs, n_layers;
-    const int32_t *ids[16];
-    int64_t len[16];
-} ref;
-
-static bool ref_open(ref *r, const char *dir, dfl_err *e)
-{
-    memset(r, 0, sizeof *r);
-    char p[4200];
-    snprintf(p, sizeof p, "%s/ref.safetensors", dir);
-    if (dfl_st_open(&r->f, p, e))
-        return false;
-    for (int i = 0; i < 16; i++) {
-        char name[64];
-        snprintf(name, sizeof name, "seq%d.input_ids", i);
-        const dfl_st_tensor *t = dfl_st_find(r->f, name);
-        if (!t)
-            break;
-        r->ids[i] = t->data;
-        r->len[i] = t->shape[0];
-        r->n_seqs = i + 1;
-    }
-    for (int k = 0; k < 256; k++) {
-        char name[64];
-        snprintf(name, sizeof name, "seq0.layer%d", k);
-        if (!dfl_st_find(r->f, name))
-            break;
-        r->n_layers = k + 1;
-    }
-    return r->n_seqs > 0 && r->n_layers > 0;
-}
-
-static const float *ref_layer(const ref *r, int s, int k)
-{
-    char name[64];
-    snprintf(name, sizeof name, "seq%d.layer%d", s, k);
-    const dfl_st_tensor *t = dfl_st_find(r->f, name);
-    return t ? t->data : NULL;
-}
-
 /* Worst per-row relative error and cosine (NaN sticks to the error). */
 typedef struct cmp {
     double rel, cos;
@@ -90,16 +44,10 @@ typedef struct cmp {
 static void compare(cmp *c, const float *a, const float *b, int64_t rows, int64_t H)
 {
     for (int64_t r = 0; r < rows; r++) {
-        double num = 0, den = 0, ab = 0, aa = 0;
-        for (int64_t i = 0; i < H; i++) {
-            double x = a[r * H + i], y = b[r * H + i];
-            num += (x - y) * (x - y);
-            den += y * y;
-            ab += x * y;
-            aa += x * x;
-        }
-        double rel = sqrt(num) / (den > 0 ? sqrt(den) : 1e-30);
-        double cs = ab / (sqrt(aa) * sqrt(den) + 1e-30);
+        rowcmp rc = {0};
+        for (int64_t i = 0; i < H; i++)
+            rowcmp_add(&rc, a[r * H + i], b[r * H + i]);
+        double rel = rowcmp_rel(&rc), cs = rowcmp_cos(&rc);
         if (!(rel <= c->rel))
             c->rel = rel;
         c->rows++;
@@ -123,10 +71,8 @@ static void forward_vs_ref(const char *dir, dfl_dtype act, bool fuse)
 {
     dfl_err e = {0};
     ref r;
-    if (!ref_open(&r, dir, &e)) {
-        T_CHECK(0, "%s: %s", dir, e.msg);
+    if (!ref_load(&r, dir))
         return;
-    }
     dfl_be *be = NULL;
     dfl_target *t = NULL;
     dfl_target_ws *ws = NULL;

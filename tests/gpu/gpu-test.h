@@ -5,6 +5,7 @@
 #ifndef DFL_GPU_TEST_H
 #define DFL_GPU_TEST_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -178,6 +179,85 @@ static inline bool cmp_bytes(const char *what, const uint8_t *got, const uint8_t
             return false;
         }
     return true;
+}
+
+/* Compares rows of n values (got with stride ldg, ref with stride ldr): relative error and cosine
+ * per row; returns true if every row is within tolerance. Prints one "#" summary line, and the
+ * worst rows (described by desc, if given) and elements on failure. With zero_row_fails, a
+ * nonzero GPU row where the CPU's is all zero fails. */
+
+/* Optional description of row r for failure reports. */
+typedef void (*row_desc_fn)(const void *ctx, int64_t r, char *buf, size_t n);
+
+static inline bool gpu_cmp_rows(const char *what, const float *got, int64_t ldg, const float *ref,
+                                int64_t ldr, int64_t R, int64_t n, double rel_tol, double cos_min,
+                                row_desc_fn desc, const void *ctx, bool zero_row_fails)
+{
+    double worst_rel = 0, worst_cos = 1;
+    int64_t bad_rows = 0, nonfinite = 0, worst_row = -1;
+    int printed = 0;
+    for (int64_t r = 0; r < R; r++) {
+        const float *g = got + r * ldg, *f = ref + r * ldr;
+        double e2 = 0, r2 = 0, g2 = 0, dot = 0, maxd = -1;
+        int64_t maxj = 0, nf = 0;
+        for (int64_t j = 0; j < n; j++) {
+            double gv = g[j], fv = f[j];
+            if (!isfinite(gv) && isfinite(fv)) {
+                nf++;
+                continue;
+            }
+            double dd = fabs(gv - fv);
+            e2 += dd * dd;
+            r2 += fv * fv;
+            g2 += gv * gv;
+            dot += gv * fv;
+            if (!(dd <= maxd)) {
+                maxd = dd;
+                maxj = j;
+            }
+        }
+        double rel = sqrt(e2) / (sqrt(r2) > 1e-30 ? sqrt(r2) : 1e-30);
+        double cs = (r2 == 0 && g2 == 0) ? 1.0 : dot / sqrt(r2 * g2 > 0 ? r2 * g2 : 1e-300);
+        if (r2 == 0 && g2 == 0)
+            rel = 0;
+        if (zero_row_fails && r2 == 0 && g2 > 0)
+            cs = 0;   /* the CPU row is all zero and the GPU's is not */
+        nonfinite += nf;
+        bool ok = nf == 0 && rel <= rel_tol && cs >= cos_min;
+        if (!(rel <= worst_rel) || !(cs >= worst_cos) || nf) {
+            if (!(rel <= worst_rel))
+                worst_rel = rel;
+            if (!(cs >= worst_cos))
+                worst_cos = cs;
+            worst_row = r;
+        }
+        if (!ok) {
+            bad_rows++;
+            if (printed < 6) {
+                printed++;
+                char d[200] = "";
+                if (desc)
+                    desc(ctx, r, d, sizeof d);
+                fprintf(stderr, "    %s: row %lld%s%s: rel %.3g (tol %.3g), cos %.9f (min %.9f), %lld "
+                        "non-finite; worst element [%lld]: gpu %.9g cpu %.9g (|diff| %.3g)\n",
+                        what, (long long)r, d[0] ? " " : "", d, rel, rel_tol, cs, cos_min,
+                        (long long)nf, (long long)maxj, (double)g[maxj], (double)f[maxj], maxd);
+                int shown = 0;
+                for (int64_t j = 0; j < n && shown < 3; j++)
+                    if (!isfinite(g[j]) && isfinite(f[j])) {
+                        fprintf(stderr, "      non-finite at [%lld]: gpu %g cpu %g\n", (long long)j,
+                                (double)g[j], (double)f[j]);
+                        shown++;
+                    }
+            }
+        }
+    }
+    printf("#   %-64s rows %-7lld max rel %.3g  min cos %.9f%s\n", what, (long long)R, worst_rel,
+           worst_cos, bad_rows ? "  FAIL" : "");
+    T_CHECK(bad_rows == 0, "%s: %lld of %lld rows out of tolerance (worst row %lld: rel %.3g, cos %.9f; "
+            "%lld non-finite values)", what, (long long)bad_rows, (long long)R, (long long)worst_row,
+            worst_rel, worst_cos, (long long)nonfinite);
+    return bad_rows == 0;
 }
 
 #endif

@@ -16,6 +16,7 @@
 #include "target.h"
 #include "util.h"
 #include "t.h"
+#include "oracle-ref.h"
 
 /* ---- helpers ---- */
 
@@ -422,21 +423,6 @@ static const float *ref_get(const oracle *o, int s, const char *what, int k)
     return t && t->dtype == DFL_F32 ? t->data : NULL;
 }
 
-/* A host f32 copy of a model tensor (NULL if absent). */
-static float *host_f32(const dfl_st_model *m, const char *name, int64_t *n)
-{
-    const dfl_st_tensor *t = dfl_st_model_find(m, name);
-    if (!t)
-        return NULL;
-    float *v = malloc((size_t)t->numel * sizeof *v);
-    if (v && !dfl_convert(v, DFL_F32, t->data, t->dtype, (size_t)t->numel)) {
-        free(v);
-        return NULL;
-    }
-    *n = (int64_t)t->numel;
-    return v;
-}
-
 /* The final norm and the last logits of one sequence from its last layer's output, on the host
  * (transformers' RMSNorm: x / sqrt(mean(x^2) + eps) * w; logits = norm lm_head^T), against the
  * reference. */
@@ -444,8 +430,8 @@ static void check_head(const oracle *o, const dfl_hf_config *c, int s, const flo
                        const char *dir)
 {
     int64_t H = c->hidden_size, V = c->vocab_size, L = o->len[s], n;
-    float *nw = host_f32(o->model, "model.norm.weight", &n);
-    float *lm = host_f32(o->model, c->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", &n);
+    float *nw = tensor_f32(o->model, "model.norm.weight", &n);
+    float *lm = tensor_f32(o->model, c->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", &n);
     const float *rn = ref_get(o, s, "norm", -1), *rl = ref_get(o, s, "logits_last8", -1);
     int64_t nl = L < 8 ? L : 8;
     float *norm = calloc((size_t)(L * H), sizeof(float)), *lg = calloc((size_t)(nl * V), sizeof(float));

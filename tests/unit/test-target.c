@@ -18,6 +18,7 @@
 #include "target.h"
 #include "util.h"
 #include "t.h"
+#include "oracle-ref.h"
 
 static char self_dir[4096]; /* directory of this test binary (build/tests) */
 
@@ -503,64 +504,6 @@ static double max_row_err(const float *a, const float *b, int64_t rows, int64_t 
     return worst;
 }
 
-/* A reference directory: ref.safetensors with seq{i}.input_ids and seq{i}.layer{k}. */
-typedef struct ref {
-    dfl_st_file *f;
-    int n_seqs, n_layers;
-    const int32_t *ids[16];
-    int64_t len[16];
-} ref;
-
-static bool ref_open(ref *r, const char *dir, dfl_err *e)
-{
-    memset(r, 0, sizeof *r);
-    char p[4096];
-    snprintf(p, sizeof p, "%s/ref.safetensors", dir);
-    if (dfl_st_open(&r->f, p, e))
-        return false;
-    for (int i = 0; i < 16; i++) {
-        char name[64];
-        snprintf(name, sizeof name, "seq%d.input_ids", i);
-        const dfl_st_tensor *t = dfl_st_find(r->f, name);
-        if (!t)
-            break;
-        r->ids[i] = t->data;
-        r->len[i] = t->shape[0];
-        r->n_seqs = i + 1;
-    }
-    for (int k = 0; k < 256; k++) {
-        char name[64];
-        snprintf(name, sizeof name, "seq0.layer%d", k);
-        if (!dfl_st_find(r->f, name))
-            break;
-        r->n_layers = k + 1;
-    }
-    return r->n_seqs > 0 && r->n_layers > 0;
-}
-
-static const float *ref_layer(const ref *r, int s, int k)
-{
-    char name[64];
-    snprintf(name, sizeof name, "seq%d.layer%d", s, k);
-    const dfl_st_tensor *t = dfl_st_find(r->f, name);
-    return t ? t->data : NULL;
-}
-
-/* f32 copy of a model tensor (NULL if absent). */
-static float *tensor_f32(const dfl_st_model *m, const char *name, int64_t *n)
-{
-    const dfl_st_tensor *t = dfl_st_model_find(m, name);
-    if (!t)
-        return NULL;
-    float *v = malloc((size_t)t->numel * sizeof *v);
-    if (v && !dfl_convert(v, DFL_F32, t->data, t->dtype, (size_t)t->numel)) {
-        free(v);
-        return NULL;
-    }
-    *n = (int64_t)t->numel;
-    return v;
-}
-
 /* The final norm (the model's RMSNorm, on the backend's op) and the logits of the last 8 rows
  * (lm_head, or the embedding when tied) of sequence s from its last layer's output x, against
  * seq{s}.norm and seq{s}.logits_last8 when the reference has them. */
@@ -623,10 +566,8 @@ static void forward_vs_ref_ex(const char *dir, bool fuse)
 {
     dfl_err e = {0};
     ref r;
-    if (!ref_open(&r, dir, &e)) {
-        T_CHECK(0, "%s: %s", dir, e.msg);
+    if (!ref_load(&r, dir))
         return;
-    }
     dfl_be *be = NULL;
     dfl_target *t = NULL;
     dfl_target_ws *ws = NULL;
@@ -877,10 +818,8 @@ static void program_vs_ref(const char *dir, bool pack)
 {
     dfl_err e = {0};
     ref r;
-    if (!ref_open(&r, dir, &e)) {
-        T_CHECK(0, "%s: %s", dir, e.msg);
+    if (!ref_load(&r, dir))
         return;
-    }
     char tok[4096], out[4096], cmd[16384], layers[512] = "";
     snprintf(tok, sizeof tok, "%s/tokens-%d.dfl", t_tmpdir(), pack);
     snprintf(out, sizeof out, "%s/hidden-%d.dfl", t_tmpdir(), pack);
@@ -937,7 +876,8 @@ static void program_vs_ref(const char *dir, bool pack)
     dfl_st_close(r.f);
 }
 
-static void test_program_qwen3_oracle(void)
+/* program_vs_ref on the oracle's directory name, one stream a sequence and packed. */
+static void program_oracle(const char *name)
 {
     const char *o = t_oracle();
     if (!o)
@@ -945,23 +885,14 @@ static void test_program_qwen3_oracle(void)
     if (!exists(target_bin) || !exists(mktokens_bin))
         T_SKIP("no %s or %s", target_bin, mktokens_bin);
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s/qwen3-tiny-a", o);
+    snprintf(dir, sizeof dir, "%s/%s", o, name);
     program_vs_ref(dir, false);
     program_vs_ref(dir, true);
 }
 
-static void test_program_qwen35_oracle(void)
-{
-    const char *o = t_oracle();
-    if (!o)
-        T_SKIP("no oracle");
-    if (!exists(target_bin) || !exists(mktokens_bin))
-        T_SKIP("no %s or %s", target_bin, mktokens_bin);
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/qwen35-tiny-a", o);
-    program_vs_ref(dir, false);
-    program_vs_ref(dir, true);
-}
+static void test_program_qwen3_oracle(void) { program_oracle("qwen3-tiny-a"); }
+
+static void test_program_qwen35_oracle(void) { program_oracle("qwen35-tiny-a"); }
 
 static void test_program_fixtures(void)
 {
@@ -971,10 +902,8 @@ static void test_program_fixtures(void)
         const char *d = fixture(names[i]);
         if (!d || !exists(target_bin) || !exists(mktokens_bin))
             continue;
-        char dir[4096];
-        snprintf(dir, sizeof dir, "%s", d);
-        program_vs_ref(dir, false);
-        program_vs_ref(dir, true);
+        program_vs_ref(d, false);
+        program_vs_ref(d, true);
         ran++;
     }
     if (!ran)
@@ -984,16 +913,9 @@ static void test_program_fixtures(void)
 /* The program on the other families' oracles (Llama 3.1 rope scaling, Qwen3-MoE). */
 static void test_program_families(void)
 {
-    const char *o = t_oracle();
-    if (!o)
-        T_SKIP("no oracle");
     const char *names[] = {"llama31-tiny-a", "qwen3moe-tiny-a"};
-    for (size_t i = 0; i < DFL_ARRAY_LEN(names); i++) {
-        char dir[4096];
-        snprintf(dir, sizeof dir, "%s/%s", o, names[i]);
-        program_vs_ref(dir, false);
-        program_vs_ref(dir, true);
-    }
+    for (size_t i = 0; i < DFL_ARRAY_LEN(names); i++)
+        program_oracle(names[i]);
 }
 
 int main(int argc, char **argv)
