@@ -24,31 +24,6 @@ __device__ __forceinline__ float hy_softplus(float x) { return x > 20.0f ? x : l
 
 static inline unsigned warp_blocks(int64_t warps) { return (unsigned)((warps + HY_WARPS - 1) / HY_WARPS); }
 
-/* The sum of squares of one head's d values v, summed over the warp (lane: this thread's). */
-template <typename T> __device__ __forceinline__ float hy_head_sumsq(const T *v, int d, int lane)
-{
-    float ss = 0.0f;
-    for (int i = lane; i < d; i += 32) {
-        float f = to_f32(v[i]);
-        ss += f * f;
-    }
-    return hy_warp_sum(ss);
-}
-
-/* The start of a launch of a warp-per-(row, head) kernel: -1 when there is nothing to do, else
- * cuda_enter's status, with the stream and the block count. */
-static int warp_launch_begin(dfl_be *be, int64_t R, int heads, int d, cudaStream_t *s, unsigned *nb)
-{
-    if (R <= 0 || heads <= 0 || d <= 0)
-        return -1;
-    int rc = cuda_enter(be);
-    if (rc)
-        return rc;
-    *s = cuda_of(be)->stream;
-    *nb = warp_blocks(R * heads);
-    return 0;
-}
-
 /* ---- zero-centred RMSNorm: one block per row ---- */
 
 template <typename T>
@@ -110,7 +85,12 @@ __global__ void qknorm_rope_partial_kernel(T *x, int64_t ld, const T *w, const i
     int lane = threadIdx.x & 31;
     int64_t r = gw / heads;
     T *v = x + r * ld + (int64_t)(gw % heads) * d;
-    float ss = hy_head_sumsq(v, d, lane);
+    float ss = 0.0f;
+    for (int i = lane; i < d; i += 32) {
+        float f = to_f32(v[i]);
+        ss += f * f;
+    }
+    ss = hy_warp_sum(ss);
     float s = 1.0f / sqrtf(ss / (float)d + eps), fp = (float)pos[r];
     int half = rot / 2;
     for (int i = lane; i < half; i += 32) {
@@ -158,18 +138,25 @@ __global__ void l2norm_kernel(T *x, int64_t ld, int64_t R, int heads, int d, flo
         return;
     int lane = threadIdx.x & 31;
     T *v = x + (gw / heads) * ld + (int64_t)(gw % heads) * d;
-    float s = 1.0f / sqrtf(hy_head_sumsq(v, d, lane) + eps);
+    float ss = 0.0f;
+    for (int i = lane; i < d; i += 32) {
+        float f = to_f32(v[i]);
+        ss += f * f;
+    }
+    float s = 1.0f / sqrtf(hy_warp_sum(ss) + eps);
     for (int i = lane; i < d; i += 32)
         v[i] = from_f32<T>(to_f32(v[i]) * s * scale);
 }
 
 int cuda_l2norm(dfl_be *be, void *x, int64_t ld, int64_t R, int heads, int d, float scale, float eps)
 {
-    cudaStream_t s;
-    unsigned nb;
-    int rc = warp_launch_begin(be, R, heads, d, &s, &nb);
+    if (R <= 0 || heads <= 0 || d <= 0)
+        return 0;
+    int rc = cuda_enter(be);
     if (rc)
-        return rc < 0 ? 0 : rc;
+        return rc;
+    cudaStream_t s = cuda_of(be)->stream;
+    unsigned nb = warp_blocks(R * heads);
     if (be->act == DFL_BF16)
         l2norm_kernel<bf16><<<nb, HY_THREADS, 0, s>>>((bf16 *)x, ld, R, heads, d, scale, eps);
     else
@@ -189,7 +176,12 @@ __global__ void gated_rmsnorm_kernel(T *x, int64_t ldx, const T *z, int64_t ldz,
     int64_t r = gw / heads, h = gw % heads;
     T *v = x + r * ldx + h * d;
     const T *zr = z + r * ldz + h * d;
-    float s = 1.0f / sqrtf(hy_head_sumsq(v, d, lane) / (float)d + eps);
+    float ss = 0.0f;
+    for (int i = lane; i < d; i += 32) {
+        float f = to_f32(v[i]);
+        ss += f * f;
+    }
+    float s = 1.0f / sqrtf(hy_warp_sum(ss) / (float)d + eps);
     for (int i = lane; i < d; i += 32)
         v[i] = from_f32<T>(to_f32(w[i]) * (to_f32(v[i]) * s) * hy_silu(to_f32(zr[i])));
 }
@@ -197,11 +189,13 @@ __global__ void gated_rmsnorm_kernel(T *x, int64_t ldx, const T *z, int64_t ldz,
 int cuda_gated_rmsnorm(dfl_be *be, void *x, int64_t ldx, const void *z, int64_t ldz, const void *w,
                        int64_t R, int heads, int d, float eps)
 {
-    cudaStream_t s;
-    unsigned nb;
-    int rc = warp_launch_begin(be, R, heads, d, &s, &nb);
+    if (R <= 0 || heads <= 0 || d <= 0)
+        return 0;
+    int rc = cuda_enter(be);
     if (rc)
-        return rc < 0 ? 0 : rc;
+        return rc;
+    cudaStream_t s = cuda_of(be)->stream;
+    unsigned nb = warp_blocks(R * heads);
     if (be->act == DFL_BF16)
         gated_rmsnorm_kernel<bf16><<<nb, HY_THREADS, 0, s>>>((bf16 *)x, ldx, (const bf16 *)z, ldz,
                                                              (const bf16 *)w, R, heads, d, eps);
