@@ -18,7 +18,6 @@
 #include <math.h>
 
 #include "be_cuda.cuh"
-#include "dflash_ptx.cuh"
 
 struct AttnParams {
     const void *q, *k, *v;
@@ -32,8 +31,57 @@ struct AttnParams {
 };
 
 /* ------------------------------------------------------------------------------------------ */
-/* PTX helpers: kernels/dflash_ptx.cuh's (df_smem, df_cp16, df_commit, df_wait, df_ldm, df_ldm_t,
- * df_mma, df_exp2), and the packing of two f32 as a bf16 pair */
+/* PTX helpers */
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16-byte global -> shared copy; src_ok false fills the 16 bytes with zeros (reads nothing). */
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool src_ok)
+{
+    int n = src_ok ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* c += a (16x16, row) * b (16x8, col); bf16 inputs, f32 accumulators */
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float fast_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi)
 {
@@ -80,7 +128,7 @@ attn_fwd_bf16_kernel(const AttnParams p)
     static_assert(D % 64 == 0 && BN % 16 == 0, "tile shape");
 
     extern __shared__ __align__(1024) unsigned char smem[];
-    const uint32_t sQ = df_smem(smem);
+    const uint32_t sQ = smem_addr(smem);
     if (sQ & 127)
         __trap();   /* the swizzle arithmetic below needs 128-byte aligned rows */
     const uint32_t sK0 = sQ + BM * ROWB;
@@ -105,7 +153,7 @@ attn_fwd_bf16_kernel(const AttnParams p)
     for (int c = tid; c < BM * CH; c += THREADS) {
         int r = c / CH, ch = c % CH, row = m0 + r;
         bool ok = row < len;
-        df_cp16(sQ + swz<ROWB>(r, ch), ok ? qg + (int64_t)row * p.ldq + ch * 8 : qg, ok);
+        cp_async16(sQ + swz<ROWB>(r, ch), ok ? qg + (int64_t)row * p.ldq + ch * 8 : qg, ok);
     }
     const int n_end = min(len, m0 + BM);      /* keys past the last query are never needed */
     const int n_tiles = (n_end + BN - 1) / BN;
@@ -114,12 +162,12 @@ attn_fwd_bf16_kernel(const AttnParams p)
         for (int c = tid; c < BN * CH; c += THREADS) {
             int r = c / CH, ch = c % CH, key = tile * BN + r;
             bool ok = key < len;
-            df_cp16(dk + swz<ROWB>(r, ch), ok ? kg + (int64_t)key * p.ldk + ch * 8 : kg, ok);
-            df_cp16(dv + swz<ROWB>(r, ch), ok ? vg + (int64_t)key * p.ldv + ch * 8 : vg, ok);
+            cp_async16(dk + swz<ROWB>(r, ch), ok ? kg + (int64_t)key * p.ldk + ch * 8 : kg, ok);
+            cp_async16(dv + swz<ROWB>(r, ch), ok ? vg + (int64_t)key * p.ldv + ch * 8 : vg, ok);
         }
     };
     load_kv(0, 0);
-    df_commit();
+    cp_async_commit();
 
     const int wr0 = warp * 16 * MT;          /* the warp's first row in the tile */
     const int wrow0 = m0 + wr0;              /* ... within the sequence */
@@ -157,10 +205,10 @@ attn_fwd_bf16_kernel(const AttnParams p)
         const int stage = it & 1;
         if (it + 1 < n_tiles) {
             load_kv(it + 1, stage ^ 1);
-            df_commit();
-            df_wait<1>();
+            cp_async_commit();
+            cp_async_wait<1>();
         } else {
-            df_wait<0>();
+            cp_async_wait<0>();
         }
         __syncthreads();
         if (QREG && it == 0) {
@@ -168,7 +216,7 @@ attn_fwd_bf16_kernel(const AttnParams p)
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int kk = 0; kk < KD; kk++)
-                    df_ldm(qf[QREG ? mt : 0][QREG ? kk : 0], chunk_addr(q_base, 2 * kk) + mt * 16 * ROWB);
+                    ldmatrix_x4(qf[QREG ? mt : 0][QREG ? kk : 0], chunk_addr(q_base, 2 * kk) + mt * 16 * ROWB);
         }
         const int n0 = it * BN;
         if (warp_live && n0 <= wrow_last) {
@@ -192,17 +240,17 @@ attn_fwd_bf16_kernel(const AttnParams p)
                         for (int e = 0; e < 4; e++)
                             a[mt][e] = qf[QREG ? mt : 0][QREG ? kk : 0][e];
                     } else {
-                        df_ldm(a[mt], chunk_addr(q_base, 2 * kk) + mt * 16 * ROWB);
+                        ldmatrix_x4(a[mt], chunk_addr(q_base, 2 * kk) + mt * 16 * ROWB);
                     }
                 }
 #pragma unroll
                 for (int np = 0; np < NT / 2; np++) {
                     uint32_t b[4];
-                    df_ldm(b, chunk_addr(kst, 2 * kk) + np * 16 * ROWB);
+                    ldmatrix_x4(b, chunk_addr(kst, 2 * kk) + np * 16 * ROWB);
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++) {
-                        df_mma(s[mt][2 * np], a[mt], b[0], b[1]);
-                        df_mma(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+                        mma_bf16(s[mt][2 * np], a[mt], b[0], b[1]);
+                        mma_bf16(s[mt][2 * np + 1], a[mt], b[2], b[3]);
                     }
                 }
             }
@@ -237,14 +285,14 @@ attn_fwd_bf16_kernel(const AttnParams p)
                     float mnew = fmaxf(mrow[mt][hh], mx);
                     /* a row fully masked so far has max -inf: use 0 so that no inf - inf */
                     float mscaled = mnew == -INFINITY ? 0.0f : mnew * sl2;
-                    float alpha = df_exp2(mrow[mt][hh] * sl2 - mscaled);
+                    float alpha = fast_exp2(mrow[mt][hh] * sl2 - mscaled);
                     mrow[mt][hh] = mnew;
                     float rs = 0.0f;
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                         for (int e = 2 * hh; e < 2 * hh + 2; e++) {
-                            float pv = df_exp2(fmaf(s[mt][nt][e], sl2, -mscaled));
+                            float pv = fast_exp2(fmaf(s[mt][nt][e], sl2, -mscaled));
                             s[mt][nt][e] = pv;
                             rs += pv;
                         }
@@ -270,11 +318,11 @@ attn_fwd_bf16_kernel(const AttnParams p)
 #pragma unroll
                 for (int dp = 0; dp < DT / 2; dp++) {
                     uint32_t b[4];
-                    df_ldm_t(b, chunk_addr(vst, 2 * dp) + kb * 16 * ROWB);
+                    ldmatrix_x4_trans(b, chunk_addr(vst, 2 * dp) + kb * 16 * ROWB);
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++) {
-                        df_mma(o[mt][2 * dp], a[mt], b[0], b[1]);
-                        df_mma(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                        mma_bf16(o[mt][2 * dp], a[mt], b[0], b[1]);
+                        mma_bf16(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
                     }
                 }
             }

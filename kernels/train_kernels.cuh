@@ -4,8 +4,6 @@
 #ifndef DFL_TRAIN_KERNELS_CUH
 #define DFL_TRAIN_KERNELS_CUH
 
-#include "train_math.h"
-
 #define RB_MAX_THREADS 512
 #define QKB_WARPS 8
 #define SUMSQ_THREADS 256
@@ -323,7 +321,19 @@ static __global__ void sumsq_final_kernel(double *out, const double *part, int n
 
 static __global__ void clip_scale_kernel(float *out, int32_t *skip, const double *sums, float max_norm)
 {
-    dfl_clip_scale_calc(out, skip, sums, max_norm);
+    double den = sums[DFL_SUM_LOSS_DEN];
+    double norm = sqrt(sums[DFL_SUM_GRAD_SQ]) / den;
+    int bad = !(den > 0) || !isfinite(sums[DFL_SUM_LOSS_NUM]) || !isfinite(norm);
+    double coef = 1.0;
+    if (max_norm > 0 && !bad) {
+        coef = (double)max_norm / (norm + 1e-6);
+        if (coef > 1.0)
+            coef = 1.0;
+    }
+    out[0] = bad ? 0.0f : (float)(coef / den);
+    out[1] = (float)norm;
+    out[2] = (float)coef;
+    *skip = bad;
 }
 
 struct AdamScalars {

@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "be_cpu.h"
-#include "train_math.h"
 
 /* Run a loop on several threads only when it has enough work to pay for waking them (many
  * small ops in a row otherwise spend more time in barriers than in arithmetic, badly so on a
@@ -482,7 +481,19 @@ int dfl_cpu_sumsq(dfl_be *be, double *out, const float *x, int64_t n)
 
 int dfl_cpu_clip_scale(dfl_be *be, float *out, int32_t *skip, const double *sums, float max_norm)
 {
-    dfl_clip_scale_calc(out, skip, sums, max_norm);
+    double den = sums[DFL_SUM_LOSS_DEN];
+    double norm = sqrt(sums[DFL_SUM_GRAD_SQ]) / den;
+    int bad = !(den > 0) || !isfinite(sums[DFL_SUM_LOSS_NUM]) || !isfinite(norm);
+    double coef = 1.0;
+    if (max_norm > 0 && !bad) {
+        coef = (double)max_norm / (norm + 1e-6);
+        if (coef > 1.0)
+            coef = 1.0;
+    }
+    out[0] = bad ? 0.0f : (float)(coef / den);
+    out[1] = (float)norm;
+    out[2] = (float)coef;
+    *skip = bad;
     return 0;
 }
 
