@@ -221,7 +221,7 @@ static void t_adamw(dfl_be *cpu, int64_t n, bool vec)
     c.eps = 1e-8f;
     std::vector<bf16> pa((size_t)n);
     emu::launch(dim3(2), dim3(64), 0, [&] {
-        adamw_kernel<bf16>(p.data(), g.data(), m.data(), v.data(), pa.data(), n, c, &gs, &skip, vec);
+        adamw_kernel<bf16>(p.data(), g.data(), m.data(), v.data(), pa.data(), n, c, c, nullptr, &gs, &skip, vec);
     });
     int64_t diff = 0, pab = 0;
     for (int64_t i = 0; i < n; i++) {
