@@ -329,6 +329,62 @@ typedef struct write_arg {
     dfl_sample scratch;
 } write_arg;
 
+/* The lanes' invariants, true whenever W->mu is held between two updates (a busy lane's thread
+ * works on its writer and descriptor without mu, so those are checked only on lanes not busy):
+ *   - written <= built <= count and built - written <= LANE_SLOTS: at most LANE_SLOTS batches are
+ *     given out and not yet written;
+ *   - batch i of [written, built) is in slot i % LANE_SLOTS, SLOT_BUSY (being built) or SLOT_DONE;
+ *     every other slot is SLOT_FREE;
+ *   - LANE_IDLE: no batch in a slot (written == built); not busy: no descriptor;
+ *   - LANE_OPEN: shard < shards, and its batches are its shard's, shard_list[first, first + count)
+ *     with first = shard_start[shard] and count = shard_start[shard + 1] - first; not busy: a
+ *     writer and a descriptor;
+ *   - next_shard <= shards, shards_done <= next_shard, batches_done <= n_batches.
+ * Checked only in builds with DFL_DEBUG defined (make SAN=1 defines it): a broken one prints what
+ * and where to stderr and aborts, like assert(3). Otherwise lanes_check compiles to nothing. */
+#ifdef DFL_DEBUG
+static void lane_broken(int lane, const char *what, int line)
+{
+    fprintf(stderr, "%s:%d: lane %d: invariant broken: %s\n", __FILE__, line, lane, what);
+    abort();
+}
+
+#define LANE_REQUIRE(i, c) ((c) ? (void)0 : lane_broken((i), #c, __LINE__))
+
+/* Checks every lane's invariants (mu held). */
+static void lanes_check(const bk_writing *W)
+{
+    const dfl_bucket_run *r = W->r;
+    LANE_REQUIRE(-1, W->next_shard <= r->o.shards);
+    LANE_REQUIRE(-1, W->shards_done <= W->next_shard);
+    LANE_REQUIRE(-1, W->batches_done <= r->n_batches);
+    for (int i = 0; i < W->n_lanes; i++) {
+        const bk_lane *L = &W->lane[i];
+        LANE_REQUIRE(i, L->written <= L->built && L->built <= L->count);
+        LANE_REQUIRE(i, L->built - L->written <= LANE_SLOTS);
+        for (uint64_t b = L->written; b < L->built; b++)
+            LANE_REQUIRE(i, L->slot_state[b % LANE_SLOTS] == SLOT_BUSY ||
+                                L->slot_state[b % LANE_SLOTS] == SLOT_DONE);
+        int in_use = 0;
+        for (int s = 0; s < LANE_SLOTS; s++)
+            in_use += L->slot_state[s] != SLOT_FREE;
+        LANE_REQUIRE(i, (uint64_t)in_use == L->built - L->written);
+        if (L->state == LANE_IDLE) {
+            LANE_REQUIRE(i, L->written == L->built);
+            LANE_REQUIRE(i, L->busy || L->fd == -1);
+        } else {
+            LANE_REQUIRE(i, L->state == LANE_OPEN);
+            LANE_REQUIRE(i, L->shard < r->o.shards && L->shard < W->next_shard);
+            LANE_REQUIRE(i, L->first == r->shard_start[L->shard]);
+            LANE_REQUIRE(i, L->count == r->shard_start[L->shard + 1] - L->first);
+            LANE_REQUIRE(i, L->busy || (L->w && L->fd >= 0));
+        }
+    }
+}
+#else
+#define lanes_check(W) ((void)0)
+#endif
+
 /* Opens shard s in lane L (mu not held; L busy). */
 static int lane_open(dfl_bucket_run *r, bk_lane *L, uint32_t s, dfl_err *e)
 {
@@ -507,6 +563,7 @@ static void *write_main(void *arg)
             pthread_cond_wait(&W->cv, &W->mu);
             continue;
         }
+        lanes_check(W);
         if (!rc && dfl_bucket_stopped(r))
             rc = dfl_bucket_stop_fail(&e);
         if (rc && !W->rc) {
