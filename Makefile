@@ -3,7 +3,7 @@
 #   make check      C unit tests and the bats suite (GPU tests skip without a GPU)
 #   make install PREFIX=/usr/local
 #   make CUDA=0     build without the CUDA backend even where nvcc is present
-#   make SAN=1      build with ASan and UBSan (into build-san/)
+#   make SAN=1      build with ASan and UBSan and DFL_DEBUG checks (into build-san/)
 #   make DEPS=0 ... skip the set-up below
 #   make fuzz       libFuzzer harnesses (clang, ASan, UBSan; into build-fuzz/), each run for
 #                   FUZZ_TIME seconds (default 60); FUZZ=frame,config picks some
@@ -23,6 +23,8 @@ SAN ?= 0
 ifeq ($(SAN),1)
   B ?= build-san
   SANFLAGS := -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=all
+  # debug-build checks (the bucket lanes' invariants)
+  DEBUGDEFS := -DDFL_DEBUG
 else
   B ?= build
   SANFLAGS :=
@@ -32,7 +34,7 @@ CC ?= cc
 OPT ?= -O2
 CFLAGS ?= $(OPT) -g
 WARN := -Wall -Wextra -Wshadow -Wno-unused-parameter -Wformat=2 -Wvla -Wno-format-truncation
-CPPFLAGS := $(foreach d,base formats backends models train,-Ilib/$(d)) -I/usr/include/x86_64-linux-gnu -D_GNU_SOURCE -DDFL_VERSION='"$(VERSION)"'
+CPPFLAGS := $(foreach d,base formats backends models train,-Ilib/$(d)) -I/usr/include/x86_64-linux-gnu -D_GNU_SOURCE -DDFL_VERSION='"$(VERSION)"' $(DEBUGDEFS)
 ALLCFLAGS = -std=gnu11 $(CFLAGS) $(WARN) -fPIC -fopenmp -pthread $(SANFLAGS) -MMD -MP
 LDLIBS := -lzstd -larchive -lxxhash -ljansson -lopenblas -lm
 LDFLAGS_ALL = -fopenmp -pthread $(SANFLAGS) $(LDFLAGS)
