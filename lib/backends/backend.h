@@ -485,24 +485,8 @@ static inline void dfl_rope_inv_freq(float *inv, int d, float theta, dfl_dtype r
 /* Helpers over ops, for readable model code. */
 static inline void *be_alloc(dfl_be *be, size_t bytes, dfl_err *e) { return be->ops->alloc(be, bytes, e); }
 
-/* The drafter's pipelined step names its streams and events through these (their names date from
- * when they were wrappers of their own); each is one op of the table. */
-typedef dfl_be_event dfl_dp_event;
-enum { DFL_DP_COMPUTE = DFL_STREAM_COMPUTE, DFL_DP_COPY = DFL_STREAM_COPY };
-static inline bool dfl_dp_async(dfl_be *be) { return be->async; }
-static inline void *dfl_dp_host_alloc(dfl_be *be, size_t bytes, dfl_err *e) { return be->ops->host_alloc(be, bytes, e); }
-static inline void dfl_dp_host_free(dfl_be *be, void *p) { be->ops->host_free(be, p); }
-static inline int dfl_dp_event_new(dfl_be *be, dfl_dp_event *ev, bool timing, dfl_err *e) { return be->ops->event_new(be, ev, timing, e); }
-static inline void dfl_dp_event_free(dfl_be *be, dfl_dp_event ev) { be->ops->event_free(be, ev); }
-static inline int dfl_dp_record(dfl_be *be, dfl_dp_event ev, int stream, dfl_err *e) { return be->ops->event_record(be, ev, stream, e); }
-static inline int dfl_dp_stream_wait(dfl_be *be, int stream, dfl_dp_event ev, dfl_err *e) { return be->ops->stream_wait(be, stream, ev, e); }
-static inline int dfl_dp_event_wait(dfl_be *be, dfl_dp_event ev, dfl_err *e) { return be->ops->event_sync(be, ev, e); }
-static inline int dfl_dp_elapsed(dfl_be *be, dfl_dp_event a, dfl_dp_event b, float *ms, dfl_err *e) { return be->ops->event_elapsed(be, a, b, ms, e); }
-static inline int dfl_dp_upload(dfl_be *be, void *dst, const void *src, size_t bytes, int stream, dfl_err *e) { return be->ops->upload_async(be, dst, src, bytes, stream, e); }
-static inline int dfl_dp_download(dfl_be *be, void *dst, const void *src, size_t bytes, int stream, dfl_err *e) { return be->ops->download_async(be, dst, src, bytes, stream, e); }
-static inline void dfl_dp_waits(dfl_be *be, uint64_t *syncs, uint64_t *event_waits) { be->ops->wait_stats(be, syncs, event_waits); }
-static inline void dfl_dp_freeze(dfl_be *be, bool frozen) { be->ops->freeze(be, frozen); }
-static inline uint64_t dfl_dp_mem_free(dfl_be *be)
+/* Free device memory in bytes (0 when unknown or not a GPU). */
+static inline uint64_t dfl_be_mem_free(dfl_be *be)
 {
     dfl_be_mem m = {0};
     return be->ops->mem_info(be, &m, NULL) == 0 ? m.free : 0;

@@ -51,7 +51,7 @@ typedef struct in_set {
     uint64_t noise_seed;
     bool full;                   /* staged, not run yet */
     bool uploaded, read;         /* ev_up / ev_read have been recorded */
-    dfl_dp_event ev_up, ev_read;
+    dfl_be_event ev_up, ev_read;
 } in_set;
 
 /* One result slot (host, pinned on a GPU). */
@@ -59,7 +59,7 @@ typedef struct res_slot {
     void *host;                  /* res_layout.bytes */
     int64_t T, B;
     bool have_apply, posted;
-    dfl_dp_event ev_start, ev_done;
+    dfl_be_event ev_start, ev_done;
 } res_slot;
 
 /* Saved activations of one drafter layer. */
@@ -636,17 +636,17 @@ int dfl_draft_open(dfl_draft **out, dfl_be *be, const dfl_draft_config *c, dfl_e
     ro += sizeof(int32_t);
     rl->bytes = ro;
     m->feat_dt = DFL_F32;
-    m->n_sets = dfl_dp_async(be) ? IN_SETS : 1;
+    m->n_sets = be->async ? IN_SETS : 1;
     rc = (m->res = be_alloc(be, rl->bytes, e)) ? DFL_OK : (e ? e->code : DFL_ENOMEM);
     for (int i = 0; i < RES_SLOTS && !rc; i++) {
-        if (!(m->slots[i].host = dfl_dp_host_alloc(be, rl->bytes, e)))
+        if (!(m->slots[i].host = be->ops->host_alloc(be, rl->bytes, e)))
             rc = e ? e->code : DFL_ENOMEM;
         else
-            rc = dfl_dp_event_new(be, &m->slots[i].ev_done, false, e);
+            rc = be->ops->event_new(be, &m->slots[i].ev_done, false, e);
     }
     for (int i = 0; i < m->n_sets && !rc; i++)
-        if (!(rc = dfl_dp_event_new(be, &m->sets[i].ev_up, false, e)))
-            rc = dfl_dp_event_new(be, &m->sets[i].ev_read, false, e);
+        if (!(rc = be->ops->event_new(be, &m->sets[i].ev_up, false, e)))
+            rc = be->ops->event_new(be, &m->sets[i].ev_read, false, e);
     if (rc) {
         dfl_draft_close(m);
         return rc;
@@ -668,12 +668,12 @@ int dfl_draft_set_timing(dfl_draft *m, bool on, dfl_err *e)
         return dfl_fail(e, DFL_EUSAGE, "drafter: timing changed with results pending");
     for (int i = 0; i < RES_SLOTS; i++) {
         res_slot *s = &m->slots[i];
-        dfl_dp_event_free(be, s->ev_start);
-        dfl_dp_event_free(be, s->ev_done);
+        be->ops->event_free(be, s->ev_start);
+        be->ops->event_free(be, s->ev_done);
         s->ev_start = s->ev_done = NULL;
-        int rc = (on ? dfl_dp_event_new(be, &s->ev_start, true, e) : DFL_OK);
+        int rc = (on ? be->ops->event_new(be, &s->ev_start, true, e) : DFL_OK);
         if (!rc)
-            rc = dfl_dp_event_new(be, &s->ev_done, on, e);
+            rc = be->ops->event_new(be, &s->ev_done, on, e);
         if (rc)
             return rc;
     }
@@ -700,7 +700,7 @@ static void free_workspace(dfl_draft *m)
     m->arena = NULL;
     for (int i = 0; i < m->n_sets; i++) {
         in_set *s = &m->sets[i];
-        dfl_dp_host_free(m->be, s->hblock);
+        m->be->ops->host_free(m->be, s->hblock);
         s->hblock = NULL;
         s->full = s->uploaded = s->read = false;
     }
@@ -716,22 +716,22 @@ void dfl_draft_close(dfl_draft *m)
     if (!m)
         return;
     dfl_be *be = m->be;
-    if (m->res && dfl_dp_async(be)) {   /* copies into host buffers may still be in flight */
+    if (m->res && be->async) {   /* copies into host buffers may still be in flight */
         dfl_err se = {0};
         for (int i = 0; i < m->n_sets; i++)
             if (m->sets[i].uploaded)
-                dfl_dp_event_wait(be, m->sets[i].ev_up, &se);
+                be->ops->event_sync(be, m->sets[i].ev_up, &se);
         be->ops->sync(be, &se);
     }
     free_workspace(m);
     for (int i = 0; i < RES_SLOTS; i++) {
-        dfl_dp_host_free(be, m->slots[i].host);
-        dfl_dp_event_free(be, m->slots[i].ev_start);
-        dfl_dp_event_free(be, m->slots[i].ev_done);
+        be->ops->host_free(be, m->slots[i].host);
+        be->ops->event_free(be, m->slots[i].ev_start);
+        be->ops->event_free(be, m->slots[i].ev_done);
     }
     for (int i = 0; i < IN_SETS; i++) {
-        dfl_dp_event_free(be, m->sets[i].ev_up);
-        dfl_dp_event_free(be, m->sets[i].ev_read);
+        be->ops->event_free(be, m->sets[i].ev_up);
+        be->ops->event_free(be, m->sets[i].ev_read);
     }
     if (m->res)
         be->ops->free(be, m->res);
@@ -1009,7 +1009,7 @@ int dfl_draft_reserve(dfl_draft *m, int64_t max_tokens, int64_t max_blocks, int6
     if (max_tokens > INT32_MAX / 2 || max_blocks > INT32_MAX / DFL_DRAFT_MAX_BS)
         return dfl_fail(e, DFL_EUNSUP, "drafter: %lld tokens / %lld blocks per batch is too many",
                         (long long)max_tokens, (long long)max_blocks);
-    if (m->arena && dfl_dp_async(m->be))
+    if (m->arena && m->be->async)
         return dfl_fail(e, DFL_EUSAGE, "drafter: the %s workspace is sized once (%lld tokens, "
                         "%lld blocks); %lld tokens, %lld blocks do not fit", m->be->name,
                         (long long)m->capT, (long long)m->capB, (long long)max_tokens,
@@ -1023,7 +1023,7 @@ int dfl_draft_reserve(dfl_draft *m, int64_t max_tokens, int64_t max_blocks, int6
     m->chunk = lmce_chunk;
     carver cv = {NULL, 0};
     carve_all(m, &cv);
-    uint64_t avail = dfl_dp_mem_free(m->be), margin = 256ull << 20;   /* cuBLAS, kernels */
+    uint64_t avail = dfl_be_mem_free(m->be), margin = 256ull << 20;   /* cuBLAS, kernels */
     if (avail && cv.off + margin > avail) {
         char b1[32], b2[32], b3[32];
         int64_t T = m->capT, B = m->capB;
@@ -1052,7 +1052,7 @@ int dfl_draft_reserve(dfl_draft *m, int64_t max_tokens, int64_t max_blocks, int6
     for (int i = 0; i < m->n_sets; i++) {
         carver hc = {NULL, 0};
         carve_set(m, &hc, &m->sets[i], true);
-        if (!(m->sets[i].hblock = dfl_dp_host_alloc(m->be, hc.off, e))) {
+        if (!(m->sets[i].hblock = m->be->ops->host_alloc(m->be, hc.off, e))) {
             free_workspace(m);
             return e ? e->code : DFL_ENOMEM;
         }
@@ -1200,7 +1200,7 @@ static int fill_set(dfl_draft *m, const dfl_draft_input *in, in_set *set, dfl_er
         return dfl_fail(e, DFL_EUNSUP, "drafter step: features of dtype %s, the workspace was sized "
                         "for %s", dfl_dtype_name(in->feat_dt), dfl_dtype_name(m->feat_dt));
     int rc;
-    if (set->uploaded && (rc = dfl_dp_event_wait(be, set->ev_up, e)))
+    if (set->uploaded && (rc = be->ops->event_sync(be, set->ev_up, e)))
         return rc;
     if ((rc = prepare(m, in, set, e)))
         return rc;
@@ -1238,15 +1238,15 @@ int dfl_draft_stage(dfl_draft *m, const dfl_draft_input *in, dfl_err *e)
     /* the upload, on the copy stream, after the step that last read the set's backend copies */
     const int64_t T = set->T, B = set->B, Q = B * m->c.block_size;
     const size_t fb = (size_t)m->c.n_feat * (size_t)(T * m->c.hidden) * dfl_dtype_size(set->feat_dt);
-    if ((set->read && (rc = dfl_dp_stream_wait(be, DFL_DP_COPY, set->ev_read, e))) ||
-        (rc = dfl_dp_upload(be, set->pos, set->h_pos, (size_t)(T + Q) * 4, DFL_DP_COPY, e)) ||
-        (rc = dfl_dp_upload(be, set->tok, set->h_tok, (size_t)Q * 4, DFL_DP_COPY, e)) ||
-        (rc = dfl_dp_upload(be, set->labels, set->h_labels, (size_t)Q * 4, DFL_DP_COPY, e)) ||
-        (rc = dfl_dp_upload(be, set->weight, set->h_weight, (size_t)Q * 4, DFL_DP_COPY, e)) ||
-        (rc = dfl_dp_upload(be, set->ctx_start, set->h_ctx_start, (size_t)B * 4, DFL_DP_COPY, e)) ||
-        (rc = dfl_dp_upload(be, set->anchor, set->h_anchor, (size_t)B * 4, DFL_DP_COPY, e)) ||
-        (rc = dfl_dp_upload(be, set->feat, set->h_feat, fb, DFL_DP_COPY, e)) ||
-        (rc = dfl_dp_record(be, set->ev_up, DFL_DP_COPY, e)))
+    if ((set->read && (rc = be->ops->stream_wait(be, DFL_STREAM_COPY, set->ev_read, e))) ||
+        (rc = be->ops->upload_async(be, set->pos, set->h_pos, (size_t)(T + Q) * 4, DFL_STREAM_COPY, e)) ||
+        (rc = be->ops->upload_async(be, set->tok, set->h_tok, (size_t)Q * 4, DFL_STREAM_COPY, e)) ||
+        (rc = be->ops->upload_async(be, set->labels, set->h_labels, (size_t)Q * 4, DFL_STREAM_COPY, e)) ||
+        (rc = be->ops->upload_async(be, set->weight, set->h_weight, (size_t)Q * 4, DFL_STREAM_COPY, e)) ||
+        (rc = be->ops->upload_async(be, set->ctx_start, set->h_ctx_start, (size_t)B * 4, DFL_STREAM_COPY, e)) ||
+        (rc = be->ops->upload_async(be, set->anchor, set->h_anchor, (size_t)B * 4, DFL_STREAM_COPY, e)) ||
+        (rc = be->ops->upload_async(be, set->feat, set->h_feat, fb, DFL_STREAM_COPY, e)) ||
+        (rc = be->ops->event_record(be, set->ev_up, DFL_STREAM_COPY, e)))
         return rc;
     set->uploaded = true;
     set->full = true;
@@ -1260,7 +1260,7 @@ static int use_set(dfl_draft *m, in_set *set, dfl_err *e)
 {
     dfl_be *be = m->be;
     const dfl_draft_config *c = &m->c;
-    int rc = dfl_dp_stream_wait(be, DFL_DP_COMPUTE, set->ev_up, e);
+    int rc = be->ops->stream_wait(be, DFL_STREAM_COMPUTE, set->ev_up, e);
     if (rc)
         return rc;
     m->pos = set->pos;
@@ -1464,11 +1464,11 @@ int dfl_draft_run(dfl_draft *m, bool backward, dfl_err *e)
     res_slot *slot = &m->slots[m->n_posted % RES_SLOTS];
     int rc = use_set(m, set, e);
     if (!rc && slot->ev_start)
-        rc = dfl_dp_record(be, slot->ev_start, DFL_DP_COMPUTE, e);
+        rc = be->ops->event_record(be, slot->ev_start, DFL_STREAM_COMPUTE, e);
     if (!rc)
         rc = run_step(m, set, backward, e);
     /* the set's backend copies may be overwritten once the step's work so far has run */
-    if (!rc && !(rc = dfl_dp_record(be, set->ev_read, DFL_DP_COMPUTE, e)))
+    if (!rc && !(rc = be->ops->event_record(be, set->ev_read, DFL_STREAM_COMPUTE, e)))
         set->read = true;
     set->full = false;
     m->n_run++;
@@ -1528,9 +1528,9 @@ int dfl_draft_post(dfl_draft *m, dfl_err *e)
         return dfl_fail(e, DFL_EUSAGE, "drafter: %d results posted and not collected", RES_SLOTS);
     res_slot *s = &m->slots[m->n_posted % RES_SLOTS];
     /* on the compute stream, which produced them; the event right after */
-    int rc = dfl_dp_download(be, s->host, m->res, m->rl.bytes, DFL_DP_COMPUTE, e);
+    int rc = be->ops->download_async(be, s->host, m->res, m->rl.bytes, DFL_STREAM_COMPUTE, e);
     if (!rc)
-        rc = dfl_dp_record(be, s->ev_done, DFL_DP_COMPUTE, e);
+        rc = be->ops->event_record(be, s->ev_done, DFL_STREAM_COMPUTE, e);
     if (rc)
         return rc;
     s->T = m->T;
@@ -1552,12 +1552,12 @@ int dfl_draft_collect(dfl_draft *m, dfl_draft_stats *st, dfl_err *e)
     if (m->n_collected >= m->n_posted)
         return dfl_fail(e, DFL_EUSAGE, "drafter: no results posted");
     res_slot *s = &m->slots[m->n_collected % RES_SLOTS];
-    int rc = dfl_dp_event_wait(be, s->ev_done, e);
+    int rc = be->ops->event_sync(be, s->ev_done, e);
     if (rc)
         return rc;
     if (s->ev_start) {
         float ms;
-        if (dfl_dp_elapsed(be, s->ev_start, s->ev_done, &ms, e) == DFL_OK)
+        if (be->ops->event_elapsed(be, s->ev_start, s->ev_done, &ms, e) == DFL_OK)
             st->gpu_ms = ms;
     }
     const int bs = m->c.block_size;
@@ -1655,7 +1655,7 @@ out:
 
 void dfl_draft_host_waits(const dfl_draft *m, uint64_t *syncs, uint64_t *event_waits)
 {
-    dfl_dp_waits(m->be, syncs, event_waits);
+    m->be->ops->wait_stats(m->be, syncs, event_waits);
 }
 
 int dfl_draft_activation(dfl_draft *m, int which, int layer, float *dst, int64_t n, dfl_err *e)

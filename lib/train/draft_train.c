@@ -764,7 +764,7 @@ static int train_loop(run *r, dfl_err *e)
     uint64_t noise_seed = dfl_hash2(r->seed, 0x4e4f495345ull);
     if (r->rank > 0)   /* each rank its own noise; rank 0 (and a single rank) as before */
         noise_seed = dfl_hash2(noise_seed, (uint64_t)r->rank);
-    const bool grows = !dfl_dp_async(r->be);   /* the CPU may resize between steps */
+    const bool grows = !r->be->async;   /* the CPU may resize between steps */
     const int64_t step0 = r->step, empty0 = r->empty_batches;   /* where this run started */
     int rc = DFL_OK;
     metrics_reset(r);
@@ -891,7 +891,7 @@ static int64_t blocks_bound(int64_t T, int A)
 static int size_workspace(run *r, dfl_err *e)
 {
     const dfl_draft_train_opts *o = r->o;
-    const bool once = dfl_dp_async(r->be);
+    const bool once = r->be->async;
     int rc = dfl_draft_set_feat_dtype(r->m, dfl_draft_src_dtype(r->src), e);
     if (rc)
         return rc;
@@ -924,7 +924,7 @@ static int size_workspace(run *r, dfl_err *e)
     double t0 = dfl_now();
     if ((rc = dfl_draft_warmup(r->m, e)))
         return rc;
-    dfl_dp_freeze(r->be, true);   /* no device allocation from here on */
+    r->be->ops->freeze(r->be, true);   /* no device allocation from here on */
     dfl_verbose("warm-up step on %lld tokens, %lld blocks: %.2f s", (long long)mt, (long long)mb,
                 dfl_now() - t0);
     return o->profile ? dfl_draft_set_timing(r->m, true, e) : DFL_OK;
@@ -1136,7 +1136,7 @@ out:
     dfl_dist_close(r->dist);   /* first: on an error, the other ranks learn of it at once */
     dfl_progress_end();
     if (r->be)
-        dfl_dp_freeze(r->be, false);
+        r->be->ops->freeze(r->be, false);
     reap_children(r, true);
     free(r->children);
     if (r->metrics_fd >= 0)

@@ -467,7 +467,7 @@ static int eval_batch(ev *v, int input, const dfl_batch *b, dfl_err *e)
         for (int j = 0; j < v->c.n_feat; j++)
             in.feat[j] = (const char *)b->layers[j] + (size_t)start[first] * b->hidden * es;
         if (B > 0) {
-            if (!dfl_dp_async(v->be) && (rc = dfl_draft_reserve(v->m, T, B, 0, e)))
+            if (!v->be->async && (rc = dfl_draft_reserve(v->m, T, B, 0, e)))
                 break;
             if ((rc = dfl_draft_eval(v->m, &in, v->correct, e))) {
                 dfl_err_prefix(e, "%s: batch %llu: ", path, (unsigned long long)b->index);
@@ -542,7 +542,7 @@ int dfl_eval_run(const dfl_eval_opts *o, dfl_eval_stats *st, dfl_eval_info *info
         rc = load_weights(&v, dir, e);
     const int bs = v.c.block_size;
     if (!rc) {
-        const bool gpu = dfl_dp_async(v.be);   /* an asynchronous backend: a GPU's larger rounds */
+        const bool gpu = v.be->async;   /* an asynchronous backend: a GPU's larger rounds */
         info->max_tokens = o->max_tokens > 0 ? o->max_tokens : gpu ? 65536 : 16384;
         info->max_blocks = o->max_blocks > 0 ? o->max_blocks : (gpu ? 32768 : 4096) / bs;
         v.bseq = malloc((size_t)info->max_blocks * sizeof *v.bseq);
@@ -552,7 +552,7 @@ int dfl_eval_run(const dfl_eval_opts *o, dfl_eval_stats *st, dfl_eval_info *info
             rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
     }
     /* an asynchronous backend sizes its workspace once, for the largest round */
-    if (!rc && !(rc = dfl_draft_set_feat_dtype(v.m, v.feat_dt, e)) && dfl_dp_async(v.be))
+    if (!rc && !(rc = dfl_draft_set_feat_dtype(v.m, v.feat_dt, e)) && v.be->async)
         rc = dfl_draft_reserve(v.m, info->max_tokens, info->max_blocks, 0, e);
     if (!rc)
         dfl_eval_stats_init(st, bs);
