@@ -553,6 +553,11 @@ int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, d
         if (attn_bias)
             return dfl_fail(e, DFL_EUNSUP, "%s: attention_bias is true: not supported for qwen3_5",
                             what);
+        /* the partial-RoPE ops of the gated attention use the default frequencies */
+        if (c->rope.kind != DFL_ROPE_DEFAULT)
+            return dfl_fail(e, DFL_EUNSUP, "%s: rope_type '%s' with partial rotary (qwen3_5) is not "
+                            "supported (only rope_type default)", what,
+                            dfl_rope_kind_name(c->rope.kind));
         if ((rc = parse_qwen35(cfg, what, c, e)))
             return rc;
         break;

@@ -217,6 +217,11 @@ static void test_rope_config(void)
          "{\"rope_type\": \"linear\", \"factor\": 3}", "disagree", DFL_EDATA},
     };
     check_bad_cfgs("\"model_type\": \"llama\", " DENSE, bad, DFL_ARRAY_LEN(bad));
+    /* qwen3_5's partial RoPE takes the default frequencies only: scaling is refused, not ignored */
+    T_CHECK(cfg_of("{\"model_type\": \"qwen3_5_text\", " DENSE ", \"rope_parameters\": "
+                   "{\"rope_type\": \"linear\", \"factor\": 2.0, \"partial_rotary_factor\": 0.25}}",
+                   &c, m, sizeof m) == DFL_EUNSUP && strstr(m, "partial rotary"),
+            "qwen3_5 with rope scaling: %s", m);
 }
 
 /* ---- Qwen3-MoE ---- */
