@@ -25,7 +25,7 @@ int dfl_gdn_forward(const dfl_target_fwd *f, const dfl_target_layer *w)
     void *in = ws->big1;    /* [T, n_in]: qkv | z | b | a */
     void *qkv = ws->big2;   /* [T, conv_dim]: q | k | v after the conv */
     int rc;
-    if ((rc = dfl_target_linear(be, in, ws->x, w->w_in, NULL, T, g.n_in, H, false)) ||
+    if ((rc = dfl_target_fwd_linear(f, in, ws->x, w->w_in, NULL, g.n_in, H)) ||
         (rc = ops->conv1d_silu(be, qkv, g.conv_dim, in, g.n_in, w->conv_w, ws->pos, T, g.conv_dim,
                                (int)c->lin_conv)) ||
         (rc = ops->l2norm(be, qkv, g.conv_dim, T, Hk, dk, (float)(1.0 / sqrt((double)dk)), 1e-6f)) ||
@@ -40,7 +40,10 @@ int dfl_gdn_forward(const dfl_target_fwd *f, const dfl_target_layer *w)
         .cu_seqlens = ws->cu, .n_seqs = (int32_t)f->S, .max_len = f->max_len, .T = T,
         .Hk = Hk, .Hv = (int)Hv, .dk = dk, .dv = dv, .chunk = DFL_GDN_CHUNK,
     };
-    if ((rc = ops->gated_delta(be, &gd)) ||
+    int span = dfl_tp_begin(f, DFL_TP_DELTA);
+    rc = ops->gated_delta(be, &gd);
+    dfl_tp_end(f, span, dfl_target_delta_flops(c, T));
+    if (rc ||
         (rc = ops->gated_rmsnorm(be, ws->lin, g.value_dim, dfl_act_at(in, g.conv_dim, act), g.n_in,
                                  w->gdn_norm, T, (int)Hv, dv, (float)c->rms_norm_eps)))
         return rc;

@@ -397,6 +397,7 @@ void dfl_target_close(dfl_target *t)
     if (!t)
         return;
     dfl_be *be = t->be;
+    dfl_target_prof_free(t);
 #define FREE(p)                                                                           \
     do {                                                                                  \
         if (p)                                                                            \
@@ -659,15 +660,27 @@ int dfl_target_linear(dfl_be *be, void *C, const void *A, const void *W, const f
     return be->ops->matmul(be, &m);
 }
 
+int dfl_target_fwd_linear(const dfl_target_fwd *f, void *C, const void *A, const void *W,
+                          const float *bias, int64_t N, int64_t K)
+{
+    int span = dfl_tp_begin(f, DFL_TP_GEMM);
+    int rc = dfl_target_linear(f->t->be, C, A, W, bias, f->T, N, K, false);
+    dfl_tp_end(f, span, 2.0 * (double)f->T * (double)N * (double)K);
+    return rc;
+}
+
 int dfl_target_residual_linear(const dfl_target_fwd *f, const void *A, const void *W,
                                const float *bias, int64_t K)
 {
     dfl_be *be = f->t->be;
     int64_t H = f->t->cfg.hidden_size;
-    if (f->t->fuse_residual)
-        return dfl_target_linear(be, f->ws->h, A, W, bias, f->T, H, K, true);
-    int rc = dfl_target_linear(be, f->ws->delta, A, W, bias, f->T, H, K, false);
-    return rc ? rc : be->ops->add(be, f->ws->h, f->ws->delta, f->T * H);
+    int span = dfl_tp_begin(f, DFL_TP_GEMM);
+    void *out = f->t->fuse_residual ? f->ws->h : f->ws->delta;
+    int rc = dfl_target_linear(be, out, A, W, bias, f->T, H, K, f->t->fuse_residual);
+    dfl_tp_end(f, span, 2.0 * (double)f->T * (double)H * (double)K);
+    if (rc || f->t->fuse_residual)
+        return rc;
+    return be->ops->add(be, f->ws->h, f->ws->delta, f->T * H);
 }
 
 int dfl_target_forward(dfl_target *t, dfl_target_ws *ws, const dfl_batch *b, int n_caps,
@@ -724,7 +737,7 @@ static int attention(const dfl_target_fwd *f, const dfl_target_layer *w)
     void *qkv = ws->big1;   /* [T, nqkv] */
     void *att = ws->big2;   /* [T, nq] */
     int rc;
-    if ((rc = dfl_target_linear(be, qkv, ws->x, w->wqkv, w->bqkv, T, nqkv, H, false)))
+    if ((rc = dfl_target_fwd_linear(f, qkv, ws->x, w->wqkv, w->bqkv, nqkv, H)))
         return rc;
     if (gated) {
         if ((rc = ops->qknorm_rope_partial(be, qkv, nqkv, w->q_norm, ws->pos, T, (int)c->n_heads,
@@ -748,7 +761,10 @@ static int attention(const dfl_target_fwd *f, const dfl_target_layer *w)
         /* yarn multiplies cos and sin by attention_factor: q.k by its square */
         .scale = (float)(c->rope.attention_factor * c->rope.attention_factor / sqrt((double)d)),
     };
-    if ((rc = ops->attn_varlen(be, &a)))
+    int span = dfl_tp_begin(f, DFL_TP_ATTN);
+    rc = ops->attn_varlen(be, &a);
+    dfl_tp_end(f, span, 0);
+    if (rc)
         return rc;
     if (gated && (rc = ops->sigmoid_mul(be, att, nq, dfl_act_at(qkv, nq, act), nqkv, T, nq)))
         return rc;
@@ -764,8 +780,10 @@ static int mlp(const dfl_target_fwd *f, const dfl_target_layer *w)
         dfl_target *t = f->t;
         float *ro = t->router_out ? t->router_out[w - t->layers] : NULL;
         bool fuse = t->fuse_residual;
+        int span = dfl_tp_begin(f, DFL_TP_MOE);
         int rc = dfl_moe_forward(be, &t->cfg, &f->ws->moe, &w->moe, f->ws->x, f->T,
                                  fuse ? f->ws->h : f->ws->delta, fuse, ro);
+        dfl_tp_end(f, span, 0);
         if (rc || fuse)
             return rc;
         return be->ops->add(be, f->ws->h, f->ws->delta, f->T * H);
@@ -773,7 +791,7 @@ static int mlp(const dfl_target_fwd *f, const dfl_target_layer *w)
     void *gu = f->ws->big1;    /* [T, 2I] */
     void *mo = f->ws->big2;    /* [T, I] */
     int rc;
-    if ((rc = dfl_target_linear(be, gu, f->ws->x, w->wgu, w->bgu, f->T, 2 * I, H, false)) ||
+    if ((rc = dfl_target_fwd_linear(f, gu, f->ws->x, w->wgu, w->bgu, 2 * I, H)) ||
         (rc = be->ops->swiglu(be, mo, gu, f->T, I)))
         return rc;
     return dfl_target_residual_linear(f, mo, w->wdown, w->bdown, I);

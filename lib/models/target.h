@@ -73,6 +73,8 @@ typedef struct dfl_target {
     /* Tests: when non-NULL, router_out[l] (backend f32 [T, E], or NULL) receives the router
      * logits of sparse layer l in each forward. */
     float **router_out;
+    /* --profile's time by kind of work (dfl_target_prof_on), or NULL. */
+    struct dfl_target_prof *prof;
 } dfl_target;
 
 /* Opens the model directory DIR: parses config.json (errors name unsupported features), opens
@@ -154,6 +156,28 @@ int dfl_target_forward_staged(dfl_target *t, dfl_target_ws *ws, uint64_t index, 
  * driver can tune them before its first batch. When layer 0 is sparse (MoE), the last two have
  * M = 0 (its expert GEMMs are grouped kernels, not tunable). */
 int dfl_target_gemms(const dfl_target *t, const dfl_target_ws *ws, int64_t T, dfl_mm out[4]);
+
+/* --profile's time by kind of work: the forward times the spans of its GEMMs, attention, chunked
+ * gated delta rule and mixture-of-experts blocks (with backend events on an asynchronous backend,
+ * the host clock on the CPU), so that a driver can say where the forward's time goes. */
+enum { DFL_TP_GEMM, DFL_TP_ATTN, DFL_TP_DELTA, DFL_TP_MOE, DFL_TP_N };
+typedef struct dfl_target_prof_sum {
+    double seconds[DFL_TP_N];   /* device (or CPU) time in each kind's spans */
+    double flops[DFL_TP_N];     /* their model FLOPs (GEMMs 2 M N K; the delta rule as
+                                 * dfl_target_delta_flops counts it; 0 for attention and MoE) */
+    uint64_t calls[DFL_TP_N];
+    bool incomplete;            /* an event failed: some spans are missing */
+} dfl_target_prof_sum;
+extern const char *const dfl_target_prof_kind[DFL_TP_N];  /* "GEMMs", "attention", ... */
+/* Turns the timing on (before the first forward). */
+int dfl_target_prof_on(dfl_target *t, dfl_err *e);
+/* Waits for every span enqueued so far and returns the totals since dfl_target_prof_on. */
+void dfl_target_prof_read(dfl_target *t, dfl_target_prof_sum *out);
+/* FLOPs of the chunked gated delta rule over T tokens, counted as bench/target counts them: per
+ * value head and chunk of C tokens, 2 C^2 dk (the lower triangles of K K^T and Q K^T) + 2 C^2 dv
+ * (the triangular solve and the intra-chunk attention) + 6 C dk dv (K S, Q S, the state update),
+ * i.e. Hv (2 C dk + 2 C dv + 6 dk dv) a token. */
+double dfl_target_delta_flops(const dfl_hf_config *c, int64_t T);
 
 /* The driver of dfl-target: reads token-batch streams and writes one hidden-state stream. */
 typedef struct dfl_target_run_opts {

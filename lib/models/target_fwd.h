@@ -26,6 +26,9 @@ static inline void *dfl_act_at(const void *p, int64_t elems, dfl_dtype dt)
 /* C [T, N] (act) = A [T, K] (act) W^T (+ bias) (+ C when accumulate), W [N, K] (w). */
 int dfl_target_linear(dfl_be *be, void *C, const void *A, const void *W, const float *bias,
                       int64_t T, int64_t N, int64_t K, bool accumulate);
+/* The same over the batch's T rows, timed as a GEMM span under --profile. */
+int dfl_target_fwd_linear(const dfl_target_fwd *f, void *C, const void *A, const void *W,
+                          const float *bias, int64_t N, int64_t K);
 /* h += A [T, K] W^T (+ bias), W [H, K]. */
 int dfl_target_residual_linear(const dfl_target_fwd *f, const void *A, const void *W,
                                const float *bias, int64_t K);
@@ -45,6 +48,12 @@ static inline dfl_gdn_dims dfl_gdn_dims_of(const dfl_hf_config *c)
     g.n_in = g.conv_dim + g.value_dim + 2 * c->lin_v_heads;
     return g;
 }
+
+/* target_prof.c: a span of --profile's timing around ops of kind DFL_TP_*; begin returns the
+ * span's handle (-1 when the timing is off or failed), end closes it with its model FLOPs. */
+int dfl_tp_begin(const dfl_target_fwd *f, int kind);
+void dfl_tp_end(const dfl_target_fwd *f, int span, double flops);
+void dfl_target_prof_free(dfl_target *t);
 
 /* gdn.c: a Gated DeltaNet layer's mixer over ws->x, added to ws->h. */
 int dfl_gdn_forward(const dfl_target_fwd *f, const dfl_target_layer *w);

@@ -494,6 +494,36 @@ static void prof_print(const pipeline *p, const char *what, const prof *f, doubl
              p->async ? ", copy " : ", copy (none) ", f->copy, f->copy_wait, f->write, verdict);
 }
 
+/* --profile's closing line: the forward's time by kind of work (dfl_target_prof_read), as shares
+ * of the forward's measured time; what no span covers is the rest. */
+static void prof_kinds(const pipeline *p, dfl_target *t)
+{
+    dfl_target_prof_sum s;
+    dfl_target_prof_read(t, &s);
+    double fwd = p->total.forward, known = 0;
+    char line[640];
+    size_t n = 0;
+    line[0] = 0;
+    for (int k = 0; k < DFL_TP_N && n < sizeof line; k++) {
+        if (!s.calls[k])
+            continue;
+        known += s.seconds[k];
+        n += (size_t)snprintf(line + n, sizeof line - n, "%s%s %.3f s (%.1f%%", n ? "; " : "",
+                              dfl_target_prof_kind[k], s.seconds[k],
+                              fwd > 0 ? 100 * s.seconds[k] / fwd : 0.0);
+        double rate = s.seconds[k] > 0 ? s.flops[k] / s.seconds[k] : 0;
+        if (n < sizeof line && rate > 0)
+            n += (size_t)snprintf(line + n, sizeof line - n, rate >= 1e12 ? ", %.1f TFLOP/s" :
+                                  ", %.2f GFLOP/s", rate / (rate >= 1e12 ? 1e12 : 1e9));
+        if (n < sizeof line)
+            n += (size_t)snprintf(line + n, sizeof line - n, ")");
+    }
+    double rest = fwd > known ? fwd - known : 0;
+    dfl_info("profile: the forward's %.3f s by kind: %s; the rest (norms, RoPE, conv, element-wise "
+             "ops, captures) %.3f s (%.1f%%)%s", fwd, line, rest, fwd > 0 ? 100 * rest / fwd : 0.0,
+             s.incomplete ? "; incomplete: a timing event failed" : "");
+}
+
 /* Makes sure a registered mapping's pages are dirty after the GPU wrote them by DMA (a write
  * through the CPU marks them; DMA into pinned pages may not), so that they reach the file. */
 static void touch_pages(void *p, size_t n)
@@ -1218,6 +1248,8 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
     }
     reader_started = true;
 
+    if (o->profile && (rc = dfl_target_prof_on(t, e)))
+        goto done;
     double t0 = dfl_now(), last_report = t0;
     double report_every = isatty(2) ? 1.0 : 10.0;
     st->setup_seconds = t0 - t_setup;
@@ -1295,8 +1327,10 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
     }
     if (!rc && o->profile && p->win.tokens)
         prof_print(p, "last batches", &p->win, dfl_now() - p->win_t0);
-    if (!rc && o->profile && st->batches)
+    if (!rc && o->profile && st->batches) {
         prof_print(p, "all batches", &p->total, dfl_now() - t0);
+        prof_kinds(p, t);
+    }
     if (!rc) {
         rc = dfl_writer_close(p->w, e);
         p->w = NULL;

@@ -468,6 +468,25 @@ signal_stops() { # signal, output mode (stdout|file)
     cmp "$BATS_TEST_TMPDIR/o.dfl" "$BATS_TEST_TMPDIR/p.dfl"
 }
 
+@test "--profile: the forward's time by kind (GEMMs, attention, chunked delta rule with its TFLOP/s) on a hybrid model" {
+    "$DFL_TOOLS/mktarget" -o "$BATS_TEST_TMPDIR/h" --type qwen3_5 --hidden 32 --heads 4 \
+        --kv-heads 2 --intermediate 64 --vocab 256 --layers 8
+    run --separate-stderr dfl-target -m "$BATS_TEST_TMPDIR/h" --layers 3,7 --profile=2 \
+        -o "$BATS_TEST_TMPDIR/o.dfl" "$D/big.dfl"
+    assert_success
+    line=$(grep "profile: the forward's" <<<"$stderr")
+    # 8 layers: 6 Gated DeltaNet (in and out projections), 2 gated attention (qkv, o), 8 MLPs
+    # (gate_up, down) = 32 GEMM spans a batch, 2 attention and 6 delta-rule spans
+    grep -Eq 'by kind: GEMMs [0-9.]+ s \([0-9.]+%, [0-9.]+ [GT]FLOP/s\); attention [0-9.]+ s \([0-9.]+%\); chunked delta rule [0-9.]+ s \([0-9.]+%, [0-9.]+ [GT]FLOP/s\); the rest \(norms, RoPE, conv, element-wise ops, captures\) [0-9.]+ s' <<<"$line"
+    [[ "$line" != *incomplete* ]]
+    # a dense model has no delta-rule part; the output is the same with and without --profile
+    run --separate-stderr dfl-target -m "$D/m4" --profile=2 -o "$BATS_TEST_TMPDIR/p.dfl" "$D/big.dfl"
+    line=$(grep "profile: the forward's" <<<"$stderr")
+    [[ "$line" == *"GEMMs "* && "$line" == *"attention "* && "$line" != *"delta rule"* ]]
+    dfl-target -q -m "$BATS_TEST_TMPDIR/h" --layers 3,7 -o "$BATS_TEST_TMPDIR/q.dfl" "$D/big.dfl"
+    cmp "$BATS_TEST_TMPDIR/o.dfl" "$BATS_TEST_TMPDIR/q.dfl"
+}
+
 @test "--manifest sizes the buffers from dfl-bucket's warm-up shapes" {
     printf '{"manifest_version": 1, "warmup": [{"bucket": 0, "bound": 8, "seqs": 3, "tokens": 20, "max_len": 8},\n  {"bucket": 1, "bound": 512, "seqs": 1, "tokens": 300, "max_len": 300}]}\n' >"$BATS_TEST_TMPDIR/manifest.json"
     run --separate-stderr dfl-target -v -m "$D/m4" --manifest "$BATS_TEST_TMPDIR/manifest.json" -o "$BATS_TEST_TMPDIR/o.dfl" "$D/big.dfl"
