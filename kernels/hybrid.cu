@@ -4,6 +4,7 @@
  * gated delta rule. T is the activation type (bf16 or f32); arithmetic is f32 with one rounding
  * per output, as the CPU reference (lib/backends/be_cpu_hybrid.c). */
 #include <math.h>
+#include <mma.h>
 
 #include "be_cuda.cuh"
 
@@ -420,7 +421,266 @@ gated_delta_kernel(const T *q, const T *k, int64_t ldqk, const T *v, int64_t ldv
     }
 }
 
-int cuda_gated_delta(dfl_be *be, const dfl_gated_delta *g)
+/* ---- the chunked gated delta rule on tensor cores (bf16 activations) ----
+ * One block of GT_WARPS warps per (sequence, value head, slice of GT_DVB = 64 value columns),
+ * the state slice S [DK, 64] in f32: the master copy in the warps' accumulator fragments, a copy
+ * in shared memory as the operand of the next chunk's products. Per chunk of L <= 64 tokens
+ * (rows past L are zero, with g = 0 and beta = 0, so every product runs on full 64-row tiles):
+ *   a. K, Q rows (all DK columns), the V slice, g and beta into shared memory (f32); cg = cumsum g,
+ *      dec_i = exp(cg_last - cg_i)
+ *   b. tensor cores: K K^T and Q K^T (lower 16 x 16 tiles), KS = K S, QS = Q S
+ *   c. A = strict-lower(beta_i kk exp(cg_i - cg_j)), Aqk = lower(qk exp(cg_i - cg_j)),
+ *      U = beta (V - exp(cg) KS), O = exp(cg) QS, K rows scaled by dec
+ *   d. T = (I + A)^-1 by 16 x 16 blocks: the four diagonal blocks by forward substitution (one
+ *      thread per column), then T_ij = -T_ii sum_{j <= m < i} A_im T_mj by distance i - j
+ *   e. tensor cores: Vn = T U
+ *   f. tensor cores: O += Aqk Vn; S = exp(cg_last) S + (dec K)^T Vn
+ *   g. O rows < L written out (one rounding to bf16)
+ * All products are TF32 (10-bit mantissa operands, f32 accumulation), the rest f32: the same
+ * algebra as the SIMT kernel above and the CPU's gdn_chunked. */
+
+#define GT_C 64
+#define GT_DVB 64
+#define GT_LC (GT_C + 4)   /* row stride of the [64][64] tiles (floats) */
+#define GT_WARPS 8
+#define GT_THREADS (GT_WARPS * 32)
+
+namespace gtw = nvcuda::wmma;
+typedef gtw::fragment<gtw::accumulator, 16, 16, 8, float> gt_acc;
+
+template <typename L> struct gt_is_row { static constexpr bool v = false; };
+template <> struct gt_is_row<gtw::row_major> { static constexpr bool v = true; };
+
+/* acc += A [16, K] B [K, 16]; a and b point at the tiles' (0, 0) elements; LA / LB the layouts
+ * (row_major A: a[m * lda + k]; col_major A: a[k * lda + m]; row_major B: b[k * ldb + n];
+ * col_major B: b[n * ldb + k]). Operands rounded to TF32. */
+template <typename LA, typename LB>
+__device__ __forceinline__ void gt_mma(gt_acc &acc, const float *a, int lda, const float *b, int ldb,
+                                       int K)
+{
+    gtw::fragment<gtw::matrix_a, 16, 16, 8, gtw::precision::tf32, LA> fa;
+    gtw::fragment<gtw::matrix_b, 16, 16, 8, gtw::precision::tf32, LB> fb;
+    for (int k0 = 0; k0 < K; k0 += 8) {
+        gtw::load_matrix_sync(fa, gt_is_row<LA>::v ? a + k0 : a + (size_t)k0 * lda, lda);
+        gtw::load_matrix_sync(fb, gt_is_row<LB>::v ? b + (size_t)k0 * ldb : b + k0, ldb);
+#pragma unroll
+        for (int t = 0; t < fa.num_elements; t++)
+            fa.x[t] = gtw::__float_to_tf32(fa.x[t]);
+#pragma unroll
+        for (int t = 0; t < fb.num_elements; t++)
+            fb.x[t] = gtw::__float_to_tf32(fb.x[t]);
+        gtw::mma_sync(acc, fa, fb, acc);
+    }
+}
+
+/* The idx-th 16 x 16 tile of a 64 x 64 lower triangle (row-major order of tiles). */
+__device__ __forceinline__ void gt_lower(int idx, int *ti, int *tj)
+{
+    int r = 0;
+    while ((r + 1) * (r + 2) / 2 <= idx)
+        r++;
+    *ti = r;
+    *tj = idx - r * (r + 1) / 2;
+}
+
+template <int DK>
+static size_t gt_smem(void)
+{
+    return sizeof(float) * ((size_t)2 * GT_C * (DK + 4) + (size_t)DK * GT_LC + 6 * (size_t)GT_C * GT_LC +
+                            3 * 256 + 3 * GT_C);
+}
+
+template <int DK, typename T>
+__global__ void __launch_bounds__(GT_THREADS)
+gated_delta_tc_kernel(const T *q, const T *k, int64_t ldqk, const T *v, int64_t ldv, const T *a,
+                      const T *b, int64_t ldab, const float *A_log, const float *dt_bias, T *o,
+                      int64_t ldo, const int32_t *cu, int Hv, int ratio, int dv)
+{
+    constexpr int LK = DK + 4, LC = GT_LC;
+    constexpr int NST = (DK / 16) * (GT_DVB / 16) / GT_WARPS; /* state tiles per warp */
+    static_assert(NST * GT_WARPS == (DK / 16) * (GT_DVB / 16), "state tiles per warp");
+    extern __shared__ __align__(128) float gsm[];
+    float *Ks = gsm;                     /* [C][LK] */
+    float *Qs = Ks + GT_C * LK;          /* [C][LK] */
+    float *S = Qs + GT_C * LK;           /* [DK][LC] */
+    float *U = S + DK * LC;              /* [C][LC]: V, then U */
+    float *A = U + GT_C * LC;            /* [C][LC]: K K^T, then A */
+    float *Aqk = A + GT_C * LC;          /* [C][LC] */
+    float *Tm = Aqk + GT_C * LC;         /* [C][LC]: (I + A)^-1 (the lower blocks) */
+    float *Vn = Tm + GT_C * LC;          /* [C][LC]: KS, then Vn */
+    float *O = Vn + GT_C * LC;           /* [C][LC]: QS, then the output */
+    float *X = O + GT_C * LC;            /* [3][16][16] */
+    float *cg = X + 3 * 256, *beta = cg + GT_C, *dec = beta + GT_C; /* [C] each */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int s = blockIdx.x / Hv, j = blockIdx.x % Hv, kh = j / ratio;
+    const int64_t col0 = (int64_t)j * dv + (int64_t)blockIdx.y * GT_DVB; /* first value column */
+    const int64_t t0 = cu[s], n = cu[s + 1] - t0;
+    const float Alog = A_log[j], dtb = dt_bias[j];
+    gt_acc Sacc[NST];
+#pragma unroll
+    for (int w = 0; w < NST; w++) {
+        gtw::fill_fragment(Sacc[w], 0.0f);
+        int ts = warp + w * GT_WARPS, ti = ts / (GT_DVB / 16), tj = ts % (GT_DVB / 16);
+        gtw::store_matrix_sync(S + ti * 16 * LC + tj * 16, Sacc[w], LC, gtw::mem_row_major);
+    }
+    for (int64_t base = t0; base < t0 + n; base += GT_C) {
+        const int L = (int)(t0 + n - base < GT_C ? t0 + n - base : GT_C);
+        /* a */
+        for (int i = tid; i < GT_C * DK; i += GT_THREADS) {
+            int r = i / DK, x = i % DK;
+            float kv = 0.0f, qv = 0.0f;
+            if (r < L) {
+                int64_t at = (base + r) * ldqk + (int64_t)kh * DK + x;
+                kv = to_f32(k[at]);
+                qv = to_f32(q[at]);
+            }
+            Ks[r * LK + x] = kv;
+            Qs[r * LK + x] = qv;
+        }
+        for (int i = tid; i < GT_C * GT_DVB; i += GT_THREADS) {
+            int r = i / GT_DVB, c = i % GT_DVB;
+            U[r * LC + c] = r < L ? to_f32(v[(base + r) * ldv + col0 + c]) : 0.0f;
+        }
+        if (tid < GT_C) {
+            float gv = 0.0f, bv = 0.0f;
+            if (tid < L) {
+                int64_t at = (base + tid) * ldab + j;
+                gv = -expf(Alog) * hy_softplus(to_f32(a[at]) + dtb);
+                bv = hy_sigmoid(to_f32(b[at]));
+            }
+            dec[tid] = gv; /* raw g until the scan below */
+            beta[tid] = bv;
+        }
+        __syncthreads();
+        if (warp == 0) { /* inclusive scan of 64 values, two per lane */
+            float g0 = dec[2 * lane], g1 = dec[2 * lane + 1], sc = g0 + g1;
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                float y = __shfl_up_sync(0xffffffffu, sc, off);
+                if (lane >= off)
+                    sc += y;
+            }
+            float tot = __shfl_sync(0xffffffffu, sc, 31), ex = sc - (g0 + g1);
+            cg[2 * lane] = ex + g0;
+            cg[2 * lane + 1] = sc;
+            dec[2 * lane] = expf(tot - (ex + g0));
+            dec[2 * lane + 1] = expf(tot - sc);
+        }
+        __syncthreads();
+        /* b: jobs 0-9 K K^T, 10-19 Q K^T (lower tiles), 20-35 K S, 36-51 Q S */
+        for (int job = warp; job < 52; job += GT_WARPS) {
+            gt_acc acc;
+            gtw::fill_fragment(acc, 0.0f);
+            if (job < 20) {
+                int ti, tj;
+                gt_lower(job % 10, &ti, &tj);
+                const float *lhs = job < 10 ? Ks : Qs;
+                gt_mma<gtw::row_major, gtw::col_major>(acc, lhs + ti * 16 * LK, LK, Ks + tj * 16 * LK,
+                                                       LK, DK);
+                gtw::store_matrix_sync((job < 10 ? A : Aqk) + ti * 16 * LC + tj * 16, acc, LC,
+                                       gtw::mem_row_major);
+            } else {
+                int t = (job - 20) % 16, ti = t / 4, tj = t % 4;
+                const float *lhs = job < 36 ? Ks : Qs;
+                gt_mma<gtw::row_major, gtw::row_major>(acc, lhs + ti * 16 * LK, LK, S + tj * 16, LC, DK);
+                gtw::store_matrix_sync((job < 36 ? Vn : O) + ti * 16 * LC + tj * 16, acc, LC,
+                                       gtw::mem_row_major);
+            }
+        }
+        __syncthreads();
+        /* c */
+        for (int e = tid; e < GT_C * GT_C; e += GT_THREADS) {
+            int i = e / GT_C, m = e % GT_C;
+            float d = m <= i ? expf(cg[i] - cg[m]) : 0.0f;
+            A[i * LC + m] = m < i ? beta[i] * A[i * LC + m] * d : 0.0f;
+            Aqk[i * LC + m] = m <= i ? Aqk[i * LC + m] * d : 0.0f;
+        }
+        for (int e = tid; e < GT_C * GT_DVB; e += GT_THREADS) {
+            int i = e / GT_DVB, c = e % GT_DVB;
+            float ei = expf(cg[i]);
+            U[i * LC + c] = beta[i] * (U[i * LC + c] - ei * Vn[i * LC + c]);
+            O[i * LC + c] *= ei;
+        }
+        for (int e = tid; e < GT_C * DK; e += GT_THREADS) {
+            int i = e / DK, x = e % DK;
+            Ks[i * LK + x] *= dec[i];
+        }
+        __syncthreads();
+        /* d: the diagonal blocks, one thread per (block, column) */
+        if (tid < GT_C) {
+            int r0 = (tid / 16) * 16, c = tid % 16;
+            const float *Ab = A + r0 * LC + r0;
+            float *Tb = Tm + r0 * LC + r0;
+            for (int r = 0; r < 16; r++) {
+                float t = r == c ? 1.0f : 0.0f;
+                if (r > c) {
+                    for (int x = c; x < r; x++)
+                        t -= Ab[r * LC + x] * Tb[x * LC + c];
+                }
+                Tb[r * LC + c] = t;
+            }
+        }
+        __syncthreads();
+        for (int dist = 1; dist < 4; dist++) {
+            int np = 4 - dist;
+            for (int e = tid; e < np * 256; e += GT_THREADS) { /* X_p = sum_{j <= m < i} A_im T_mj */
+                int bi = dist + e / 256, bj = bi - dist, r = (e % 256) / 16, c = e % 16;
+                const float *Ar = A + (bi * 16 + r) * LC;
+                float acc = 0.0f;
+                for (int x = bj * 16; x < bi * 16; x++)
+                    acc += Ar[x] * Tm[x * LC + bj * 16 + c];
+                X[e] = acc;
+            }
+            __syncthreads();
+            for (int e = tid; e < np * 256; e += GT_THREADS) { /* T_ij = -T_ii X_p */
+                int bi = dist + e / 256, bj = bi - dist, r = (e % 256) / 16, c = e % 16;
+                const float *Tr = Tm + (bi * 16 + r) * LC + bi * 16;
+                const float *Xp = X + (e / 256) * 256;
+                float acc = 0.0f;
+                for (int x = 0; x <= r; x++)
+                    acc += Tr[x] * Xp[x * 16 + c];
+                Tm[(bi * 16 + r) * LC + bj * 16 + c] = -acc;
+            }
+            __syncthreads();
+        }
+        /* e: Vn = T U (T lower: the k-tiles up to the diagonal) */
+        for (int t = warp; t < 16; t += GT_WARPS) {
+            int ti = t / 4, tj = t % 4;
+            gt_acc acc;
+            gtw::fill_fragment(acc, 0.0f);
+            gt_mma<gtw::row_major, gtw::row_major>(acc, Tm + ti * 16 * LC, LC, U + tj * 16, LC, (ti + 1) * 16);
+            gtw::store_matrix_sync(Vn + ti * 16 * LC + tj * 16, acc, LC, gtw::mem_row_major);
+        }
+        __syncthreads();
+        /* f: O += Aqk Vn; S = exp(cg_last) S + (dec K)^T Vn */
+        for (int t = warp; t < 16; t += GT_WARPS) {
+            int ti = t / 4, tj = t % 4;
+            gt_acc acc;
+            gtw::load_matrix_sync(acc, O + ti * 16 * LC + tj * 16, LC, gtw::mem_row_major);
+            gt_mma<gtw::row_major, gtw::row_major>(acc, Aqk + ti * 16 * LC, LC, Vn + tj * 16, LC, (ti + 1) * 16);
+            gtw::store_matrix_sync(O + ti * 16 * LC + tj * 16, acc, LC, gtw::mem_row_major);
+        }
+        const float eL = expf(cg[GT_C - 1]);
+#pragma unroll
+        for (int w = 0; w < NST; w++) {
+            int ts = warp + w * GT_WARPS, ti = ts / (GT_DVB / 16), tj = ts % (GT_DVB / 16);
+#pragma unroll
+            for (int t = 0; t < Sacc[w].num_elements; t++)
+                Sacc[w].x[t] *= eL;
+            gt_mma<gtw::col_major, gtw::row_major>(Sacc[w], Ks + ti * 16, LK, Vn + tj * 16, LC, GT_C);
+            gtw::store_matrix_sync(S + ti * 16 * LC + tj * 16, Sacc[w], LC, gtw::mem_row_major);
+        }
+        __syncthreads();
+        /* g */
+        for (int e = tid; e < L * GT_DVB; e += GT_THREADS) {
+            int i = e / GT_DVB, c = e % GT_DVB;
+            o[(base + i) * ldo + col0 + c] = from_f32<T>(O[i * LC + c]);
+        }
+    }
+}
+
+/* The sizes both kernels take; 0 or DFL_EUNSUP recorded. */
+static int gd_check(dfl_be *be, const dfl_gated_delta *g)
 {
     if (g->Hk < 1 || g->Hv < 1 || g->Hv % g->Hk)
         return cuda_op_fail(be, DFL_EUNSUP, "gated delta rule: %d value heads over %d key heads: "
@@ -436,15 +696,17 @@ int cuda_gated_delta(dfl_be *be, const dfl_gated_delta *g)
     if (smem > cuda_of(be)->smem_optin)
         return cuda_op_fail(be, DFL_EUNSUP, "gated delta rule: key head dim %d needs %zu bytes of "
                             "shared memory (the GPU has %zu)", g->dk, smem, cuda_of(be)->smem_optin);
-    if (g->T <= 0 || g->n_seqs <= 0)
-        return 0;
     if ((int64_t)g->n_seqs * g->Hv > INT32_MAX)
         return cuda_op_fail(be, DFL_EUNSUP, "gated delta rule: %d sequences x %d heads is too many",
                             g->n_seqs, g->Hv);
-    int rc = cuda_enter(be);
-    if (rc)
-        return rc;
+    return 0;
+}
+
+/* The SIMT kernel (f32 math throughout): every size gd_check takes, both activation types. */
+static int gd_simt(dfl_be *be, const dfl_gated_delta *g)
+{
     cudaStream_t s = cuda_of(be)->stream;
+    size_t smem = gd_smem(g->dk);
     dim3 grid((unsigned)(g->n_seqs * g->Hv), (unsigned)(g->dv / GD_DVB));
     cudaError_t err;
 #define GD_LAUNCH(TY)                                                                             \
@@ -464,4 +726,55 @@ int cuda_gated_delta(dfl_be *be, const dfl_gated_delta *g)
         GD_LAUNCH(float);
 #undef GD_LAUNCH
     return cuda_launch_check(be, "gated delta rule");
+}
+
+/* The tensor-core kernel: bf16 activations, key head dim DK, value head dim a multiple of 64. */
+template <int DK>
+static int gd_tc(dfl_be *be, const dfl_gated_delta *g)
+{
+    size_t smem = gt_smem<DK>();
+    cudaError_t err = cudaFuncSetAttribute(gated_delta_tc_kernel<DK, bf16>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess)
+        return cuda_op_fail(be, DFL_EDEVICE, "gated delta rule: %s", cudaGetErrorString(err));
+    dim3 grid((unsigned)(g->n_seqs * g->Hv), (unsigned)(g->dv / GT_DVB));
+    gated_delta_tc_kernel<DK, bf16><<<grid, GT_THREADS, smem, cuda_of(be)->stream>>>(
+        (const bf16 *)g->q, (const bf16 *)g->k, g->ldqk, (const bf16 *)g->v, g->ldv,
+        (const bf16 *)g->a, (const bf16 *)g->b, g->ldab, g->A_log, g->dt_bias, (bf16 *)g->o, g->ldo,
+        g->cu_seqlens, g->Hv, g->Hv / g->Hk, g->dv);
+    return cuda_launch_check(be, "gated delta rule (tensor cores)");
+}
+
+/* Whether the tensor-core kernel takes this call. */
+static bool gd_tc_takes(dfl_be *be, const dfl_gated_delta *g)
+{
+    if (be->act != DFL_BF16 || g->dv % GT_DVB)
+        return false;
+    if (g->dk == 64)
+        return gt_smem<64>() <= cuda_of(be)->smem_optin;
+    if (g->dk == 128)
+        return gt_smem<128>() <= cuda_of(be)->smem_optin;
+    return false;
+}
+
+int cuda_gated_delta(dfl_be *be, const dfl_gated_delta *g)
+{
+    int rc = gd_check(be, g);
+    if (rc || g->T <= 0 || g->n_seqs <= 0)
+        return rc;
+    if ((rc = cuda_enter(be)))
+        return rc;
+    if (!gd_tc_takes(be, g))
+        return gd_simt(be, g);
+    return g->dk == 64 ? gd_tc<64>(be, g) : gd_tc<128>(be, g);
+}
+
+extern "C" int dfl_cuda_gated_delta_simt(dfl_be *be, const dfl_gated_delta *g)
+{
+    int rc = gd_check(be, g);
+    if (rc || g->T <= 0 || g->n_seqs <= 0)
+        return rc;
+    if ((rc = cuda_enter(be)))
+        return rc;
+    return gd_simt(be, g);
 }
