@@ -426,7 +426,8 @@ gated_delta_kernel(const T *q, const T *k, int64_t ldqk, const T *v, int64_t ldv
  * the state slice S [DK, 64] in f32: the master copy in the warps' accumulator fragments, a copy
  * in shared memory as the operand of the next chunk's products. Per chunk of L <= 64 tokens
  * (rows past L are zero, with g = 0 and beta = 0, so every product runs on full 64-row tiles):
- *   a. K, Q rows (all DK columns), the V slice, g and beta into shared memory (f32); cg = cumsum g,
+ *   a. K, Q rows (all DK columns), the V slice, g and beta into shared memory (f32; fetched into
+ *      registers with 16-byte loads while the previous chunk ran its step f); cg = cumsum g,
  *      dec_i = exp(cg_last - cg_i)
  *   b. tensor cores: K K^T and Q K^T (lower 16 x 16 tiles), KS = K S, QS = Q S
  *   c. A = strict-lower(beta_i kk exp(cg_i - cg_j)), Aqk = lower(qk exp(cg_i - cg_j)),
@@ -460,6 +461,7 @@ __device__ __forceinline__ void gt_mma(gt_acc &acc, const float *a, int lda, con
 {
     gtw::fragment<gtw::matrix_a, 16, 16, 8, gtw::precision::tf32, LA> fa;
     gtw::fragment<gtw::matrix_b, 16, 16, 8, gtw::precision::tf32, LB> fb;
+#pragma unroll 4
     for (int k0 = 0; k0 < K; k0 += 8) {
         gtw::load_matrix_sync(fa, gt_is_row<LA>::v ? a + k0 : a + (size_t)k0 * lda, lda);
         gtw::load_matrix_sync(fb, gt_is_row<LB>::v ? b + (size_t)k0 * ldb : b + k0, ldb);
@@ -473,6 +475,18 @@ __device__ __forceinline__ void gt_mma(gt_acc &acc, const float *a, int lda, con
     }
 }
 
+/* acc += A [16, 8] B [8, 16], A row-major at a (lda), B a loaded TF32 fragment. */
+template <typename FB>
+__device__ __forceinline__ void gt_mma_a(gt_acc &acc, const float *a, int lda, const FB &fb)
+{
+    gtw::fragment<gtw::matrix_a, 16, 16, 8, gtw::precision::tf32, gtw::row_major> fa;
+    gtw::load_matrix_sync(fa, a, lda);
+#pragma unroll
+    for (int t = 0; t < fa.num_elements; t++)
+        fa.x[t] = gtw::__float_to_tf32(fa.x[t]);
+    gtw::mma_sync(acc, fa, fb, acc);
+}
+
 /* The idx-th 16 x 16 tile of a 64 x 64 lower triangle (row-major order of tiles). */
 __device__ __forceinline__ void gt_lower(int idx, int *ti, int *tj)
 {
@@ -483,18 +497,66 @@ __device__ __forceinline__ void gt_lower(int idx, int *ti, int *tj)
     *tj = idx - r * (r + 1) / 2;
 }
 
+/* One chunk's inputs of a block in registers, fetched with 16-byte loads (8 bf16): NK vectors of
+ * K and of Q and NV of the V slice per thread, and thread t < 64 the gate inputs of row t. Rows
+ * past the sequence's end are zero (g and beta 0). */
+template <int DK> struct gt_regs {
+    static constexpr int NK = GT_C * DK / 8 / GT_THREADS, NV = GT_C * GT_DVB / 8 / GT_THREADS;
+    uint4 k[NK], q[NK], v[NV];
+    float a, b;
+    bool gate; /* row tid < L: a and b are real */
+};
+
+template <int DK>
+__device__ __forceinline__ void gt_fetch(gt_regs<DK> &R, const bf16 *q, const bf16 *k, int64_t ldqk,
+                                         const bf16 *v, int64_t ldv, const bf16 *a, const bf16 *b,
+                                         int64_t ldab, int64_t base, int L, int kh, int64_t col0, int j)
+{
+    const int tid = threadIdx.x;
+    const uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < gt_regs<DK>::NK; u++) {
+        int i = tid + u * GT_THREADS, r = i / (DK / 8), x = (i % (DK / 8)) * 8;
+        int64_t at = (base + r) * ldqk + (int64_t)kh * DK + x;
+        R.k[u] = r < L ? *(const uint4 *)(k + at) : z;
+        R.q[u] = r < L ? *(const uint4 *)(q + at) : z;
+    }
+#pragma unroll
+    for (int u = 0; u < gt_regs<DK>::NV; u++) {
+        int i = tid + u * GT_THREADS, r = i / (GT_DVB / 8), c = (i % (GT_DVB / 8)) * 8;
+        R.v[u] = r < L ? *(const uint4 *)(v + (base + r) * ldv + col0 + c) : z;
+    }
+    R.gate = tid < L;
+    R.a = R.b = 0.0f;
+    if (R.gate) {
+        R.a = to_f32(a[(base + tid) * ldab + j]);
+        R.b = to_f32(b[(base + tid) * ldab + j]);
+    }
+}
+
+/* 8 bf16 of a 16-byte vector as f32 at dst (16-byte aligned). */
+__device__ __forceinline__ void gt_put8(float *dst, uint4 x)
+{
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&x;
+    float2 f0 = __bfloat1622float2(h[0]), f1 = __bfloat1622float2(h[1]);
+    float2 f2 = __bfloat1622float2(h[2]), f3 = __bfloat1622float2(h[3]);
+    ((float4 *)dst)[0] = make_float4(f0.x, f0.y, f1.x, f1.y);
+    ((float4 *)dst)[1] = make_float4(f2.x, f2.y, f3.x, f3.y);
+}
+
 template <int DK>
 static size_t gt_smem(void)
 {
     return sizeof(float) * ((size_t)2 * GT_C * (DK + 4) + (size_t)DK * GT_LC + 6 * (size_t)GT_C * GT_LC +
-                            3 * 256 + 3 * GT_C);
+                            3 * 256 + 4 * GT_C);
 }
 
-template <int DK, typename T>
+template <int DK>
 __global__ void __launch_bounds__(GT_THREADS)
-gated_delta_tc_kernel(const T *q, const T *k, int64_t ldqk, const T *v, int64_t ldv, const T *a,
-                      const T *b, int64_t ldab, const float *A_log, const float *dt_bias, T *o,
-                      int64_t ldo, const int32_t *cu, int Hv, int ratio, int dv)
+gated_delta_tc_kernel(const bf16 *q, const bf16 *k, int64_t ldqk, const bf16 *v, int64_t ldv,
+                      const bf16 *a, const bf16 *b, int64_t ldab, const float *A_log,
+                      const float *dt_bias, bf16 *o, int64_t ldo, const int32_t *cu, int Hv, int ratio,
+                      int dv)
 {
     constexpr int LK = DK + 4, LC = GT_LC;
     constexpr int NST = (DK / 16) * (GT_DVB / 16) / GT_WARPS; /* state tiles per warp */
@@ -510,7 +572,7 @@ gated_delta_tc_kernel(const T *q, const T *k, int64_t ldqk, const T *v, int64_t 
     float *Vn = Tm + GT_C * LC;          /* [C][LC]: KS, then Vn */
     float *O = Vn + GT_C * LC;           /* [C][LC]: QS, then the output */
     float *X = O + GT_C * LC;            /* [3][16][16] */
-    float *cg = X + 3 * 256, *beta = cg + GT_C, *dec = beta + GT_C; /* [C] each */
+    float *cg = X + 3 * 256, *beta = cg + GT_C, *dec = beta + GT_C, *ecg = dec + GT_C; /* [C] each */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int s = blockIdx.x / Hv, j = blockIdx.x % Hv, kh = j / ratio;
     const int64_t col0 = (int64_t)j * dv + (int64_t)blockIdx.y * GT_DVB; /* first value column */
@@ -523,33 +585,26 @@ gated_delta_tc_kernel(const T *q, const T *k, int64_t ldqk, const T *v, int64_t 
         int ts = warp + w * GT_WARPS, ti = ts / (GT_DVB / 16), tj = ts % (GT_DVB / 16);
         gtw::store_matrix_sync(S + ti * 16 * LC + tj * 16, Sacc[w], LC, gtw::mem_row_major);
     }
+    gt_regs<DK> R;
+    if (n > 0)
+        gt_fetch<DK>(R, q, k, ldqk, v, ldv, a, b, ldab, t0, (int)(n < GT_C ? n : GT_C), kh, col0, j);
     for (int64_t base = t0; base < t0 + n; base += GT_C) {
         const int L = (int)(t0 + n - base < GT_C ? t0 + n - base : GT_C);
-        /* a */
-        for (int i = tid; i < GT_C * DK; i += GT_THREADS) {
-            int r = i / DK, x = i % DK;
-            float kv = 0.0f, qv = 0.0f;
-            if (r < L) {
-                int64_t at = (base + r) * ldqk + (int64_t)kh * DK + x;
-                kv = to_f32(k[at]);
-                qv = to_f32(q[at]);
-            }
-            Ks[r * LK + x] = kv;
-            Qs[r * LK + x] = qv;
+        /* a: the chunk's inputs (fetched during the previous chunk) into shared memory */
+#pragma unroll
+        for (int u = 0; u < gt_regs<DK>::NK; u++) {
+            int i = tid + u * GT_THREADS, r = i / (DK / 8), x = (i % (DK / 8)) * 8;
+            gt_put8(Ks + r * LK + x, R.k[u]);
+            gt_put8(Qs + r * LK + x, R.q[u]);
         }
-        for (int i = tid; i < GT_C * GT_DVB; i += GT_THREADS) {
-            int r = i / GT_DVB, c = i % GT_DVB;
-            U[r * LC + c] = r < L ? to_f32(v[(base + r) * ldv + col0 + c]) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < gt_regs<DK>::NV; u++) {
+            int i = tid + u * GT_THREADS, r = i / (GT_DVB / 8), c = (i % (GT_DVB / 8)) * 8;
+            gt_put8(U + r * LC + c, R.v[u]);
         }
         if (tid < GT_C) {
-            float gv = 0.0f, bv = 0.0f;
-            if (tid < L) {
-                int64_t at = (base + tid) * ldab + j;
-                gv = -expf(Alog) * hy_softplus(to_f32(a[at]) + dtb);
-                bv = hy_sigmoid(to_f32(b[at]));
-            }
-            dec[tid] = gv; /* raw g until the scan below */
-            beta[tid] = bv;
+            dec[tid] = R.gate ? -expf(Alog) * hy_softplus(R.a + dtb) : 0.0f; /* raw g until the scan */
+            beta[tid] = R.gate ? hy_sigmoid(R.b) : 0.0f;
         }
         __syncthreads();
         if (warp == 0) { /* inclusive scan of 64 values, two per lane */
@@ -565,27 +620,45 @@ gated_delta_tc_kernel(const T *q, const T *k, int64_t ldqk, const T *v, int64_t 
             cg[2 * lane + 1] = sc;
             dec[2 * lane] = expf(tot - (ex + g0));
             dec[2 * lane + 1] = expf(tot - sc);
+            ecg[2 * lane] = expf(ex + g0);
+            ecg[2 * lane + 1] = expf(sc);
         }
         __syncthreads();
-        /* b: jobs 0-9 K K^T, 10-19 Q K^T (lower tiles), 20-35 K S, 36-51 Q S */
-        for (int job = warp; job < 52; job += GT_WARPS) {
+        /* b: K S and Q S, the warp's four tiles in tile column warp % 4 (rows warp / 4 and + 2)
+         * sharing each S fragment; then K K^T and Q K^T, 20 lower tiles over the warps */
+        {
+            const int tj = warp % 4, ti0 = warp / 4, ti1 = ti0 + 2;
+            gt_acc c0, c1, c2, c3;
+            gtw::fill_fragment(c0, 0.0f);
+            gtw::fill_fragment(c1, 0.0f);
+            gtw::fill_fragment(c2, 0.0f);
+            gtw::fill_fragment(c3, 0.0f);
+#pragma unroll 2
+            for (int k0 = 0; k0 < DK; k0 += 8) {
+                gtw::fragment<gtw::matrix_b, 16, 16, 8, gtw::precision::tf32, gtw::row_major> fb;
+                gtw::load_matrix_sync(fb, S + k0 * LC + tj * 16, LC);
+#pragma unroll
+                for (int t = 0; t < fb.num_elements; t++)
+                    fb.x[t] = gtw::__float_to_tf32(fb.x[t]);
+                gt_mma_a(c0, Ks + ti0 * 16 * LK + k0, LK, fb);
+                gt_mma_a(c1, Ks + ti1 * 16 * LK + k0, LK, fb);
+                gt_mma_a(c2, Qs + ti0 * 16 * LK + k0, LK, fb);
+                gt_mma_a(c3, Qs + ti1 * 16 * LK + k0, LK, fb);
+            }
+            gtw::store_matrix_sync(Vn + ti0 * 16 * LC + tj * 16, c0, LC, gtw::mem_row_major);
+            gtw::store_matrix_sync(Vn + ti1 * 16 * LC + tj * 16, c1, LC, gtw::mem_row_major);
+            gtw::store_matrix_sync(O + ti0 * 16 * LC + tj * 16, c2, LC, gtw::mem_row_major);
+            gtw::store_matrix_sync(O + ti1 * 16 * LC + tj * 16, c3, LC, gtw::mem_row_major);
+        }
+        for (int job = warp; job < 20; job += GT_WARPS) {
             gt_acc acc;
             gtw::fill_fragment(acc, 0.0f);
-            if (job < 20) {
-                int ti, tj;
-                gt_lower(job % 10, &ti, &tj);
-                const float *lhs = job < 10 ? Ks : Qs;
-                gt_mma<gtw::row_major, gtw::col_major>(acc, lhs + ti * 16 * LK, LK, Ks + tj * 16 * LK,
-                                                       LK, DK);
-                gtw::store_matrix_sync((job < 10 ? A : Aqk) + ti * 16 * LC + tj * 16, acc, LC,
-                                       gtw::mem_row_major);
-            } else {
-                int t = (job - 20) % 16, ti = t / 4, tj = t % 4;
-                const float *lhs = job < 36 ? Ks : Qs;
-                gt_mma<gtw::row_major, gtw::row_major>(acc, lhs + ti * 16 * LK, LK, S + tj * 16, LC, DK);
-                gtw::store_matrix_sync((job < 36 ? Vn : O) + ti * 16 * LC + tj * 16, acc, LC,
-                                       gtw::mem_row_major);
-            }
+            int ti, tj;
+            gt_lower(job % 10, &ti, &tj);
+            const float *lhs = job < 10 ? Ks : Qs;
+            gt_mma<gtw::row_major, gtw::col_major>(acc, lhs + ti * 16 * LK, LK, Ks + tj * 16 * LK, LK, DK);
+            gtw::store_matrix_sync((job < 10 ? A : Aqk) + ti * 16 * LC + tj * 16, acc, LC,
+                                   gtw::mem_row_major);
         }
         __syncthreads();
         /* c */
@@ -597,7 +670,7 @@ gated_delta_tc_kernel(const T *q, const T *k, int64_t ldqk, const T *v, int64_t 
         }
         for (int e = tid; e < GT_C * GT_DVB; e += GT_THREADS) {
             int i = e / GT_DVB, c = e % GT_DVB;
-            float ei = expf(cg[i]);
+            float ei = ecg[i];
             U[i * LC + c] = beta[i] * (U[i * LC + c] - ei * Vn[i * LC + c]);
             O[i * LC + c] *= ei;
         }
@@ -652,7 +725,12 @@ gated_delta_tc_kernel(const T *q, const T *k, int64_t ldqk, const T *v, int64_t 
             gtw::store_matrix_sync(Vn + ti * 16 * LC + tj * 16, acc, LC, gtw::mem_row_major);
         }
         __syncthreads();
-        /* f: O += Aqk Vn; S = exp(cg_last) S + (dec K)^T Vn */
+        /* f: O += Aqk Vn; S = exp(cg_last) S + (dec K)^T Vn; the next chunk's inputs fetched */
+        if (base + GT_C < t0 + n) {
+            int64_t nb = base + GT_C;
+            gt_fetch<DK>(R, q, k, ldqk, v, ldv, a, b, ldab, nb,
+                         (int)(t0 + n - nb < GT_C ? t0 + n - nb : GT_C), kh, col0, j);
+        }
         for (int t = warp; t < 16; t += GT_WARPS) {
             int ti = t / 4, tj = t % 4;
             gt_acc acc;
@@ -660,21 +738,50 @@ gated_delta_tc_kernel(const T *q, const T *k, int64_t ldqk, const T *v, int64_t 
             gt_mma<gtw::row_major, gtw::row_major>(acc, Aqk + ti * 16 * LC, LC, Vn + tj * 16, LC, (ti + 1) * 16);
             gtw::store_matrix_sync(O + ti * 16 * LC + tj * 16, acc, LC, gtw::mem_row_major);
         }
+        /* the warp's state tiles share their value columns (tile column warp % 4): one load of
+         * each Vn fragment serves all of them */
         const float eL = expf(cg[GT_C - 1]);
+        const int stj = warp % (GT_DVB / 16);
 #pragma unroll
-        for (int w = 0; w < NST; w++) {
-            int ts = warp + w * GT_WARPS, ti = ts / (GT_DVB / 16), tj = ts % (GT_DVB / 16);
+        for (int w = 0; w < NST; w++)
 #pragma unroll
             for (int t = 0; t < Sacc[w].num_elements; t++)
                 Sacc[w].x[t] *= eL;
-            gt_mma<gtw::col_major, gtw::row_major>(Sacc[w], Ks + ti * 16, LK, Vn + tj * 16, LC, GT_C);
-            gtw::store_matrix_sync(S + ti * 16 * LC + tj * 16, Sacc[w], LC, gtw::mem_row_major);
+        for (int k0 = 0; k0 < GT_C; k0 += 8) {
+            gtw::fragment<gtw::matrix_b, 16, 16, 8, gtw::precision::tf32, gtw::row_major> fb;
+            gtw::load_matrix_sync(fb, Vn + k0 * LC + stj * 16, LC);
+#pragma unroll
+            for (int t = 0; t < fb.num_elements; t++)
+                fb.x[t] = gtw::__float_to_tf32(fb.x[t]);
+#pragma unroll
+            for (int w = 0; w < NST; w++) {
+                int sti = (warp + w * GT_WARPS) / (GT_DVB / 16);
+                gtw::fragment<gtw::matrix_a, 16, 16, 8, gtw::precision::tf32, gtw::col_major> fa;
+                gtw::load_matrix_sync(fa, Ks + k0 * LK + sti * 16, LK);
+#pragma unroll
+                for (int t = 0; t < fa.num_elements; t++)
+                    fa.x[t] = gtw::__float_to_tf32(fa.x[t]);
+                gtw::mma_sync(Sacc[w], fa, fb, Sacc[w]);
+            }
+        }
+#pragma unroll
+        for (int w = 0; w < NST; w++) {
+            int sti = (warp + w * GT_WARPS) / (GT_DVB / 16);
+            gtw::store_matrix_sync(S + sti * 16 * LC + stj * 16, Sacc[w], LC, gtw::mem_row_major);
         }
         __syncthreads();
-        /* g */
-        for (int e = tid; e < L * GT_DVB; e += GT_THREADS) {
-            int i = e / GT_DVB, c = e % GT_DVB;
-            o[(base + i) * ldo + col0 + c] = from_f32<T>(O[i * LC + c]);
+        /* g: 8 columns per 16-byte store */
+        for (int e = tid; e < L * (GT_DVB / 8); e += GT_THREADS) {
+            int i = e / (GT_DVB / 8), c = (e % (GT_DVB / 8)) * 8;
+            const float4 *src = (const float4 *)(O + i * LC + c);
+            float4 f0 = src[0], f1 = src[1];
+            uint4 pk;
+            __nv_bfloat162 *h = (__nv_bfloat162 *)&pk;
+            h[0] = __floats2bfloat162_rn(f0.x, f0.y);
+            h[1] = __floats2bfloat162_rn(f0.z, f0.w);
+            h[2] = __floats2bfloat162_rn(f1.x, f1.y);
+            h[3] = __floats2bfloat162_rn(f1.z, f1.w);
+            *(uint4 *)(o + (base + i) * ldo + col0 + c) = pk;
         }
     }
 }
@@ -733,22 +840,26 @@ template <int DK>
 static int gd_tc(dfl_be *be, const dfl_gated_delta *g)
 {
     size_t smem = gt_smem<DK>();
-    cudaError_t err = cudaFuncSetAttribute(gated_delta_tc_kernel<DK, bf16>,
+    cudaError_t err = cudaFuncSetAttribute(gated_delta_tc_kernel<DK>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return cuda_op_fail(be, DFL_EDEVICE, "gated delta rule: %s", cudaGetErrorString(err));
     dim3 grid((unsigned)(g->n_seqs * g->Hv), (unsigned)(g->dv / GT_DVB));
-    gated_delta_tc_kernel<DK, bf16><<<grid, GT_THREADS, smem, cuda_of(be)->stream>>>(
+    gated_delta_tc_kernel<DK><<<grid, GT_THREADS, smem, cuda_of(be)->stream>>>(
         (const bf16 *)g->q, (const bf16 *)g->k, g->ldqk, (const bf16 *)g->v, g->ldv,
         (const bf16 *)g->a, (const bf16 *)g->b, g->ldab, g->A_log, g->dt_bias, (bf16 *)g->o, g->ldo,
         g->cu_seqlens, g->Hv, g->Hv / g->Hk, g->dv);
     return cuda_launch_check(be, "gated delta rule (tensor cores)");
 }
 
-/* Whether the tensor-core kernel takes this call. */
+/* Whether the tensor-core kernel takes this call: bf16, the sizes it is built for, and q, k, v, o
+ * rows it can move 16 bytes at a time. */
 static bool gd_tc_takes(dfl_be *be, const dfl_gated_delta *g)
 {
     if (be->act != DFL_BF16 || g->dv % GT_DVB)
+        return false;
+    if (!is_aligned(g->q, 16) || !is_aligned(g->k, 16) || !is_aligned(g->v, 16) ||
+        !is_aligned(g->o, 16) || g->ldqk % 8 || g->ldv % 8 || g->ldo % 8)
         return false;
     if (g->dk == 64)
         return gt_smem<64>() <= cuda_of(be)->smem_optin;
