@@ -452,6 +452,16 @@ typedef gtw::fragment<gtw::accumulator, 16, 16, 8, float> gt_acc;
 template <typename L> struct gt_is_row { static constexpr bool v = false; };
 template <> struct gt_is_row<gtw::row_major> { static constexpr bool v = true; };
 
+/* A TF32 operand fragment loaded from shared memory (f32) and rounded to TF32. */
+template <typename F>
+__device__ __forceinline__ void gt_load(F &f, const float *p, int ld)
+{
+    gtw::load_matrix_sync(f, p, ld);
+#pragma unroll
+    for (int t = 0; t < f.num_elements; t++)
+        f.x[t] = gtw::__float_to_tf32(f.x[t]);
+}
+
 /* acc += A [16, K] B [K, 16]; a and b point at the tiles' (0, 0) elements; LA / LB the layouts
  * (row_major A: a[m * lda + k]; col_major A: a[k * lda + m]; row_major B: b[k * ldb + n];
  * col_major B: b[n * ldb + k]). Operands rounded to TF32. */
@@ -463,14 +473,8 @@ __device__ __forceinline__ void gt_mma(gt_acc &acc, const float *a, int lda, con
     gtw::fragment<gtw::matrix_b, 16, 16, 8, gtw::precision::tf32, LB> fb;
 #pragma unroll 4
     for (int k0 = 0; k0 < K; k0 += 8) {
-        gtw::load_matrix_sync(fa, gt_is_row<LA>::v ? a + k0 : a + (size_t)k0 * lda, lda);
-        gtw::load_matrix_sync(fb, gt_is_row<LB>::v ? b + (size_t)k0 * ldb : b + k0, ldb);
-#pragma unroll
-        for (int t = 0; t < fa.num_elements; t++)
-            fa.x[t] = gtw::__float_to_tf32(fa.x[t]);
-#pragma unroll
-        for (int t = 0; t < fb.num_elements; t++)
-            fb.x[t] = gtw::__float_to_tf32(fb.x[t]);
+        gt_load(fa, gt_is_row<LA>::v ? a + k0 : a + (size_t)k0 * lda, lda);
+        gt_load(fb, gt_is_row<LB>::v ? b + (size_t)k0 * ldb : b + k0, ldb);
         gtw::mma_sync(acc, fa, fb, acc);
     }
 }
@@ -480,10 +484,7 @@ template <typename FB>
 __device__ __forceinline__ void gt_mma_a(gt_acc &acc, const float *a, int lda, const FB &fb)
 {
     gtw::fragment<gtw::matrix_a, 16, 16, 8, gtw::precision::tf32, gtw::row_major> fa;
-    gtw::load_matrix_sync(fa, a, lda);
-#pragma unroll
-    for (int t = 0; t < fa.num_elements; t++)
-        fa.x[t] = gtw::__float_to_tf32(fa.x[t]);
+    gt_load(fa, a, lda);
     gtw::mma_sync(acc, fa, fb, acc);
 }
 
@@ -636,10 +637,7 @@ gated_delta_tc_kernel(const bf16 *q, const bf16 *k, int64_t ldqk, const bf16 *v,
 #pragma unroll 2
             for (int k0 = 0; k0 < DK; k0 += 8) {
                 gtw::fragment<gtw::matrix_b, 16, 16, 8, gtw::precision::tf32, gtw::row_major> fb;
-                gtw::load_matrix_sync(fb, S + k0 * LC + tj * 16, LC);
-#pragma unroll
-                for (int t = 0; t < fb.num_elements; t++)
-                    fb.x[t] = gtw::__float_to_tf32(fb.x[t]);
+                gt_load(fb, S + k0 * LC + tj * 16, LC);
                 gt_mma_a(c0, Ks + ti0 * 16 * LK + k0, LK, fb);
                 gt_mma_a(c1, Ks + ti1 * 16 * LK + k0, LK, fb);
                 gt_mma_a(c2, Qs + ti0 * 16 * LK + k0, LK, fb);
@@ -749,18 +747,12 @@ gated_delta_tc_kernel(const bf16 *q, const bf16 *k, int64_t ldqk, const bf16 *v,
                 Sacc[w].x[t] *= eL;
         for (int k0 = 0; k0 < GT_C; k0 += 8) {
             gtw::fragment<gtw::matrix_b, 16, 16, 8, gtw::precision::tf32, gtw::row_major> fb;
-            gtw::load_matrix_sync(fb, Vn + k0 * LC + stj * 16, LC);
-#pragma unroll
-            for (int t = 0; t < fb.num_elements; t++)
-                fb.x[t] = gtw::__float_to_tf32(fb.x[t]);
+            gt_load(fb, Vn + k0 * LC + stj * 16, LC);
 #pragma unroll
             for (int w = 0; w < NST; w++) {
                 int sti = (warp + w * GT_WARPS) / (GT_DVB / 16);
                 gtw::fragment<gtw::matrix_a, 16, 16, 8, gtw::precision::tf32, gtw::col_major> fa;
-                gtw::load_matrix_sync(fa, Ks + k0 * LK + sti * 16, LK);
-#pragma unroll
-                for (int t = 0; t < fa.num_elements; t++)
-                    fa.x[t] = gtw::__float_to_tf32(fa.x[t]);
+                gt_load(fa, Ks + k0 * LK + sti * 16, LK);
                 gtw::mma_sync(Sacc[w], fa, fb, Sacc[w]);
             }
         }
