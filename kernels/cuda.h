@@ -110,6 +110,13 @@ typedef struct dfl_cuda_mem {
 } dfl_cuda_mem;
 void dfl_cuda_mem_stats(dfl_be *be, dfl_cuda_mem *m);
 
+/* ---- the gated delta rule ----
+ * ops->gated_delta runs bf16 activations with key head dim 64 or 128 and a value head dim that is
+ * a multiple of 64 on tensor cores (TF32 products, f32 state), everything else on the SIMT kernel
+ * (f32 math). This runs the SIMT kernel for any size the op takes: the reference the GPU tests
+ * and the micro-benchmark compare the tensor-core kernel with. Same contract as the op. */
+int dfl_cuda_gated_delta_simt(dfl_be *be, const dfl_gated_delta *g);
+
 /* ---- host waits ----
  * Counts, since the backend opened, of the calls that made the host wait for the device: syncs
  * = calls that wait until a whole stream has drained (ops->sync, ops->download, ops->upload from

@@ -3,7 +3,9 @@
  * activation type (so both sides see the same numbers): zero-centred RMSNorm, q/k norm with
  * partial RoPE, the sigmoid gate, the per-sequence conv1d + SiLU, L2 norm, gated RMSNorm; and the
  * chunked gated delta rule against the CPU's token-by-token recurrence on packed sequences of
- * 1, 63, 64, 65 and 5000 tokens, key/value head dims 64 and 128 and several head ratios. Every
+ * 1, 63, 64, 65 and 5000 tokens, key/value head dims 64 and 128 and several head ratios (bf16
+ * with key head dim 64 or 128 and value head dim a multiple of 64 runs the tensor-core kernel,
+ * the rest the SIMT kernel), and at the Qwen3.5-27B shape the two kernels timed and compared. Every
  * device buffer has guard bands checked after the op, outputs start as NaN bytes, and every
  * comparison fails on NaN. Tolerances (max over rows of ||gpu - cpu|| / ||cpu||): f32 1e-4 (the
  * delta rule: 1e-4 against the recurrence), bf16 1e-2 (one bf16 rounding of the output, 2^-9,
@@ -20,6 +22,7 @@
 #include "../unit/t.h"
 
 #ifdef DFL_CUDA
+#include "../../kernels/cuda.h"
 #include "gpu-test.h"
 
 static dfl_be *cpu_be, *gpu_be;
@@ -252,6 +255,7 @@ static void test_delta(dfl_dtype act)
     const int32_t lens[] = {1, 63, 64, 65, getenv("DFL_GPU_QUICK") ? 300 : 5000};
     struct { int Hk, Hv, dk, dv; } cases[] = {
         {1, 1, 128, 128}, {2, 6, 128, 128}, {2, 4, 64, 64}, {1, 3, 64, 128}, {2, 2, 32, 32},
+        {1, 2, 128, 192}, {2, 2, 128, 96},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         delta_case(act, lens, 5, cases[i].Hk, cases[i].Hv, cases[i].dk, cases[i].dv);
@@ -267,12 +271,29 @@ static void test_delta(dfl_dtype act)
             "message: %s", e.msg);
 }
 
+/* Time per call of one gated delta rule launcher (warm-up, then the mean of reps calls). */
+static double delta_time(int (*run)(dfl_be *, const dfl_gated_delta *), const dfl_gated_delta *d,
+                         int reps)
+{
+    T_CHECK(run(gpu_be, d) == 0, "warm-up");
+    sync_ok(gpu_be, "warm-up");
+    double t0 = dfl_now();
+    for (int i = 0; i < reps; i++)
+        run(gpu_be, d);
+    sync_ok(gpu_be, "timed");
+    return (dfl_now() - t0) / reps;
+}
+
+static int delta_op(dfl_be *be, const dfl_gated_delta *d) { return be->ops->gated_delta(be, d); }
+
 /* The delta rule at the Qwen3.5-27B shape (16 key / 48 value heads of 128, bf16), 8 sequences
- * of 2048 tokens: time per call and model FLOP/s. FLOPs counted per value head and chunk of L
- * tokens as the chunked algorithm's essential products: the lower triangles of K K^T and Q K^T
- * (2 L^2 dk), the triangular solve and the intra-chunk Aqk Vn (2 L^2 dv), and K S, Q S and the
- * state update K^T Vn (6 L dk dv); the kernel's recomputation of K K^T and Q K^T for each slice of
- * 32 value columns is not counted. No assertion beyond a finite result: a figure for the report. */
+ * of 2048 tokens: time per call and model FLOP/s of the op (the tensor-core kernel) and, in the
+ * same run, of the SIMT kernel it replaced (dfl_cuda_gated_delta_simt); the two outputs must agree
+ * within the bf16 tolerance. FLOPs counted per value head and chunk of L tokens as the chunked
+ * algorithm's essential products: the lower triangles of K K^T and Q K^T (2 L^2 dk), the
+ * triangular solve and the intra-chunk Aqk Vn (2 L^2 dv), and K S, Q S and the state update
+ * K^T Vn (6 L dk dv); neither kernel's recomputation of K K^T and Q K^T for each slice of value
+ * columns is counted. */
 static void test_delta_speed_27b(void)
 {
     if (!dfl_be_cuda_available())
@@ -288,10 +309,11 @@ static void test_delta_speed_27b(void)
         cu[s] = s * Ls;
     float *x = vals((size_t)(T * ldqk), 0.05f, 0.0f, DFL_BF16), *ab = vals((size_t)(T * ldab), 1.0f, 0.0f, DFL_BF16);
     float *A_log = vals((size_t)Hv, 0.5f, 0.0f, DFL_F32), *dtb = vals((size_t)Hv, 0.5f, 0.0f, DFL_F32);
-    gbuf gq, gab, gA, gd, go, gcu;
+    gbuf gq, gab, gA, gd, go, gs, gcu;
     if (dev(&gq, x, (size_t)(T * ldqk), DFL_BF16) && dev(&gab, ab, (size_t)(T * ldab), DFL_BF16) &&
         dev(&gA, A_log, (size_t)Hv, DFL_F32) && dev(&gd, dtb, (size_t)Hv, DFL_F32) &&
-        dev(&go, NULL, (size_t)(T * ldo), DFL_BF16) && gb_alloc(&gcu, gpu_be, 9, DFL_I32)) {
+        dev(&go, NULL, (size_t)(T * ldo), DFL_BF16) && dev(&gs, NULL, (size_t)(T * ldo), DFL_BF16) &&
+        gb_alloc(&gcu, gpu_be, 9, DFL_I32)) {
         gb_set_raw(&gcu, cu);
         dfl_gated_delta d = {
             .q = gq.p, .k = gq.p + (size_t)Hk * dk * 2, .ldqk = ldqk, .v = gq.p + (size_t)2 * Hk * dk * 2,
@@ -300,28 +322,31 @@ static void test_delta_speed_27b(void)
             .cu_seqlens = (const int32_t *)gcu.p, .n_seqs = S, .max_len = Ls, .T = T, .Hk = Hk,
             .Hv = Hv, .dk = dk, .dv = dv, .chunk = 64,
         };
-        T_CHECK(gpu_be->ops->gated_delta(gpu_be, &d) == 0, "warm-up");
-        sync_ok(gpu_be, "warm-up");
-        const int reps = 5;
-        double t0 = dfl_now();
-        for (int i = 0; i < reps; i++)
-            gpu_be->ops->gated_delta(gpu_be, &d);
-        sync_ok(gpu_be, "timed");
-        double sec = (dfl_now() - t0) / reps;
+        double sec = delta_time(delta_op, &d, 10);
+        dfl_gated_delta ds = d;
+        ds.o = gs.p;
+        double sec_simt = delta_time(dfl_cuda_gated_delta_simt, &ds, 3);
         double flops = (double)Hv * (double)(T / L) *
                        (2.0 * L * L * dk + 2.0 * L * L * dv + 6.0 * L * dk * dv);
-        float *got = xmalloc((size_t)(T * ldo) * 4);
+        float *got = xmalloc((size_t)(T * ldo) * 4), *ref = xmalloc((size_t)(T * ldo) * 4);
         gb_get(&go, got);
+        gb_get(&gs, ref);
+        gb_check_guards(&go, "gated delta output");
+        gb_check_guards(&gs, "gated delta (SIMT) output");
         bool finite = true;
         for (int64_t i = 0; i < T * ldo; i++)
             finite &= isfinite(got[i]);
         T_CHECK(finite, "finite output");
+        double err = rows_err(got, ref, T, ldo, ldo);
+        T_CHECK(err <= tol_of(DFL_BF16), "tensor-core vs SIMT kernel: max row rel err %.3g", err);
         printf("# gated delta rule, Qwen3.5-27B shape (Hk 16, Hv 48, dk = dv = 128, bf16), 8 x 2048 "
-               "tokens: %.3f ms per layer, %.1f TFLOP/s (%.2f GFLOP)\n", sec * 1e3, flops / sec / 1e12,
-               flops / 1e9);
+               "tokens (%.2f GFLOP): tensor cores %.3f ms, %.1f TFLOP/s; SIMT kernel %.3f ms, "
+               "%.1f TFLOP/s; %.1fx; max row rel difference %.3g\n", flops / 1e9, sec * 1e3,
+               flops / sec / 1e12, sec_simt * 1e3, flops / sec_simt / 1e12, sec_simt / sec, err);
         free(got);
+        free(ref);
     }
-    gb_free(&gq); gb_free(&gab); gb_free(&gA); gb_free(&gd); gb_free(&go); gb_free(&gcu);
+    gb_free(&gq); gb_free(&gab); gb_free(&gA); gb_free(&gd); gb_free(&go); gb_free(&gs); gb_free(&gcu);
     free(x); free(ab); free(A_log); free(dtb);
 }
 
