@@ -273,7 +273,7 @@ tokens_frame_offset() {
 
 @test "an unknown model_type is exit 2, naming it" {
     run -2 dfl-target -m "$BAD/target/unknown-model-type" --info
-    assert_output --partial "model_type 'mistral' is not supported (supported: qwen3, qwen3_moe, llama, qwen2, qwen3_5, qwen3_5_text)"
+    assert_output --partial "model_type 'mistral' is not supported (supported: qwen3, qwen3_moe, llama, qwen2, qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text)"
 }
 
 @test "a token id out of range is exit 2, naming batch, sequence and position" {
