@@ -240,6 +240,22 @@ tokens_frame_offset() {
     ! cmp -s "$t/plain.dfl" "$t/scaled.dfl"
 }
 
+@test "qwen3_5_moe (multimodal layout) and qwen3_5_moe_text models run; --info names the shared expert" {
+    local t="$BATS_TEST_TMPDIR"
+    for type in qwen3_5_moe qwen3_5_moe_text; do
+        "$DFL_TOOLS/mktarget" -o "$t/$type" --type $type --experts 8 --top-k 2 --moe-intermediate 16 \
+            --shared-intermediate 24 --hidden 32 --heads 4 --kv-heads 2 --vocab 128 --layers 4
+        run -0 dfl-target -m "$t/$type" --info
+        assert_output --partial "\"model_type\": \"$type\""
+        assert_output --partial '"shared_expert_intermediate_size": 24'
+        assert_output --partial '"sparse_layers": 4'
+        run -0 dfl-target -q -m "$t/$type" --dtype f32 --layers 1,3 -o "$t/$type.dfl" "$D/tok3.dfl"
+        run -0 hsdump "$t/$type.dfl"
+        assert_line --partial --index 0 "layers 1,3"
+        assert_line --index 4 "end batches 3 seqs 5 tokens 20"
+    done
+}
+
 @test "a batch larger than --max-tokens grows the buffers on the CPU" {
     run --separate-stderr dfl-target -v -m "$D/m4" --max-tokens 4 -o "$BATS_TEST_TMPDIR/o.dfl" "$D/tok3.dfl"
     assert_success
