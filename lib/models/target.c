@@ -115,8 +115,10 @@ static int shared_find(const dfl_st_model *m, const char *prefix, const dfl_hf_c
 }
 
 /* The MoE tensors of sparse layer l, checked: the router mlp.gate [E, H] and every expert's
- * gate/up [Im, H] and down [H, Im], and (qwen3_5_moe) the shared expert's. With L, also uploads
- * them into w (fused gate|up per expert). */
+ * gate/up [Im, H] and down [H, Im] (or, as the published Qwen3.5-MoE checkpoints and
+ * transformers 5 store them, all experts stacked: mlp.experts.gate_up_proj [E, 2 Im, H], expert
+ * e's gate rows then its up rows, and mlp.experts.down_proj [E, H, Im]), and (qwen3_5_moe) the
+ * shared expert's. With L, also uploads them into w (fused gate|up per expert). */
 static int moe_find(const dfl_st_model *m, const char *prefix, const dfl_hf_config *c, int64_t l,
                     loader *L, dfl_err *e)
 {
@@ -134,6 +136,18 @@ static int moe_find(const dfl_st_model *m, const char *prefix, const dfl_hf_conf
             !(w->moe.wdown = walloc(L->t, (uint64_t)(E * H * Im), wdt, what, e)))
             return e->code;
         rc = put(L, w->moe.router, 0, wdt, router, e);
+    }
+    char stacked[256];
+    snprintf(stacked, sizeof stacked, "%slayers.%lld.mlp.experts.gate_up_proj", prefix, (long long)l);
+    if (!rc && dfl_st_model_find(m, stacked)) {
+        int64_t sgu[3] = {E, 2 * Im, H}, sdn[3] = {E, H, Im};
+        if ((rc = dfl_st_model_get(m, stacked, 3, sgu, &g, e)))
+            return rc;
+        snprintf(stacked, sizeof stacked, "%slayers.%lld.mlp.experts.down_proj", prefix, (long long)l);
+        if ((rc = dfl_st_model_get(m, stacked, 3, sdn, &dn, e)) ||
+            (w && ((rc = put(L, w->moe.wgu, 0, wdt, g, e)) || (rc = put(L, w->moe.wdown, 0, wdt, dn, e)))))
+            return rc;
+        return shared_find(m, prefix, c, l, L, e);
     }
     for (int64_t x = 0; x < E && !rc; x++) {
         char name[96];

@@ -7,6 +7,7 @@
  * and qwen35moe-tiny-a: every layer, the final norm, the last logits and (MoE) the router logits
  * within 1e-4 relative error per row, each sequence alone and all packed into one batch. */
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "backend.h"
 #include "hfmodel.h"
@@ -587,17 +588,10 @@ static int expert_set_diffs(const float *got, const float *want, int64_t T, int 
     return diff;
 }
 
-/* The CPU forward of the model in dir against its ref.safetensors. */
-static void forward_vs_oracle(const char *name)
+/* The CPU forward of the model in dir against its ref.safetensors (name says which model). */
+static void forward_vs_oracle_dir(const char *dir, const char *name)
 {
-    const char *od = t_oracle();
-    if (!od) {
-        t_case_skipped_ = 1;
-        fprintf(stderr, "  skip: no oracle directory (set DFL_ORACLE)\n");
-        return;
-    }
-    char dir[4096], p[4200];
-    snprintf(dir, sizeof dir, "%s/%s", od, name);
+    char p[4200];
     snprintf(p, sizeof p, "%s/ref.safetensors", dir);
     dfl_err e = {0};
     oracle o = {0};
@@ -722,6 +716,19 @@ static void test_moe_forward_loop(void)
     moe_loop_case(14); /* with a shared expert */
 }
 
+static void forward_vs_oracle(const char *name)
+{
+    const char *od = t_oracle();
+    if (!od) {
+        t_case_skipped_ = 1;
+        fprintf(stderr, "  skip: no oracle directory (set DFL_ORACLE)\n");
+        return;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/%s", od, name);
+    forward_vs_oracle_dir(dir, name);
+}
+
 static void test_llama31_oracle(void)
 {
     forward_vs_oracle("llama31-tiny-a");
@@ -737,6 +744,103 @@ static void test_qwen35moe_oracle(void)
     forward_vs_oracle("qwen35moe-tiny-a");
 }
 
+/* Copies file a to b (small files). */
+static bool copy_file(const char *a, const char *b)
+{
+    FILE *in = fopen(a, "rb"), *out = in ? fopen(b, "wb") : NULL;
+    char buf[65536];
+    size_t n;
+    bool ok = in && out;
+    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0)
+        ok = fwrite(buf, 1, n, out) == n;
+    if (in)
+        fclose(in);
+    if (out && fclose(out))
+        ok = false;
+    return ok;
+}
+
+/* qwen35moe-tiny-a with its experts stacked as the published Qwen3.5-MoE checkpoints store them
+ * (mlp.experts.gate_up_proj [E, 2 Im, H], mlp.experts.down_proj [E, H, Im]): the same oracle. */
+static void test_qwen35moe_stacked(void)
+{
+    const char *od = t_oracle();
+    if (!od) {
+        t_case_skipped_ = 1;
+        fprintf(stderr, "  skip: no oracle directory (set DFL_ORACLE)\n");
+        return;
+    }
+    char src[4096], dir[4200], a[4400], b[4400];
+    snprintf(src, sizeof src, "%s/qwen35moe-tiny-a", od);
+    snprintf(dir, sizeof dir, "%s/qwen35moe-stacked", t_tmpdir());
+    dfl_err e = {0};
+    dfl_st_model *m = NULL;
+    json_t *cfg = NULL;
+    T_CHECK(mkdir(dir, 0755) == 0 && dfl_st_model_open(&m, src, &e) == 0, "%s: %s", dir, e.msg);
+    snprintf(a, sizeof a, "%s/config.json", src);
+    T_CHECK(m && dfl_json_load_file(a, &cfg, &e) == 0, "%s", e.msg);
+    if (!m || !cfg) {
+        dfl_st_model_close(m);
+        return;
+    }
+    int64_t H = json_integer_value(json_object_get(cfg, "hidden_size"));
+    int64_t E = json_integer_value(json_object_get(cfg, "num_experts"));
+    int64_t Im = json_integer_value(json_object_get(cfg, "moe_intermediate_size"));
+    int64_t L = json_integer_value(json_object_get(cfg, "num_hidden_layers"));
+    json_decref(cfg);
+    dfl_st_writer *w = dfl_st_writer_new();
+    uint16_t *stacks[2 * 64] = {0};
+    int ns = 0, moved = 0, rc = 0;
+    for (size_t i = 0; i < m->n && !rc; i++) /* everything but the per-expert tensors */
+        if (!strstr(m->t[i]->name, ".mlp.experts."))
+            rc = dfl_st_writer_add(w, m->t[i]->name, m->t[i]->dtype, m->t[i]->ndim, m->t[i]->shape,
+                                   m->t[i]->data, &e);
+    for (int64_t l = 0; l < L && l < 64 && !rc; l++) {
+        uint16_t *gu = malloc((size_t)(E * 2 * Im * H) * 2), *dn = malloc((size_t)(E * H * Im) * 2);
+        stacks[ns++] = gu;
+        stacks[ns++] = dn;
+        for (int64_t x = 0; x < E; x++) {
+            const char *part[3] = {"gate_proj", "up_proj", "down_proj"};
+            for (int j = 0; j < 3; j++) {
+                char n[128];
+                snprintf(n, sizeof n, "model.layers.%lld.mlp.experts.%lld.%s.weight", (long long)l,
+                         (long long)x, part[j]);
+                const dfl_st_tensor *t = dfl_st_model_find(m, n);
+                if (!t || t->dtype != DFL_BF16 || (int64_t)t->numel != Im * H) {
+                    rc = DFL_EDATA;
+                    break;
+                }
+                memcpy(j < 2 ? gu + (x * 2 + j) * Im * H : dn + x * H * Im, t->data, (size_t)(Im * H) * 2);
+                moved++;
+            }
+        }
+        char n[128];
+        int64_t sgu[3] = {E, 2 * Im, H}, sdn[3] = {E, H, Im};
+        snprintf(n, sizeof n, "model.layers.%lld.mlp.experts.gate_up_proj", (long long)l);
+        if (!rc)
+            rc = dfl_st_writer_add(w, n, DFL_BF16, 3, sgu, gu, &e);
+        snprintf(n, sizeof n, "model.layers.%lld.mlp.experts.down_proj", (long long)l);
+        if (!rc)
+            rc = dfl_st_writer_add(w, n, DFL_BF16, 3, sdn, dn, &e);
+    }
+    snprintf(a, sizeof a, "%s/model.safetensors", dir);
+    if (!rc)
+        rc = dfl_st_write(w, a, &e);
+    T_CHECK(rc == 0 && moved == (int)(L * E * 3), "stacking the experts: %s (%d moved)", e.msg, moved);
+    dfl_st_writer_free(w);
+    for (int i = 0; i < ns; i++)
+        free(stacks[i]);
+    dfl_st_model_close(m);
+    const char *files[] = {"config.json", "ref.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(a, sizeof a, "%s/%s", src, files[i]);
+        snprintf(b, sizeof b, "%s/%s", dir, files[i]);
+        T_CHECK(copy_file(a, b), "copying %s", a);
+    }
+    if (!rc)
+        forward_vs_oracle_dir(dir, "qwen35moe-tiny-a stacked");
+}
+
 int main(int argc, char **argv)
 {
     t_init(argv[0]);
@@ -749,5 +853,6 @@ int main(int argc, char **argv)
     T_RUN(test_llama31_oracle);
     T_RUN(test_qwen3moe_oracle);
     T_RUN(test_qwen35moe_oracle);
+    T_RUN(test_qwen35moe_stacked);
     return t_done();
 }
