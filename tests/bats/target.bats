@@ -153,6 +153,21 @@ tokens_frame_offset() {
     run -0 grep -c '"step"' "$BATS_TEST_TMPDIR/run/metrics.jsonl"
 }
 
+@test "qwen3_5_moe: dfl-draft trains on its hidden states given --intermediate-size (the target has none)" {
+    local t="$BATS_TEST_TMPDIR"
+    "$DFL_TOOLS/mktarget" -o "$t/h" --type qwen3_5_moe --hidden 32 --heads 4 --kv-heads 2 \
+        --vocab 128 --layers 8 --experts 4 --moe-intermediate 16 --shared-intermediate 16
+    dfl-target -q -m "$t/h" -o "$t/hs.dfl" "$D/big.dfl"
+    run -1 dfl-draft -q -t "$t/h" -o "$t/run0" --mask-token-id 127 --block-size 4 \
+        --num-anchors 8 --min-ready 1 --total-steps 4 "$t/hs.dfl"
+    assert_output --partial "the target (model_type 'qwen3_5_moe_text') has no intermediate_size"
+    assert_output --partial "--intermediate-size N"
+    dfl-draft -q -t "$t/h" -o "$t/run" --mask-token-id 127 --block-size 4 --num-anchors 8 \
+        --min-ready 1 --total-steps 4 --intermediate-size 64 "$t/hs.dfl"
+    [ -f "$t/run/latest/model.safetensors" ]
+    run -0 grep -c '"step"' "$t/run/metrics.jsonl"
+}
+
 @test "writes a hidden-state stream: header, one batch per input batch, ids and mask carried" {
     dfl-target -q -m "$D/m4" --layers 0,2 "$D/tok3.dfl" >"$BATS_TEST_TMPDIR/o.dfl"
     run hsdump "$BATS_TEST_TMPDIR/o.dfl"
