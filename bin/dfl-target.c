@@ -151,6 +151,9 @@ static int print_info(const char *dir, const dfl_hf_config *c, const int32_t *la
         json_object_set_new(v, "num_experts_per_tok", json_integer(c->top_k));
         json_object_set_new(v, "moe_intermediate_size", json_integer(c->moe_intermediate));
         json_object_set_new(v, "sparse_layers", json_integer(sparse));
+        if (c->shared_intermediate)
+            json_object_set_new(v, "shared_expert_intermediate_size",
+                                json_integer(c->shared_intermediate));
     }
     char *s = v ? dfl_json_dump(v, 2) : NULL;
     json_decref(v);

@@ -145,7 +145,8 @@ int cuda_moe_gather(dfl_be *be, void *dst, const void *src, const int32_t *rows,
                                const int32_t *offsets, int E, int64_t cap, int64_t H);
 int cuda_moe_matmul(dfl_be *be, const dfl_moe_mm *m);
 int cuda_moe_combine(dfl_be *be, void *out, const void *y, const int32_t *slot,
-                                const float *weight, int64_t T, int k, int64_t H, bool accumulate);
+                                const float *weight, int64_t T, int k, int64_t H, bool accumulate,
+                                const void *shared, const float *shared_gate);
 /* attn.cu: raise shared-memory limits of the attention kernels (once, at open). */
 int cuda_attn_init(dfl_be *be, dfl_err *e);
 int cuda_attn_dim_index(int d);   /* 0, 1, 2 for 64, 128, 256; -1 otherwise */

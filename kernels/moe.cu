@@ -3,7 +3,7 @@
  * grouping by expert in three small kernels (count per expert, padded offsets, placement in
  * ascending token order: deterministic, no atomics), a row gather, one grouped GEMM launch per
  * projection over all experts (each 64-row tile belongs to one expert, found from the device
- * offsets), and the weighted combine. The grouped GEMM: bf16 tensor cores (WMMA, f32
+ * offsets), and the weighted combine (adding qwen3_5_moe's gated shared expert). The grouped GEMM: bf16 tensor cores (WMMA, f32
  * accumulation, 64 x 64 tiles, no pipelining yet) where K is a multiple of 8, else f32 SIMT
  * tiles. Reference: lib/backends/be_cpu_moe.c. */
 #include <math.h>
@@ -389,23 +389,30 @@ int cuda_moe_matmul(dfl_be *be, const dfl_moe_mm *m)
 
 /* ---- combine ---- */
 
+/* One block per token: out = (out) + sum_j w_j y[slot_j] (+ sigmoid(gate) shared: the gated
+ * shared expert of qwen3_5_moe, fused here rather than another pass over out). */
 template <typename T>
 __global__ void moe_combine_kernel(T *out, const T *y, const int32_t *slot, const float *weight,
-                                   int64_t T_, int k, int64_t H, bool accumulate)
+                                   int64_t T_, int k, int64_t H, bool accumulate, const T *shared,
+                                   const float *shared_gate)
 {
     for (int64_t t = blockIdx.x; t < T_; t += gridDim.x) {
         T *o = out + t * H;
+        float g = shared ? 1.0f / (1.0f + expf(-shared_gate[t])) : 0.0f;
         for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
             float acc = accumulate ? to_f32(o[i]) : 0.0f;
             for (int j = 0; j < k; j++)
                 acc += weight[t * k + j] * to_f32(y[(int64_t)slot[t * k + j] * H + i]);
+            if (shared)
+                acc += g * to_f32(shared[t * H + i]);
             o[i] = from_f32<T>(acc);
         }
     }
 }
 
 int cuda_moe_combine(dfl_be *be, void *out, const void *y, const int32_t *slot,
-                                const float *weight, int64_t T, int k, int64_t H, bool accumulate)
+                                const float *weight, int64_t T, int k, int64_t H, bool accumulate,
+                                const void *shared, const float *shared_gate)
 {
     if (T <= 0 || H <= 0)
         return 0;
@@ -416,9 +423,11 @@ int cuda_moe_combine(dfl_be *be, void *out, const void *y, const int32_t *slot,
     unsigned blocks = (unsigned)(T < 65535 ? T : 65535);
     if (be->act == DFL_BF16)
         moe_combine_kernel<bf16><<<blocks, 256, 0, s>>>((bf16 *)out, (const bf16 *)y, slot, weight,
-                                                        T, k, H, accumulate);
+                                                        T, k, H, accumulate, (const bf16 *)shared,
+                                                        shared_gate);
     else
         moe_combine_kernel<float><<<blocks, 256, 0, s>>>((float *)out, (const float *)y, slot,
-                                                         weight, T, k, H, accumulate);
+                                                         weight, T, k, H, accumulate,
+                                                         (const float *)shared, shared_gate);
     return cuda_launch_check(be, "moe_combine");
 }

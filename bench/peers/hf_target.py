@@ -31,7 +31,11 @@ Modes (each timed over the same batches, in one process, after one load):
   truncated  the same work as dfl-target: the base model cut after the last captured layer, the
              final norm replaced by the identity (so hidden_states[l + 1] is layer l's output for
              every captured l) and no LM head: what a careful user of transformers would run.
-Both modes copy the same way. Prints one JSON line per mode (the keys bench/target reads:
+Both modes copy the same way. Mixture-of-experts models (a config with num_experts) run
+transformers' own experts implementation, --experts-implementation (default grouped_mm: the
+tokens sorted by expert and one grouped GEMM per projection), passed to from_pretrained as
+experts_implementation; a transformers without that argument loads its default, and the JSON
+says which ran ("experts"). Prints one JSON line per mode (the keys bench/target reads:
 tokens_per_s; "copy" says how the hidden states were copied).
 """
 import argparse
@@ -111,8 +115,10 @@ def main():
     ap.add_argument("--max-batches", type=int, default=0)
     ap.add_argument("--modes", default="full", help="comma-separated: full, truncated")
     ap.add_argument("--json", help="write the results here (a list, one entry per mode)")
+    ap.add_argument("--experts-implementation", default="grouped_mm",
+                    help="MoE models: transformers' experts backend (eager, batched_mm, grouped_mm)")
     a = ap.parse_args()
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     layers = [int(x) for x in a.layers.split(",")]
     _, batches = dflread.read(a.tokens)
@@ -120,7 +126,22 @@ def main():
         batches = batches[: a.max_batches]
     dev = torch.device("cuda")
     t0 = time.time()
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16, attn_implementation="sdpa")
+    cfg = AutoConfig.from_pretrained(a.model)
+    cfg = getattr(cfg, "text_config", None) or cfg
+    kw = {"dtype": torch.bfloat16, "attn_implementation": "sdpa"}
+    experts = None
+    if getattr(cfg, "num_experts", None):
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                a.model, experts_implementation=a.experts_implementation, **kw)
+            experts = a.experts_implementation
+        except (TypeError, ValueError) as err:   # a transformers without experts backends
+            print("hf_target.py: experts_implementation=%s refused (%s): the default experts"
+                  % (a.experts_implementation, err), file=sys.stderr)
+            model = AutoModelForCausalLM.from_pretrained(a.model, **kw)
+            experts = "default"
+    else:
+        model = AutoModelForCausalLM.from_pretrained(a.model, **kw)
     model = model.to(dev).eval()
     load_s = time.time() - t0
     inputs = [prepare(b) for b in batches]
@@ -173,6 +194,8 @@ def main():
                "transformers": __import__("transformers").__version__, "torch": torch.__version__,
                "tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt, "batches": len(batches),
                "load_s": load_s, "max_memory_gb": torch.cuda.max_memory_allocated() / 1e9}
+        if experts:
+            res["experts"] = experts
         print(json.dumps(res), flush=True)
         results.append(res)
     if a.json:

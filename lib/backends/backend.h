@@ -422,9 +422,12 @@ typedef struct dfl_be_ops {
                       const int32_t *offsets, int E, int64_t cap, int64_t H);
     int (*moe_matmul)(dfl_be *be, const dfl_moe_mm *m);
     /* out[t] (act [T, H]) = (out[t] when accumulate, else 0) + sum over j < k of
-     * weight[t k + j] y[slot[t k + j]] (y act [cap, H]), summed in f32 in j order. */
+     * weight[t k + j] y[slot[t k + j]] (y act [cap, H]), summed in f32 in j order, then (when
+     * shared is non-NULL: a shared expert) + sigmoid(shared_gate[t]) shared[t] (shared act
+     * [T, H], shared_gate f32 [T] logits). */
     int (*moe_combine)(dfl_be *be, void *out, const void *y, const int32_t *slot,
-                       const float *weight, int64_t T, int k, int64_t H, bool accumulate);
+                       const float *weight, int64_t T, int k, int64_t H, bool accumulate,
+                       const void *shared, const float *shared_gate);
 } dfl_be_ops;
 
 struct dfl_be {

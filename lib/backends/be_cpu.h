@@ -65,7 +65,8 @@ int dfl_cpu_moe_gather(dfl_be *be, void *dst, const void *src, const int32_t *ro
                        const int32_t *offsets, int E, int64_t cap, int64_t H);
 int dfl_cpu_moe_matmul(dfl_be *be, const dfl_moe_mm *m);
 int dfl_cpu_moe_combine(dfl_be *be, void *out, const void *y, const int32_t *slot,
-                        const float *weight, int64_t T, int k, int64_t H, bool accumulate);
+                        const float *weight, int64_t T, int k, int64_t H, bool accumulate,
+                        const void *shared, const float *shared_gate);
 
 /* be_cpu_train.c */
 int dfl_cpu_rmsnorm_bwd(dfl_be *be, void *dx, float *dw, const void *dy, const void *x,

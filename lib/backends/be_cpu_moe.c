@@ -1,5 +1,5 @@
 /* be_cpu_moe.c: the CPU backend's mixture-of-experts ops (routing, gather, per-expert GEMMs,
- * weighted combine) in f32: the reference for the CUDA kernels (kernels/moe.cu). */
+ * weighted combine with the gated shared expert) in f32: the reference for the CUDA kernels (kernels/moe.cu). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,10 +107,11 @@ int dfl_cpu_moe_matmul(dfl_be *be, const dfl_moe_mm *m)
 }
 
 int dfl_cpu_moe_combine(dfl_be *be, void *outv, const void *yv, const int32_t *slot,
-                        const float *weight, int64_t T, int k, int64_t H, bool accumulate)
+                        const float *weight, int64_t T, int k, int64_t H, bool accumulate,
+                        const void *sharedv, const float *shared_gate)
 {
     float *out = outv;
-    const float *y = yv;
+    const float *y = yv, *shared = sharedv;
 #pragma omp parallel for schedule(static) if (PAR(T * H * k))
     for (int64_t t = 0; t < T; t++) {
         float *o = out + t * H;
@@ -121,6 +122,12 @@ int dfl_cpu_moe_combine(dfl_be *be, void *outv, const void *yv, const int32_t *s
             float w = weight[t * k + j];
             for (int64_t i = 0; i < H; i++)
                 o[i] += w * yr[i];
+        }
+        if (shared) {
+            const float *sr = shared + t * H;
+            float g = 1.0f / (1.0f + expf(-shared_gate[t]));
+            for (int64_t i = 0; i < H; i++)
+                o[i] += g * sr[i];
         }
     }
     return 0;

@@ -1,5 +1,5 @@
-/* hfmodel.c: config.json parsing for qwen3 / llama / qwen2 / qwen3_5 targets, the model fingerprint, and
- * the default choice of captured layers (see hfmodel.h). */
+/* hfmodel.c: config.json parsing for qwen3 / qwen3_moe / llama / qwen2 / qwen3_5 / qwen3_5_moe
+ * targets, the model fingerprint, and the default choice of captured layers (see hfmodel.h). */
 #include "hfmodel.h"
 
 #include <math.h>
@@ -181,29 +181,33 @@ const char *dfl_layer_kind_name(int kind)
 /* The largest conv kernel and value/key head ratio the backends' kernels take. */
 #define DFL_GDN_MAX_CONV 8
 
-/* qwen3_5 (Qwen3_5ForConditionalGeneration): the text model is text_config (model_type
- * qwen3_5_text); the top level may carry the dtype and quantization_config. */
-static int parse_qwen35_wrapper(const json_t *cfg, const char *what, dfl_hf_config *c, dfl_err *e)
+/* qwen3_5 / qwen3_5_moe (Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration):
+ * the text model is text_config (model_type qwen3_5_text / qwen3_5_moe_text); the top level may
+ * carry the dtype and quantization_config. */
+static int parse_qwen35_wrapper(const json_t *cfg, const char *mt, const char *what,
+                                dfl_hf_config *c, dfl_err *e)
 {
+    bool moe = strcmp(mt, "qwen3_5_moe") == 0;
+    const char *text_mt = moe ? "qwen3_5_moe_text" : "qwen3_5_text";
     json_t *tc = json_object_get(cfg, "text_config");
     if (!tc || !json_is_object(tc))
-        return dfl_fail(e, DFL_EDATA, "%s: model_type 'qwen3_5' needs a text_config object", what);
+        return dfl_fail(e, DFL_EDATA, "%s: model_type '%s' needs a text_config object", what, mt);
     json_t *q = json_object_get(cfg, "quantization_config");
     if (q && !json_is_null(q))
         return dfl_fail(e, DFL_EUNSUP, "%s: quantization_config is set: quantized weights are not "
                         "supported (use bf16, f16 or f32 weights)", what);
     json_t *tmt = json_object_get(tc, "model_type");
-    if (tmt && !(json_is_string(tmt) && strcmp(json_string_value(tmt), "qwen3_5_text") == 0))
-        return dfl_fail(e, DFL_EUNSUP, "%s: text_config.model_type is %s%s%s: only qwen3_5_text is "
-                        "supported", what, json_is_string(tmt) ? "'" : "",
+    if (tmt && !(json_is_string(tmt) && strcmp(json_string_value(tmt), text_mt) == 0))
+        return dfl_fail(e, DFL_EUNSUP, "%s: text_config.model_type is %s%s%s: only %s is "
+                        "supported in model_type '%s'", what, json_is_string(tmt) ? "'" : "",
                         json_is_string(tmt) ? json_string_value(tmt) : "not a string",
-                        json_is_string(tmt) ? "'" : "");
+                        json_is_string(tmt) ? "'" : "", text_mt, mt);
     char sub[4200];
     snprintf(sub, sizeof sub, "%s: text_config", what);
     json_t *copy = json_deep_copy(tc);
     if (!copy)
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
-    json_object_set_new(copy, "model_type", json_string("qwen3_5_text"));
+    json_object_set_new(copy, "model_type", json_string(text_mt));
     /* the load dtype is usually given at the top level only */
     const char *dts[] = {"dtype", "torch_dtype"};
     for (size_t i = 0; i < DFL_ARRAY_LEN(dts); i++)
@@ -214,7 +218,7 @@ static int parse_qwen35_wrapper(const json_t *cfg, const char *what, dfl_hf_conf
     int rc = dfl_hf_config_parse(copy, sub, c, e);
     json_decref(copy);
     if (!rc)
-        snprintf(c->model_type, sizeof c->model_type, "qwen3_5");
+        snprintf(c->model_type, sizeof c->model_type, "%s", mt);
     return rc;
 }
 
@@ -294,8 +298,11 @@ static int parse_qwen35(const json_t *cfg, const char *what, dfl_hf_config *c, d
     return DFL_OK;
 }
 
-/* The mixture-of-experts fields of a qwen3_moe config. */
-static int parse_moe(const json_t *cfg, dfl_hf_config *c, const char *what, dfl_err *e)
+/* The mixture-of-experts fields of a qwen3_moe config, or (hybrid) of a qwen3_5_moe_text one:
+ * there, as in transformers' Qwen3_5MoeTextConfig, every layer is sparse, the router always
+ * renormalises its top k (decoder_sparse_step, mlp_only_layers and norm_topk_prob are not read)
+ * and each sparse MLP has a shared expert of shared_expert_intermediate_size. */
+static int parse_moe(const json_t *cfg, dfl_hf_config *c, bool hybrid, const char *what, dfl_err *e)
 {
     int rc;
     int64_t a = 0, b = 0;
@@ -316,6 +323,16 @@ static int parse_moe(const json_t *cfg, dfl_hf_config *c, const char *what, dfl_
         return dfl_fail(e, DFL_EDATA, "%s: %s is missing (model_type '%s' needs it)", what,
                         !c->top_k ? "num_experts_per_tok" : "moe_intermediate_size", c->model_type);
     c->sparse_step = 1;
+    if (hybrid) {
+        c->norm_topk_prob = true;
+        if ((rc = get_dim(cfg, "shared_expert_intermediate_size", false, 1 << 22,
+                          &c->shared_intermediate, what, e)))
+            return rc;
+        if (!c->shared_intermediate)
+            return dfl_fail(e, DFL_EDATA, "%s: shared_expert_intermediate_size is missing "
+                            "(model_type '%s' needs it)", what, c->model_type);
+        return DFL_OK;
+    }
     if ((rc = get_dim(cfg, "decoder_sparse_step", false, 1 << 20, &c->sparse_step, what, e)) ||
         (rc = dfl_json_bool(cfg, "norm_topk_prob", false, &c->norm_topk_prob, what, e)))
         return rc;
@@ -367,14 +384,17 @@ int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, d
         c->arch = DFL_HF_QWEN2;
     else if (strcmp(mt, "qwen3_moe") == 0)
         c->arch = DFL_HF_QWEN3_MOE;
-    else if (strcmp(mt, "qwen3_5") == 0)
-        return parse_qwen35_wrapper(cfg, what, c, e);
-    else if (strcmp(mt, "qwen3_5_text") == 0)
+    else if (strcmp(mt, "qwen3_5") == 0 || strcmp(mt, "qwen3_5_moe") == 0)
+        return parse_qwen35_wrapper(cfg, mt, what, c, e);
+    else if (strcmp(mt, "qwen3_5_text") == 0 || strcmp(mt, "qwen3_5_moe_text") == 0)
         c->arch = DFL_HF_QWEN35;
     else
         return dfl_fail(e, DFL_EUNSUP, "%s: model_type '%s' is not supported (supported: qwen3, "
-                        "qwen3_moe, llama, qwen2, qwen3_5, qwen3_5_text)", what, mt);
+                        "qwen3_moe, llama, qwen2, qwen3_5, qwen3_5_text, qwen3_5_moe, "
+                        "qwen3_5_moe_text)", what, mt);
     bool hybrid = c->arch == DFL_HF_QWEN35;
+    /* mixture-of-experts MLPs: qwen3_moe, and qwen3_5_moe_text (hybrid, with a shared expert) */
+    bool moe = c->arch == DFL_HF_QWEN3_MOE || strcmp(mt, "qwen3_5_moe_text") == 0;
     snprintf(c->model_type, sizeof c->model_type, "%s", mt);
 
     /* Features we do not implement: refuse them by name rather than compute something else. */
@@ -382,7 +402,7 @@ int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, d
         !json_is_null(json_object_get(cfg, "quantization_config")))
         return dfl_fail(e, DFL_EUNSUP, "%s: quantization_config is set: quantized weights are not "
                         "supported (use bf16, f16 or f32 weights)", what);
-    for (size_t i = 0; i < DFL_ARRAY_LEN(moe_keys) && c->arch != DFL_HF_QWEN3_MOE; i++) {
+    for (size_t i = 0; i < DFL_ARRAY_LEN(moe_keys) && !moe; i++) {
         json_t *v = json_object_get(cfg, moe_keys[i]);
         if (v && !json_is_null(v) && !(json_is_number(v) && json_number_value(v) == 0))
             return dfl_fail(e, DFL_EUNSUP, "%s: %s is set: mixture-of-experts models are not "
@@ -434,7 +454,9 @@ int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, d
     if ((rc = get_dim(cfg, "hidden_size", true, 1 << 20, &c->hidden_size, what, e)) ||
         (rc = get_dim(cfg, "num_hidden_layers", true, 4096, &c->n_layers, what, e)) ||
         (rc = get_dim(cfg, "num_attention_heads", true, 4096, &c->n_heads, what, e)) ||
-        (rc = get_dim(cfg, "intermediate_size", true, 1 << 22, &c->intermediate_size, what, e)) ||
+        /* qwen3_5_moe_text has no dense MLP: transformers deletes intermediate_size */
+        (rc = get_dim(cfg, "intermediate_size", !moe || !hybrid, 1 << 22, &c->intermediate_size,
+                      what, e)) ||
         (rc = get_dim(cfg, "vocab_size", true, INT32_MAX, &c->vocab_size, what, e)))
         return rc;
     c->n_kv_heads = c->n_heads;
@@ -539,7 +561,7 @@ int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, d
     c->rot_dim = c->head_dim;
     switch (c->arch) {
     case DFL_HF_QWEN3_MOE:
-        if ((rc = parse_moe(cfg, c, what, e)))
+        if ((rc = parse_moe(cfg, c, false, what, e)))
             return rc;
         /* the attention is qwen3's */
         __attribute__((fallthrough));
@@ -559,6 +581,8 @@ int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, d
                             "supported (only rope_type default)", what,
                             dfl_rope_kind_name(c->rope.kind));
         if ((rc = parse_qwen35(cfg, what, c, e)))
+            return rc;
+        if (moe && (rc = parse_moe(cfg, c, true, what, e)))
             return rc;
         break;
     case DFL_HF_LLAMA:

@@ -1,6 +1,7 @@
 /* hfmodel.h: Hugging Face model directories for the target: config.json parsing for the
- * decoder families we run (dense qwen3, llama, qwen2; hybrid qwen3_5 / qwen3_5_text: Gated
- * DeltaNet and gated full attention) into one struct, with a clear error naming any
+ * decoder families we run (dense qwen3, llama, qwen2; mixture-of-experts qwen3_moe; hybrid
+ * qwen3_5 / qwen3_5_text: Gated DeltaNet and gated full attention; hybrid with
+ * mixture-of-experts MLPs and a shared expert: qwen3_5_moe / qwen3_5_moe_text) into one struct, with a clear error naming any
  * configuration feature we do not implement, and the model fingerprint (config + tensor table)
  * that ties a hidden-state stream to the target that produced it. */
 #ifndef DFL_HFMODEL_H
@@ -16,7 +17,8 @@
 
 typedef enum dfl_hf_arch {
     DFL_HF_QWEN3 = 1, DFL_HF_LLAMA = 2, DFL_HF_QWEN2 = 3,
-    DFL_HF_QWEN35 = 4,     /* qwen3_5 (text_config) or qwen3_5_text: Qwen3.5 / Qwen3.6 */
+    DFL_HF_QWEN35 = 4,     /* qwen3_5 (text_config) or qwen3_5_text: Qwen3.5 / Qwen3.6; also
+                              qwen3_5_moe / qwen3_5_moe_text (n_experts > 0) */
     DFL_HF_QWEN3_MOE = 5,  /* qwen3 attention, mixture-of-experts MLPs */
 } dfl_hf_arch;
 
@@ -32,7 +34,8 @@ typedef enum dfl_layer_kind {
 
 typedef struct dfl_hf_config {
     dfl_hf_arch arch;
-    char model_type[16];         /* "qwen3", "llama", "qwen2", "qwen3_moe" */
+    char model_type[32];         /* "qwen3", "llama", "qwen2", "qwen3_moe", "qwen3_5",
+                                  * "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text" */
     int64_t hidden_size;         /* H */
     int64_t n_layers;            /* num_hidden_layers */
     int64_t n_heads;             /* num_attention_heads */
@@ -50,14 +53,18 @@ typedef struct dfl_hf_config {
     bool qkv_bias;               /* q/k/v projections have biases (qwen2; attention_bias) */
     bool o_bias;                 /* o_proj has a bias (llama/qwen3 attention_bias) */
     bool mlp_bias;               /* gate/up/down have biases (llama mlp_bias) */
-    /* mixture of experts (qwen3_moe; 0 otherwise): a sparse layer's MLP is a router
+    /* mixture of experts (qwen3_moe, qwen3_5_moe; 0 otherwise): a sparse layer's MLP is a router
      * mlp.gate [E, H] and E SwiGLU experts mlp.experts.N.{gate,up,down}_proj of width
-     * moe_intermediate; each token takes the top_k experts of softmax(router logits). */
+     * moe_intermediate; each token takes the top_k experts of softmax(router logits).
+     * qwen3_5_moe adds a shared expert: a SwiGLU MLP mlp.shared_expert.{gate,up,down}_proj of
+     * width shared_intermediate, its output times sigmoid(mlp.shared_expert_gate x) (a [1, H]
+     * Linear) added to the experts' sum. */
     int64_t n_experts;           /* num_experts (or num_local_experts) */
     int64_t top_k;               /* num_experts_per_tok */
     int64_t moe_intermediate;    /* moe_intermediate_size */
     int64_t sparse_step;         /* decoder_sparse_step (default 1) */
     bool norm_topk_prob;         /* renormalise the top_k probabilities to sum to 1 */
+    int64_t shared_intermediate; /* shared_expert_intermediate_size (qwen3_5_moe; 0: none) */
     uint64_t mlp_only[DFL_HF_MAX_LAYERS / 64]; /* mlp_only_layers as a bit set: dense layers */
 
     /* qwen3_5 (all zero / false for the dense families): */
@@ -83,7 +90,8 @@ bool dfl_hf_layer_is_moe(const dfl_hf_config *c, int64_t l);
  * read from its text_config (what then names "FILE: text_config"); its layer kinds come from
  * layer_types or, absent, full_attention_interval (default 4). Unsupported features (rope types
  * other than default, linear, llama3 and yarn, sliding window in use, layer types other than
- * full and (qwen3_5) linear attention, MoE keys outside qwen3_moe, activations other than silu,
+ * full and (qwen3_5) linear attention, MoE keys outside qwen3_moe and qwen3_5_moe, a shared expert
+ * in qwen3_moe, activations other than silu,
  * quantized weights) are DFL_EUNSUP naming the key; missing or invalid values (a rope type or a
  * MoE model without its fields) are DFL_EDATA naming the key. */
 int dfl_hf_config_parse(const json_t *cfg, const char *what, dfl_hf_config *c, dfl_err *e);

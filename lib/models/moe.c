@@ -6,7 +6,9 @@
 #define MOE_ALIGN 256
 
 /* The buffers' sizes in bytes, in carve order (false on overflow). */
-static bool moe_sizes(const dfl_hf_config *c, const dfl_be *be, int64_t T, uint64_t b[11])
+#define MOE_BUFS 15
+
+static bool moe_sizes(const dfl_hf_config *c, const dfl_be *be, int64_t T, uint64_t b[MOE_BUFS])
 {
     if (c->n_experts <= 0 || T < 1)
         return false;
@@ -15,10 +17,12 @@ static bool moe_sizes(const dfl_hf_config *c, const dfl_be *be, int64_t T, uint6
     uint64_t cap = (uint64_t)dfl_moe_cap(T, c->n_experts, c->top_k), t = (uint64_t)T;
     if (t > (1ull << 31) / k || cap >= (1ull << 31))
         return false; /* grouped rows are int32 */
-    uint64_t n[11][2] = {{t * E, 4}, {t * k, 4}, {t * k, 4}, {E, 4}, {E + 1, 4}, {cap, 4},
-                         {t * k, 4}, {cap * H, as}, {cap * 2 * Im, as}, {cap * Im, as},
-                         {cap * H, as}};
-    for (int i = 0; i < 11; i++) {
+    uint64_t Is = (uint64_t)c->shared_intermediate, ts = Is ? t : 0;
+    uint64_t n[MOE_BUFS][2] = {{t * E, 4}, {t * k, 4}, {t * k, 4}, {E, 4}, {E + 1, 4}, {cap, 4},
+                               {t * k, 4}, {cap * H, as}, {cap * 2 * Im, as}, {cap * Im, as},
+                               {cap * H, as}, {ts, 4}, {ts * 2 * Is, as}, {ts * Is, as},
+                               {ts * H, as}};
+    for (int i = 0; i < MOE_BUFS; i++) {
         if (!dfl_mul_u64(n[i][0], n[i][1], &b[i]) || b[i] > UINT64_MAX / 4)
             return false;
         b[i] = (b[i] + MOE_ALIGN - 1) / MOE_ALIGN * MOE_ALIGN;
@@ -28,10 +32,10 @@ static bool moe_sizes(const dfl_hf_config *c, const dfl_be *be, int64_t T, uint6
 
 uint64_t dfl_moe_ws_bytes(const dfl_hf_config *c, const dfl_be *be, int64_t max_tokens)
 {
-    uint64_t b[11], total = 0;
+    uint64_t b[MOE_BUFS], total = 0;
     if (!moe_sizes(c, be, max_tokens, b))
         return 0;
-    for (int i = 0; i < 11; i++)
+    for (int i = 0; i < MOE_BUFS; i++)
         if (!dfl_add_u64(total, b[i], &total))
             return 0;
     return total;
@@ -40,16 +44,17 @@ uint64_t dfl_moe_ws_bytes(const dfl_hf_config *c, const dfl_be *be, int64_t max_
 void dfl_moe_ws_carve(const dfl_hf_config *c, const dfl_be *be, int64_t max_tokens, void *block,
                       dfl_moe_ws *m)
 {
-    uint64_t b[11];
+    uint64_t b[MOE_BUFS];
     moe_sizes(c, be, max_tokens, b);
     m->max_tokens = max_tokens;
     m->cap = dfl_moe_cap(max_tokens, c->n_experts, c->top_k);
-    void **ptrs[11] = {(void **)&m->logits, (void **)&m->idx, (void **)&m->weight,
-                       (void **)&m->counts, (void **)&m->offsets, (void **)&m->rows,
-                       (void **)&m->slot, &m->xg, &m->gu, &m->act, &m->y};
+    void **ptrs[MOE_BUFS] = {(void **)&m->logits, (void **)&m->idx, (void **)&m->weight,
+                             (void **)&m->counts, (void **)&m->offsets, (void **)&m->rows,
+                             (void **)&m->slot, &m->xg, &m->gu, &m->act, &m->y,
+                             (void **)&m->sg, &m->sgu, &m->sact, &m->sy};
     char *at = block;
-    for (int i = 0; i < 11; i++) {
-        *ptrs[i] = at;
+    for (int i = 0; i < MOE_BUFS; i++) {
+        *ptrs[i] = b[i] ? at : NULL;
         at += b[i];
     }
 }
@@ -93,5 +98,30 @@ int dfl_moe_forward(dfl_be *be, const dfl_hf_config *c, const dfl_moe_ws *m,
         (rc = ops->swiglu(be, m->act, m->gu, cap, Im)) ||
         (rc = ops->moe_matmul(be, &down)))
         return rc;
-    return ops->moe_combine(be, out, m->y, m->slot, m->weight, T, k, H, accumulate);
+    const void *sy = NULL;
+    if (c->shared_intermediate) {
+        /* the shared expert: a dense SwiGLU MLP of every token, and its gate logit in f32 */
+        int64_t Is = c->shared_intermediate;
+        dfl_mm su = {
+            .M = T, .N = 2 * Is, .K = H,
+            .A = x, .adt = be->act, .lda = H, .B = w->sgu, .bdt = be->wdt, .ldb = H, .tb = true,
+            .C = m->sgu, .cdt = be->act, .ldc = 2 * Is, .alpha = 1.0f,
+        };
+        dfl_mm sd = {
+            .M = T, .N = H, .K = Is,
+            .A = m->sact, .adt = be->act, .lda = Is, .B = w->sdown, .bdt = be->wdt, .ldb = Is,
+            .tb = true, .C = m->sy, .cdt = be->act, .ldc = H, .alpha = 1.0f,
+        };
+        dfl_mm sg = {
+            .M = T, .N = 1, .K = H,
+            .A = x, .adt = be->act, .lda = H, .B = w->sgate, .bdt = be->wdt, .ldb = H, .tb = true,
+            .C = m->sg, .cdt = DFL_F32, .ldc = 1, .alpha = 1.0f,
+        };
+        if ((rc = ops->matmul(be, &su)) || (rc = ops->swiglu(be, m->sact, m->sgu, T, Is)) ||
+            (rc = ops->matmul(be, &sd)) || (rc = ops->matmul(be, &sg)))
+            return rc;
+        sy = m->sy;
+    }
+    return ops->moe_combine(be, out, m->y, m->slot, m->weight, T, k, H, accumulate, sy,
+                            sy ? m->sg : NULL);
 }

@@ -1,6 +1,8 @@
-/* moe.h: the mixture-of-experts MLP of a target layer (qwen3_moe), written against the backend
- * ops: router GEMM (f32 logits), routing and grouping by expert (moe_route), gather, the gate|up
- * and down GEMMs grouped over experts, SwiGLU, and the weighted combine into the output. */
+/* moe.h: the mixture-of-experts MLP of a target layer (qwen3_moe, qwen3_5_moe), written against
+ * the backend ops: router GEMM (f32 logits), routing and grouping by expert (moe_route), gather,
+ * the gate|up and down GEMMs grouped over experts, SwiGLU, and the weighted combine into the
+ * output; with a shared expert (qwen3_5_moe) also its dense SwiGLU MLP and its gate logit (an f32
+ * GEMM of N = 1), added by the same combine as sigmoid(gate) times its output. */
 #ifndef DFL_MOE_H
 #define DFL_MOE_H
 
@@ -15,6 +17,10 @@ typedef struct dfl_moe_weights {
     void *router;  /* [E, H] w: mlp.gate */
     void *wgu;     /* [E, 2 Im, H] w: expert e's gate_proj | up_proj rows */
     void *wdown;   /* [E, H, Im] w: expert e's down_proj */
+    /* the shared expert (NULL without one) */
+    void *sgu;     /* [2 Is, H] w: mlp.shared_expert.gate_proj | up_proj */
+    void *sdown;   /* [H, Is] w: mlp.shared_expert.down_proj */
+    void *sgate;   /* [1, H] w: mlp.shared_expert_gate */
 } dfl_moe_weights;
 
 /* Buffers for batches of up to max_tokens tokens, carved from one backend block of
@@ -32,6 +38,11 @@ typedef struct dfl_moe_ws {
     void *gu;           /* [cap, 2 Im] act */
     void *act;          /* [cap, Im] act */
     void *y;            /* [cap, H] act */
+    /* the shared expert (models with one; else empty) */
+    float *sg;          /* [T] f32: gate logits */
+    void *sgu;          /* [T, 2 Is] act */
+    void *sact;         /* [T, Is] act */
+    void *sy;           /* [T, H] act: its output before the gate */
 } dfl_moe_ws;
 
 /* Bytes of the block for max_tokens (0 for a model without experts, or on overflow). */

@@ -84,8 +84,41 @@ static int get(const dfl_st_model *m, const char *prefix, const dfl_st_tensor **
     return dfl_st_model_get(m, name, ndim, shape, out, e);
 }
 
+/* The shared expert of sparse layer l (models with one): mlp.shared_expert.{gate,up}_proj
+ * [Is, H], down_proj [H, Is] and the gate mlp.shared_expert_gate [1, H], checked; with L also
+ * uploaded (gate|up fused). */
+static int shared_find(const dfl_st_model *m, const char *prefix, const dfl_hf_config *c, int64_t l,
+                       loader *L, dfl_err *e)
+{
+    int64_t H = c->hidden_size, Is = c->shared_intermediate;
+    if (!Is)
+        return DFL_OK;
+    const dfl_st_tensor *g, *u, *dn, *sg;
+    int rc;
+    if ((rc = get(m, prefix, &g, 2, Is, H, e, l, "mlp.shared_expert.gate_proj.weight")) ||
+        (rc = get(m, prefix, &u, 2, Is, H, e, l, "mlp.shared_expert.up_proj.weight")) ||
+        (rc = get(m, prefix, &dn, 2, H, Is, e, l, "mlp.shared_expert.down_proj.weight")) ||
+        (rc = get(m, prefix, &sg, 2, 1, H, e, l, "mlp.shared_expert_gate.weight")) || !L)
+        return rc;
+    dfl_moe_weights *w = &L->t->layers[l].moe;
+    dfl_dtype wdt = L->t->be->wdt;
+    char what[64];
+    snprintf(what, sizeof what, "layer %lld shared expert", (long long)l);
+    if (!(w->sgu = walloc(L->t, (uint64_t)(2 * Is * H), wdt, what, e)) ||
+        !(w->sdown = walloc(L->t, (uint64_t)(H * Is), wdt, what, e)) ||
+        !(w->sgate = walloc(L->t, (uint64_t)H, wdt, what, e)))
+        return e->code;
+    if ((rc = put(L, w->sgu, 0, wdt, g, e)) || (rc = put(L, w->sgu, (uint64_t)(Is * H), wdt, u, e)) ||
+        (rc = put(L, w->sdown, 0, wdt, dn, e)))
+        return rc;
+    return put(L, w->sgate, 0, wdt, sg, e);
+}
+
 /* The MoE tensors of sparse layer l, checked: the router mlp.gate [E, H] and every expert's
- * gate/up [Im, H] and down [H, Im]. With L, also uploads them into w (fused gate|up per expert). */
+ * gate/up [Im, H] and down [H, Im] (or, as the published Qwen3.5-MoE checkpoints and
+ * transformers 5 store them, all experts stacked: mlp.experts.gate_up_proj [E, 2 Im, H], expert
+ * e's gate rows then its up rows, and mlp.experts.down_proj [E, H, Im]), and (qwen3_5_moe) the
+ * shared expert's. With L, also uploads them into w (fused gate|up per expert). */
 static int moe_find(const dfl_st_model *m, const char *prefix, const dfl_hf_config *c, int64_t l,
                     loader *L, dfl_err *e)
 {
@@ -104,6 +137,18 @@ static int moe_find(const dfl_st_model *m, const char *prefix, const dfl_hf_conf
             return e->code;
         rc = put(L, w->moe.router, 0, wdt, router, e);
     }
+    char stacked[256];
+    snprintf(stacked, sizeof stacked, "%slayers.%lld.mlp.experts.gate_up_proj", prefix, (long long)l);
+    if (!rc && dfl_st_model_find(m, stacked)) {
+        int64_t sgu[3] = {E, 2 * Im, H}, sdn[3] = {E, H, Im};
+        if ((rc = dfl_st_model_get(m, stacked, 3, sgu, &g, e)))
+            return rc;
+        snprintf(stacked, sizeof stacked, "%slayers.%lld.mlp.experts.down_proj", prefix, (long long)l);
+        if ((rc = dfl_st_model_get(m, stacked, 3, sdn, &dn, e)) ||
+            (w && ((rc = put(L, w->moe.wgu, 0, wdt, g, e)) || (rc = put(L, w->moe.wdown, 0, wdt, dn, e)))))
+            return rc;
+        return shared_find(m, prefix, c, l, L, e);
+    }
     for (int64_t x = 0; x < E && !rc; x++) {
         char name[96];
         snprintf(name, sizeof name, "mlp.experts.%lld.gate_proj.weight", (long long)x);
@@ -120,7 +165,7 @@ static int moe_find(const dfl_st_model *m, const char *prefix, const dfl_hf_conf
                   (rc = put(L, w->moe.wdown, (uint64_t)(x * H * Im), wdt, dn, e))))
             break;
     }
-    return rc;
+    return rc ? rc : shared_find(m, prefix, c, l, L, e);
 }
 
 /* The tensors of one layer, checked. */
@@ -411,6 +456,7 @@ void dfl_target_close(dfl_target *t)
             FREE(w->wdown); FREE(w->bdown); FREE(w->w_in); FREE(w->conv_w); FREE(w->A_log);
             FREE(w->dt_bias); FREE(w->gdn_norm); FREE(w->w_out);
             FREE(w->moe.router); FREE(w->moe.wgu); FREE(w->moe.wdown);
+            FREE(w->moe.sgu); FREE(w->moe.sdown); FREE(w->moe.sgate);
         }
         free(t->layers);
     }

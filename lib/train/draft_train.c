@@ -196,6 +196,10 @@ static int make_config(run *r, const int32_t *layers, int n_layers, dfl_err *e)
     if (c->mask_token_id < 0)
         return dfl_fail(e, DFL_EUSAGE, "--mask-token-id is required (no --config gives "
                         "dflash_config.mask_token_id)");
+    if (c->intermediate <= 0 && r->tc.intermediate_size <= 0)
+        return dfl_fail(e, DFL_EUSAGE, "the target (model_type '%s') has no intermediate_size (its "
+                        "MLPs are mixtures of experts): give the drafter's width with "
+                        "--intermediate-size N or --config", r->tc.model_type);
     if (c->hidden != r->tc.hidden_size || c->vocab != r->tc.vocab_size)
         return dfl_fail(e, DFL_EMISMATCH, "the drafter's hidden size %lld / vocabulary %lld differ "
                         "from the target's %lld / %lld", (long long)c->hidden, (long long)c->vocab,

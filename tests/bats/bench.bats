@@ -83,6 +83,34 @@ setup() {
     grep -q 'copy_(src, non_blocking=True)' "$REPO/bench/peers/hf_target.py"
 }
 
+@test "bench/target --shape: the 30b-a3b and llama8b shapes, shrunk, are Qwen3-MoE and Llama 3.1 models that run" {
+    run -0 "$REPO/bench/target" --shape 30b-a3b
+    [[ "$output" == *"--type qwen3_moe "*"--experts 128 --top-k 8 --moe-intermediate 768"* ]]
+    local moe=$output
+    run -0 "$REPO/bench/target" --shape llama8b
+    [[ "$output" == *"--type llama "*"--theta 5e5 --rope-llama3 8,1,4,8192"* ]]
+    local llama=$output
+    run -1 "$REPO/bench/target" --shape 70b
+    [[ "$output" == *"unknown model 70b"* ]]
+    # the same options with small widths (later options win), on the CPU
+    local small=(--hidden 64 --heads 4 --kv-heads 2 --head-dim 16 --intermediate 32 --vocab 256 --layers 2)
+    # shellcheck disable=SC2086
+    "$DFL_TOOLS/mktarget" -o "$T/moe" $moe "${small[@]}" --moe-intermediate 8
+    run -0 "$DFL_BIN/dfl-target" -m "$T/moe" --info
+    [[ "$output" == *'"model_type": "qwen3_moe"'* && "$output" == *'"num_experts": 128'* ]]
+    [[ "$output" == *'"num_experts_per_tok": 8'* && "$output" == *'"sparse_layers": 2'* ]]
+    # shellcheck disable=SC2086
+    "$DFL_TOOLS/mktarget" -o "$T/llama" $llama "${small[@]}"
+    run -0 "$DFL_BIN/dfl-target" -m "$T/llama" --info
+    [[ "$output" == *'"rope_type": "llama3"'* && "$output" == *'"rope_theta": 500000'* ]]
+    printf '1 2 3 4 5 6 7\n8 9\n' | "$DFL_TOOLS/mktokens" --vocab 256 -o "$T/tok.dfl"
+    for m in moe llama; do
+        "$DFL_BIN/dfl-target" -q -m "$T/$m" --layers 1 -o "$T/$m.dfl" "$T/tok.dfl"
+        run -0 "$DFL_TOOLS/hsdump" "$T/$m.dfl"
+        [[ "$output" == *"end batches 1 seqs 2 tokens 9"* ]]
+    done
+}
+
 @test "mktarget --no-layers: the config of all layers, only the embedding, norm and LM head" {
     "$DFL_TOOLS/mktarget" -o "$T/m" --layers 6 --no-layers
     grep -q '"num_hidden_layers": 6' "$T/m/config.json"

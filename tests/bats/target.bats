@@ -153,6 +153,21 @@ tokens_frame_offset() {
     run -0 grep -c '"step"' "$BATS_TEST_TMPDIR/run/metrics.jsonl"
 }
 
+@test "qwen3_5_moe: dfl-draft trains on its hidden states given --intermediate-size (the target has none)" {
+    local t="$BATS_TEST_TMPDIR"
+    "$DFL_TOOLS/mktarget" -o "$t/h" --type qwen3_5_moe --hidden 32 --heads 4 --kv-heads 2 \
+        --vocab 128 --layers 8 --experts 4 --moe-intermediate 16 --shared-intermediate 16
+    dfl-target -q -m "$t/h" -o "$t/hs.dfl" "$D/big.dfl"
+    run -1 dfl-draft -q -t "$t/h" -o "$t/run0" --mask-token-id 127 --block-size 4 \
+        --num-anchors 8 --min-ready 1 --total-steps 4 "$t/hs.dfl"
+    assert_output --partial "the target (model_type 'qwen3_5_moe_text') has no intermediate_size"
+    assert_output --partial "--intermediate-size N"
+    dfl-draft -q -t "$t/h" -o "$t/run" --mask-token-id 127 --block-size 4 --num-anchors 8 \
+        --min-ready 1 --total-steps 4 --intermediate-size 64 "$t/hs.dfl"
+    [ -f "$t/run/latest/model.safetensors" ]
+    run -0 grep -c '"step"' "$t/run/metrics.jsonl"
+}
+
 @test "writes a hidden-state stream: header, one batch per input batch, ids and mask carried" {
     dfl-target -q -m "$D/m4" --layers 0,2 "$D/tok3.dfl" >"$BATS_TEST_TMPDIR/o.dfl"
     run hsdump "$BATS_TEST_TMPDIR/o.dfl"
@@ -240,6 +255,22 @@ tokens_frame_offset() {
     ! cmp -s "$t/plain.dfl" "$t/scaled.dfl"
 }
 
+@test "qwen3_5_moe (multimodal layout) and qwen3_5_moe_text models run; --info names the shared expert" {
+    local t="$BATS_TEST_TMPDIR"
+    for type in qwen3_5_moe qwen3_5_moe_text; do
+        "$DFL_TOOLS/mktarget" -o "$t/$type" --type $type --experts 8 --top-k 2 --moe-intermediate 16 \
+            --shared-intermediate 24 --hidden 32 --heads 4 --kv-heads 2 --vocab 128 --layers 4
+        run -0 dfl-target -m "$t/$type" --info
+        assert_output --partial "\"model_type\": \"$type\""
+        assert_output --partial '"shared_expert_intermediate_size": 24'
+        assert_output --partial '"sparse_layers": 4'
+        run -0 dfl-target -q -m "$t/$type" --dtype f32 --layers 1,3 -o "$t/$type.dfl" "$D/tok3.dfl"
+        run -0 hsdump "$t/$type.dfl"
+        assert_line --partial --index 0 "layers 1,3"
+        assert_line --index 4 "end batches 3 seqs 5 tokens 20"
+    done
+}
+
 @test "a batch larger than --max-tokens grows the buffers on the CPU" {
     run --separate-stderr dfl-target -v -m "$D/m4" --max-tokens 4 -o "$BATS_TEST_TMPDIR/o.dfl" "$D/tok3.dfl"
     assert_success
@@ -273,7 +304,7 @@ tokens_frame_offset() {
 
 @test "an unknown model_type is exit 2, naming it" {
     run -2 dfl-target -m "$BAD/target/unknown-model-type" --info
-    assert_output --partial "model_type 'mistral' is not supported (supported: qwen3, qwen3_moe, llama, qwen2, qwen3_5, qwen3_5_text)"
+    assert_output --partial "model_type 'mistral' is not supported (supported: qwen3, qwen3_moe, llama, qwen2, qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text)"
 }
 
 @test "a token id out of range is exit 2, naming batch, sequence and position" {

@@ -2,8 +2,9 @@
  * RoPE op with llama3 and yarn scaling and the mixture-of-experts ops (moe_route, moe_gather,
  * moe_matmul: tensor cores for bf16 with K % 8 == 0, SIMT otherwise; moe_combine), each CUDA
  * against the CPU backend on the same inputs, with guard bands around every output and
- * NaN-failing comparisons; then the Qwen3-MoE oracle
- * (../shared/oracle/qwen3moe-tiny-a) through the CUDA backend in bf16 and f32. Routing is where
+ * NaN-failing comparisons (moe_combine also with qwen3_5_moe's gated shared expert); then the
+ * Qwen3-MoE and Qwen3.5-MoE oracles (../shared/oracle/qwen3moe-tiny-a, qwen35moe-tiny-a) through
+ * the CUDA backend in bf16 and f32. Routing is where
  * bf16 and f32 part ways: the test routes in f32 from the bf16 hidden state and prints how many
  * (token, sparse layer) pairs chose another expert set than the f32 reference and those tokens'
  * router-logit margins (the gap between the reference's k-th and (k+1)-th logits); rows of
@@ -97,8 +98,9 @@ out:
     dfl_be_close(gpu);
 }
 
-/* The four MoE ops, CUDA against the CPU, for one shape and activation dtype. */
-static void moe_ops_case(int64_t T, int E, int k, int64_t H, int64_t N, dfl_dtype act)
+/* The four MoE ops, CUDA against the CPU, for one shape and activation dtype; shared: the
+ * combine also adds a gated shared expert (qwen3_5_moe: sigmoid(gate logit) times its output). */
+static void moe_ops_case(int64_t T, int E, int k, int64_t H, int64_t N, dfl_dtype act, bool shared)
 {
     dfl_err e = {0};
     dfl_be *cpu = NULL, *gpu = NULL;
@@ -112,8 +114,8 @@ static void moe_ops_case(int64_t T, int E, int k, int64_t H, int64_t N, dfl_dtyp
     bool b16 = act == DFL_BF16;
     int64_t cap = dfl_moe_cap(T, E, k), Tk = T * k;
     char what[128];
-    snprintf(what, sizeof what, "T %lld E %d k %d H %lld N %lld %s", (long long)T, E, k,
-             (long long)H, (long long)N, dfl_dtype_lower(act));
+    snprintf(what, sizeof what, "T %lld E %d k %d H %lld N %lld %s%s", (long long)T, E, k,
+             (long long)H, (long long)N, dfl_dtype_lower(act), shared ? " shared" : "");
     /* route: same f32 logits on both */
     float *logits = rnd((size_t)(T * E), 2.0f, 0.0f, false);
     int32_t *idx = xmalloc(4 * Tk), *cnt = xmalloc(4 * E), *off = xmalloc(4 * (E + 1));
@@ -167,8 +169,15 @@ static void moe_ops_case(int64_t T, int E, int k, int64_t H, int64_t N, dfl_dtyp
     dfl_moe_mm mc = {.A = xg, .W = W, .C = C, .counts = cnt, .offsets = off, .E = E, .N = N, .K = H,
                      .cap = cap};
     T_CHECK(cpu->ops->moe_matmul(cpu, &mc) == 0, "cpu matmul");
-    cpu->ops->moe_combine(cpu, out, C, slot, w, T, k, N, true);
-    gbuf gx, gxg, gW, gC, gout;
+    /* the shared expert's output and gate logits (logits wide enough to reach both tails) */
+    float *sy = rnd((size_t)(T * N), 1.0f, 0.0f, b16), *sg = rnd((size_t)T, 6.0f, 0.0f, false);
+    cpu->ops->moe_combine(cpu, out, C, slot, w, T, k, N, true, shared ? sy : NULL,
+                          shared ? sg : NULL);
+    gbuf gx, gxg, gW, gC, gout, gsy, gsg;
+    gb_alloc(&gsy, gpu, (size_t)(T * N), act);
+    gb_alloc(&gsg, gpu, (size_t)T, DFL_F32);
+    gb_set(&gsy, sy);
+    gb_set(&gsg, sg);
     gb_alloc(&gx, gpu, (size_t)(T * H), act);
     gb_alloc(&gxg, gpu, (size_t)(cap * H), act);
     gb_alloc(&gW, gpu, (size_t)(E * N * H), act);
@@ -181,7 +190,8 @@ static void moe_ops_case(int64_t T, int E, int k, int64_t H, int64_t N, dfl_dtyp
     dfl_moe_mm mg = {.A = gxg.p, .W = gW.p, .C = gC.p, .counts = rg.counts, .offsets = rg.offsets,
                      .E = E, .N = N, .K = H, .cap = cap};
     T_CHECK(gpu->ops->moe_matmul(gpu, &mg) == 0, "matmul");
-    T_CHECK(gpu->ops->moe_combine(gpu, gout.p, gC.p, rg.slot, rg.weight, T, k, N, true) == 0,
+    T_CHECK(gpu->ops->moe_combine(gpu, gout.p, gC.p, rg.slot, rg.weight, T, k, N, true,
+                                  shared ? gsy.p : NULL, shared ? (const float *)gsg.p : NULL) == 0,
             "combine");
     sync_ok(gpu, "moe ops");
     float *xg2 = xmalloc(sizeof(float) * cap * H), *C2 = xmalloc(sizeof(float) * cap * N);
@@ -208,11 +218,13 @@ static void moe_ops_case(int64_t T, int E, int k, int64_t H, int64_t N, dfl_dtyp
     gb_check_guards(&gxg, "gathered");
     gb_check_guards(&gC, "grouped matmul");
     gb_check_guards(&gout, "combine");
-    gbuf *all[] = {&gl, &gi, &gw, &gc, &go, &gr, &gs, &gx, &gxg, &gW, &gC, &gout};
+    gb_check_guards(&gsy, "shared expert output");
+    gb_check_guards(&gsg, "shared gate");
+    gbuf *all[] = {&gl, &gi, &gw, &gc, &go, &gr, &gs, &gx, &gxg, &gW, &gC, &gout, &gsy, &gsg};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         gb_free(all[i]);
     void *frees[] = {logits, idx, cnt, off, rows, slot, w, i2, c2, o2, r2, s2, w2, x, W, xg, C,
-                     out, out0, xg2, C2, out2};
+                     out, out0, xg2, C2, out2, sy, sg};
     for (size_t i = 0; i < sizeof frees / sizeof *frees; i++)
         free(frees[i]);
     dfl_be_close(cpu);
@@ -223,13 +235,18 @@ static void test_moe_ops(void)
 {
     if (!dfl_be_cuda_available())
         T_SKIP("no CUDA GPU");
-    moe_ops_case(37, 8, 2, 96, 80, DFL_F32);
-    moe_ops_case(37, 8, 2, 96, 80, DFL_BF16);
-    moe_ops_case(1000, 128, 8, 256, 192, DFL_BF16); /* the Qwen3-30B-A3B routing shape */
-    moe_ops_case(5, 7, 3, 33, 17, DFL_F32);         /* odd sizes: partial tiles everywhere */
-    moe_ops_case(5, 7, 3, 33, 17, DFL_BF16);        /* K % 8 != 0: the SIMT kernel in bf16 */
-    moe_ops_case(200, 16, 4, 2048, 72, DFL_BF16);   /* long K on tensor cores, N tail */
-    moe_ops_case(300, 512, 10, 64, 64, DFL_F32);    /* more experts than tokens */
+    moe_ops_case(37, 8, 2, 96, 80, DFL_F32, false);
+    moe_ops_case(37, 8, 2, 96, 80, DFL_BF16, false);
+    moe_ops_case(1000, 128, 8, 256, 192, DFL_BF16, false); /* the Qwen3-30B-A3B routing shape */
+    moe_ops_case(5, 7, 3, 33, 17, DFL_F32, false);   /* odd sizes: partial tiles everywhere */
+    moe_ops_case(5, 7, 3, 33, 17, DFL_BF16, false);  /* K % 8 != 0: the SIMT kernel in bf16 */
+    moe_ops_case(200, 16, 4, 2048, 72, DFL_BF16, false); /* long K on tensor cores, N tail */
+    moe_ops_case(300, 512, 10, 64, 64, DFL_F32, false);  /* more experts than tokens */
+    /* with the gated shared expert (qwen3_5_moe) */
+    moe_ops_case(37, 8, 2, 96, 80, DFL_F32, true);
+    moe_ops_case(37, 8, 2, 96, 80, DFL_BF16, true);
+    moe_ops_case(5, 7, 3, 33, 17, DFL_BF16, true);
+    moe_ops_case(700, 256, 8, 256, 128, DFL_BF16, true); /* Qwen3.5-35B-A3B's 256 experts, top 8 */
 }
 
 /* ---- the Qwen3-MoE oracle on CUDA ---- */
@@ -262,7 +279,7 @@ static uint64_t topk_set(const float *z, int E, int k, double *margin)
     return s;
 }
 
-static void moe_oracle(const char *dir, dfl_dtype act)
+static void moe_oracle(const char *dir, const char *name, dfl_dtype act)
 {
     char p[4200];
     snprintf(p, sizeof p, "%s/ref.safetensors", dir);
@@ -369,9 +386,9 @@ static void moe_oracle(const char *dir, dfl_dtype act)
         }
         free(mask);
     }
-    printf("# qwen3moe-tiny-a on CUDA, %s: worst row %.3g, cosine %.6f, router logits %.3g; "
+    printf("# %s on CUDA, %s: worst row %.3g, cosine %.6f, router logits %.3g; "
            "%d of %d (token, sparse layer) expert sets differ from the f32 reference "
-           "(largest reference margin among them %.3g)\n", dfl_dtype_lower(act), worst_rel,
+           "(largest reference margin among them %.3g)\n", name, dfl_dtype_lower(act), worst_rel,
            worst_cos, worst_router, diffs, pairs, worst_margin);
     printf("# %s: %lld rows after a routing change in their sequence: worst row %.3g, cosine %.6f\n",
            dfl_dtype_lower(act), (long long)down_rows, down_rel, down_cos);
@@ -399,7 +416,8 @@ out:
     dfl_st_close(ref);
 }
 
-static void test_qwen3moe_oracle(void)
+/* The oracle directory name under DFL_ORACLE, in bf16 and in f32. */
+static void moe_oracle_case(const char *name)
 {
     if (!dfl_be_cuda_available())
         T_SKIP("no CUDA GPU");
@@ -407,13 +425,25 @@ static void test_qwen3moe_oracle(void)
     if (!o)
         T_SKIP("no oracle");
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s/qwen3moe-tiny-a", o);
+    snprintf(dir, sizeof dir, "%s/%s", o, name);
     char cfg[4200];
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
     if (access(cfg, R_OK) != 0)
         T_SKIP("%s is absent", dir);
-    moe_oracle(dir, DFL_BF16);
-    moe_oracle(dir, DFL_F32);
+    moe_oracle(dir, name, DFL_BF16);
+    moe_oracle(dir, name, DFL_F32);
+}
+
+static void test_qwen3moe_oracle(void)
+{
+    moe_oracle_case("qwen3moe-tiny-a");
+}
+
+/* Qwen3.5-MoE: hybrid layers (Gated DeltaNet and gated attention), every MLP sparse with the
+ * gated shared expert. */
+static void test_qwen35moe_oracle(void)
+{
+    moe_oracle_case("qwen35moe-tiny-a");
 }
 #else
 static void test_gpu_families(void) { T_SKIP("no CUDA GPU (built without CUDA)"); }
@@ -426,6 +456,7 @@ int main(int argc, char **argv)
     T_RUN(test_rope_scaled);
     T_RUN(test_moe_ops);
     T_RUN(test_qwen3moe_oracle);
+    T_RUN(test_qwen35moe_oracle);
 #else
     T_RUN(test_gpu_families);
 #endif

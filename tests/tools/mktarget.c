@@ -1,5 +1,6 @@
 /* mktarget: writes a small random target model (qwen3, qwen3_moe, llama, qwen2, or the hybrid
- * qwen3_5 in its multimodal layout or qwen3_5_text in the text-only one) in the Hugging Face layout
+ * qwen3_5 / qwen3_5_moe in its multimodal layout or qwen3_5_text / qwen3_5_moe_text in the
+ * text-only one) in the Hugging Face layout
  * (config.json plus model.safetensors, or shards with model.safetensors.index.json), for tests
  * and the demo. Deterministic: the same options give the same bytes; each tensor's values depend
  * only on the seed and its name. Options to break a model on purpose (--omit, --wrong-shape) make
@@ -23,7 +24,9 @@ typedef struct opts {
     const char *type, *out, *rope_spelling;
     int64_t hidden, layers, heads, kv_heads, head_dim, inter, vocab, shards;
     int64_t lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, conv, interval; /* qwen3_5 */
-    int64_t experts, top_k, moe_inter; /* qwen3_moe */
+    int64_t experts, top_k, moe_inter; /* qwen3_moe, qwen3_5_moe */
+    int64_t shared_inter;              /* qwen3_5_moe: the shared expert's width */
+    double llama3[4];                  /* --rope-llama3: factor, low, high, original (0: none) */
     uint64_t seed;
     double theta, eps;
     bool tied, attn_bias, mlp_bias, no_layers;
@@ -113,7 +116,15 @@ static bool is_full(const opts *o, int64_t l) { return (l + 1) % o->interval == 
 /* qwen3_5_text: the hybrid fields, then (qwen3_5) wrapped as the published multimodal config. */
 static int write_config_qwen35(const opts *o, json_t *c, dfl_err *e)
 {
-    json_object_set_new(c, "model_type", json_string("qwen3_5_text"));
+    bool moe = strstr(o->type, "_moe") != NULL;
+    json_object_set_new(c, "model_type", json_string(moe ? "qwen3_5_moe_text" : "qwen3_5_text"));
+    if (moe) { /* as transformers' Qwen3_5MoeTextConfig: no intermediate_size, every layer sparse */
+        json_object_del(c, "intermediate_size");
+        json_object_set_new(c, "num_experts", json_integer(o->experts));
+        json_object_set_new(c, "num_experts_per_tok", json_integer(o->top_k));
+        json_object_set_new(c, "moe_intermediate_size", json_integer(o->moe_inter));
+        json_object_set_new(c, "shared_expert_intermediate_size", json_integer(o->shared_inter));
+    }
     json_object_del(c, "architectures");
     json_object_set_new(c, "attention_bias", json_false());
     json_object_set_new(c, "partial_rotary_factor", json_real(0.25));
@@ -135,9 +146,10 @@ static int write_config_qwen35(const opts *o, json_t *c, dfl_err *e)
             json_array_append_new(lt, json_string(is_full(o, l) ? "full_attention" : "linear_attention"));
         json_object_set_new(c, "layer_types", lt);
     }
-    if (strcmp(o->type, "qwen3_5") == 0) {
+    if (strcmp(o->type, "qwen3_5") == 0 || strcmp(o->type, "qwen3_5_moe") == 0) {
         json_t *w = json_pack("{s:[s],s:s,s:O,s:b,s:{s:s,s:i},s:s}", "architectures",
-                              "Qwen3_5ForConditionalGeneration", "model_type", "qwen3_5",
+                              moe ? "Qwen3_5MoeForConditionalGeneration"
+                                  : "Qwen3_5ForConditionalGeneration", "model_type", o->type,
                               "text_config", c, "tie_word_embeddings", o->tied, "vision_config",
                               "model_type", "qwen3_5_vision", "depth", 1, "dtype",
                               json_string_value(json_object_get(c, "torch_dtype")));
@@ -195,6 +207,15 @@ static int write_config(const opts *o, dfl_err *e)
                                                             "rope_theta", o->theta));
     else
         json_object_set_new(c, "rope_theta", json_real(o->theta));
+    if (o->llama3[0] > 0) { /* as Llama-3.1's published config.json spells it */
+        json_object_del(c, "rope_parameters");
+        json_object_set_new(c, "rope_theta", json_real(o->theta));
+        json_object_set_new(c, "rope_scaling",
+                            json_pack("{s:s,s:f,s:f,s:f,s:f}", "rope_type", "llama3", "factor",
+                                      o->llama3[0], "low_freq_factor", o->llama3[1],
+                                      "high_freq_factor", o->llama3[2],
+                                      "original_max_position_embeddings", o->llama3[3]));
+    }
     char *path = dfl_path_join(o->out, "config.json");
     int rc = path ? dfl_json_write_file(path, c, e) : dfl_fail(e, DFL_ENOMEM, "out of memory");
     free(path);
@@ -249,16 +270,22 @@ static void usage(void)
 {
     printf("Usage: %s -o DIR [OPTION]...\n"
            "Write a small random target model in the Hugging Face layout.\n"
-           "  --type qwen3|qwen3_moe|llama|qwen2|qwen3_5|qwen3_5_text   model_type (default qwen3);\n"
-           "                             qwen3_5:\n"
+           "  --type qwen3|qwen3_moe|llama|qwen2|qwen3_5|qwen3_5_text|qwen3_5_moe|qwen3_5_moe_text\n"
+           "                             model_type (default qwen3); qwen3_5, qwen3_5_moe:\n"
            "                             the multimodal layout (text_config, model.language_model.*,\n"
-           "                             a model.visual.* and an mtp.* tensor), qwen3_5_text: text-only\n"
+           "                             a model.visual.* and an mtp.* tensor), *_text: text-only\n"
            "  --lin-k-heads N --lin-v-heads N --lin-k-dim N --lin-v-dim N --conv N\n"
            "                             qwen3_5 linear attention (default 2, 4, 16, 16, 4)\n"
            "  --interval N               qwen3_5: every Nth layer full attention (default 4: written\n"
            "                             as layer_types; otherwise as full_attention_interval)\n"
            "  --experts N --top-k N --moe-intermediate N\n"
-           "                             qwen3_moe: experts (default 4), per token (2), width (32)\n"
+           "                             qwen3_moe, qwen3_5_moe: experts (default 4), per token (2),\n"
+           "                             width (32)\n"
+           "  --shared-intermediate N    qwen3_5_moe: the shared expert's width (default 48)\n"
+           "  --rope-llama3 F,LOW,HIGH,ORIG\n"
+           "                             rope_scaling rope_type llama3 with factor F, low_freq_factor,\n"
+           "                             high_freq_factor, original_max_position_embeddings (and\n"
+           "                             rope_theta at the top level; Llama 3.1: 8,1,4,8192)\n"
            "  --hidden N --layers N --heads N --kv-heads N --head-dim N --intermediate N --vocab N\n"
            "                             sizes (default 64, 4, 4, 2, hidden/heads, 128, 256)\n"
            "  --tied                     tie_word_embeddings (no lm_head.weight)\n"
@@ -283,7 +310,7 @@ int main(int argc, char **argv)
     opts o = {.type = "qwen3", .hidden = 64, .layers = 4, .heads = 4, .kv_heads = 2, .inter = 128,
               .vocab = 256, .shards = 1, .seed = 1, .theta = 1e6, .eps = 1e-6, .dtype = DFL_BF16,
               .lin_k_heads = 2, .lin_v_heads = 4, .lin_k_dim = 16, .lin_v_dim = 16, .conv = 4,
-              .interval = 4, .experts = 4, .top_k = 2, .moe_inter = 32};
+              .interval = 4, .experts = 4, .top_k = 2, .moe_inter = 32, .shared_inter = 48};
     static const struct option lo[] = {
         {"type", 1, 0, 't'}, {"hidden", 1, 0, 'H'}, {"layers", 1, 0, 'L'}, {"heads", 1, 0, 'A'},
         {"kv-heads", 1, 0, 'K'}, {"head-dim", 1, 0, 'D'}, {"intermediate", 1, 0, 'I'},
@@ -295,7 +322,8 @@ int main(int argc, char **argv)
         {"lin-k-dim", 1, 0, 1002}, {"lin-v-dim", 1, 0, 1003}, {"conv", 1, 0, 1004},
         {"interval", 1, 0, 1005},
         {"no-layers", 0, 0, 'N'}, {"experts", 1, 0, 'E'}, {"top-k", 1, 0, 'k'},
-        {"moe-intermediate", 1, 0, 'm'},
+        {"moe-intermediate", 1, 0, 'm'}, {"shared-intermediate", 1, 0, 1006},
+        {"rope-llama3", 1, 0, 1007},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     dfl_err e = {0};
     int c;
@@ -340,6 +368,16 @@ int main(int argc, char **argv)
         case 1003: dst = &o.lin_v_dim; break;
         case 1004: dst = &o.conv; break;
         case 1005: dst = &o.interval; break;
+        case 1006: dst = &o.shared_inter; break;
+        case 1007: {
+            char tail;
+            double *r = o.llama3;
+            if (sscanf(optarg, "%lf,%lf,%lf,%lf%c", &r[0], &r[1], &r[2], &r[3], &tail) != 4 ||
+                !(r[0] > 0 && r[1] > 0 && r[2] > r[1] && r[3] >= 1))
+                return dfl_cli_usage_error("--rope-llama3: '%s' is not FACTOR,LOW,HIGH,ORIGINAL "
+                                           "(positive, HIGH > LOW)", optarg);
+            break;
+        }
         case 'x':
             if (o.n_omit < 16)
                 o.omit[o.n_omit++] = optarg;
@@ -357,26 +395,28 @@ int main(int argc, char **argv)
     }
     if (!o.out)
         return dfl_cli_usage_error("-o DIR is required");
-    bool moe = strcmp(o.type, "qwen3_moe") == 0;
+    bool moe35 = strcmp(o.type, "qwen3_5_moe") == 0 || strcmp(o.type, "qwen3_5_moe_text") == 0;
+    bool moe = strcmp(o.type, "qwen3_moe") == 0 || moe35;
     if (strcmp(o.type, "qwen3") && strcmp(o.type, "llama") && strcmp(o.type, "qwen2") && !moe &&
         strcmp(o.type, "qwen3_5") && strcmp(o.type, "qwen3_5_text"))
-        return dfl_cli_usage_error("--type: '%s' is not qwen3, qwen3_moe, llama, qwen2, qwen3_5 or "
-                                   "qwen3_5_text", o.type);
+        return dfl_cli_usage_error("--type: '%s' is not qwen3, qwen3_moe, llama, qwen2, qwen3_5, "
+                                   "qwen3_5_text, qwen3_5_moe or qwen3_5_moe_text", o.type);
     if (moe && o.top_k > o.experts)
         return dfl_cli_usage_error("--top-k: more than --experts");
-    bool hybrid = strncmp(o.type, "qwen3_5", 7) == 0, wrapped = strcmp(o.type, "qwen3_5") == 0;
+    bool hybrid = strncmp(o.type, "qwen3_5", 7) == 0;
+    bool wrapped = strcmp(o.type, "qwen3_5") == 0 || strcmp(o.type, "qwen3_5_moe") == 0;
     if (o.dtype != DFL_BF16 && o.dtype != DFL_F16 && o.dtype != DFL_F32)
         return dfl_cli_usage_error("--dtype: bf16, f16 or f32");
     if (!o.head_dim)
         o.head_dim = o.hidden / o.heads;
     if (!o.rope_spelling)
         o.rope_spelling = strcmp(o.type, "qwen3") == 0 || moe ? "params" : "top";
-    bool qwen3 = strcmp(o.type, "qwen3") == 0 || moe, qwen2 = strcmp(o.type, "qwen2") == 0;
+    bool qwen3 = strcmp(o.type, "qwen3") == 0 || (moe && !moe35), qwen2 = strcmp(o.type, "qwen2") == 0;
     bool llama = strcmp(o.type, "llama") == 0;
     bool qkv_bias = qwen2 || o.attn_bias, o_bias = !qwen2 && o.attn_bias, mlp_bias = llama && o.mlp_bias;
     int64_t H = o.hidden, d = o.head_dim, nq = o.heads * d, nkv = o.kv_heads * d, I = o.inter;
 
-    int cap = (int)(o.layers * (20 + (moe ? 3 * o.experts + 1 : 0)) + 8);
+    int cap = (int)(o.layers * (24 + (moe ? 3 * o.experts + 1 : 0)) + 8);
     tensor *ts = calloc((size_t)cap, sizeof *ts);
     int nt = 0, rc = 0;
     if (!ts)
@@ -441,6 +481,13 @@ int main(int argc, char **argv)
                 ADD(2, Im, H, 0.0f, 0.05f, "%s.%lld.mlp.experts.%lld.gate_proj.weight", p, L, (long long)x);
                 ADD(2, Im, H, 0.0f, 0.05f, "%s.%lld.mlp.experts.%lld.up_proj.weight", p, L, (long long)x);
                 ADD(2, H, Im, 0.0f, 0.05f, "%s.%lld.mlp.experts.%lld.down_proj.weight", p, L, (long long)x);
+            }
+            if (moe35) {
+                int64_t Is = o.shared_inter;
+                ADD(2, Is, H, 0.0f, 0.05f, "%s.%lld.mlp.shared_expert.gate_proj.weight", p, L);
+                ADD(2, Is, H, 0.0f, 0.05f, "%s.%lld.mlp.shared_expert.up_proj.weight", p, L);
+                ADD(2, H, Is, 0.0f, 0.05f, "%s.%lld.mlp.shared_expert.down_proj.weight", p, L);
+                ADD(2, 1, H, 0.0f, 0.2f, "%s.%lld.mlp.shared_expert_gate.weight", p, L);
             }
         } else {
             ADD(2, I, H, 0.0f, 0.05f, "%s.%lld.mlp.gate_proj.weight", p, L);

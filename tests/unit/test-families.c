@@ -1,11 +1,13 @@
 /* test-families.c: the target families beyond the dense default-rope models, on the CPU:
  * RoPE scaling (rope_type linear, llama3, yarn: the inverse frequencies against values computed
- * here from the formulas, the config fields, refusals by name) and Qwen3-MoE (config fields,
- * routing and grouping, the MoE MLP against a per-token loop), and the forward of both against
- * the transformers oracles llama31-tiny-a and qwen3moe-tiny-a: every layer, the final norm, the
- * last logits and (MoE) the router logits within 1e-4 relative error per row, each sequence alone
- * and all packed into one batch. */
+ * here from the formulas, the config fields, refusals by name), Qwen3-MoE (config fields,
+ * routing and grouping, the MoE MLP against a per-token loop) and Qwen3.5-MoE (config fields of
+ * the text model and the multimodal wrapper, the shared expert and its gate against the loop),
+ * and the forward of all three against the transformers oracles llama31-tiny-a, qwen3moe-tiny-a
+ * and qwen35moe-tiny-a: every layer, the final norm, the last logits and (MoE) the router logits
+ * within 1e-4 relative error per row, each sequence alone and all packed into one batch. */
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "backend.h"
 #include "hfmodel.h"
@@ -266,6 +268,67 @@ static void test_moe_config(void)
                 DFL_EUNSUP && strstr(m, "num_experts is set"), "dense qwen3 with experts: %s", m);
 }
 
+/* ---- Qwen3.5-MoE ---- */
+
+#define MOE35 "\"hidden_size\": 64, \"num_hidden_layers\": 4, \"num_attention_heads\": 4, "      \
+              "\"vocab_size\": 256, \"head_dim\": 32, \"linear_num_key_heads\": 2, "             \
+              "\"linear_key_head_dim\": 16, \"linear_num_value_heads\": 4, "                       \
+              "\"linear_value_head_dim\": 16, \"linear_conv_kernel_dim\": 4, "                     \
+              "\"num_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32"
+
+static void test_moe35_config(void)
+{
+    dfl_hf_config c;
+    char m[1024];
+    /* every layer sparse, the top k always renormalised, transformers' deleted keys not read */
+    T_CHECK(cfg_of("{\"model_type\": \"qwen3_5_moe_text\", " MOE35 ", "
+                   "\"shared_expert_intermediate_size\": 48, \"norm_topk_prob\": false, "
+                   "\"decoder_sparse_step\": 2, \"mlp_only_layers\": [1]}", &c, m, sizeof m) == 0,
+            "%s", m);
+    T_CHECK(c.arch == DFL_HF_QWEN35 && c.norm_1p && c.n_linear == 3 && c.n_experts == 8 &&
+                c.top_k == 2 && c.moe_intermediate == 32 && c.shared_intermediate == 48 &&
+                c.norm_topk_prob && c.intermediate_size == 0 &&
+                strcmp(c.model_type, "qwen3_5_moe_text") == 0, "fields");
+    bool all = true;
+    for (int l = 0; l < 4; l++)
+        all &= dfl_hf_layer_is_moe(&c, l);
+    T_CHECK(all, "every layer sparse");
+    /* the published layout: Qwen3_5MoeForConditionalGeneration with text_config */
+    T_CHECK(cfg_of("{\"model_type\": \"qwen3_5_moe\", \"dtype\": \"bfloat16\", \"text_config\": "
+                   "{\"model_type\": \"qwen3_5_moe_text\", " MOE35 ", "
+                   "\"shared_expert_intermediate_size\": 48}}", &c, m, sizeof m) == 0,
+            "wrapper: %s", m);
+    T_CHECK(c.arch == DFL_HF_QWEN35 && c.shared_intermediate == 48 && c.n_experts == 8 &&
+                c.dtype == DFL_BF16 && strcmp(c.model_type, "qwen3_5_moe") == 0, "wrapper fields");
+    bad_cfg bad[] = {
+        {"\"norm_topk_prob\": true", "shared_expert_intermediate_size is missing", DFL_EDATA},
+        {"\"shared_expert_intermediate_size\": 0", "shared_expert_intermediate_size", DFL_EDATA},
+        {"\"shared_expert_intermediate_size\": 48, \"rope_parameters\": {\"rope_type\": "
+         "\"linear\", \"factor\": 2.0}", "rope_type 'linear'", DFL_EUNSUP},
+        {"\"shared_expert_intermediate_size\": 48, \"hidden_act\": \"gelu\"", "hidden_act 'gelu'",
+         DFL_EUNSUP},
+        {"\"shared_expert_intermediate_size\": 48, \"layer_types\": [\"linear_attention\", "
+         "\"sliding_attention\", \"linear_attention\", \"full_attention\"]",
+         "layer_types[1] is 'sliding_attention'", DFL_EUNSUP},
+    };
+    check_bad_cfgs("\"model_type\": \"qwen3_5_moe_text\", " MOE35, bad, DFL_ARRAY_LEN(bad));
+    /* a wrapper must hold its own text model, and experts need the MoE model types */
+    T_CHECK(cfg_of("{\"model_type\": \"qwen3_5_moe\", \"text_config\": {\"model_type\": "
+                   "\"qwen3_5_text\", " MOE35 "}}", &c, m, sizeof m) == DFL_EUNSUP &&
+                strstr(m, "text_config.model_type is 'qwen3_5_text'") && strstr(m, "qwen3_5_moe_text"),
+            "qwen3_5_moe wrapping qwen3_5_text: %s", m);
+    T_CHECK(cfg_of("{\"model_type\": \"qwen3_5_moe\"}", &c, m, sizeof m) == DFL_EDATA &&
+                strstr(m, "model_type 'qwen3_5_moe' needs a text_config"), "no text_config: %s", m);
+    T_CHECK(cfg_of("{\"model_type\": \"qwen3_5_text\", " MOE35 ", \"intermediate_size\": 64}", &c,
+                   m, sizeof m) == DFL_EUNSUP && strstr(m, "num_experts is set"),
+            "dense qwen3_5_text with experts: %s", m);
+    /* the shared expert stays refused where transformers has none */
+    T_CHECK(cfg_of("{" MOE ", \"num_experts\": 8, \"num_experts_per_tok\": 2, "
+                   "\"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 64}", &c, m,
+                   sizeof m) == DFL_EUNSUP && strstr(m, "shared experts are not supported in "
+                   "model_type 'qwen3_moe'"), "qwen3_moe with a shared expert: %s", m);
+}
+
 /* Routing and grouping on known logits. */
 static void test_moe_route(void)
 {
@@ -326,8 +389,31 @@ static void fill_rand(float *v, int64_t n, uint64_t seed, float scale)
     }
 }
 
-/* dfl_moe_forward against a loop over tokens and their experts in double. */
-static void test_moe_forward_loop(void)
+/* SwiGLU MLP of one token in double: y[H] += scale * down (silu(gate x) * up x), with gate|up
+ * [2 I, H] and down [H, I]. */
+static void swiglu_ref(const float *gu, const float *dn, const float *x, int64_t H, int64_t I,
+                       double scale, double *y)
+{
+    double a[64];
+    for (int64_t i = 0; i < I; i++) {
+        double gg = 0, uu = 0;
+        for (int64_t q = 0; q < H; q++) {
+            gg += (double)gu[i * H + q] * x[q];
+            uu += (double)gu[(I + i) * H + q] * x[q];
+        }
+        a[i] = gg / (1 + exp(-gg)) * uu;
+    }
+    for (int64_t q = 0; q < H; q++) {
+        double s = 0;
+        for (int64_t i = 0; i < I; i++)
+            s += (double)dn[q * I + i] * a[i];
+        y[q] += scale * s;
+    }
+}
+
+/* dfl_moe_forward against a loop over tokens and their experts in double; Is > 0: with a shared
+ * expert of that width (qwen3_5_moe: top k renormalised, + sigmoid(gate x) shared(x)). */
+static void moe_loop_case(int64_t Is)
 {
     dfl_err e = {0};
     dfl_be *be = NULL;
@@ -335,9 +421,14 @@ static void test_moe_forward_loop(void)
     if (!be)
         return;
     dfl_hf_config c = {.hidden_size = 24, .n_experts = 6, .top_k = 3, .moe_intermediate = 10,
-                       .norm_topk_prob = false, .sparse_step = 1};
+                       .norm_topk_prob = Is > 0, .sparse_step = 1, .shared_intermediate = Is};
     enum { T = 37 };
     int64_t H = c.hidden_size, E = c.n_experts, Im = c.moe_intermediate, k = c.top_k;
+    float *sgu = malloc(sizeof(float) * (2 * Is * H + 1)), *sdn = malloc(sizeof(float) * (H * Is + 1));
+    float *sg = malloc(sizeof(float) * H);
+    fill_rand(sgu, 2 * Is * H, 5, 0.3f);
+    fill_rand(sdn, H * Is, 6, 0.3f);
+    fill_rand(sg, H, 7, 0.5f);
     float *x = malloc(sizeof(float) * T * H), *out = malloc(sizeof(float) * T * H);
     float *wr = malloc(sizeof(float) * E * H), *wgu = malloc(sizeof(float) * E * 2 * Im * H);
     float *wd = malloc(sizeof(float) * E * H * Im), *ro = malloc(sizeof(float) * T * E);
@@ -348,14 +439,15 @@ static void test_moe_forward_loop(void)
     void *block = malloc(dfl_moe_ws_bytes(&c, be, T));
     dfl_moe_ws m;
     dfl_moe_ws_carve(&c, be, T, block, &m);
-    dfl_moe_weights w = {.router = wr, .wgu = wgu, .wdown = wd};
+    dfl_moe_weights w = {.router = wr, .wgu = wgu, .wdown = wd, .sgu = Is ? sgu : NULL,
+                         .sdown = Is ? sdn : NULL, .sgate = Is ? sg : NULL};
     for (int acc = 0; acc < 2; acc++) {
         for (int64_t i = 0; i < T * H; i++)
             out[i] = acc ? 0.25f : 1e30f;
         T_CHECK(dfl_moe_forward(be, &c, &m, &w, x, T, out, acc, ro) == 0, "forward");
         double worst = 0;
         for (int t = 0; t < T; t++) {
-            double z[16], p[16], sum = 0, y[64] = {0};
+            double z[16], p[16], sum = 0, y[64] = {0}, top = 0;
             for (int x_ = 0; x_ < E; x_++) {
                 z[x_] = 0;
                 for (int i = 0; i < H; i++)
@@ -368,35 +460,34 @@ static void test_moe_forward_loop(void)
             for (int x_ = 0; x_ < E; x_++)
                 sum += (p[x_] = exp(z[x_] - mx));
             bool used[16] = {0};
+            int pick[16];
             for (int j = 0; j < k; j++) {
                 int b = -1;
                 for (int x_ = 0; x_ < E; x_++)
                     if (!used[x_] && (b < 0 || z[x_] > z[b]))
                         b = x_;
                 used[b] = true;
-                const float *g = wgu + (int64_t)b * 2 * Im * H, *u = g + Im * H;
-                const float *dn = wd + (int64_t)b * H * Im;
-                double a[32];
-                for (int i = 0; i < Im; i++) {
-                    double gg = 0, uu = 0;
-                    for (int q = 0; q < H; q++) {
-                        gg += (double)g[i * H + q] * x[t * H + q];
-                        uu += (double)u[i * H + q] * x[t * H + q];
-                    }
-                    a[i] = gg / (1 + exp(-gg)) * uu;
-                }
-                for (int q = 0; q < H; q++) {
-                    double s = 0;
-                    for (int i = 0; i < Im; i++)
-                        s += (double)dn[q * Im + i] * a[i];
-                    y[q] += p[b] / sum * s;
-                }
+                pick[j] = b;
+                top += p[b] / sum;
+            }
+            for (int j = 0; j < k; j++)
+                swiglu_ref(wgu + (int64_t)pick[j] * 2 * Im * H, wd + (int64_t)pick[j] * H * Im,
+                           x + t * H, H, Im, p[pick[j]] / sum / (Is ? top : 1.0), y);
+            if (Is) {
+                double gl = 0;
+                for (int q = 0; q < H; q++)
+                    gl += (double)sg[q] * x[t * H + q];
+                swiglu_ref(sgu, sdn, x + t * H, H, Is, 1 / (1 + exp(-gl)), y);
             }
             for (int q = 0; q < H; q++)
                 worst = fmax(worst, fabs(out[t * H + q] - (y[q] + (acc ? 0.25 : 0))));
         }
-        T_CHECK(worst <= 1e-5, "accumulate %d: worst abs error %.3g", acc, worst);
+        T_CHECK(worst <= 1e-5, "shared %lld, accumulate %d: worst abs error %.3g", (long long)Is,
+                acc, worst);
     }
+    free(sgu);
+    free(sdn);
+    free(sg);
     free(block);
     free(x);
     free(out);
@@ -454,7 +545,7 @@ static void check_head(const oracle *o, const dfl_hf_config *c, int s, const flo
             ss += (double)last[r * H + i] * last[r * H + i];
         double rs = 1 / sqrt(ss / H + c->rms_norm_eps);
         for (int64_t i = 0; i < H; i++)
-            norm[r * H + i] = (float)(last[r * H + i] * rs) * nw[i];
+            norm[r * H + i] = (float)(last[r * H + i] * rs) * (c->norm_1p ? 1.0f + nw[i] : nw[i]);
     }
     double en = row_rel_err(norm, rn, L, H);
     for (int64_t r = 0; r < nl; r++)
@@ -497,17 +588,10 @@ static int expert_set_diffs(const float *got, const float *want, int64_t T, int 
     return diff;
 }
 
-/* The CPU forward of the model in dir against its ref.safetensors. */
-static void forward_vs_oracle(const char *name)
+/* The CPU forward of the model in dir against its ref.safetensors (name says which model). */
+static void forward_vs_oracle_dir(const char *dir, const char *name)
 {
-    const char *od = t_oracle();
-    if (!od) {
-        t_case_skipped_ = 1;
-        fprintf(stderr, "  skip: no oracle directory (set DFL_ORACLE)\n");
-        return;
-    }
-    char dir[4096], p[4200];
-    snprintf(dir, sizeof dir, "%s/%s", od, name);
+    char p[4200];
     snprintf(p, sizeof p, "%s/ref.safetensors", dir);
     dfl_err e = {0};
     oracle o = {0};
@@ -626,6 +710,25 @@ out:
     dfl_st_close(o.ref);
 }
 
+static void test_moe_forward_loop(void)
+{
+    moe_loop_case(0);
+    moe_loop_case(14); /* with a shared expert */
+}
+
+static void forward_vs_oracle(const char *name)
+{
+    const char *od = t_oracle();
+    if (!od) {
+        t_case_skipped_ = 1;
+        fprintf(stderr, "  skip: no oracle directory (set DFL_ORACLE)\n");
+        return;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/%s", od, name);
+    forward_vs_oracle_dir(dir, name);
+}
+
 static void test_llama31_oracle(void)
 {
     forward_vs_oracle("llama31-tiny-a");
@@ -636,15 +739,120 @@ static void test_qwen3moe_oracle(void)
     forward_vs_oracle("qwen3moe-tiny-a");
 }
 
+static void test_qwen35moe_oracle(void)
+{
+    forward_vs_oracle("qwen35moe-tiny-a");
+}
+
+/* Copies file a to b (small files). */
+static bool copy_file(const char *a, const char *b)
+{
+    FILE *in = fopen(a, "rb"), *out = in ? fopen(b, "wb") : NULL;
+    char buf[65536];
+    size_t n;
+    bool ok = in && out;
+    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0)
+        ok = fwrite(buf, 1, n, out) == n;
+    if (in)
+        fclose(in);
+    if (out && fclose(out))
+        ok = false;
+    return ok;
+}
+
+/* qwen35moe-tiny-a with its experts stacked as the published Qwen3.5-MoE checkpoints store them
+ * (mlp.experts.gate_up_proj [E, 2 Im, H], mlp.experts.down_proj [E, H, Im]): the same oracle. */
+static void test_qwen35moe_stacked(void)
+{
+    const char *od = t_oracle();
+    if (!od) {
+        t_case_skipped_ = 1;
+        fprintf(stderr, "  skip: no oracle directory (set DFL_ORACLE)\n");
+        return;
+    }
+    char src[4096], dir[4200], a[4400], b[4400];
+    snprintf(src, sizeof src, "%s/qwen35moe-tiny-a", od);
+    snprintf(dir, sizeof dir, "%s/qwen35moe-stacked", t_tmpdir());
+    dfl_err e = {0};
+    dfl_st_model *m = NULL;
+    json_t *cfg = NULL;
+    T_CHECK(mkdir(dir, 0755) == 0 && dfl_st_model_open(&m, src, &e) == 0, "%s: %s", dir, e.msg);
+    snprintf(a, sizeof a, "%s/config.json", src);
+    T_CHECK(m && dfl_json_load_file(a, &cfg, &e) == 0, "%s", e.msg);
+    if (!m || !cfg) {
+        dfl_st_model_close(m);
+        return;
+    }
+    int64_t H = json_integer_value(json_object_get(cfg, "hidden_size"));
+    int64_t E = json_integer_value(json_object_get(cfg, "num_experts"));
+    int64_t Im = json_integer_value(json_object_get(cfg, "moe_intermediate_size"));
+    int64_t L = json_integer_value(json_object_get(cfg, "num_hidden_layers"));
+    json_decref(cfg);
+    dfl_st_writer *w = dfl_st_writer_new();
+    uint16_t *stacks[2 * 64] = {0};
+    int ns = 0, moved = 0, rc = 0;
+    for (size_t i = 0; i < m->n && !rc; i++) /* everything but the per-expert tensors */
+        if (!strstr(m->t[i]->name, ".mlp.experts."))
+            rc = dfl_st_writer_add(w, m->t[i]->name, m->t[i]->dtype, m->t[i]->ndim, m->t[i]->shape,
+                                   m->t[i]->data, &e);
+    for (int64_t l = 0; l < L && l < 64 && !rc; l++) {
+        uint16_t *gu = malloc((size_t)(E * 2 * Im * H) * 2), *dn = malloc((size_t)(E * H * Im) * 2);
+        stacks[ns++] = gu;
+        stacks[ns++] = dn;
+        for (int64_t x = 0; x < E; x++) {
+            const char *part[3] = {"gate_proj", "up_proj", "down_proj"};
+            for (int j = 0; j < 3; j++) {
+                char n[128];
+                snprintf(n, sizeof n, "model.layers.%lld.mlp.experts.%lld.%s.weight", (long long)l,
+                         (long long)x, part[j]);
+                const dfl_st_tensor *t = dfl_st_model_find(m, n);
+                if (!t || t->dtype != DFL_BF16 || (int64_t)t->numel != Im * H) {
+                    rc = DFL_EDATA;
+                    break;
+                }
+                memcpy(j < 2 ? gu + (x * 2 + j) * Im * H : dn + x * H * Im, t->data, (size_t)(Im * H) * 2);
+                moved++;
+            }
+        }
+        char n[128];
+        int64_t sgu[3] = {E, 2 * Im, H}, sdn[3] = {E, H, Im};
+        snprintf(n, sizeof n, "model.layers.%lld.mlp.experts.gate_up_proj", (long long)l);
+        if (!rc)
+            rc = dfl_st_writer_add(w, n, DFL_BF16, 3, sgu, gu, &e);
+        snprintf(n, sizeof n, "model.layers.%lld.mlp.experts.down_proj", (long long)l);
+        if (!rc)
+            rc = dfl_st_writer_add(w, n, DFL_BF16, 3, sdn, dn, &e);
+    }
+    snprintf(a, sizeof a, "%s/model.safetensors", dir);
+    if (!rc)
+        rc = dfl_st_write(w, a, &e);
+    T_CHECK(rc == 0 && moved == (int)(L * E * 3), "stacking the experts: %s (%d moved)", e.msg, moved);
+    dfl_st_writer_free(w);
+    for (int i = 0; i < ns; i++)
+        free(stacks[i]);
+    dfl_st_model_close(m);
+    const char *files[] = {"config.json", "ref.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(a, sizeof a, "%s/%s", src, files[i]);
+        snprintf(b, sizeof b, "%s/%s", dir, files[i]);
+        T_CHECK(copy_file(a, b), "copying %s", a);
+    }
+    if (!rc)
+        forward_vs_oracle_dir(dir, "qwen35moe-tiny-a stacked");
+}
+
 int main(int argc, char **argv)
 {
     t_init(argv[0]);
     T_RUN(test_rope_inv_freq);
     T_RUN(test_rope_config);
     T_RUN(test_moe_config);
+    T_RUN(test_moe35_config);
     T_RUN(test_moe_route);
     T_RUN(test_moe_forward_loop);
     T_RUN(test_llama31_oracle);
     T_RUN(test_qwen3moe_oracle);
+    T_RUN(test_qwen35moe_oracle);
+    T_RUN(test_qwen35moe_stacked);
     return t_done();
 }

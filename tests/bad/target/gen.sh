@@ -80,6 +80,22 @@ config hybrid-conv-kernel ",
 sed -i 's/"linear_conv_kernel_dim": 4/"linear_conv_kernel_dim": 64/' hybrid-conv-kernel/config.json
 "$mktarget" -o hybrid-missing-linear "${tiny[@]}" --type qwen3_5 --head-dim 8 \
     --omit model.language_model.layers.0.linear_attn.in_proj_qkv.weight
+# qwen3_5_moe: a missing shared-expert tensor, a MoE text model without its shared expert's
+# width, a shared expert where transformers has none (qwen3_moe), a wrapper around the dense text
+# model
+"$mktarget" -o moe35-missing-shared-gate "${tiny[@]}" --type qwen3_5_moe --head-dim 8 --experts 4 \
+    --moe-intermediate 8 --shared-intermediate 8 \
+    --omit model.language_model.layers.1.mlp.shared_expert_gate.weight
+config moe35-no-shared ",
+  $hybrid,
+  \"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 8" qwen3_5_moe_text
+config moe-shared-expert ',
+  "num_experts": 8,
+  "num_experts_per_tok": 2,
+  "moe_intermediate_size": 32,
+  "shared_expert_intermediate_size": 64' qwen3_moe
+mkdir -p moe35-wrapper-dense && printf '{"model_type": "qwen3_5_moe", "text_config": {"model_type": "qwen3_5_text"}}\n' \
+    >moe35-wrapper-dense/config.json
 mkdir -p invalid-json && printf '{"model_type": "qwen3", "hidden_size": 32,\n' >invalid-json/config.json
 
 # Token streams that the good model must refuse.
@@ -115,5 +131,9 @@ hybrid-layer-type	2	layer_types[1] is 'mamba'
 hybrid-head-ratio	2	linear_num_value_heads = 3 is not a multiple of linear_num_key_heads = 2
 hybrid-conv-kernel	2	linear_conv_kernel_dim = 64 is not supported
 hybrid-missing-linear	2	model.language_model.layers.0.linear_attn.in_proj_qkv.weight
+moe35-missing-shared-gate	2	model.language_model.layers.1.mlp.shared_expert_gate.weight
+moe35-no-shared	2	shared_expert_intermediate_size is missing (model_type 'qwen3_5_moe_text' needs it)
+moe-shared-expert	2	shared_expert_intermediate_size is set: shared experts are not supported in model_type 'qwen3_moe'
+moe35-wrapper-dense	2	text_config.model_type is 'qwen3_5_text': only qwen3_5_moe_text is supported
 MAN
 echo "tests/bad/target: $(grep -vc '^#' MANIFEST) cases"
