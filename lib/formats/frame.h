@@ -250,6 +250,11 @@ int dfl_writer_read_upto(dfl_writer *w, uint64_t *upto, dfl_err *e);
  * (read after pushed); the consumer has read the first pushed - unread, or none when unread is
  * larger (another writer's bytes). */
 uint64_t dfl_pipe_read_upto(uint64_t pushed, uint64_t unread);
+/* How long to wait before asking again when the consumer has `left` more bytes to read: their
+ * time at 4 GB/s (about the fastest a consumer reads, so not much later than they are read),
+ * between 50 us and 20 ms (each FIONREAD walks the pipe's buffers under the lock that the
+ * consumer's reads take: not too often). */
+long dfl_pipe_poll_ns(uint64_t left);
 
 /* Writing batch frames in place. On a file output (a regular file written from its start,
  * opened for reading and writing, without compression), a producer can reserve the next batch

@@ -758,6 +758,12 @@ uint64_t dfl_pipe_read_upto(uint64_t pushed, uint64_t unread)
     return unread <= pushed ? pushed - unread : 0;
 }
 
+long dfl_pipe_poll_ns(uint64_t left)
+{
+    uint64_t ns = left / 4;
+    return ns < 50000 ? 50000L : ns > 20000000 ? 20000000L : (long)ns;
+}
+
 int dfl_writer_read_upto(dfl_writer *w, uint64_t *upto, dfl_err *e)
 {
     if (!w->may_splice) {

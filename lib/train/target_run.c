@@ -604,15 +604,6 @@ static uint64_t release_drained(pipeline *p)
     return q->released < q->written ? q->end_off[q->released % (uint64_t)p->n_slots] - upto : 0;
 }
 
-/* How long to wait before asking the pipe again when the consumer has `left` bytes to read: their
- * time at 4 GB/s (about the fastest a consumer reads), between 50 us and 2 ms (each FIONREAD
- * walks the pipe's buffers under the lock that the consumer's reads take). */
-static long pipe_wait_ns(uint64_t left)
-{
-    uint64_t ns = left / 4;
-    return ns < 50000 ? 50000L : ns > 2000000 ? 2000000L : (long)ns;
-}
-
 static void *writer_main(void *arg)
 {
     pipeline *p = arg;
@@ -643,7 +634,7 @@ static void *writer_main(void *arg)
             break;
         if (left) { /* spliced pages still in the pipe */
             struct timespec ts;
-            deadline_in(&ts, pipe_wait_ns(left));
+            deadline_in(&ts, dfl_pipe_poll_ns(left));
             pthread_cond_timedwait(&q->cv, &q->mu, &ts);
         } else {
             pthread_cond_wait(&q->cv, &q->mu);
@@ -674,7 +665,7 @@ static int slot_acquire(pipeline *p, uint64_t i, double *waited, dfl_err *e)
         if (q->released >= need || q->failed)
             break;
         struct timespec ts;
-        deadline_in(&ts, left ? pipe_wait_ns(left) : POLL_NS);
+        deadline_in(&ts, left ? dfl_pipe_poll_ns(left) : POLL_NS);
         pthread_cond_timedwait(&q->cv, &q->mu, &ts);
     }
     if (q->failed) {
@@ -699,7 +690,7 @@ static int out_drain(pipeline *p, dfl_err *e)
         if (q->released >= q->submitted || q->failed)
             break;
         struct timespec ts;
-        deadline_in(&ts, left ? pipe_wait_ns(left) : POLL_NS);
+        deadline_in(&ts, left ? dfl_pipe_poll_ns(left) : POLL_NS);
         pthread_cond_timedwait(&q->cv, &q->mu, &ts);
     }
     if (q->failed) {

@@ -130,7 +130,7 @@ int main(int argc, char **argv)
                 }
                 if (upto >= end_off[sl])
                     break;
-                usleep(100);
+                usleep((useconds_t)(dfl_pipe_poll_ns(end_off[sl] - upto) / 1000));
             }
             waited += dfl_now() - tw;
         }

@@ -345,6 +345,10 @@ static void test_pipe_read_upto(void)
     T_CHECK(dfl_pipe_read_upto(100, 101) == 0, "more unread than pushed: none read");
     T_CHECK(dfl_pipe_read_upto(5, (uint64_t)INT32_MAX) == 0, "far more unread than pushed");
     T_CHECK(dfl_pipe_read_upto(UINT64_MAX, 1) == UINT64_MAX - 1, "large counts");
+    /* the wait before asking again: the bytes' time at 4 GB/s, within [50 us, 20 ms] */
+    T_CHECK(dfl_pipe_poll_ns(0) == 50000 && dfl_pipe_poll_ns(1) == 50000, "at least 50 us");
+    T_CHECK(dfl_pipe_poll_ns(4000000) == 1000000, "4 MB: 1 ms");
+    T_CHECK(dfl_pipe_poll_ns(UINT64_MAX) == 20000000, "at most 20 ms");
 }
 
 /* Another writer's bytes in the same pipe make the answer smaller, never larger: 4096 bytes
