@@ -244,7 +244,8 @@ uint32_t dfl_writer_pipe_bytes(const dfl_writer *w);
 /* The stream offset up to which the consumer has certainly read the output: arrays given to
  * dfl_writer_batch that lie wholly before it may be changed. With vmsplice on a pipe it comes
  * from the pipe (FIONREAD; the argument is in frame_write.c), else it is UINT64_MAX. May
- * be called from any thread, also while another one writes. DFL_EIO if the pipe cannot say. */
+ * be called from any thread, also while another one writes. DFL_EIO if the pipe cannot say,
+ * DFL_EPIPE if bytes are left in it and its reader has gone (they will never be read). */
 int dfl_writer_read_upto(dfl_writer *w, uint64_t *upto, dfl_err *e);
 /* The rule on its own: of `pushed` bytes a pipe has accepted from us, `unread` are still in it
  * (read after pushed); the consumer has read the first pushed - unread, or none when unread is

@@ -778,6 +778,11 @@ int dfl_writer_read_upto(dfl_writer *w, uint64_t *upto, dfl_err *e)
                               w->name);
     }
     *upto = dfl_pipe_read_upto(pushed, (uint64_t)unread);
+    /* bytes left in a pipe that nobody can read any more would be waited for forever: when the
+     * reader has gone (POLLERR on the write end), say so, as a write would (EPIPE) */
+    struct pollfd pf = {.fd = w->fd, .events = POLLOUT};
+    if (unread > 0 && poll(&pf, 1, 0) == 1 && (pf.revents & POLLERR))
+        return dfl_fail(e, DFL_EPIPE, "%s: the reader went away (broken pipe)", w->name);
     return DFL_OK;
 }
 

@@ -486,6 +486,23 @@ signal_stops() { # signal, output mode (stdout|file)
     assert_output --partial "stdout: the consumer went away (broken pipe)"
 }
 
+@test "vmsplice: a consumer that goes away with spliced batches unread in the pipe ends the run with exit 1, not a hang" {
+    # every frame fits in the pipe: the writer has nothing left to write and waits for the reader
+    # to read the slots' pages, which it never will (POLLERR on the pipe says it has gone)
+    run bash -c "timeout 30 dfl-target -m '$D/m4' --layers 0,1 '$D/tok3.dfl' 2>'$BATS_TEST_TMPDIR/err' |
+        { sleep 1; head -c 100 >/dev/null; }; echo \${PIPESTATUS[0]}"
+    assert_output "1"
+    run cat "$BATS_TEST_TMPDIR/err"
+    assert_output --partial "stdout: the consumer went away (broken pipe)"
+    # and with the forward waiting for a slot (24 frames, 4 slots)
+    for b in $(seq 0 23); do echo "$b 1 2 3"; echo --; done | mktokens --vocab 128 -o "$BATS_TEST_TMPDIR/t24.dfl"
+    run bash -c "timeout 30 dfl-target -m '$D/m4' --layers 0,1 '$BATS_TEST_TMPDIR/t24.dfl' 2>'$BATS_TEST_TMPDIR/err' |
+        { sleep 1; head -c 100 >/dev/null; }; echo \${PIPESTATUS[0]}"
+    assert_output "1"
+    run cat "$BATS_TEST_TMPDIR/err"
+    assert_output --partial "stdout: the consumer went away (broken pipe) after 4 batches"
+}
+
 @test "--pipe-size: checked; a stdout pipe is enlarged to it (-v says so), the bytes are the same" {
     run -1 dfl-target -m "$D/m4" --pipe-size 100 --info
     assert_output --partial "--pipe-size: '100' is not a size in [4K, 1G]"
