@@ -203,7 +203,8 @@ typedef struct dfl_writer_opts {
     bool vmsplice;               /* on a pipe, hand the layer arrays of HIDDEN batches to the
                                     pipe with vmsplice(2) instead of copying them: the caller
                                     then keeps each array unchanged until dfl_writer_read_upto
-                                    says the consumer has read past it. Only for consumers that
+                                    says the consumer has read past it (and allocated: free()
+                                    writes into the blocks it frees; munmap does not). Only for consumers that
                                     read(2) the pipe (one that splices it on, e.g. to a socket,
                                     could still see the pages change). Falls back to copying
                                     when the system refuses */

@@ -14,7 +14,9 @@
  * once when nothing is spliced), so that a pump with --slots 4 in vmsplice mode runs as far ahead
  * of its consumer as dfl-target does. --rewrite refills the slot's arrays with values of the batch
  * number before each batch (as dfl-target's copies refill its slots): a slot reused before the
- * consumer has read it then changes pages still in the pipe, which the consumer's checksums catch.
+ * consumer has read it then changes pages still in the pipe, which the consumer's checksums
+ * catch. At the end it waits for the consumer to read everything before it frees the slots
+ * (free() writes into the blocks it frees).
  *
  * Defaults: the dfl-target benchmark's Qwen3-8B batch (16384 tokens in 8 sequences, 5 layers of
  * 4096, bf16: 671 MB a batch), 20 batches, 3 slots. --pipe-mib and --chunk-kib set the
@@ -33,6 +35,19 @@
 #include "frame.h"
 #include "log.h"
 #include "util.h"
+
+/* Waits until the consumer has read the stream up to offset `upto` (at once when nothing is
+ * spliced), adding the time to *waited. */
+static int wait_read(dfl_writer *w, uint64_t upto, double *waited, dfl_err *e)
+{
+    double t0 = dfl_now();
+    uint64_t got = 0;
+    int rc;
+    while (!(rc = dfl_writer_read_upto(w, &got, e)) && got < upto)
+        usleep((useconds_t)(dfl_pipe_poll_ns(upto - got) / 1000));
+    *waited += dfl_now() - t0;
+    return rc;
+}
 
 int main(int argc, char **argv)
 {
@@ -120,19 +135,10 @@ int main(int argc, char **argv)
     double t0 = dfl_now(), waited = 0;
     for (int64_t b = 0; b < batches; b++) {
         int64_t sl = b % slots;
-        if (b >= slots) { /* the slot's last frame must have been read out of the pipe */
-            double tw = dfl_now();
-            uint64_t upto = 0;
-            for (;;) {
-                if (dfl_writer_read_upto(w, &upto, &e)) {
-                    dfl_writer_abort(w);
-                    return dfl_cli_report(&e);
-                }
-                if (upto >= end_off[sl])
-                    break;
-                usleep((useconds_t)(dfl_pipe_poll_ns(end_off[sl] - upto) / 1000));
-            }
-            waited += dfl_now() - tw;
+        /* the slot's last frame must have been read out of the pipe */
+        if (b >= slots && wait_read(w, end_off[sl], &waited, &e)) {
+            dfl_writer_abort(w);
+            return dfl_cli_report(&e);
         }
         if (rewrite)
             for (int k = 0; k < K; k++)
@@ -157,6 +163,13 @@ int main(int argc, char **argv)
         end_off[sl] = dfl_writer_bytes(w);
     }
     uint64_t bytes = dfl_writer_bytes(w);
+    /* spliced pages must not change until they are read, and free() writes into the blocks it
+     * frees (the allocator's links): wait for the reader before giving the slots back */
+    double tail = 0;
+    if (wait_read(w, bytes, &tail, &e)) {
+        dfl_writer_abort(w);
+        return dfl_cli_report(&e);
+    }
     if (dfl_writer_close(w, &e))
         return dfl_cli_report(&e);
     double s = dfl_now() - t0;
