@@ -39,12 +39,16 @@ static void usage(void)
            "                        batch; on the CPU larger batches grow them)\n"
            "      --manifest FILE   size the buffers from dfl-bucket's manifest.json\n"
            "      --inflight N      batches between the forward and the writer (default 2;\n"
-           "                        4 with --vmsplice into a pipe)\n"
+           "                        4 when splicing into a pipe)\n"
            "      --profile[=N]     print the time of each stage every N batches (default 10)\n"
            "      --tune            GPU: time cuBLASLt's GEMM algorithms before the first batch\n"
            "  -o, --output FILE     write to FILE (with an index frame) instead of stdout\n"
            "      --file-io MODE    how FILE is written: write, map or register (default write)\n"
-           "      --vmsplice        hand the hidden states to a stdout pipe without copying\n"
+           "      --output-mode MODE\n"
+           "                        auto (default): hand the hidden states to a pipe with\n"
+           "                        vmsplice, write to anything else; vmsplice: the same; write:\n"
+           "                        always write(2) (for consumers that splice(2) the pipe on)\n"
+           "      --vmsplice        the same as --output-mode vmsplice\n"
            "      --pipe-size SIZE  enlarge a stdout pipe to SIZE bytes where allowed\n"
            "                        (default 64M; beyond fs.pipe-max-size needs CAP_SYS_RESOURCE)\n"
            "      --zstd LEVEL      compress frames with zstd at LEVEL (1..19; default off)\n"
@@ -63,7 +67,7 @@ static void usage(void)
 
 enum {
     OPT_DTYPE = 256, OPT_COMPUTE, OPT_MAX_TOKENS, OPT_MANIFEST, OPT_INFLIGHT, OPT_PROFILE, OPT_TUNE, OPT_FILE_IO,
-    OPT_VMSPLICE, OPT_PIPE_SIZE, OPT_ZSTD, OPT_NO_INDEX, OPT_INFO, OPT_HELP, OPT_VERSION
+    OPT_OUTPUT_MODE, OPT_VMSPLICE, OPT_PIPE_SIZE, OPT_ZSTD, OPT_NO_INDEX, OPT_INFO, OPT_HELP, OPT_VERSION
 };
 
 static const struct option long_opts[] = {
@@ -78,6 +82,7 @@ static const struct option long_opts[] = {
     {"profile", optional_argument, NULL, OPT_PROFILE},
     {"tune", no_argument, NULL, OPT_TUNE},
     {"file-io", required_argument, NULL, OPT_FILE_IO},
+    {"output-mode", required_argument, NULL, OPT_OUTPUT_MODE},
     {"vmsplice", no_argument, NULL, OPT_VMSPLICE},
     {"pipe-size", required_argument, NULL, OPT_PIPE_SIZE},
     {"output", required_argument, NULL, 'o'},
@@ -173,7 +178,7 @@ int main(int argc, char **argv)
     int64_t max_tokens = 0, inflight = 0, profile = 0;
     int file_io = DFL_FILE_IO_WRITE;
     bool info_only = false, tune = false;
-    dfl_writer_opts wopts = {0};
+    dfl_writer_opts wopts = {.vmsplice = true}; /* --output-mode auto: splices only into a pipe */
     dfl_err e = {0};
     int c;
     while ((c = getopt_long(argc, argv, "m:l:d:o:qv", long_opts, NULL)) != -1) {
@@ -220,6 +225,14 @@ int main(int argc, char **argv)
                 file_io = DFL_FILE_IO_REGISTER;
             else
                 return dfl_cli_usage_error("--file-io: '%s' is not write, map or register", optarg);
+            break;
+        case OPT_OUTPUT_MODE:
+            if (strcmp(optarg, "auto") == 0 || strcmp(optarg, "vmsplice") == 0)
+                wopts.vmsplice = true; /* the writer splices only into a pipe */
+            else if (strcmp(optarg, "write") == 0)
+                wopts.vmsplice = false;
+            else
+                return dfl_cli_usage_error("--output-mode: '%s' is not auto, vmsplice or write", optarg);
             break;
         case OPT_VMSPLICE: wopts.vmsplice = true; break;
         case OPT_PIPE_SIZE: {

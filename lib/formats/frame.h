@@ -202,8 +202,9 @@ typedef struct dfl_writer_opts {
     bool allow_tty;              /* refuse to write binary to a terminal unless set */
     bool vmsplice;               /* on a pipe, hand the layer arrays of HIDDEN batches to the
                                     pipe with vmsplice(2) instead of copying them: the caller
-                                    then keeps each array unchanged until dfl_writer_consumed
-                                    says the consumer has read past it. Only for consumers that
+                                    then keeps each array unchanged until dfl_writer_read_upto
+                                    says the consumer has read past it (and allocated: free()
+                                    writes into the blocks it frees; munmap does not). Only for consumers that
                                     read(2) the pipe (one that splices it on, e.g. to a socket,
                                     could still see the pages change). Falls back to copying
                                     when the system refuses */
@@ -241,9 +242,21 @@ void dfl_writer_abort(dfl_writer *w);
 uint64_t dfl_writer_bytes(const dfl_writer *w);
 /* The capacity of the output pipe (after the enlargement of opts.pipe_size); 0 if not a pipe. */
 uint32_t dfl_writer_pipe_bytes(const dfl_writer *w);
-/* With opts.vmsplice: whether the consumer has read the stream up to byte offset `upto` (so
- * that arrays spliced before it may be changed). True when nothing was spliced. */
-bool dfl_writer_consumed(dfl_writer *w, uint64_t upto);
+/* The stream offset up to which the consumer has certainly read the output: arrays given to
+ * dfl_writer_batch that lie wholly before it may be changed. With vmsplice on a pipe it comes
+ * from the pipe (FIONREAD; the argument is in frame_write.c), else it is UINT64_MAX. May
+ * be called from any thread, also while another one writes. DFL_EIO if the pipe cannot say,
+ * DFL_EPIPE if bytes are left in it and its reader has gone (they will never be read). */
+int dfl_writer_read_upto(dfl_writer *w, uint64_t *upto, dfl_err *e);
+/* The rule on its own: of `pushed` bytes a pipe has accepted from us, `unread` are still in it
+ * (read after pushed); the consumer has read the first pushed - unread, or none when unread is
+ * larger (another writer's bytes). */
+uint64_t dfl_pipe_read_upto(uint64_t pushed, uint64_t unread);
+/* How long to wait before asking again when the consumer has `left` more bytes to read: their
+ * time at 4 GB/s (about the fastest a consumer reads, so not much later than they are read),
+ * between 50 us and 20 ms (each FIONREAD walks the pipe's buffers under the lock that the
+ * consumer's reads take: not too often). */
+long dfl_pipe_poll_ns(uint64_t left);
 
 /* Writing batch frames in place. On a file output (a regular file written from its start,
  * opened for reading and writing, without compression), a producer can reserve the next batch

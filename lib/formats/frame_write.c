@@ -64,8 +64,11 @@ struct dfl_writer {
     int failed;
     char failed_msg[sizeof(((dfl_err *)0)->msg)];
     /* vmsplice (opts.vmsplice on a pipe) */
+    bool may_splice;  /* set at open, never changed: pages may be spliced (dfl_writer_read_upto
+                         then asks the pipe) */
     bool splice;      /* still allowed (cleared when the system refuses it) */
-    bool spliced;     /* something was spliced */
+    uint64_t pushed;  /* bytes the pipe has accepted (every write(2) and vmsplice(2) counted
+                         once it returns); read by other threads: __atomic only */
     /* frames written in place (dfl_writer_reserve); mu guards failed and the counters below,
      * which the reserving thread reads while the committing one updates bytes, seq, ... */
     pthread_mutex_t mu;
@@ -125,6 +128,7 @@ static int writev_all(dfl_writer *w, struct iovec *iov, int n, dfl_err *e)
                 return dfl_fail(e, DFL_EPIPE, "%s: the reader went away (broken pipe)", w->name);
             return dfl_fail_errno(e, DFL_EIO, errno, "%s: write failed", w->name);
         }
+        __atomic_fetch_add(&w->pushed, (uint64_t)k, __ATOMIC_RELEASE);
         iov_advance(&iov, &n, (size_t)k);
     }
     return DFL_OK;
@@ -145,7 +149,7 @@ static int vmsplice_all(dfl_writer *w, struct iovec *iov, int n, dfl_err *e)
             w->splice = false; /* EINVAL, EFAULT, ENOSYS, ...: copy instead */
             return writev_all(w, iov, n, e);
         }
-        w->spliced = true;
+        __atomic_fetch_add(&w->pushed, (uint64_t)k, __ATOMIC_RELEASE);
         iov_advance(&iov, &n, (size_t)k);
     }
     return DFL_OK;
@@ -409,9 +413,9 @@ static int writer_start(dfl_writer **out, dfl_writer *w, const dfl_stream_info *
     w->want_index = at_start && !w->opts.no_index;
     int fl = fcntl(w->fd, F_GETFL);
     w->in_place = at_start && fl >= 0 && (fl & O_ACCMODE) == O_RDWR && w->opts.zstd_level == 0;
-    if (w->opts.vmsplice && S_ISFIFO(st.st_mode)) {
-        int unread = 0; /* dfl_writer_consumed needs FIONREAD */
-        w->splice = ioctl(w->fd, FIONREAD, &unread) == 0;
+    if (w->opts.vmsplice && S_ISFIFO(st.st_mode) && w->pipe_bytes > 0 && w->pipe_bytes <= INT_MAX) {
+        int unread = 0; /* dfl_writer_read_upto needs FIONREAD, whose count is an int */
+        w->may_splice = w->splice = ioctl(w->fd, FIONREAD, &unread) == 0;
     }
     if (pthread_mutex_init(&w->mu, NULL) != 0) {
         rc = dfl_fail(e, DFL_ENOMEM, "%s: cannot create a mutex", w->name);
@@ -729,14 +733,57 @@ uint32_t dfl_writer_pipe_bytes(const dfl_writer *w) { return w->pipe_bytes; }
 
 uint64_t dfl_writer_bytes(const dfl_writer *w) { return w->bytes; }
 
-bool dfl_writer_consumed(dfl_writer *w, uint64_t upto)
+/* Why a spliced page may be rewritten once dfl_writer_read_upto has passed it.
+ *
+ * vmsplice(2) without SPLICE_F_GIFT puts references to the caller's pages into the pipe: the
+ * reader gets whatever the pages hold when it reads them, so a page must not change before the
+ * reader has copied it out. A read(2) of a pipe copies the bytes to the reader's buffer and
+ * then, under the pipe's lock, advances the buffer past them (dropping the page once it is
+ * empty); FIONREAD sums, under the same lock, the bytes still in the pipe. So once FIONREAD has
+ * returned U, every byte that had entered the pipe but is not among the U was already copied
+ * out. Let W be this writer's count of bytes the pipe accepted (added to after each write or
+ * vmsplice returns, so never ahead of the pipe) read BEFORE FIONREAD: the pipe had received at
+ * least W of our bytes by then, at most U of which are unread, so the first W - U bytes of the
+ * stream have been read and their pages may change (dfl_pipe_read_upto). Bytes that another
+ * process writes into the same pipe only make U larger, i.e. the answer smaller: still true.
+ * If U > W (more unread than we wrote: someone else's bytes), the answer is 0. The order
+ * matters: W read after FIONREAD could count bytes that entered the pipe after U was measured.
+ *
+ * The limit: this holds for consumers that read(2) the pipe (or copy out of it otherwise). One
+ * that splice(2)s or tee(2)s it on, to a socket, a file or another pipe, moves or copies the page
+ * references, not the bytes: FIONREAD drops while the pages are still in use elsewhere, and a
+ * rewrite would show there. Such consumers need the write path (dfl-target --output-mode write). */
+uint64_t dfl_pipe_read_upto(uint64_t pushed, uint64_t unread)
 {
-    if (!w->spliced || w->failed)
-        return true; /* nothing spliced, or nobody will read it any more */
+    return unread <= pushed ? pushed - unread : 0;
+}
+
+long dfl_pipe_poll_ns(uint64_t left)
+{
+    uint64_t ns = left / 4;
+    return ns < 50000 ? 50000L : ns > 20000000 ? 20000000L : (long)ns;
+}
+
+int dfl_writer_read_upto(dfl_writer *w, uint64_t *upto, dfl_err *e)
+{
+    if (!w->may_splice) {
+        *upto = UINT64_MAX; /* copied into the pipe or a file: nothing refers to the caller's pages */
+        return DFL_OK;
+    }
+    uint64_t pushed = __atomic_load_n(&w->pushed, __ATOMIC_ACQUIRE); /* W first, then U */
     int unread = 0;
-    if (ioctl(w->fd, FIONREAD, &unread) != 0 || unread < 0)
-        return true; /* checked at open: cannot happen on a pipe */
-    return w->bytes - (uint64_t)unread >= upto;
+    if (ioctl(w->fd, FIONREAD, &unread) != 0 || unread < 0) {
+        *upto = 0;
+        return dfl_fail_errno(e, DFL_EIO, errno, "%s: cannot tell how much of the pipe was read (FIONREAD)",
+                              w->name);
+    }
+    *upto = dfl_pipe_read_upto(pushed, (uint64_t)unread);
+    /* bytes left in a pipe that nobody can read any more would be waited for forever: when the
+     * reader has gone (POLLERR on the write end), say so, as a write would (EPIPE) */
+    struct pollfd pf = {.fd = w->fd, .events = POLLOUT};
+    if (unread > 0 && poll(&pf, 1, 0) == 1 && (pf.revents & POLLERR))
+        return dfl_fail(e, DFL_EPIPE, "%s: the reader went away (broken pipe)", w->name);
+    return DFL_OK;
 }
 
 /* ---- batch frames written in place ------------------------------------------------------------ */

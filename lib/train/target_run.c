@@ -603,19 +603,35 @@ static int write_one(pipeline *p, uint64_t j, dfl_err *e)
     return rc;
 }
 
-/* Gives back the slots whose frames the consumer has read (at once without vmsplice). Called
- * with oq.mu held. */
-static void release_drained(pipeline *p)
+/* Gives back, in order, the slots whose frames the consumer has certainly read (every written one
+ * at once when nothing is spliced): batch j's slot may be rewritten once the stream has been read
+ * up to the end of its frame, q->end_off (dfl_writer_read_upto; why that is certain, and for
+ * which consumers, is argued in frame_write.c). Called with oq.mu held, by the writer thread
+ * between frames and by the forward thread while it waits for a slot, so that a slot comes back
+ * as soon as the consumer has passed it, not only once the writer has finished the frame after
+ * it. Returns how many bytes the consumer has yet to read before the next slot comes back (0:
+ * none is waiting on the consumer). An error (the pipe cannot say) fails the queue. */
+static uint64_t release_drained(pipeline *p)
 {
     outq *q = &p->oq;
+    if (q->released >= q->written || q->failed)
+        return 0;
+    uint64_t upto = 0;
+    dfl_err err = {0};
+    if (dfl_writer_read_upto(p->w, &upto, &err)) {
+        q->failed = true;
+        q->err = err;
+        pthread_cond_broadcast(&q->cv);
+        return 0;
+    }
     bool any = false;
-    while (q->released < q->written &&
-           dfl_writer_consumed(p->w, q->end_off[q->released % (uint64_t)p->n_slots])) {
+    while (q->released < q->written && upto >= q->end_off[q->released % (uint64_t)p->n_slots]) {
         q->released++;
         any = true;
     }
     if (any)
         pthread_cond_broadcast(&q->cv);
+    return q->released < q->written ? q->end_off[q->released % (uint64_t)p->n_slots] - upto : 0;
 }
 
 static void *writer_main(void *arg)
@@ -624,8 +640,8 @@ static void *writer_main(void *arg)
     outq *q = &p->oq;
     pthread_mutex_lock(&q->mu);
     for (;;) {
-        release_drained(p);
-        if (q->stop)
+        uint64_t left = release_drained(p);
+        if (q->stop || q->failed)
             break;
         if (q->written < q->submitted) {
             uint64_t j = q->written;
@@ -646,9 +662,9 @@ static void *writer_main(void *arg)
         }
         if (q->done && q->released == q->written)
             break;
-        if (q->released < q->written) { /* spliced pages still in the pipe */
+        if (left) { /* spliced pages still in the pipe */
             struct timespec ts;
-            deadline_in(&ts, 1000000L);
+            deadline_in(&ts, dfl_pipe_poll_ns(left));
             pthread_cond_timedwait(&q->cv, &q->mu, &ts);
         } else {
             pthread_cond_wait(&q->cv, &q->mu);
@@ -675,8 +691,11 @@ static int slot_acquire(pipeline *p, uint64_t i, double *waited, dfl_err *e)
     int rc = DFL_OK;
     pthread_mutex_lock(&q->mu);
     while (q->released < need && !q->failed && !(p->o->stop && *p->o->stop)) {
+        uint64_t left = release_drained(p); /* the slot may be waiting on the consumer only */
+        if (q->released >= need || q->failed)
+            break;
         struct timespec ts;
-        deadline_in(&ts, POLL_NS);
+        deadline_in(&ts, left ? dfl_pipe_poll_ns(left) : POLL_NS);
         pthread_cond_timedwait(&q->cv, &q->mu, &ts);
     }
     if (q->failed) {
@@ -697,8 +716,11 @@ static int out_drain(pipeline *p, dfl_err *e)
     int rc = DFL_OK;
     pthread_mutex_lock(&q->mu);
     while (q->released < q->submitted && !q->failed) {
+        uint64_t left = release_drained(p);
+        if (q->released >= q->submitted || q->failed)
+            break;
         struct timespec ts;
-        deadline_in(&ts, POLL_NS);
+        deadline_in(&ts, left ? dfl_pipe_poll_ns(left) : POLL_NS);
         pthread_cond_timedwait(&q->cv, &q->mu, &ts);
     }
     if (q->failed) {
@@ -1221,8 +1243,8 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
     if (spliced && o->inflight <= 0)
         p->n_slots = 4; /* a spliced slot is held until the consumer has read it */
     if (dfl_writer_pipe_bytes(p->w))
-        dfl_log(DFL_LOG_VERBOSE, "output: a pipe of %u KiB%s", dfl_writer_pipe_bytes(p->w) >> 10,
-                spliced ? ", vmsplice" : "");
+        dfl_log(DFL_LOG_VERBOSE, "output: a pipe of %u KiB, %s", dfl_writer_pipe_bytes(p->w) >> 10,
+                spliced ? "vmsplice" : "write");
     p->file_io = DFL_FILE_IO_WRITE;
     if (o->file_io != DFL_FILE_IO_WRITE && dfl_writer_can_reserve(p->w)) {
         p->file_io = o->file_io == DFL_FILE_IO_REGISTER && !p->async ? DFL_FILE_IO_MAP : o->file_io;

@@ -111,6 +111,33 @@ setup() {
     done
 }
 
+# bench/target's pipe ceiling: hspump | hsdrain in both output modes. With --rewrite the pump
+# refills a slot before each reuse; through a reader that starts late and reads slowly, a slot
+# reused before its frame was read out of the pipe would fail hsdrain's checksums (checked by
+# breaking the rule: exit 2, "checksum mismatch"). With 4 slots of 64 KiB frames in a 1 MiB pipe
+# the pump waits for the reader (slot_wait_s > 0) only when it splices.
+@test "hspump --output-mode vmsplice|write --rewrite | slow reader | hsdrain: every frame verifies; only vmsplice waits for the reader" {
+    for mode in vmsplice write; do
+        run bash -c "'$DFL_TOOLS/hspump' --batches 24 --tokens 256 --seqs 2 --layers 2 --hidden 64 --slots 4 \
+            --output-mode $mode --rewrite 2>'$T/pump.json' |
+            { sleep 0.3; '$DFL_TOOLS/slowread' --chunk 4096 --sleep-us 300; } | '$DFL_TOOLS/hsdrain'"
+        echo "$output"
+        [ "$status" -eq 0 ]
+        [[ "$output" == *'"batches": 24,'* ]]
+        cat "$T/pump.json"
+        wait_s=$(sed -n 's/.*"slot_wait_s": \([0-9.]*\).*/\1/p' "$T/pump.json")
+        if [ "$mode" = vmsplice ]; then
+            grep -q '"vmsplice": true' "$T/pump.json"
+            awk -v w="$wait_s" 'BEGIN { exit !(w > 0.05) }'
+        else
+            grep -q '"vmsplice": false' "$T/pump.json"
+            awk -v w="$wait_s" 'BEGIN { exit !(w == 0) }'
+        fi
+    done
+    run -1 "$DFL_TOOLS/hspump" --output-mode splice
+    [[ "$output" == *"--output-mode: 'splice' is not auto, vmsplice or write"* ]]
+}
+
 @test "mktarget --no-layers: the config of all layers, only the embedding, norm and LM head" {
     "$DFL_TOOLS/mktarget" -o "$T/m" --layers 6 --no-layers
     grep -q '"num_hidden_layers": 6' "$T/m/config.json"

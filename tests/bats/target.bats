@@ -459,11 +459,79 @@ signal_stops() { # signal, output mode (stdout|file)
     grep -q "3 output slots" "$BATS_TEST_TMPDIR/err"
 }
 
+@test "--output-mode: auto (the default) splices into a pipe and a FIFO, not a file; -v says which" {
+    dfl-target -v -m "$D/m4" --layers 0,1 "$D/tok3.dfl" 2>"$BATS_TEST_TMPDIR/err" | cat >"$BATS_TEST_TMPDIR/p.dfl"
+    grep -q "output: a pipe of .* KiB, vmsplice" "$BATS_TEST_TMPDIR/err"
+    grep -q "4 output slots" "$BATS_TEST_TMPDIR/err"
+    dfl-target -v -m "$D/m4" --layers 0,1 --output-mode write "$D/tok3.dfl" 2>"$BATS_TEST_TMPDIR/err" | cat >/dev/null
+    grep -q "output: a pipe of .* KiB, write" "$BATS_TEST_TMPDIR/err"
+    grep -q "2 output slots" "$BATS_TEST_TMPDIR/err"
+    dfl-target -v -m "$D/m4" --layers 0,1 --output-mode vmsplice "$D/tok3.dfl" 2>"$BATS_TEST_TMPDIR/err" | cat >/dev/null
+    grep -q "output: a pipe of .* KiB, vmsplice" "$BATS_TEST_TMPDIR/err"
+    # the last one wins: --vmsplice then --output-mode write writes
+    dfl-target -v -m "$D/m4" --layers 0,1 --vmsplice --output-mode write "$D/tok3.dfl" 2>"$BATS_TEST_TMPDIR/err" | cat >/dev/null
+    grep -q "output: a pipe of .* KiB, write" "$BATS_TEST_TMPDIR/err"
+    dfl-target -v -m "$D/m4" --layers 0,1 -o "$BATS_TEST_TMPDIR/o.dfl" "$D/tok3.dfl" 2>"$BATS_TEST_TMPDIR/err"
+    run ! grep -q "output: a pipe" "$BATS_TEST_TMPDIR/err"
+    grep -q "2 output slots" "$BATS_TEST_TMPDIR/err"
+    mkfifo "$BATS_TEST_TMPDIR/fifo"
+    cat "$BATS_TEST_TMPDIR/fifo" >"$BATS_TEST_TMPDIR/f.dfl" &
+    dfl-target -v -m "$D/m4" --layers 0,1 -o "$BATS_TEST_TMPDIR/fifo" "$D/tok3.dfl" 2>"$BATS_TEST_TMPDIR/err"
+    wait
+    grep -q "output: a pipe of .* KiB, vmsplice" "$BATS_TEST_TMPDIR/err"
+    cmp "$BATS_TEST_TMPDIR/p.dfl" "$BATS_TEST_TMPDIR/f.dfl"
+}
+
+@test "--output-mode: a bad mode is a usage error naming it" {
+    run -1 dfl-target -m "$D/m4" --output-mode splice "$D/tok3.dfl"
+    assert_output --partial "--output-mode: 'splice' is not auto, vmsplice or write"
+}
+
+# 24 batches of 256 tokens, 128 KiB a frame in f32 over 4 layers: a 64 KiB pipe is full behind
+# every frame (the writer waits for the reader inside each frame), a 1 MiB one holds the 4 slots'
+# frames (the forward waits for the reader before it reuses a slot). The reader starts late and
+# reads 4 KiB a millisecond, slower than the forward: a slot rewritten before the reader has read
+# its frame out of the pipe changes the bytes read (with the rule broken to "everything written
+# is read", all six runs differ), so cmp against write(2).
+@test "--output-mode auto on a pipe to a slow reader: the same bytes as write, slots reused with the pipe full or not" {
+    for b in $(seq 0 23); do
+        seq $((b * 256)) $((b * 256 + 255)) | awk -v b="$b" '{ printf "%s%d", (NR > 1 ? " " : ""), ($1 * 7 + b) % 128 } END { print "" }'
+        echo --
+    done | mktokens --vocab 128 -o "$BATS_TEST_TMPDIR/many.dfl"
+    local args=(-q -m "$D/m4" --dtype f32 --layers 0,1,2,3)
+    dfl-target "${args[@]}" --output-mode write "$BATS_TEST_TMPDIR/many.dfl" | cat >"$BATS_TEST_TMPDIR/a.dfl"
+    [ "$(stat -c %s "$BATS_TEST_TMPDIR/a.dfl")" -gt $((24 * 128 * 1024)) ]
+    for ps in 64K 1M; do
+        for n in 1 2 ""; do   # "": the default, 4 slots
+            dfl-target "${args[@]}" --pipe-size "$ps" ${n:+--inflight "$n"} "$BATS_TEST_TMPDIR/many.dfl" |
+                { sleep 0.5; slowread --chunk 4096 --sleep-us 1000; } >"$BATS_TEST_TMPDIR/b.dfl"
+            cmp "$BATS_TEST_TMPDIR/a.dfl" "$BATS_TEST_TMPDIR/b.dfl"
+        done
+    done
+}
+
 @test "--vmsplice: a consumer that goes away ends the run with exit 1" {
     run bash -c "dfl-target -m '$D/m4' --dtype f32 --layers 0,1,2,3 --vmsplice '$D/big.dfl' 2>'$BATS_TEST_TMPDIR/err' | head -c 1 >/dev/null; echo \${PIPESTATUS[0]}"
     assert_output "1"
     run cat "$BATS_TEST_TMPDIR/err"
     assert_output --partial "stdout: the consumer went away (broken pipe)"
+}
+
+@test "vmsplice: a consumer that goes away with spliced batches unread in the pipe ends the run with exit 1, not a hang" {
+    # every frame fits in the pipe: the writer has nothing left to write and waits for the reader
+    # to read the slots' pages, which it never will (POLLERR on the pipe says it has gone)
+    run bash -c "timeout 30 dfl-target -m '$D/m4' --layers 0,1 '$D/tok3.dfl' 2>'$BATS_TEST_TMPDIR/err' |
+        { sleep 1; head -c 100 >/dev/null; }; echo \${PIPESTATUS[0]}"
+    assert_output "1"
+    run cat "$BATS_TEST_TMPDIR/err"
+    assert_output --partial "stdout: the consumer went away (broken pipe)"
+    # and with the forward waiting for a slot (24 frames, 4 slots)
+    for b in $(seq 0 23); do echo "$b 1 2 3"; echo --; done | mktokens --vocab 128 -o "$BATS_TEST_TMPDIR/t24.dfl"
+    run bash -c "timeout 30 dfl-target -m '$D/m4' --layers 0,1 '$BATS_TEST_TMPDIR/t24.dfl' 2>'$BATS_TEST_TMPDIR/err' |
+        { sleep 1; head -c 100 >/dev/null; }; echo \${PIPESTATUS[0]}"
+    assert_output "1"
+    run cat "$BATS_TEST_TMPDIR/err"
+    assert_output --partial "stdout: the consumer went away (broken pipe) after 4 batches"
 }
 
 @test "--pipe-size: checked; a stdout pipe is enlarged to it (-v says so), the bytes are the same" {

@@ -2,7 +2,8 @@
  * output slots, copies on the copy stream, writer thread), against --device cpu on the same
  * batches. A random qwen3 model with 128-wide heads (the tiled attention, the vector qknorm_rope
  * path) runs over batches of varied lengths and packings, with --inflight 1 and 3, written to a
- * pipe, to a pipe with --vmsplice, and to files with --file-io write, map and register, in bf16
+ * pipe in each --output-mode (also to a reader that starts late and reads slowly, so that spliced
+ * slots wait for it), and to files with --file-io write, map and register, in bf16
  * and f32. Checked: every batch's lengths, ids and mask exactly; its layers within bf16 tolerance
  * of the CPU's f32 (per row relative error and cosine, NaN failing); and the layers of every GPU
  * run bit-identical to the first GPU run's (a slot or capture buffer overwritten too early, or a
@@ -209,7 +210,9 @@ static const char *layers_arg(void) { return small ? "0,2" : "0,2,5"; }
 
 /* ---- tests ---- */
 
-/* Every output path and --inflight 1 / 3, bf16 and f32, against the CPU. */
+/* Every output path (pipes in each --output-mode, also to a reader that starts late and reads
+ * slowly, so that spliced slots wait for it; files in each --file-io) and --inflight 1 / 3, bf16
+ * and f32, against the CPU. */
 static void test_outputs(void)
 {
     if (!have_device())
@@ -217,17 +220,22 @@ static void test_outputs(void)
     static const struct {
         const char *name, *dtype, *opts;
         bool pipe, sanitized; /* sanitized: also run under DFL_GPU_WRAP (the rest is skipped there) */
+        bool slow;            /* the pipe's reader starts late and reads slowly (slowread): the
+                                 slots are reused only as the reader gets through the pipe */
     } runs[] = {
-        {"f32 pipe --inflight 1", "f32", "--inflight 1", true, true},
-        {"f32 pipe --inflight 3", "f32", "--inflight 3", true, false},
-        {"f32 pipe --vmsplice --inflight 1", "f32", "--inflight 1 --vmsplice", true, false},
-        {"f32 file --file-io write --inflight 3", "f32", "--inflight 3 --file-io write", false, false},
-        {"f32 file --file-io map --inflight 1", "f32", "--inflight 1 --file-io map", false, false},
-        {"f32 file --file-io map --inflight 3", "f32", "--inflight 3 --file-io map", false, true},
-        {"f32 file --file-io register --inflight 1", "f32", "--inflight 1 --file-io register", false, false},
-        {"f32 file --file-io register --inflight 3", "f32", "--inflight 3 --file-io register", false, true},
-        {"bf16 pipe --vmsplice --inflight 2", "bf16", "--inflight 2 --vmsplice", true, true},
-        {"bf16 file --file-io register --inflight 3", "bf16", "--inflight 3 --file-io register", false, false},
+        {"f32 pipe (auto: vmsplice) --inflight 1", "f32", "--inflight 1", true, true, false},
+        {"f32 pipe --output-mode write --inflight 3", "f32", "--inflight 3 --output-mode write", true, false, false},
+        {"f32 pipe --vmsplice --inflight 1", "f32", "--inflight 1 --vmsplice", true, false, false},
+        {"f32 pipe (auto, 4 slots) to a slow reader", "f32", "", true, true, true},
+        {"f32 pipe --output-mode write to a slow reader", "f32", "--output-mode write", true, false, true},
+        {"f32 file --file-io write --inflight 3", "f32", "--inflight 3 --file-io write", false, false, false},
+        {"f32 file --file-io map --inflight 1", "f32", "--inflight 1 --file-io map", false, false, false},
+        {"f32 file --file-io map --inflight 3", "f32", "--inflight 3 --file-io map", false, true, false},
+        {"f32 file --file-io register --inflight 1", "f32", "--inflight 1 --file-io register", false, false, false},
+        {"f32 file --file-io register --inflight 3", "f32", "--inflight 3 --file-io register", false, true, false},
+        {"bf16 pipe --vmsplice --inflight 2", "bf16", "--inflight 2 --vmsplice", true, true, false},
+        {"bf16 pipe --output-mode write --inflight 2", "bf16", "--inflight 2 --output-mode write", true, false, false},
+        {"bf16 file --file-io register --inflight 3", "bf16", "--inflight 3 --file-io register", false, false, false},
     };
     char first32[4300] = "", first16[4300] = "";
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
@@ -236,10 +244,15 @@ static void test_outputs(void)
         char out[4300];
         snprintf(out, sizeof out, "%s/gpu-%zu.dfl", dir, i);
         int st;
+        char reader[4400];
+        if (runs[i].slow)
+            snprintf(reader, sizeof reader, "{ sleep 0.3; '%s/slowread' --chunk 65536 --sleep-us 1000; }", tools);
+        else
+            snprintf(reader, sizeof reader, "cat");
         if (runs[i].pipe)
             st = sh("( %s '%s/dfl-target' -q -m '%s' --device %s --layers %s --dtype %s %s '%s'; "
-                    "echo $? >'%s.st' ) | cat >'%s'; exit $(cat '%s.st')", wrap, bin, model, device,
-                    layers_arg(), runs[i].dtype, runs[i].opts, tok, out, out, out);
+                    "echo $? >'%s.st' ) | %s >'%s'; exit $(cat '%s.st')", wrap, bin, model, device,
+                    layers_arg(), runs[i].dtype, runs[i].opts, tok, out, reader, out, out);
         else
             st = sh("%s '%s/dfl-target' -q -m '%s' --device %s --layers %s --dtype %s %s -o '%s' '%s'",
                     wrap, bin, model, device, layers_arg(), runs[i].dtype, runs[i].opts, out, tok);

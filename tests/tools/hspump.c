@@ -5,12 +5,24 @@
  * other end of a pipe it measures the pipe path alone, on any machine:
  *
  *   hspump [--batches N] [--tokens T] [--seqs S] [--layers K] [--hidden H] [--slots N]
- *          [--vmsplice] [--pipe-mib M] [--chunk-kib C] [-o FILE]  | hsdrain [--chunk-kib C]
+ *          [--output-mode write|vmsplice|auto] [--vmsplice] [--rewrite] [--pipe-mib M]
+ *          [--chunk-kib C] [-o FILE]  | hsdrain [--chunk-kib C]
+ *
+ * --output-mode as dfl-target's, but the default here is write (auto and vmsplice: vmsplice into a
+ * pipe; --vmsplice = --output-mode vmsplice). A slot is reused as dfl-target reuses its output
+ * slots: only once dfl_writer_read_upto says the consumer has read past the slot's last frame (at
+ * once when nothing is spliced), so that a pump with --slots 4 in vmsplice mode runs as far ahead
+ * of its consumer as dfl-target does. --rewrite refills the slot's arrays with values of the batch
+ * number before each batch (as dfl-target's copies refill its slots): a slot reused before the
+ * consumer has read it then changes pages still in the pipe, which the consumer's checksums
+ * catch. At the end it waits for the consumer to read everything before it frees the slots
+ * (free() writes into the blocks it frees).
  *
  * Defaults: the dfl-target benchmark's Qwen3-8B batch (16384 tokens in 8 sequences, 5 layers of
  * 4096, bf16: 671 MB a batch), 20 batches, 3 slots. --pipe-mib and --chunk-kib set the
  * writer's pipe_size and chunk (dfl_writer_opts; 0 = the library's default). Prints one JSON
- * line on stderr: bytes, seconds, GB/s, tokens/s, the pipe size in use. */
+ * line on stderr: bytes, seconds, GB/s, tokens/s, the pipe size in use, the slots and the time
+ * spent waiting for a slot to be read out of the pipe. */
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -24,15 +36,28 @@
 #include "log.h"
 #include "util.h"
 
+/* Waits until the consumer has read the stream up to offset `upto` (at once when nothing is
+ * spliced), adding the time to *waited. */
+static int wait_read(dfl_writer *w, uint64_t upto, double *waited, dfl_err *e)
+{
+    double t0 = dfl_now();
+    uint64_t got = 0;
+    int rc;
+    while (!(rc = dfl_writer_read_upto(w, &got, e)) && got < upto)
+        usleep((useconds_t)(dfl_pipe_poll_ns(upto - got) / 1000));
+    *waited += dfl_now() - t0;
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     dfl_cli_init(argv[0]);
     int64_t batches = 20, T = 16384, S = 8, K = 5, H = 4096, slots = 3, pipe_mib = 0, chunk_kib = 0;
-    bool vms = false;
+    bool vms = false, rewrite = false;
     const char *out = "-";
     static const struct option lo[] = {
         {"batches", 1, 0, 'b'}, {"tokens", 1, 0, 't'}, {"seqs", 1, 0, 's'}, {"layers", 1, 0, 'k'},
-        {"hidden", 1, 0, 'H'}, {"slots", 1, 0, 'n'}, {"vmsplice", 0, 0, 'v'}, {"pipe-mib", 1, 0, 'p'}, {"chunk-kib", 1, 0, 'c'},
+        {"hidden", 1, 0, 'H'}, {"slots", 1, 0, 'n'}, {"vmsplice", 0, 0, 'v'}, {"output-mode", 1, 0, 'm'}, {"rewrite", 0, 0, 'r'}, {"pipe-mib", 1, 0, 'p'}, {"chunk-kib", 1, 0, 'c'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     dfl_err e = {0};
     int c;
@@ -49,10 +74,17 @@ int main(int argc, char **argv)
         case 'p': dst = &pipe_mib, what = "--pipe-mib", hi = 2047; break;
         case 'c': dst = &chunk_kib, what = "--chunk-kib", hi = 1 << 20; break;
         case 'v': vms = true; break;
+        case 'm':
+            if (strcmp(optarg, "auto") && strcmp(optarg, "vmsplice") && strcmp(optarg, "write"))
+                return dfl_cli_usage_error("--output-mode: '%s' is not auto, vmsplice or write", optarg);
+            vms = strcmp(optarg, "write") != 0;
+            break;
+        case 'r': rewrite = true; break;
         case 'o': out = optarg; break;
         case 'h':
             printf("Usage: %s [--batches N] [--tokens T] [--seqs S] [--layers K] [--hidden H] "
-                   "[--slots N] [--vmsplice] [--pipe-mib M] [--chunk-kib C] [-o FILE]\n", dfl_progname);
+                   "[--slots N] [--output-mode write|vmsplice|auto] [--vmsplice] [--rewrite] [--pipe-mib M] "
+                   "[--chunk-kib C] [-o FILE]\n", dfl_progname);
             return 0;
         default: return dfl_cli_usage_error("unknown option");
         }
@@ -99,8 +131,19 @@ int main(int argc, char **argv)
     if (dfl_writer_open(&w, out, &info, &wo, &e))
         return dfl_cli_report(&e);
     int pipe_sz = strcmp(out, "-") ? -1 : fcntl(1, F_GETPIPE_SZ);
-    double t0 = dfl_now();
+    uint64_t end_off[64] = {0}; /* stream offset after each slot's last frame */
+    double t0 = dfl_now(), waited = 0;
     for (int64_t b = 0; b < batches; b++) {
+        int64_t sl = b % slots;
+        /* the slot's last frame must have been read out of the pipe */
+        if (b >= slots && wait_read(w, end_off[sl], &waited, &e)) {
+            dfl_writer_abort(w);
+            return dfl_cli_report(&e);
+        }
+        if (rewrite)
+            for (int k = 0; k < K; k++)
+                for (size_t j = 0; j < n; j++)
+                    buf[sl * K + k][j] = (uint16_t)(0x3c00u + (((uint64_t)j * 2654435761u + (uint64_t)b * 40503u) & 0x7ffu));
         dfl_batch ob;
         memset(&ob, 0, sizeof ob);
         ob.n_tokens = (uint64_t)T;
@@ -112,19 +155,28 @@ int main(int argc, char **argv)
         ob.input_ids = ids;
         ob.loss_mask = mask;
         for (int k = 0; k < K; k++)
-            ob.layers[k] = buf[(b % slots) * K + k];
+            ob.layers[k] = buf[sl * K + k];
         if (dfl_writer_batch(w, &ob, &e)) {
             dfl_writer_abort(w);
             return dfl_cli_report(&e);
         }
+        end_off[sl] = dfl_writer_bytes(w);
     }
     uint64_t bytes = dfl_writer_bytes(w);
+    /* spliced pages must not change until they are read, and free() writes into the blocks it
+     * frees (the allocator's links): wait for the reader before giving the slots back */
+    double tail = 0;
+    if (wait_read(w, bytes, &tail, &e)) {
+        dfl_writer_abort(w);
+        return dfl_cli_report(&e);
+    }
     if (dfl_writer_close(w, &e))
         return dfl_cli_report(&e);
     double s = dfl_now() - t0;
     fprintf(stderr, "{\"bytes\": %" PRIu64 ", \"seconds\": %.4f, \"gb_per_s\": %.3f, \"tokens_per_s\": %.1f, "
-            "\"pipe_bytes\": %d, \"chunk_kib\": %lld, \"vmsplice\": %s}\n", bytes, s, s > 0 ? bytes / s / 1e9 : 0.0,
-            s > 0 ? (double)(batches * T) / s : 0.0, pipe_sz, (long long)chunk_kib, vms ? "true" : "false");
+            "\"pipe_bytes\": %d, \"chunk_kib\": %lld, \"vmsplice\": %s, \"slots\": %lld, \"slot_wait_s\": %.4f}\n",
+            bytes, s, s > 0 ? bytes / s / 1e9 : 0.0, s > 0 ? (double)(batches * T) / s : 0.0, pipe_sz,
+            (long long)chunk_kib, vms ? "true" : "false", (long long)slots, waited);
     for (int64_t i = 0; i < slots * K; i++)
         free(buf[i]);
     free(buf), free(lens), free(ids), free(mask);
