@@ -130,8 +130,17 @@ struct dfl_draft {
     int32_t *ctx_start, *anchor; /* [B] */
     const float *h_weight;       /* [Q] the host copies (dfl_draft_activation) */
     const int32_t *h_labels;     /* [Q] */
-    uint8_t *correct;            /* [Q] */
-    float *ce;                   /* [Q] */
+    /* The LM head and the loss run on the Qs = B (bs - 1) rows of block slots 1..bs-1 only
+     * (slot 0 holds the anchor's known token and is never scored; rows whose label is masked
+     * stay in, with weight 0): gathered with scored_rows, results scattered back with
+     * row_scored. Both maps depend on bs alone and are written once by dfl_draft_reserve. */
+    int32_t *scored_rows;        /* [capB*(bs-1)] the row of each scored row */
+    int32_t *row_scored;         /* [capB*bs] the scored row of each row, -1 at slot 0 */
+    int32_t *labels_s;           /* [Qs] */
+    float *weight_s;             /* [Qs] */
+    uint8_t *correct_s;          /* [Qs] */
+    float *ce;                   /* [Qs] */
+    uint8_t *correct;            /* [Q] (0 at slot 0) */
     void *feat;                  /* [k, T, H] act: the set's features, or featc */
     void *featc;                 /* [k, T, H] act: features converted from another dtype */
     void *cpre, *C;              /* [T, H] */
@@ -563,7 +572,7 @@ int dfl_draft_open(dfl_draft **out, dfl_be *be, const dfl_draft_config *c, dfl_e
     const dfl_be_ops *o = be->ops;
     if (!o->rmsnorm_bwd || !o->qknorm_rope_bwd || !o->swiglu_bwd || !o->dflash_attn ||
         !o->dflash_attn_bwd || !o->lmce || !o->sumsq || !o->clip_scale || !o->block_metrics ||
-        !o->adamw || !o->uniform_noise)
+        !o->adamw || !o->uniform_noise || !o->gather_rows)
         return dfl_fail(e, DFL_EUNSUP, "the %s backend has no drafter training ops yet (use "
                         "--device cpu)", be->name);
     dfl_draft *m = calloc(1, sizeof *m);
@@ -935,11 +944,16 @@ static void carve_all(dfl_draft *m, carver *cv)
     const size_t as = dfl_dtype_size(m->be->act);
     const int64_t T = m->capT, Q = m->capB * c->block_size, H = c->hidden, I = c->intermediate;
     const int64_t NQ = (int64_t)c->n_heads * c->head_dim, NK = (int64_t)c->n_kv * c->head_dim;
-    const int64_t TQ = T + Q;
+    const int64_t TQ = T + Q, Qs = m->capB * (c->block_size - 1);
     for (int i = 0; i < m->n_sets; i++)
         carve_set(m, cv, &m->sets[i], false);
+    m->scored_rows = carve(cv, (size_t)Qs * 4);
+    m->row_scored = carve(cv, (size_t)Q * 4);
+    m->labels_s = carve(cv, (size_t)Qs * 4);
+    m->weight_s = carve(cv, (size_t)Qs * 4);
+    m->correct_s = carve(cv, (size_t)Qs);
+    m->ce = carve(cv, (size_t)Qs * 4);
     m->correct = carve(cv, (size_t)Q);
-    m->ce = carve(cv, (size_t)Q * 4);
     m->featc = m->feat_dt != m->be->act ? carve(cv, (size_t)c->n_feat * T * H * as) : NULL;
     m->cpre = carve(cv, (size_t)T * H * as);
     m->C = carve(cv, (size_t)T * H * as);
@@ -980,6 +994,28 @@ static void carve_all(dfl_draft *m, carver *cv)
     m->dC = carve(cv, (size_t)T * H * as);
 }
 
+/* The constant maps between the rows of a step and its scored rows (see scored_rows). */
+static int upload_row_maps(dfl_draft *m, dfl_err *e)
+{
+    const int bs = m->c.block_size;
+    const int64_t Q = m->capB * bs, Qs = m->capB * (bs - 1);
+    int32_t *h = malloc((size_t)(Q + Qs) * sizeof *h);
+    if (!h)
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
+    int32_t *sr = h, *rs = h + Qs;
+    for (int64_t q = 0; q < Q; q++) {
+        const int64_t j = q % bs, i = q / bs * (bs - 1) + j - 1;
+        rs[q] = j ? (int32_t)i : -1;
+        if (j)
+            sr[i] = (int32_t)q;
+    }
+    int rc = m->be->ops->upload(m->be, m->scored_rows, sr, (size_t)Qs * sizeof *h);
+    if (!rc)
+        rc = m->be->ops->upload(m->be, m->row_scored, rs, (size_t)Q * sizeof *h);
+    free(h);
+    return rc ? dfl_fail(e, rc, "drafter workspace: cannot upload the row maps") : DFL_OK;
+}
+
 int dfl_draft_reserve(dfl_draft *m, int64_t max_tokens, int64_t max_blocks, int64_t lmce_chunk,
                       dfl_err *e)
 {
@@ -988,7 +1024,7 @@ int dfl_draft_reserve(dfl_draft *m, int64_t max_tokens, int64_t max_blocks, int6
          * chunks must be large for the two GEMMs to be compute-bound (1024 rows x 152K vocab
          * = 622 MB of f32 work space), but no larger than the rows there are. */
         lmce_chunk = m->be->lmce_rows > 0 ? m->be->lmce_rows : 64;
-        int64_t rows = (max_blocks < 1 ? 1 : max_blocks) * m->c.block_size;
+        int64_t rows = (max_blocks < 1 ? 1 : max_blocks) * (m->c.block_size - 1);
         if (lmce_chunk > rows)
             lmce_chunk = rows;
     }
@@ -1049,6 +1085,11 @@ int dfl_draft_reserve(dfl_draft *m, int64_t max_tokens, int64_t max_blocks, int6
     cv.off = 0;
     carve_all(m, &cv);
     m->be->ops->memset0(m->be, m->arena, cv.off);
+    int rc = upload_row_maps(m, e);
+    if (rc) {
+        free_workspace(m);
+        return rc;
+    }
     for (int i = 0; i < m->n_sets; i++) {
         carver hc = {NULL, 0};
         carve_set(m, &hc, &m->sets[i], true);
@@ -1421,20 +1462,29 @@ static int run_step(dfl_draft *m, in_set *set, bool backward, dfl_err *e)
         }
         TRY(be->ops->rmsnorm(be, m->z, m->rstdf, m->hL, W(m, m->off_norm), Q, H, eps));
     }
+    /* The LM head and the loss on the scored rows (see scored_rows): z's rows at slots 1..bs-1
+     * into dx (free until the backward), their gradient into dh. */
+    const int64_t Qs = m->B * (c->block_size - 1);
     dfl_lmce lm = {
-        .z = m->z, .w_lm = m->lm_head, .labels = m->labels, .weight = m->weight, .Q = Q, .H = H,
-        .V = c->vocab, .sums = m->sums, .correct = m->correct, .ce_out = m->ce,
-        .dz = backward ? m->dx : NULL, .grad_scale = 1.0f, .work = m->lm_work,
+        .z = m->dx, .w_lm = m->lm_head, .labels = m->labels_s, .weight = m->weight_s, .Q = Qs,
+        .H = H, .V = c->vocab, .sums = m->sums, .correct = m->correct_s, .ce_out = m->ce,
+        .dz = backward ? m->dh : NULL, .grad_scale = 1.0f, .work = m->lm_work,
         .chunk_rows = m->chunk,
     };
     if (Q > 0) {
+        TRY(be->ops->gather_rows(be, m->dx, m->z, m->scored_rows, Qs, H * (int64_t)as));
+        TRY(be->ops->gather_rows(be, m->labels_s, m->labels, m->scored_rows, Qs, 4));
+        TRY(be->ops->gather_rows(be, m->weight_s, m->weight, m->scored_rows, Qs, 4));
         TRY(be->ops->lmce(be, &lm));
+        TRY(be->ops->gather_rows(be, m->correct, m->correct_s, m->row_scored, Q, 1));
         TRY(be->ops->block_metrics(be, m->bmet, m->correct, m->weight, m->B, c->block_size));
     }
     m->have_step = true;
     if (!backward || Q == 0)
         return DFL_OK;   /* run_step records the set's ev_read */
 
+    /* dz of every row: the scored rows' from dh, zero at slot 0 */
+    TRY(be->ops->gather_rows(be, m->dx, m->dh, m->row_scored, Q, H * (int64_t)as));
     TRY(be->ops->rmsnorm_bwd(be, m->dh, m->grad + m->off_norm, m->dx, m->hL, W(m, m->off_norm),
                              m->rstdf, Q, H, false));
     TRY(be->ops->memset0(be, m->dC, (size_t)T * H * as));
@@ -1658,6 +1708,24 @@ void dfl_draft_host_waits(const dfl_draft *m, uint64_t *syncs, uint64_t *event_w
     m->be->ops->wait_stats(m->be, syncs, event_waits);
 }
 
+/* DFL_DRAFT_ACT_CE: the scored rows' cross-entropies, spread over the step's rows (0 at slot 0,
+ * as for every unscored row). */
+static int ce_rows(dfl_draft *m, float *dst, int64_t n, dfl_err *e)
+{
+    const int bs = m->c.block_size;
+    const int64_t Qs = m->B * (bs - 1);
+    if (n < m->Q)
+        return dfl_fail(e, DFL_EUSAGE, "activation buffer of %lld for %lld values", (long long)n,
+                        (long long)m->Q);
+    if (Qs > 0 && m->be->ops->download(m->be, dst, m->ce, (size_t)Qs * sizeof *dst))
+        return dfl_fail(e, DFL_EDEVICE, "drafter: download failed");
+    int rc = m->be->ops->sync(m->be, e);
+    /* backwards: the scored row of q is below q, so it is read before it is overwritten */
+    for (int64_t q = m->Q - 1; q >= 0 && !rc; q--)
+        dst[q] = q % bs ? dst[q / bs * (bs - 1) + q % bs - 1] : 0.0f;
+    return rc;
+}
+
 int dfl_draft_activation(dfl_draft *m, int which, int layer, float *dst, int64_t n, dfl_err *e)
 {
     dfl_be *be = m->be;
@@ -1673,7 +1741,7 @@ int dfl_draft_activation(dfl_draft *m, int which, int layer, float *dst, int64_t
         need = m->Q * H;
         break;
     case DFL_DRAFT_ACT_OUT: src = m->z; need = m->Q * H; break;
-    case DFL_DRAFT_ACT_CE: src = m->ce; need = m->Q; break;
+    case DFL_DRAFT_ACT_CE: return ce_rows(m, dst, n, e);
     case DFL_DRAFT_ACT_WEIGHT: memcpy(dst, m->h_weight, (size_t)(n < m->Q ? n : m->Q) * 4); return DFL_OK;
     case DFL_DRAFT_ACT_LABEL:
         for (int64_t i = 0; i < m->Q && i < n; i++)
@@ -1684,7 +1752,7 @@ int dfl_draft_activation(dfl_draft *m, int which, int layer, float *dst, int64_t
     if (n < need)
         return dfl_fail(e, DFL_EUSAGE, "activation buffer of %lld for %lld values", (long long)n,
                         (long long)need);
-    dfl_dtype dt = which == DFL_DRAFT_ACT_CE ? DFL_F32 : be->act;
+    dfl_dtype dt = be->act;
     if (dt == DFL_F32)
         TRY(be->ops->download(be, dst, src, (size_t)need * 4));
     else {
