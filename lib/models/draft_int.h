@@ -140,8 +140,9 @@ struct dfl_draft {
     void *cpre, *C;              /* [T, H] */
     float *rstdc;                /* [T] */
     layer_acts *la;              /* [layers] */
-    void *hL, *z;                /* [Q, H] */
-    float *rstdf;                /* [Q] */
+    void *hL;                    /* [Q, H] the last layer's output */
+    float *rstd_s;               /* [Qs] the final norm's, of the scored rows */
+    float *rstdf;                /* [Q] the same at the rows (0 at slot 0), for the backward */
     float *lm_work;              /* [chunk * (V + 2)] */
     void *dh, *dx;               /* [Q, H] */
     void *dact;                  /* [Q, I] */

@@ -303,7 +303,12 @@ int dfl_draft_activation(dfl_draft *m, int which, int layer, float *dst, int64_t
         src = layer + 1 < m->c.n_layers ? m->la[layer + 1].hin : m->hL;
         need = m->Q * H;
         break;
-    case DFL_DRAFT_ACT_OUT: src = m->z; need = m->Q * H; break;
+    case DFL_DRAFT_ACT_OUT:   /* z is kept for the scored rows only: the norm again, into dx */
+        TRY(be->ops->rmsnorm(be, m->dx, NULL, m->hL, (const char *)m->wts + m->off_norm *
+                             dfl_dtype_size(be->wdt), m->Q, H, (float)m->c.rms_eps));
+        src = m->dx;
+        need = m->Q * H;
+        break;
     case DFL_DRAFT_ACT_CE: return ce_rows(m, dst, n, e);
     case DFL_DRAFT_ACT_WEIGHT: memcpy(dst, m->h_weight, (size_t)(n < m->Q ? n : m->Q) * 4); return DFL_OK;
     case DFL_DRAFT_ACT_LABEL:

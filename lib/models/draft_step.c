@@ -202,18 +202,19 @@ int dfl_draft_forward(dfl_draft *m, bool want_grad, dfl_err *e)
         if (rc)
             return rc;
     }
-    TRY(be->ops->rmsnorm(be, m->z, m->rstdf, m->hL, W(m, m->off_norm), Q, H, d.eps));
 
-    /* The LM head and the loss on the scored rows (see scored_rows): z's rows at slots 1..bs-1
-     * into dx (free until the backward), their gradient into dh. */
+    /* The final norm, the LM head and the loss on the scored rows only (see scored_rows): hL's
+     * rows at slots 1..bs-1 into dh, z = norm(them) into dx (both free until the backward), the
+     * gradient at z into dh. */
     const int64_t Qs = m->B * (c->block_size - 1);
+    TRY(be->ops->gather_rows(be, m->dh, m->hL, m->scored_rows, Qs, H * (int64_t)d.as));
+    TRY(be->ops->rmsnorm(be, m->dx, m->rstd_s, m->dh, W(m, m->off_norm), Qs, H, d.eps));
     const dfl_lmce lm = {
         .z = m->dx, .w_lm = m->lm_head, .labels = m->labels_s, .weight = m->weight_s, .Q = Qs,
         .H = H, .V = c->vocab, .sums = m->sums, .correct = m->correct_s, .ce_out = m->ce,
         .dz = want_grad ? m->dh : NULL, .grad_scale = 1.0f, .work = m->lm_work,
         .chunk_rows = m->chunk,
     };
-    TRY(be->ops->gather_rows(be, m->dx, m->z, m->scored_rows, Qs, H * (int64_t)d.as));
     TRY(be->ops->gather_rows(be, m->labels_s, m->labels, m->scored_rows, Qs, 4));
     TRY(be->ops->gather_rows(be, m->weight_s, m->weight, m->scored_rows, Qs, 4));
     TRY(be->ops->lmce(be, &lm));
@@ -232,8 +233,10 @@ int dfl_draft_backward(dfl_draft *m, dfl_err *e)
     if (Q == 0)
         return DFL_OK;
 
-    /* dz of every row: the scored rows' from dh, zero at slot 0; the final norm */
+    /* the final norm over every row: dz and rstd the scored rows', 0 at slot 0 (where the
+     * gradient is 0 and so, exactly, is what the norm's backward gives and adds to dw) */
     TRY(be->ops->gather_rows(be, m->dx, m->dh, m->row_scored, Q, H * (int64_t)d.as));
+    TRY(be->ops->gather_rows(be, m->rstdf, m->rstd_s, m->row_scored, Q, 4));
     TRY(be->ops->rmsnorm_bwd(be, m->dh, m->grad + m->off_norm, m->dx, m->hL, W(m, m->off_norm),
                              m->rstdf, Q, H, false));
     /* the layers, last first; dC collects the context rows' gradients */

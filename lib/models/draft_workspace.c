@@ -115,7 +115,7 @@ static void carve_all(dfl_draft *m, carver *cv)
         a->act = carve(cv, (size_t)Q * I * as);
     }
     m->hL = carve(cv, (size_t)Q * H * as);
-    m->z = carve(cv, (size_t)Q * H * as);
+    m->rstd_s = carve(cv, (size_t)Qs * 4);
     m->rstdf = carve(cv, (size_t)Q * 4);
     m->lm_work = carve(cv, (size_t)m->chunk * (c->vocab + 2) * 4);
     m->dh = carve(cv, (size_t)Q * H * as);
