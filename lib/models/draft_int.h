@@ -26,17 +26,20 @@ typedef struct res_layout {
     size_t sums, bmet, scal, skip, prev_skip, bytes;
 } res_layout;
 
+/* The per-step arrays of a batch (built by the host, read by the step). */
+typedef struct step_arrays {
+    int32_t *pos;                /* [T+Q] context positions, then block-slot positions */
+    int32_t *tok, *labels;       /* [Q] */
+    float *weight;               /* [Q] */
+    int32_t *ctx_start, *anchor; /* [B] */
+    void *feat;                  /* [k, T, H] feat_dt, rows packed */
+} step_arrays;
+
 /* One step's inputs: host arrays (pinned on a GPU) and their backend copies. */
 typedef struct in_set {
     void *hblock;                /* the host arrays, one allocation */
-    int32_t *h_pos;              /* [T+Q] context positions, then block-slot positions */
-    int32_t *h_tok, *h_labels;   /* [Q] */
-    float *h_weight;             /* [Q] */
-    int32_t *h_ctx_start, *h_anchor; /* [B] */
-    void *h_feat;                /* [k, T, H] feat_dt, rows packed */
-    int32_t *pos, *tok, *labels, *ctx_start, *anchor;   /* backend copies (arena) */
-    float *weight;
-    void *feat;                  /* [k, T, H] feat_dt */
+    step_arrays h;               /* the host arrays */
+    step_arrays d;               /* their backend copies (arena) */
     /* the batch staged into it */
     int64_t T, B;
     int32_t S;
@@ -117,13 +120,9 @@ struct dfl_draft {
     int64_t capT, capB, chunk;
     void *arena;                 /* one backend allocation */
     uint64_t ws_bytes;
-    /* the step's inputs: pointers into the input set it runs on */
-    int32_t *pos;                /* [T+Q] context positions, then block-slot positions */
-    int32_t *tok, *labels;       /* [Q] */
-    float *weight;               /* [Q] */
-    int32_t *ctx_start, *anchor; /* [B] */
-    const float *h_weight;       /* [Q] the host copies (dfl_draft_activation) */
-    const int32_t *h_labels;     /* [Q] */
+    /* the step's inputs: the backend arrays of the input set it runs on (in.feat: the set's
+     * features, or featc), and their host copies (dfl_draft_activation) */
+    step_arrays in, h_in;
     /* The LM head and the loss run on the Qs = B (bs - 1) rows of block slots 1..bs-1 only
      * (slot 0 holds the anchor's known token and is never scored; rows whose label is masked
      * stay in, with weight 0): gathered with scored_rows, results scattered back with
@@ -135,7 +134,6 @@ struct dfl_draft {
     uint8_t *correct_s;          /* [Qs] */
     float *ce;                   /* [Qs] */
     uint8_t *correct;            /* [Q] (0 at slot 0) */
-    void *feat;                  /* [k, T, H] act: the set's features, or featc */
     void *featc;                 /* [k, T, H] act: features converted from another dtype */
     void *cpre, *C;              /* [T, H] */
     float *rstdc;                /* [T] */

@@ -310,10 +310,10 @@ int dfl_draft_activation(dfl_draft *m, int which, int layer, float *dst, int64_t
         need = m->Q * H;
         break;
     case DFL_DRAFT_ACT_CE: return ce_rows(m, dst, n, e);
-    case DFL_DRAFT_ACT_WEIGHT: memcpy(dst, m->h_weight, (size_t)(n < m->Q ? n : m->Q) * 4); return DFL_OK;
+    case DFL_DRAFT_ACT_WEIGHT: memcpy(dst, m->h_in.weight, (size_t)(n < m->Q ? n : m->Q) * 4); return DFL_OK;
     case DFL_DRAFT_ACT_LABEL:
         for (int64_t i = 0; i < m->Q && i < n; i++)
-            dst[i] = (float)m->h_labels[i];
+            dst[i] = (float)m->h_in.labels[i];
         return DFL_OK;
     default: return dfl_fail(e, DFL_EUSAGE, "unknown activation %d", which);
     }

@@ -123,7 +123,7 @@ static int prepare(dfl_draft *m, const dfl_draft_input *in, in_set *set, dfl_err
         if (in->seq_lens[s] == 0)
             return dfl_fail(e, DFL_EDATA, "drafter step: sequence %d is empty", s);
         for (uint32_t i = 0; i < in->seq_lens[s]; i++)
-            set->h_pos[t + i] = (int32_t)i;
+            set->h.pos[t + i] = (int32_t)i;
         t += in->seq_lens[s];
         if (t > in->T)
             break;
@@ -147,15 +147,15 @@ static int prepare(dfl_draft *m, const dfl_draft_input *in, in_set *set, dfl_err
         if (a < 0 || a >= L)
             return dfl_fail(e, DFL_EDATA, "drafter step: block %d: anchor %d outside sequence %d of "
                             "length %lld", b, a, s, (long long)L);
-        set->h_ctx_start[b] = (int32_t)cs;
-        set->h_anchor[b] = a;
+        set->h.ctx_start[b] = (int32_t)cs;
+        set->h.anchor[b] = a;
         for (int j = 0; j < bs; j++) {
             int64_t q = (int64_t)b * bs + j, p = a + j;
-            set->h_tok[q] = j == 0 ? in->input_ids[cs + a] : c->mask_token_id;
-            set->h_pos[T + q] = (int32_t)p;
+            set->h.tok[q] = j == 0 ? in->input_ids[cs + a] : c->mask_token_id;
+            set->h.pos[T + q] = (int32_t)p;
             bool in_range = p < L;
-            set->h_labels[q] = in_range ? in->input_ids[cs + p] : 0;
-            set->h_weight[q] = (j >= 1 && in_range && in->loss_mask[cs + p]) ? m->decay[j] : 0.0f;
+            set->h.labels[q] = in_range ? in->input_ids[cs + p] : 0;
+            set->h.weight[q] = (j >= 1 && in_range && in->loss_mask[cs + p]) ? m->decay[j] : 0.0f;
         }
     }
     return DFL_OK;
@@ -179,7 +179,7 @@ static int fill_set(dfl_draft *m, const dfl_draft_input *in, in_set *set, dfl_er
     if ((rc = prepare(m, in, set, e)))
         return rc;
     for (int j = 0; j < c->n_feat; j++) {
-        char *dst = (char *)set->h_feat + (size_t)j * T * H * fs;
+        char *dst = (char *)set->h.feat + (size_t)j * T * H * fs;
         if (!in->feat[j])
             return dfl_fail(e, DFL_EUSAGE, "drafter step: no features for captured layer %d", j);
         if (in->feat_ld == H)
@@ -213,13 +213,13 @@ int dfl_draft_stage(dfl_draft *m, const dfl_draft_input *in, dfl_err *e)
     const int64_t T = set->T, B = set->B, Q = B * m->c.block_size;
     const size_t fb = (size_t)m->c.n_feat * (size_t)(T * m->c.hidden) * dfl_dtype_size(set->feat_dt);
     if ((set->read && (rc = be->ops->stream_wait(be, DFL_STREAM_COPY, set->ev_read, e))) ||
-        (rc = be->ops->upload_async(be, set->pos, set->h_pos, (size_t)(T + Q) * 4, DFL_STREAM_COPY, e)) ||
-        (rc = be->ops->upload_async(be, set->tok, set->h_tok, (size_t)Q * 4, DFL_STREAM_COPY, e)) ||
-        (rc = be->ops->upload_async(be, set->labels, set->h_labels, (size_t)Q * 4, DFL_STREAM_COPY, e)) ||
-        (rc = be->ops->upload_async(be, set->weight, set->h_weight, (size_t)Q * 4, DFL_STREAM_COPY, e)) ||
-        (rc = be->ops->upload_async(be, set->ctx_start, set->h_ctx_start, (size_t)B * 4, DFL_STREAM_COPY, e)) ||
-        (rc = be->ops->upload_async(be, set->anchor, set->h_anchor, (size_t)B * 4, DFL_STREAM_COPY, e)) ||
-        (rc = be->ops->upload_async(be, set->feat, set->h_feat, fb, DFL_STREAM_COPY, e)) ||
+        (rc = be->ops->upload_async(be, set->d.pos, set->h.pos, (size_t)(T + Q) * 4, DFL_STREAM_COPY, e)) ||
+        (rc = be->ops->upload_async(be, set->d.tok, set->h.tok, (size_t)Q * 4, DFL_STREAM_COPY, e)) ||
+        (rc = be->ops->upload_async(be, set->d.labels, set->h.labels, (size_t)Q * 4, DFL_STREAM_COPY, e)) ||
+        (rc = be->ops->upload_async(be, set->d.weight, set->h.weight, (size_t)Q * 4, DFL_STREAM_COPY, e)) ||
+        (rc = be->ops->upload_async(be, set->d.ctx_start, set->h.ctx_start, (size_t)B * 4, DFL_STREAM_COPY, e)) ||
+        (rc = be->ops->upload_async(be, set->d.anchor, set->h.anchor, (size_t)B * 4, DFL_STREAM_COPY, e)) ||
+        (rc = be->ops->upload_async(be, set->d.feat, set->h.feat, fb, DFL_STREAM_COPY, e)) ||
         (rc = be->ops->event_record(be, set->ev_up, DFL_STREAM_COPY, e)))
         return rc;
     set->uploaded = true;
@@ -237,23 +237,15 @@ static int use_set(dfl_draft *m, in_set *set, dfl_err *e)
     int rc = be->ops->stream_wait(be, DFL_STREAM_COMPUTE, set->ev_up, e);
     if (rc)
         return rc;
-    m->pos = set->pos;
-    m->tok = set->tok;
-    m->labels = set->labels;
-    m->weight = set->weight;
-    m->ctx_start = set->ctx_start;
-    m->anchor = set->anchor;
-    m->h_weight = set->h_weight;
-    m->h_labels = set->h_labels;
+    m->in = set->d;
+    m->h_in = set->h;
     const int64_t n = (int64_t)c->n_feat * set->T * c->hidden;
-    if (set->feat_dt == be->act) {
-        m->feat = set->feat;
-    } else {
-        m->feat = m->featc;
-        TRY(be->ops->convert(be, m->feat, be->act, set->feat, set->feat_dt, n));
+    if (set->feat_dt != be->act) {
+        m->in.feat = m->featc;
+        TRY(be->ops->convert(be, m->in.feat, be->act, set->d.feat, set->feat_dt, n));
     }
     if (set->noise_amp > 0)
-        TRY(be->ops->uniform_noise(be, m->feat, n, set->noise_amp, set->noise_seed));
+        TRY(be->ops->uniform_noise(be, m->in.feat, n, set->noise_amp, set->noise_seed));
     return DFL_OK;
 }
 

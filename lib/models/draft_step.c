@@ -77,8 +77,8 @@ static dfl_dflash_attn layer_attn(dfl_draft *m, int l)
     const int64_t T = m->T, NK = (int64_t)c->n_kv * c->head_dim;
     return (dfl_dflash_attn){
         .q = a->q, .k_ctx = a->k, .v_ctx = a->v, .k_blk = ACT(m, a->k, T, NK),
-        .v_blk = ACT(m, a->v, T, NK), .o = a->o, .lse = a->lse, .ctx_start = m->ctx_start,
-        .anchor = m->anchor, .n_blocks = (int32_t)m->B, .bs = c->block_size,
+        .v_blk = ACT(m, a->v, T, NK), .o = a->o, .lse = a->lse, .ctx_start = m->in.ctx_start,
+        .anchor = m->in.anchor, .n_blocks = (int32_t)m->B, .bs = c->block_size,
         .max_anchor = (int32_t)T, .window = c->sliding[l] ? (int32_t)c->sliding_window : 0,
         .T_ctx = T, .n_heads = c->n_heads, .n_kv = c->n_kv, .d = c->head_dim,
         .scale = 1.0f / sqrtf((float)c->head_dim),
@@ -98,13 +98,13 @@ static int layer_forward(dfl_draft *m, int l, void *hout, dfl_err *e)
     /* queries */
     TRY(linear(m, a->qraw, a->x, d.Q, w->wq, d.NQ, d.H, 0.0f));
     TRY(be->ops->copy(be, a->q, a->qraw, (size_t)(d.Q * d.NQ) * d.as));
-    TRY(be->ops->qknorm_rope(be, a->q, d.NQ, a->rstdq, W(m, w->q_norm), m->pos + d.T, d.Q,
+    TRY(be->ops->qknorm_rope(be, a->q, d.NQ, a->rstdq, W(m, w->q_norm), m->in.pos + d.T, d.Q,
                              c->n_heads, c->head_dim, d.eps, d.theta));
     /* keys and values: rows [context | block slots] */
     TRY(linear(m, a->kraw, m->C, d.T, w->wk, d.NK, d.H, 0.0f));
     TRY(linear(m, ACT(m, a->kraw, d.T, d.NK), a->x, d.Q, w->wk, d.NK, d.H, 0.0f));
     TRY(be->ops->copy(be, a->k, a->kraw, (size_t)((d.T + d.Q) * d.NK) * d.as));
-    TRY(be->ops->qknorm_rope(be, a->k, d.NK, a->rstdk, W(m, w->k_norm), m->pos, d.T + d.Q,
+    TRY(be->ops->qknorm_rope(be, a->k, d.NK, a->rstdk, W(m, w->k_norm), m->in.pos, d.T + d.Q,
                              c->n_kv, c->head_dim, d.eps, d.theta));
     TRY(linear(m, a->v, m->C, d.T, w->wv, d.NK, d.H, 0.0f));
     TRY(linear(m, ACT(m, a->v, d.T, d.NK), a->x, d.Q, w->wv, d.NK, d.H, 0.0f));
@@ -151,10 +151,10 @@ static int layer_backward(dfl_draft *m, int l, dfl_err *e)
     at.dv_blk = ACT(m, m->dv, d.T, d.NK);
     TRY(be->ops->dflash_attn_bwd(be, &at));
     TRY(be->ops->qknorm_rope_bwd(be, m->dq, d.NQ, m->grad + w->q_norm, a->qraw, W(m, w->q_norm),
-                                 a->rstdq, m->pos + d.T, d.Q, c->n_heads, c->head_dim, d.eps,
+                                 a->rstdq, m->in.pos + d.T, d.Q, c->n_heads, c->head_dim, d.eps,
                                  d.theta));
     TRY(be->ops->qknorm_rope_bwd(be, m->dk, d.NK, m->grad + w->k_norm, a->kraw, W(m, w->k_norm),
-                                 a->rstdk, m->pos, d.T + d.Q, c->n_kv, c->head_dim, d.eps,
+                                 a->rstdk, m->in.pos, d.T + d.Q, c->n_kv, c->head_dim, d.eps,
                                  d.theta));
     const void *dk_blk = at.dk_blk, *dv_blk = at.dv_blk;
     TRY(linear_dw(m, w->wq, m->dq, a->x, d.Q, d.NQ, d.H));
@@ -175,7 +175,7 @@ static int layer_backward(dfl_draft *m, int l, dfl_err *e)
 /* The features of captured layer j (act [T, H]). */
 static const void *feat_j(dfl_draft *m, int j)
 {
-    return (const char *)m->feat + (size_t)j * (size_t)(m->T * m->c.hidden) * dfl_dtype_size(m->be->act);
+    return (const char *)m->in.feat + (size_t)j * (size_t)(m->T * m->c.hidden) * dfl_dtype_size(m->be->act);
 }
 
 int dfl_draft_forward(dfl_draft *m, bool want_grad, dfl_err *e)
@@ -196,7 +196,7 @@ int dfl_draft_forward(dfl_draft *m, bool want_grad, dfl_err *e)
         return DFL_OK;
 
     /* the blocks: embeddings, the layers, the final norm */
-    TRY(be->ops->embedding(be, m->la[0].hin, m->tok, m->embed, Q, H));
+    TRY(be->ops->embedding(be, m->la[0].hin, m->in.tok, m->embed, Q, H));
     for (int l = 0; l < c->n_layers; l++) {
         int rc = layer_forward(m, l, l + 1 < c->n_layers ? m->la[l + 1].hin : m->hL, e);
         if (rc)
@@ -215,11 +215,11 @@ int dfl_draft_forward(dfl_draft *m, bool want_grad, dfl_err *e)
         .dz = want_grad ? m->dh : NULL, .grad_scale = 1.0f, .work = m->lm_work,
         .chunk_rows = m->chunk,
     };
-    TRY(be->ops->gather_rows(be, m->labels_s, m->labels, m->scored_rows, Qs, 4));
-    TRY(be->ops->gather_rows(be, m->weight_s, m->weight, m->scored_rows, Qs, 4));
+    TRY(be->ops->gather_rows(be, m->labels_s, m->in.labels, m->scored_rows, Qs, 4));
+    TRY(be->ops->gather_rows(be, m->weight_s, m->in.weight, m->scored_rows, Qs, 4));
     TRY(be->ops->lmce(be, &lm));
     TRY(be->ops->gather_rows(be, m->correct, m->correct_s, m->row_scored, Q, 1));
-    TRY(be->ops->block_metrics(be, m->bmet, m->correct, m->weight, m->B, c->block_size));
+    TRY(be->ops->block_metrics(be, m->bmet, m->correct, m->in.weight, m->B, c->block_size));
     return DFL_OK;
 }
 

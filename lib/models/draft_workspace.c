@@ -36,8 +36,7 @@ void dfl_draft_free_workspace(dfl_draft *m)
     }
     free(m->h_seq_start);
     m->h_seq_start = NULL;
-    m->h_weight = NULL;
-    m->h_labels = NULL;
+    memset(&m->h_in, 0, sizeof m->h_in);
     m->capT = m->capB = m->capS = 0;
 }
 
@@ -65,13 +64,9 @@ static void carve_set(dfl_draft *m, carver *cv, in_set *s, bool host)
             *anchor = carve(cv, (size_t)B * 4);
     float *weight = carve(cv, (size_t)Q * 4);
     void *feat = carve(cv, (size_t)c->n_feat * T * c->hidden * dfl_dtype_size(m->feat_dt));
-    if (host) {
-        s->h_pos = pos, s->h_tok = tok, s->h_labels = labels, s->h_ctx_start = ctx_start;
-        s->h_anchor = anchor, s->h_weight = weight, s->h_feat = feat;
-    } else {
-        s->pos = pos, s->tok = tok, s->labels = labels, s->ctx_start = ctx_start;
-        s->anchor = anchor, s->weight = weight, s->feat = feat;
-    }
+    *(host ? &s->h : &s->d) = (step_arrays){.pos = pos, .tok = tok, .labels = labels,
+                                            .weight = weight, .ctx_start = ctx_start,
+                                            .anchor = anchor, .feat = feat};
 }
 
 static void carve_all(dfl_draft *m, carver *cv)
