@@ -538,6 +538,7 @@ static void cuda_ops_fill(void)
     cuda_ops.block_metrics = cuda_block_metrics;
     cuda_ops.adamw = cuda_adamw;
     cuda_ops.uniform_noise = cuda_uniform_noise;
+    cuda_ops.gather_rows = cuda_gather_rows;
     /* mixture of experts: moe.cu */
     cuda_ops.moe_route = cuda_moe_route;
     cuda_ops.moe_gather = cuda_moe_gather;

@@ -457,3 +457,48 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
     }
     return 0;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* gather_rows: one thread per word of the output (16-byte words when the row size and both
+ * pointers allow, else 4-byte, else bytes); a copy, so the result is the CPU op's bit for bit. */
+
+template <typename Wd>
+static __global__ void gather_rows_kernel(Wd *dst, const Wd *src, const int32_t *rows, int64_t n,
+                                          int64_t wpr)
+{
+    const int64_t total = n * wpr;
+    for (int64_t x = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; x < total;
+         x += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t i = x / wpr, k = x - i * wpr;
+        const int32_t r = rows[i];
+        Wd v = {};
+        if (r >= 0)
+            v = src[(int64_t)r * wpr + k];
+        dst[x] = v;
+    }
+}
+
+int cuda_gather_rows(dfl_be *be, void *dst, const void *src, const int32_t *rows, int64_t n,
+                     int64_t row_bytes)
+{
+    if (n <= 0 || row_bytes <= 0)
+        return 0;
+    int rc = cuda_enter(be);
+    if (rc)
+        return rc;
+    cudaStream_t s = cuda_of(be)->stream;
+    const int mb = tr_max_blocks(be);
+    if (row_bytes % 16 == 0 && is_aligned(dst, 16) && is_aligned(src, 16)) {
+        const int64_t w = row_bytes / 16;
+        gather_rows_kernel<uint4><<<grid_for(n * w, TR_THREADS, mb), TR_THREADS, 0, s>>>(
+            (uint4 *)dst, (const uint4 *)src, rows, n, w);
+    } else if (row_bytes % 4 == 0 && is_aligned(dst, 4) && is_aligned(src, 4)) {
+        const int64_t w = row_bytes / 4;
+        gather_rows_kernel<uint32_t><<<grid_for(n * w, TR_THREADS, mb), TR_THREADS, 0, s>>>(
+            (uint32_t *)dst, (const uint32_t *)src, rows, n, w);
+    } else {
+        gather_rows_kernel<uint8_t><<<grid_for(n * row_bytes, TR_THREADS, mb), TR_THREADS, 0, s>>>(
+            (uint8_t *)dst, (const uint8_t *)src, rows, n, row_bytes);
+    }
+    return cuda_launch_check(be, "gather_rows");
+}

@@ -277,7 +277,9 @@ def drafter_flops(c, T, Q, anchor_pos, bs):
         return sum(a - min(a, max(0, a + j - (w - 1))) + j + 1 for j in range(bs))
     # the attention FLOPs of each layer: only the keys its window leaves
     attn = sum(sum(4 * keys(a, w) * nh * d for a in anchor_pos) for w in layer_windows(c))
-    head = 2 * Q * H * V
+    # the LM head of the rows that are scored: slot 0 of a block (the anchor's own token) never
+    # is, so its logits are not model work (dfl skips them; a peer that computes them does more)
+    head = 2 * (Q - Q // bs) * H * V
     return fc + Ld * 3 * per_layer + 3.5 * attn + 2 * head
 
 

@@ -413,6 +413,13 @@ typedef struct dfl_be_ops {
     /* x[i] += amp * (2 dfl_noise_u01(seed, i) - 1) for i < n (act): uniform noise on the
      * target features (dfl-draft --noise-std). */
     int (*uniform_noise)(dfl_be *be, void *x, int64_t n, float amp, uint64_t seed);
+    /* For i < n: dst row i = src row rows[i], or zero bytes where rows[i] < 0 (rows: int32,
+     * backend memory). Rows are row_bytes bytes of any element type, copied exactly; dst and
+     * src do not overlap. The drafter gathers the scored rows of a step (block slots 1..bs-1)
+     * before the LM head with it, and scatters their gradients back with an inverse map that
+     * is -1 at the slot-0 rows. */
+    int (*gather_rows)(dfl_be *be, void *dst, const void *src, const int32_t *rows, int64_t n,
+                       int64_t row_bytes);
 
     /* mixture of experts (the target's sparse MLPs; see dfl_moe_route) */
     int (*moe_route)(dfl_be *be, const dfl_moe_route *r);

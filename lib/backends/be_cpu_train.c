@@ -557,3 +557,19 @@ int dfl_cpu_uniform_noise(dfl_be *be, void *xv, int64_t n, float amp, uint64_t s
         x[i] += amp * (2.0f * dfl_noise_u01(seed, (uint64_t)i) - 1.0f);
     return 0;
 }
+
+int dfl_cpu_gather_rows(dfl_be *be, void *dstv, const void *srcv, const int32_t *rows, int64_t n,
+                        int64_t row_bytes)
+{
+    char *dst = dstv;
+    const char *src = srcv;
+    const size_t rb = (size_t)row_bytes;
+#pragma omp parallel for schedule(static) if (PAR(n * row_bytes / 4))
+    for (int64_t i = 0; i < n; i++) {
+        if (rows[i] >= 0)
+            memcpy(dst + (size_t)i * rb, src + (size_t)rows[i] * rb, rb);
+        else
+            memset(dst + (size_t)i * rb, 0, rb);
+    }
+    return 0;
+}

@@ -199,7 +199,8 @@ void dfl_draft_host_waits(const dfl_draft *m, uint64_t *syncs, uint64_t *event_w
 /* Activations of the last forward, for tests (host copies, f32). */
 enum { DFL_DRAFT_ACT_CTX,      /* C [T, H] */
        DFL_DRAFT_ACT_LAYER,    /* output of layer `layer` [Q, H] */
-       DFL_DRAFT_ACT_OUT,      /* z after the final norm [Q, H] */
+       DFL_DRAFT_ACT_OUT,      /* z after the final norm [Q, H] (computed again from the last
+                                * layer's output: the step keeps z for the scored rows only) */
        DFL_DRAFT_ACT_CE,       /* per-slot unweighted cross-entropy [Q] (0 where unscored) */
        DFL_DRAFT_ACT_WEIGHT,   /* per-slot decayed loss weight [Q] */
        DFL_DRAFT_ACT_LABEL };  /* per-slot label [Q] (as float) */

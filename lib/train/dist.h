@@ -92,7 +92,7 @@ int dfl_dist_sum_host(dfl_dist *d, double *v, int n, dfl_err *e);
 /* The latched error of a failed collective or of the watchdog (0 if none). */
 int dfl_dist_check(dfl_dist *d, dfl_err *e);
 
-/* The drafter's hook (lib/models/draft_model.c): dfl_draft_apply sums its gradients, loss and accuracy
+/* The drafter's hook (lib/models/draft_step.c): dfl_draft_apply sums its gradients, loss and accuracy
  * sums and block metrics over the ranks of d (NULL: this rank alone) before the gradient norm,
  * so that the norm, the clipping and the loss denominator are global. */
 struct dfl_draft;

@@ -2,7 +2,7 @@
  * against the CPU reference ops (lib/backends/be_cpu_train.c) on random inputs, in bf16 mode
  * (be->act = bf16) and f32 mode: rmsnorm_bwd, qknorm_rope_bwd, swiglu_bwd, dflash_attn (forward
  * and backward; every tile variant, the exact f32 kernels, odd shapes), lmce, sumsq, clip_scale,
- * adamw and uniform_noise. Without a GPU (or in a build without CUDA) every case is skipped and
+ * adamw, uniform_noise and gather_rows. Without a GPU (or in a build without CUDA) every case is skipped and
  * the program exits 77.
  *
  * Inputs are drawn in f32 and, in bf16 mode, rounded to bf16 first, so both backends see the
@@ -23,7 +23,7 @@
  *   lmce: ce per row |diff| <= 2e-4 + 1e-5 |ce|; loss sum rel 1e-5; weight sum, scored count
  *         exact; hits exact except rows whose top-2 logit gap is below 1e-3 (counted, allowed);
  *         dz rel 1e-2 / cos 0.9999 (bf16: G is rounded to bf16), rel 1e-4 (f32)
- *   sumsq rel 1e-12; clip_scale, block_metrics bit-exact; uniform_noise bit-exact (bf16: the
+ *   sumsq rel 1e-12; clip_scale, block_metrics, gather_rows bit-exact; uniform_noise bit-exact (bf16: the
  *         rounded CPU value);
  *   adamw |diff| <= 2^-20 |value| per element (the arithmetic is the CPU's operation for
  *         operation; the count of bitwise-different elements is printed, expected 0).
@@ -1423,6 +1423,63 @@ static void test_block_metrics(void)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* gather_rows: a copy, so bit-exact against the CPU op; rows of 1, 4, 6, 12, 2H (bf16) and 4H
+ * bytes, aligned and misaligned buffers (the 16-, 4- and 1-byte paths), -1 rows zeroed. */
+
+static void test_gather_rows(void)
+{
+    NEED_GPU();
+    static const struct { int64_t n, src_rows, row_bytes; size_t skew; } cases[] = {
+        {1, 1, 1, 0}, {8190, 8192, 1, 0}, {7, 9, 4, 0}, {1000, 1100, 6, 0}, {513, 600, 12, 4},
+        {4095, 4096, 2 * 4096, 0}, {300, 301, 4 * 1024, 0}, {300, 301, 4 * 1024, 4},
+        {300, 301, 2 * 1000, 2}, {20000, 16, 32, 0},
+    };
+    dfl_be *be = g_bf;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int64_t n = cases[ci].n, R = cases[ci].src_rows, rb = cases[ci].row_bytes;
+        const size_t skew = cases[ci].skew;
+        uint8_t *src = xmalloc((size_t)(R * rb)), *ref = xmalloc((size_t)(n * rb));
+        uint8_t *got = xmalloc((size_t)(n * rb));
+        int32_t *rows = xmalloc((size_t)n * sizeof *rows);
+        for (int64_t i = 0; i < R * rb; i++)
+            src[i] = (uint8_t)rng_int(1, 255);
+        for (int64_t i = 0; i < n; i++)
+            rows[i] = rng_int(0, 9) == 0 ? -1 : rng_int(0, (int)R - 1);
+        char what[100];
+        snprintf(what, sizeof what, "gather_rows %lld rows of %lld bytes from %lld (skew %zu)",
+                 (long long)n, (long long)rb, (long long)R, skew);
+        gbuf gs, gd, gr;
+        if (gb_alloc_skew(&gs, be, (size_t)(R * rb), DFL_U8, skew) &&
+            gb_alloc_skew(&gd, be, (size_t)(n * rb), DFL_U8, skew) &&
+            gb_alloc(&gr, be, (size_t)n, DFL_I32)) {
+            gb_set_raw(&gs, src);
+            gb_set_raw(&gr, rows);
+            T_CHECK(g_cpu->ops->gather_rows(g_cpu, ref, src, rows, n, rb) == 0, "cpu gather_rows");
+            check_rc(be->ops->gather_rows(be, gd.p, gs.p, (const int32_t *)gr.p, n, rb), be, what);
+            sync_ok(be, what);
+            gb_get_raw(&gd, got);
+            int64_t bad = 0, zeros = 0;
+            for (int64_t i = 0; i < n; i++) {
+                bad += memcmp(got + i * rb, ref + i * rb, (size_t)rb) != 0;
+                zeros += rows[i] < 0;
+            }
+            printf("#   %-64s %lld rows (%lld zeroed), %lld differ\n", what, (long long)n,
+                   (long long)zeros, (long long)bad);
+            T_CHECK(bad == 0, "%s: %lld rows differ from the CPU", what, (long long)bad);
+            gb_check_guards(&gd, what);
+            gb_check_guards(&gs, what);
+        }
+        gb_free(&gs);
+        gb_free(&gd);
+        gb_free(&gr);
+        free(src);
+        free(ref);
+        free(got);
+        free(rows);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* adamw */
 
 struct aw_case {
@@ -1632,6 +1689,7 @@ int main(int argc, char **argv)
     }
     T_RUN(test_clip_scale);
     T_RUN(test_block_metrics);
+    T_RUN(test_gather_rows);
     T_RUN(test_uniform_noise);
     T_RUN(test_sumsq);
     T_RUN(test_adamw);

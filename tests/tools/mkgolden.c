@@ -7,7 +7,7 @@
  *   mkgolden [--seed N] [--oracle DIR] [--golden-bin PATH] [-v] OUT
  *
  * It is a regression golden, not an independent oracle: every value comes from the drafter's CPU
- * step (lib/models/draft_model.c on the CPU backend, the calls dflash-golden makes) on a random
+ * step (lib/models/draft_step.c on the CPU backend, the calls dflash-golden makes) on a random
  * configuration drawn from --seed (H 32, V 256, I 64, 2 layers, 4 query / 2 key-value heads of 16,
  * block 8, 3 target features, 3 sequences of 20-60 tokens with a prompt and holes in the loss
  * mask; anchors by the shared golden's rule). So that it is made only by a build that reproduces
@@ -602,7 +602,7 @@ int main(int argc, char **argv)
     snprintf(seedtxt, sizeof seedtxt, "%lld", (long long)seed);
     meta(w, "format", "dflash-golden-v1");
     meta(w, "origin", "dfl tests/tools/mkgolden: a regression golden of the project's own CPU step "
-         "(lib/models/draft_model.c on the CPU backend, f32), not an independent oracle");
+         "(lib/models/draft_step.c on the CPU backend, f32), not an independent oracle");
     meta(w, "oracle_check", check);
     meta(w, "config", cj);
     meta(w, "adamw", adam);

@@ -1,6 +1,7 @@
 /* test-draft.c: the drafter's host-side pieces: the generator, target layer choice, anchors and
  * blocks, the learning-rate schedule, the config.json layout, the tensor table, and checkpoints
- * (round trip, bf16/f32 weights, latest, pruning, refusal of non-finite values). */
+ * (round trip, bf16/f32 weights, latest, pruning, refusal of non-finite values), and the rows the
+ * LM head runs on. */
 #include <dirent.h>
 #include <math.h>
 #include <stdlib.h>
@@ -337,6 +338,94 @@ static void test_checkpoint(void)
     dfl_be_close(be);
 }
 
+/* The LM head runs on the scored rows only: slots 1..bs-1 of each block (slot 0, the anchor's
+ * own token, is never scored). Counted through a wrapper of the CPU backend's lmce op; the step's
+ * counts and per-row figures are still those of every row. */
+static int (*plain_lmce)(dfl_be *be, const dfl_lmce *a);
+static int64_t lmce_rows_seen;
+
+static int counting_lmce(dfl_be *be, const dfl_lmce *a)
+{
+    lmce_rows_seen += a->Q;
+    return plain_lmce(be, a);
+}
+
+static void test_lm_head_rows(void)
+{
+    dfl_err e = {0};
+    dfl_be *be;
+    dfl_draft *m = NULL;
+    T_CHECK(dfl_be_cpu_open(&be, 1, &e) == 0, "cpu backend: %s", e.msg);
+    const dfl_be_ops *plain = be->ops;
+    static dfl_be_ops counting;
+    counting = *plain;
+    plain_lmce = plain->lmce;
+    counting.lmce = counting_lmce;
+    be->ops = &counting;
+    const dfl_draft_config c = tiny();
+    enum { L = 20, NB = 5 };
+    const int bs = c.block_size, H = (int)c.hidden, V = (int)c.vocab;
+    static float E[50 * 32], feat[3][L * 32];
+    int32_t ids[L], bseq[NB] = {0}, banc[NB] = {0, 3, 7, 12, 18};
+    uint8_t mask[L];
+    uint32_t len = L;
+    dfl_rng r;
+    dfl_rng_seed(&r, 7);
+    for (int i = 0; i < V * H; i++)
+        E[i] = (float)(0.1 * dfl_rng_normal(&r));
+    for (int j = 0; j < 3; j++)
+        for (int i = 0; i < L * H; i++)
+            feat[j][i] = (float)dfl_rng_normal(&r);
+    for (int i = 0; i < L; i++) {
+        ids[i] = (int32_t)(dfl_rng_next(&r) % (uint64_t)(V - 1));
+        mask[i] = i != 9 && i != 10;
+    }
+    const dfl_st_tensor te = {.name = "embed", .dtype = DFL_F32, .ndim = 2, .shape = {V, H},
+                              .numel = (uint64_t)V * H, .nbytes = sizeof E, .data = E};
+    dfl_draft_input in = {.T = L, .S = 1, .seq_lens = &len, .input_ids = ids, .loss_mask = mask,
+                          .feat_dt = DFL_F32, .feat_ld = H, .n_blocks = NB, .block_seq = bseq,
+                          .block_anchor = banc};
+    for (int j = 0; j < 3; j++)
+        in.feat[j] = feat[j];
+    dfl_draft_stats st;
+    T_CHECK(dfl_draft_open(&m, be, &c, &e) == 0 && dfl_draft_init_random(m, 3, 0.1, &e) == 0 &&
+            dfl_draft_set_frozen(m, &te, NULL, &e) == 0 && dfl_draft_reserve(m, L, NB, 0, &e) == 0 &&
+            dfl_draft_step(m, &in, true, &e) == 0 && dfl_draft_fetch(m, &st, &e) == 0,
+            "drafter step: %s", e.msg);
+    T_CHECK(lmce_rows_seen == NB * (bs - 1), "the LM head ran on %lld rows, not the %d of slots "
+            "1..%d", (long long)lmce_rows_seen, NB * (bs - 1), bs - 1);
+    /* what the host says is scored */
+    int scored = 0, per_slot[4] = {0};
+    for (int b = 0; b < NB; b++)
+        for (int j = 1; j < bs; j++)
+            if (banc[b] + j < L && mask[banc[b] + j])
+                scored++, per_slot[j]++;
+    T_CHECK(st.acc_den == scored, "scored slots: %g, expected %d", st.acc_den, scored);
+    for (int j = 1; j < bs; j++)
+        T_CHECK(st.slot_count[j] == per_slot[j], "slot %d: %g scored, expected %d", j,
+                st.slot_count[j], per_slot[j]);
+    T_CHECK(isfinite(st.loss_num) && st.loss_num > 0 && st.loss_den > 0, "loss %g / %g",
+            st.loss_num, st.loss_den);
+    float ce[NB * 4], w[NB * 4], z[NB * 4 * 32];
+    T_CHECK(dfl_draft_activation(m, DFL_DRAFT_ACT_CE, 0, ce, NB * bs, &e) == 0 &&
+            dfl_draft_activation(m, DFL_DRAFT_ACT_WEIGHT, 0, w, NB * bs, &e) == 0 &&
+            dfl_draft_activation(m, DFL_DRAFT_ACT_OUT, 0, z, NB * bs * H, &e) == 0,
+            "activations: %s", e.msg);
+    int bad = 0;
+    for (int q = 0; q < NB * bs; q++) {
+        bad += (w[q] > 0) != (q % bs && banc[q / bs] + q % bs < L && mask[banc[q / bs] + q % bs]);
+        bad += w[q] > 0 ? !(ce[q] > 0) : ce[q] != 0;
+        double ss = 0;
+        for (int i = 0; i < H; i++)
+            ss += (double)z[q * H + i] * z[q * H + i];
+        bad += !(fabs(ss / H - 1) < 1e-3);   /* z = norm(h) with a unit weight, slot 0 too */
+    }
+    T_CHECK(bad == 0, "%d per-row figures wrong (ce 0 exactly where unscored, z of every row)", bad);
+    dfl_draft_close(m);
+    be->ops = plain;
+    dfl_be_close(be);
+}
+
 int main(int argc, char **argv)
 {
     t_init(argv[0]);
@@ -347,5 +436,6 @@ int main(int argc, char **argv)
     T_RUN(test_config_json);
     T_RUN(test_tensor_table);
     T_RUN(test_checkpoint);
+    T_RUN(test_lm_head_rows);
     return t_done();
 }

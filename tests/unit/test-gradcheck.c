@@ -570,6 +570,26 @@ static void test_block_metrics(void)
     T_NEAR(out[8], 5 + 3, 0, "tau sum accumulates");
 }
 
+static void test_gather_rows(void)
+{
+    /* rows of 3 bytes (any element type is copied as bytes), -1 rows zeroed */
+    const uint8_t src[4 * 3] = {1, 2, 3,   4, 5, 6,   7, 8, 9,   10, 11, 12};
+    const int32_t rows[5] = {2, -1, 0, 2, 3};
+    uint8_t dst[5 * 3];
+    memset(dst, 0xEE, sizeof dst);
+    T_CHECK(be->ops->gather_rows(be, dst, src, rows, 5, 3) == 0, "gather_rows");
+    const uint8_t want[5 * 3] = {7, 8, 9,   0, 0, 0,   1, 2, 3,   7, 8, 9,   10, 11, 12};
+    T_CHECK(!memcmp(dst, want, sizeof want), "gathered rows and zeroed -1 rows");
+    /* scatter back through the inverse map of the drafter's scored rows (bs 4: slots 1..3) */
+    const float z[2 * 4] = {.5f, 1, 2, 3,   -.5f, 4, 5, 6};
+    const int32_t scored[6] = {1, 2, 3, 5, 6, 7}, inv[8] = {-1, 0, 1, 2, -1, 3, 4, 5};
+    float zs[6], back[8];
+    be->ops->gather_rows(be, zs, z, scored, 6, sizeof(float));
+    be->ops->gather_rows(be, back, zs, inv, 8, sizeof(float));
+    for (int q = 0; q < 8; q++)
+        T_CHECK(back[q] == (q % 4 ? z[q] : 0.0f), "row %d through the scored rows and back", q);
+}
+
 static void test_uniform_noise(void)
 {
     const int64_t n = 200000;
@@ -608,6 +628,7 @@ int main(int argc, char **argv)
     T_RUN(test_adamw);
     T_RUN(test_sumsq_clip);
     T_RUN(test_block_metrics);
+    T_RUN(test_gather_rows);
     T_RUN(test_uniform_noise);
     dfl_be_close(be);
     return t_done();
