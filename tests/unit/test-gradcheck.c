@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "be_math.h"
 #include "util.h"
 #include "t.h"
 
