@@ -305,83 +305,9 @@ static const char *scan_key(const char *p, const char *end, key_span *keys, int 
     return ws(q + 1, end);
 }
 
-/* p is after '{'; depth is the nesting level of this object. */
-static const char *skip_object(const char *p, const char *end, int depth)
-{
-    if (depth > DFL_JSON_MAX_DEPTH)
-        return NULL;
-    key_span keys[MAX_KEYS], k;
-    int nk = 0;
-    p = ws(p, end);
-    if (p < end && *p == '}')
-        return p + 1;
-    for (;;) {
-        p = scan_key(p, end, keys, &nk, &k);
-        if (!p)
-            return NULL;
-        p = skip_value(p, end, depth);
-        if (!p)
-            return NULL;
-        p = ws(p, end);
-        if (p >= end)
-            return NULL;
-        if (*p == ',') {
-            p = ws(p + 1, end);
-            continue;
-        }
-        if (*p == '}')
-            return p + 1;
-        return NULL;
-    }
-}
-
-static const char *skip_array(const char *p, const char *end, int depth)
-{
-    if (depth > DFL_JSON_MAX_DEPTH)
-        return NULL;
-    p = ws(p, end);
-    if (p < end && *p == ']')
-        return p + 1;
-    for (;;) {
-        p = skip_value(p, end, depth);
-        if (!p)
-            return NULL;
-        p = ws(p, end);
-        if (p >= end)
-            return NULL;
-        if (*p == ',') {
-            p = ws(p + 1, end);
-            continue;
-        }
-        if (*p == ']')
-            return p + 1;
-        return NULL;
-    }
-}
-
-/* A value at p; depth is the nesting level of the container holding it. */
-static const char *skip_value(const char *p, const char *end, int depth)
-{
-    if (p >= end)
-        return NULL;
-    bool esc;
-    switch (*p) {
-    case '"': return scan_string(p + 1, end, &esc);
-    case '{': return skip_object(p + 1, end, depth + 1);
-    case '[': return skip_array(p + 1, end, depth + 1);
-    case 't': return literal(p, end, "true", 4);
-    case 'f': return literal(p, end, "false", 5);
-    case 'n': return literal(p, end, "null", 4);
-    default:
-        if (*p == '-' || is_digit(*p))
-            return skip_number(p, end);
-        return NULL;
-    }
-}
-
-/* After an array element: ',' (then the next element) or ']'. Returns 1 for another element,
- * 0 at the end of the array (*pp after ']'), -1 to decline. */
-static inline int next_elem(const char **pp, const char *end)
+/* After an object's member or an array's element: ',' (*pp then at the next one) or the closing
+ * bracket `close` (*pp after it). Returns 1 for another, 0 at the end, -1 to decline. */
+static inline int next_item(const char **pp, const char *end, char close)
 {
     const char *p = *pp;
     if (p < end && *p == ',') {
@@ -398,11 +324,61 @@ static inline int next_elem(const char **pp, const char *end)
         *pp = ws(p + 1, end);
         return 1;
     }
-    if (*p == ']') {
+    if (*p == close) {
         *pp = p + 1;
         return 0;
     }
     return -1;
+}
+
+/* The members of an object (keys: room for MAX_KEYS keys, for the duplicate check) or the
+ * elements of an array (keys NULL); p is after '{' or '[', depth the nesting level of this
+ * container. Returns the end of the container, NULL to decline. */
+static const char *skip_items(const char *p, const char *end, int depth, key_span *keys)
+{
+    const char close = keys ? '}' : ']';
+    if (depth > DFL_JSON_MAX_DEPTH)
+        return NULL;
+    key_span k;
+    int nk = 0;
+    p = ws(p, end);
+    if (p < end && *p == close)
+        return p + 1;
+    for (;;) {
+        if (keys && !(p = scan_key(p, end, keys, &nk, &k)))
+            return NULL;
+        if (!(p = skip_value(p, end, depth)))
+            return NULL;
+        int r = next_item(&p, end, close);
+        if (r <= 0)
+            return r == 0 ? p : NULL;
+    }
+}
+
+static const char *skip_object(const char *p, const char *end, int depth)
+{
+    key_span keys[MAX_KEYS];
+    return skip_items(p, end, depth, keys);
+}
+
+/* A value at p; depth is the nesting level of the container holding it. */
+static const char *skip_value(const char *p, const char *end, int depth)
+{
+    if (p >= end)
+        return NULL;
+    bool esc;
+    switch (*p) {
+    case '"': return scan_string(p + 1, end, &esc);
+    case '{': return skip_object(p + 1, end, depth + 1);
+    case '[': return skip_items(p + 1, end, depth + 1, NULL);
+    case 't': return literal(p, end, "true", 4);
+    case 'f': return literal(p, end, "false", 5);
+    case 'n': return literal(p, end, "null", 4);
+    default:
+        if (*p == '-' || is_digit(*p))
+            return skip_number(p, end);
+        return NULL;
+    }
 }
 
 /* The value of the nd (1 to 8) ASCII digits that start the 8 bytes of x (first byte lowest); the
@@ -704,7 +680,7 @@ static inline __attribute__((always_inline)) int fast_list(const char **pp, cons
                 p += 2; /* the usual ", " */
                 continue;
             }
-            int r = next_elem(&p, end);
+            int r = next_item(&p, end, ']');
             if (r < 0)
                 return 0;
             if (r == 0)
@@ -769,20 +745,10 @@ int dfl_sample_parse_fast_eol(dfl_sample *s, const char *line, const char *end, 
         }
         if (r <= 0)
             return r;
-        if (!p)
+        if (!p || (r = next_item(&p, end, '}')) < 0)
             return 0;
-        p = ws(p, end);
-        if (p >= end)
-            return 0;
-        if (*p == ',') {
-            p = ws(p + 1, end);
-            continue;
-        }
-        if (*p == '}') {
-            p++;
+        if (r == 0)
             break;
-        }
-        return 0;
     }
     p = ws(p, end);
     if ((p != end && *p != '\n') || !s->has_ids)
