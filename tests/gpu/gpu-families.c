@@ -29,12 +29,7 @@
 
 static double rel_err(const float *a, const float *b, size_t n)
 {
-    double dd = 0, bb = 0;
-    for (size_t i = 0; i < n; i++) {
-        dd += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        bb += (double)b[i] * b[i];
-    }
-    return sqrt(dd) / (bb > 0 ? sqrt(bb) : 1e-30);
+    return t_rows_err(a, 0, b, 0, 1, (int64_t)n, 1e-30);
 }
 
 /* qknorm_rope with rope scaling: CUDA against the CPU (f32 activations on both). */
@@ -403,15 +398,8 @@ static void test_qwen3moe_oracle(void)
 {
     if (!dfl_be_cuda_available())
         T_SKIP("no CUDA GPU");
-    const char *o = t_oracle();
-    if (!o)
-        T_SKIP("no oracle");
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s/qwen3moe-tiny-a", o);
-    char cfg[4200];
-    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
-    if (access(cfg, R_OK) != 0)
-        T_SKIP("%s is absent", dir);
+    T_NEED_ORACLE(dir, "config.json", "qwen3moe-tiny-a");
     moe_oracle(dir, DFL_BF16);
     moe_oracle(dir, DFL_F32);
 }

@@ -23,18 +23,7 @@
 /* The largest over rows of |a - b| / |b| (Euclidean norms of rows of n); NaN sticks. */
 static double row_rel_err(const float *a, const float *b, int64_t rows, int64_t n)
 {
-    double worst = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        double dd = 0, bb = 0;
-        for (int64_t i = 0; i < n; i++) {
-            double x = (double)a[r * n + i], y = (double)b[r * n + i];
-            dd += (x - y) * (x - y);
-            bb += y * y;
-        }
-        double err = sqrt(dd) / (bb > 0 ? sqrt(bb) : 1e-30);
-        worst = err <= worst ? worst : err;
-    }
-    return worst;
+    return t_rows_err(a, n, b, n, rows, n, 1e-30);
 }
 
 static int cfg_of(const char *json, dfl_hf_config *c, char *msg, size_t n)

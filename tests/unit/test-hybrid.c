@@ -26,25 +26,6 @@ static float *randv(int64_t n, float amp)
     return v;
 }
 
-/* max over rows of ||a - b|| / ||b|| (rows of n, strides lda, ldb); NaN sticks */
-static double row_err(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t rows,
-                      int64_t n)
-{
-    double worst = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        double num = 0, den = 0;
-        for (int64_t i = 0; i < n; i++) {
-            double d = (double)a[r * lda + i] - b[r * ldb + i];
-            num += d * d;
-            den += (double)b[r * ldb + i] * b[r * ldb + i];
-        }
-        double err = sqrt(num) / (den > 0 ? sqrt(den) : 1e-30);
-        if (!(err <= worst))
-            worst = err;
-    }
-    return worst;
-}
-
 static dfl_be *cpu(void)
 {
     dfl_be *be = NULL;
@@ -99,8 +80,8 @@ static void delta_case(dfl_be *be, const int32_t *lens, int S, int Hk, int Hv, i
         T_CHECK(be->ops->gated_delta(be, &g1) == 0, "alone");
     }
     for (int s = 0; s < S; s++) {
-        double e1 = row_err(o_chk + cu[s] * ldo, ldo, o_rec + cu[s] * ldo, ldo, lens[s], ldo);
-        double e2 = row_err(o_one + cu[s] * ldo, ldo, o_chk + cu[s] * ldo, ldo, lens[s], ldo);
+        double e1 = t_rows_err(o_chk + cu[s] * ldo, ldo, o_rec + cu[s] * ldo, ldo, lens[s], ldo, 1e-30);
+        double e2 = t_rows_err(o_one + cu[s] * ldo, ldo, o_chk + cu[s] * ldo, ldo, lens[s], ldo, 1e-30);
         if (getenv("DFL_TEST_VERBOSE"))
             fprintf(stderr, "  Hk %d Hv %d dk %d dv %d len %d: chunked vs recurrence %.3g, "
                     "alone vs packed %.3g\n", Hk, Hv, dk, dv, lens[s], e1, e2);

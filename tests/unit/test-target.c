@@ -489,19 +489,7 @@ static void test_bad_models(void)
 /* Per-row relative error ||a - b|| / ||b|| over rows of H; the maximum (NaN if any is NaN). */
 static double max_row_err(const float *a, const float *b, int64_t rows, int64_t H)
 {
-    double worst = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        double num = 0, den = 0;
-        for (int64_t i = 0; i < H; i++) {
-            double d = (double)a[r * H + i] - (double)b[r * H + i];
-            num += d * d;
-            den += (double)b[r * H + i] * b[r * H + i];
-        }
-        double err = sqrt(num) / (sqrt(den) > 0 ? sqrt(den) : 1e-30);
-        if (!(err <= worst))
-            worst = err; /* NaN sticks */
-    }
-    return worst;
+    return t_rows_err(a, H, b, H, rows, H, 1e-30);
 }
 
 /* The final norm (the model's RMSNorm, on the backend's op) and the logits of the last 8 rows
