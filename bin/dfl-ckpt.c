@@ -389,6 +389,19 @@ static json_t *j_stream_info(const dfl_stream_info *in)
 
 #define FRAME_COLS "offset\tseq\ttype\tflags\tstored\traw\tS\tT\tK\tH\tdtype"
 
+/* The next frame of the stream and, for a tokens or hidden frame (*batch), its batch (a view of
+ * the frame's payload); *eos at the end. On an error nothing is left to free. */
+static int next_frame(dfl_reader *r, dfl_frame *f, dfl_batch *b, bool *batch, bool *eos, dfl_err *e)
+{
+    int rc = dfl_reader_next_frame(r, f, eos, e);
+    if (rc || *eos)
+        return rc;
+    *batch = f->type == DFL_FT_TOKENS || f->type == DFL_FT_HIDDEN;
+    if (*batch && (rc = dfl_reader_parse_batch(r, f, b, e)))
+        dfl_frame_free(f);
+    return rc;
+}
+
 static int list_stream(dfl_reader *r, const char *label, dfl_err *e)
 {
     const dfl_stream_info *in = dfl_reader_info(r);
@@ -405,18 +418,13 @@ static int list_stream(dfl_reader *r, const char *label, dfl_err *e)
     }
     for (;;) {
         dfl_frame f = {0};
-        bool eos = false;
-        int rc = dfl_reader_next_frame(r, &f, &eos, e);
+        dfl_batch b = {0};
+        bool batch = false, eos = false;
+        int rc = next_frame(r, &f, &b, &batch, &eos, e);
         if (rc)
             return rc;
         if (eos)
             break;
-        dfl_batch b = {0};
-        bool batch = f.type == DFL_FT_TOKENS || f.type == DFL_FT_HIDDEN;
-        if (batch && (rc = dfl_reader_parse_batch(r, &f, &b, e))) {
-            dfl_frame_free(&f);
-            return rc;
-        }
         char tb[32], fb[64];
         if (opt.json) {
             json_t *o = json_object();
@@ -634,23 +642,19 @@ static int verify_stream(dfl_reader *r, const char *label, dfl_err *e)
     uint64_t frames = 1, batches = 0, tokens = 0;
     for (;;) {
         dfl_frame f = {0};
-        bool eos = false;
-        int rc = dfl_reader_next_frame(r, &f, &eos, e);
+        dfl_batch b = {0};
+        bool batch = false, eos = false;
+        int rc = next_frame(r, &f, &b, &batch, &eos, e);
         if (rc)
             return rc;
         if (eos)
             break;
         frames++;
-        if (f.type == DFL_FT_TOKENS || f.type == DFL_FT_HIDDEN) {
-            dfl_batch b = {0};
-            rc = dfl_reader_parse_batch(r, &f, &b, e);
+        if (batch) {
             batches++;
             tokens += b.n_tokens;
-            dfl_batch_free(&b);
         }
         dfl_frame_free(&f);
-        if (rc)
-            return rc;
     }
     char what[160];
     snprintf(what, sizeof what, "%" PRIu64 " frames, %" PRIu64 " batches, %" PRIu64 " tokens, checksums verified",
