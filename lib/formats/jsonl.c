@@ -211,6 +211,16 @@ static const char *scan_string(const char *p, const char *end, bool *escaped)
     }
 }
 
+/* One or more digits at p: the end of them, or NULL when there is none. */
+static inline const char *digits1(const char *p, const char *end)
+{
+    if (p >= end || !is_digit(*p))
+        return NULL;
+    while (p < end && is_digit(*p))
+        p++;
+    return p;
+}
+
 /* A JSON number; integers must fit in int64 and reals must not overflow (jansson's rules). */
 static const char *skip_number(const char *p, const char *end)
 {
@@ -227,30 +237,22 @@ static const char *skip_number(const char *p, const char *end)
         p++;
         if (p < end && is_digit(*p))
             return NULL;
-    } else if (is_digit(*p)) {
-        while (p < end && is_digit(*p))
-            p++;
-    } else {
+    } else if (!(p = digits1(p, end))) {
         return NULL;
     }
     size_t nd = (size_t)(p - digits);
     bool real = false;
     if (p < end && *p == '.') {
-        p++;
-        if (p >= end || !is_digit(*p))
+        if (!(p = digits1(p + 1, end)))
             return NULL;
-        while (p < end && is_digit(*p))
-            p++;
         real = true;
     }
     if (p < end && (*p == 'e' || *p == 'E')) {
         p++;
         if (p < end && (*p == '+' || *p == '-'))
             p++;
-        if (p >= end || !is_digit(*p))
+        if (!(p = digits1(p, end)))
             return NULL;
-        while (p < end && is_digit(*p))
-            p++;
         real = true;
     }
     if (!real) {
@@ -700,6 +702,23 @@ static int fast_ids(dfl_sample *s, const char **pp, const char *end)
     return fast_list(pp, end, LIST_IDS, (void **)&s->ids, &s->ids_cap, &s->n);
 }
 
+/* loss_mask (LIST_MASK) or labels (LIST_LABELS): null, as if absent (2, *pp after it or NULL),
+ * or the list (as fast_list, has_mask or has_lab set). */
+static inline __attribute__((always_inline)) int fast_mask_list(dfl_sample *s, const char **pp, const char *end,
+                                                                int kind)
+{
+    if (*pp < end && **pp == 'n') {
+        *pp = literal(*pp, end, "null", 4);
+        return 2;
+    }
+    if (kind == LIST_MASK) {
+        s->has_mask = true;
+        return fast_list(pp, end, LIST_MASK, (void **)&s->mask, &s->mask_cap, &s->n_mask);
+    }
+    s->has_lab = true;
+    return fast_list(pp, end, LIST_LABELS, (void **)&s->lab, &s->lab_cap, &s->n_lab);
+}
+
 static inline bool key_is(const key_span *k, const char *name, size_t n)
 {
     return k->n == n && memcmp(k->p, name, n) == 0;
@@ -727,19 +746,9 @@ int dfl_sample_parse_fast_eol(dfl_sample *s, const char *line, const char *end, 
             r = fast_ids(s, &p, end);
             s->has_ids = true;
         } else if (key_is(&k, "loss_mask", 9)) {
-            if (p < end && *p == 'n') {
-                p = literal(p, end, "null", 4);
-            } else {
-                r = fast_list(&p, end, LIST_MASK, (void **)&s->mask, &s->mask_cap, &s->n_mask);
-                s->has_mask = true;
-            }
+            r = fast_mask_list(s, &p, end, LIST_MASK);
         } else if (key_is(&k, "labels", 6)) {
-            if (p < end && *p == 'n') {
-                p = literal(p, end, "null", 4);
-            } else {
-                r = fast_list(&p, end, LIST_LABELS, (void **)&s->lab, &s->lab_cap, &s->n_lab);
-                s->has_lab = true;
-            }
+            r = fast_mask_list(s, &p, end, LIST_LABELS);
         } else {
             p = skip_value(p, end, 1);
         }
