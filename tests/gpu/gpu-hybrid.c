@@ -324,11 +324,8 @@ int main(int argc, char **argv)
 {
     t_init(argv[0]);
 #ifdef DFL_CUDA
-    dfl_err e = {0};
-    if (dfl_be_open(&cpu_be, "cpu", DFL_DT_INVALID, &e)) {
-        fprintf(stderr, "%s\n", e.msg);
+    if (!(cpu_be = t_cpu_backend()))
         return 1;
-    }
     T_RUN(test_small_ops_bf16);
     T_RUN(test_small_ops_f32);
     T_RUN(test_delta_f32);

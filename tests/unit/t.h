@@ -114,6 +114,33 @@ static inline double t_rows_err(const float *a, int64_t lda, const float *b, int
     return worst;
 }
 
+/* The logits of the last n of the rows rows of x (rows of H): out[r * V + v] = sum over i of
+ * x[(rows - n + r) * H + i] * lm[v * H + i], added in double in the order of i. */
+static inline void t_logits_last(float *out, const float *x, int64_t rows, int64_t n, int64_t H, const float *lm,
+                                 int64_t V)
+{
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t v = 0; v < V; v++) {
+            double a = 0;
+            for (int64_t i = 0; i < H; i++)
+                a += (double)x[(rows - n + r) * H + i] * lm[v * H + i];
+            out[r * V + v] = (float)a;
+        }
+}
+
+#ifdef DFL_BACKEND_H
+/* The CPU backend (f32) for a test program (include backend.h before t.h); NULL, with the message
+ * on stderr, when it cannot be opened. */
+static inline dfl_be *t_cpu_backend(void)
+{
+    dfl_be *be = NULL;
+    dfl_err e = {0};
+    if (dfl_be_open(&be, "cpu", DFL_DT_INVALID, &e))
+        fprintf(stderr, "%s\n", e.msg);
+    return be;
+}
+#endif
+
 /* The shared oracle directory ($DFL_ORACLE), or NULL when absent. */
 static inline const char *t_oracle(void)
 {

@@ -446,13 +446,7 @@ static void check_head(const oracle *o, const dfl_hf_config *c, int s, const flo
             norm[r * H + i] = (float)(last[r * H + i] * rs) * nw[i];
     }
     double en = row_rel_err(norm, rn, L, H);
-    for (int64_t r = 0; r < nl; r++)
-        for (int64_t v = 0; v < V; v++) {
-            double a = 0;
-            for (int64_t i = 0; i < H; i++)
-                a += (double)norm[(L - nl + r) * H + i] * lm[v * H + i];
-            lg[r * V + v] = (float)a;
-        }
+    t_logits_last(lg, norm, L, nl, H, lm, V);
     double el = row_rel_err(lg, rl, nl, V);
     if (getenv("DFL_TEST_VERBOSE"))
         fprintf(stderr, "  %s seq%d: norm %.3g, logits %.3g\n", dir, s, en, el);

@@ -26,15 +26,6 @@ static float *randv(int64_t n, float amp)
     return v;
 }
 
-static dfl_be *cpu(void)
-{
-    dfl_be *be = NULL;
-    dfl_err e = {0};
-    if (dfl_be_open(&be, "cpu", DFL_DT_INVALID, &e))
-        fprintf(stderr, "  %s\n", e.msg);
-    return be;
-}
-
 /* One case: sequences of lens[] packed, Hk key heads of dk, Hv value heads of dv. */
 static void delta_case(dfl_be *be, const int32_t *lens, int S, int Hk, int Hv, int dk, int dv)
 {
@@ -95,7 +86,7 @@ static void delta_case(dfl_be *be, const int32_t *lens, int S, int Hk, int Hv, i
 
 static void test_delta_chunked_vs_recurrence(void)
 {
-    dfl_be *be = cpu();
+    dfl_be *be = t_cpu_backend();
     if (!be)
         return;
     const int32_t lens[] = {1, 63, 64, 65, 200};
@@ -113,7 +104,7 @@ static void test_delta_chunked_vs_recurrence(void)
 /* One token, one head, by hand: S = k beta v^T after the first token, o = S^T q. */
 static void test_delta_by_hand(void)
 {
-    dfl_be *be = cpu();
+    dfl_be *be = t_cpu_backend();
     if (!be)
         return;
     float qk[4] = {0.6f, 0.8f, 1.0f, 0.0f}; /* q, k (dk 2) */
@@ -133,7 +124,7 @@ static void test_delta_by_hand(void)
 
 static void test_conv1d_per_sequence(void)
 {
-    dfl_be *be = cpu();
+    dfl_be *be = t_cpu_backend();
     if (!be)
         return;
     /* two sequences of 3 and 4 tokens, 2 channels, K = 4 */
@@ -160,7 +151,7 @@ static void test_conv1d_per_sequence(void)
 
 static void test_small_ops(void)
 {
-    dfl_be *be = cpu();
+    dfl_be *be = t_cpu_backend();
     if (!be)
         return;
     /* zero-centred RMSNorm: rmsnorm(x) * (1 + w) */

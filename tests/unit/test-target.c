@@ -527,13 +527,7 @@ static void final_vs_ref(dfl_target *t, const char *dir, const ref *r, int s, co
         T_CHECK(err <= 1e-4, "%s seq%d final norm: max row rel err %.3g", dir, s, err);
         int64_t n8 = rl->shape[0];
         float *lg = malloc((size_t)(n8 * V) * sizeof *lg);
-        for (int64_t i = 0; i < n8; i++)
-            for (int64_t v = 0; v < V; v++) {
-                double acc = 0;
-                for (int64_t j = 0; j < H; j++)
-                    acc += (double)y[(L - n8 + i) * H + j] * lm[v * H + j];
-                lg[i * V + v] = (float)acc;
-            }
+        t_logits_last(lg, y, L, n8, H, lm, V);
         double el = max_row_err(lg, rl->data, n8, V);
         if (getenv("DFL_TEST_VERBOSE"))
             fprintf(stderr, "  %s seq%d norm: %.3g logits: %.3g\n", dir, s, err, el);
