@@ -20,6 +20,7 @@
 #include "be_cuda.cuh"
 
 #include "dflash_ptx.cuh"
+#include "warp_sum.cuh"
 #include "attn_tiled.cuh"
 
 /* ------------------------------------------------------------------------------------------ */
@@ -156,9 +157,7 @@ __global__ void attn_simple_kernel(const AttnParams p)
             if (i < d)
                 dot += qv[j] * to_f32(kr[i]);
         }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-            dot += __shfl_xor_sync(0xffffffffu, dot, off);
+        dot = warp_sum(dot);
         float sc = dot * p.scale;
         float mn = fmaxf(m, sc);
         float corr = expf(m - mn), pw = expf(sc - mn);

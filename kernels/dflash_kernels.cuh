@@ -10,6 +10,8 @@
 #define DF_NBMAX 32            /* blocks per CTA at most */
 #define DF_SCHED_MAX 8192      /* key tiles the scheduler sorts (more: natural order) */
 
+#include "warp_sum.cuh"
+
 struct DfP {
     const void *q, *kc, *vc, *kb, *vb, *o_in, *dout;
     void *o, *dq, *dkc, *dvc, *dkb, *dvb;
@@ -487,9 +489,7 @@ df_bwd_q_kernel(const DfP p)
                         dot += df_bf_lo(ow[j]) * df_bf_lo(dw[j]) + df_bf_hi(ow[j]) * df_bf_hi(dw[j]);
                 }
             }
-#pragma unroll
-            for (int sft = LPR / 2; sft > 0; sft >>= 1)
-                dot += __shfl_xor_sync(0xffffffffu, dot, sft);
+            dot = warp_sum<LPR>(dot);
             if (lane % LPR == 0) {
                 const int idx = mt.row_idx[r];
                 sDelta[r] = off >= 0 ? dot : 0.0f;
@@ -1014,10 +1014,7 @@ __device__ __forceinline__ float ds_dot(const float (&a)[MAXV], const float (&b)
 #pragma unroll
     for (int j = 0; j < MAXV; j++)
         s += a[j] * b[j];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        s += __shfl_xor_sync(0xffffffffu, s, o);
-    return s;
+    return warp_sum(s);
 }
 
 template <typename T, int MAXV>

@@ -7,16 +7,9 @@
 #include <math.h>
 
 #include "be_cuda.cuh"
+#include "warp_sum.cuh"
 
 #define EW_THREADS 256
-
-__device__ __forceinline__ float warp_sum(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 /* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
  * Call once per kernel. */
@@ -387,9 +380,7 @@ __global__ void qknorm_rope_vec_kernel(T *x, int64_t ld, float *rstd, const T *w
                 x1[j] = x2[j] = 0.0f;
         }
         if (w) {
-#pragma unroll
-            for (int o = G / 2; o > 0; o >>= 1)
-                ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            ss = warp_sum<G>(ss);
             float s = 1.0f / sqrtf(ss / (float)d + eps);
             if (rstd && on && c == 0)
                 rstd[r * heads + h] = s;

@@ -5,58 +5,12 @@
 #define DFL_TRAIN_KERNELS_CUH
 
 #include "be_math.h"
+#include "warp_sum.cuh"
 
 #define RB_MAX_THREADS 512
 #define QKB_WARPS 8
 #define SUMSQ_THREADS 256
 #define LMCE_THREADS 1024
-
-__device__ __forceinline__ float tr_warp_sum(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ __forceinline__ double tr_warp_sum_d(double v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* Sum over the block (blockDim.x a multiple of 32); every thread gets the same result (each adds
- * the warp partials in the same order). sh: 32 floats of shared memory. May be called repeatedly:
- * the leading barrier keeps a call from overwriting sh while a previous one is being read. */
-__device__ __forceinline__ float tr_block_sum(float v, float *sh)
-{
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = tr_warp_sum(v);
-    __syncthreads();
-    if (lane == 0)
-        sh[wid] = v;
-    __syncthreads();
-    float s = 0.0f;
-    for (int i = 0; i < nw; i++)
-        s += sh[i];
-    return s;
-}
-
-__device__ __forceinline__ double tr_block_sum_d(double v, double *sh)
-{
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = tr_warp_sum_d(v);
-    __syncthreads();
-    if (lane == 0)
-        sh[wid] = v;
-    __syncthreads();
-    double s = 0.0;
-    for (int i = 0; i < nw; i++)
-        s += sh[i];
-    return s;
-}
 
 /* dw[i] += (float)(sum over b < nb of part[b * n + i]), in block order */
 static __global__ void tr_colsum_kernel(float *dw, const double *part, int nb, int64_t n)
@@ -108,7 +62,7 @@ rmsnorm_bwd_kernel(T *dx, double *part, const T *dy, const T *x, const T *w, con
             for (int j = 0; j < VEC; j++)
                 dot += to_f32(wp[k].v[j]) * to_f32(yp[k].v[j]) * to_f32(xp[k].v[j]);
         const float s = rstd[r];
-        dot = tr_block_sum(dot, sh);
+        dot = block_sum_sh(dot, sh);
         const float cm = dot * s * inv_n;   /* mean(w dy xhat) */
 #pragma unroll
         for (int k = 0; k < P; k++) {
@@ -199,7 +153,7 @@ qknorm_rope_bwd_kernel(T *dx, int64_t ld, double *part, const T *xin, const T *w
             if (rstd) {
                 sc = rstd[r * heads + h];
             } else {
-                ss = tr_warp_sum(ss);
+                ss = warp_sum(ss);
                 sc = 1.0f / sqrtf(ss / (float)d + eps);
             }
             float dot = 0.0f;
@@ -208,7 +162,7 @@ qknorm_rope_bwd_kernel(T *dx, int64_t ld, double *part, const T *xin, const T *w
 #pragma unroll
                 for (int p = 0; p < P; p++)
                     dot += w1[j][p] * g1[j][p] * x1[j][p] + w2[j][p] * g2[j][p] * x2[j][p];
-            dot = tr_warp_sum(dot);
+            dot = warp_sum(dot);
             const float m = dot * sc / (float)d;
 #pragma unroll
             for (int j = 0; j < MAXJ; j++)
@@ -305,7 +259,7 @@ sumsq_part_kernel(double *part, const float *x, int64_t n, int64_t cs, bool vec)
         for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
             s += (double)x[i] * x[i];
     }
-    s = tr_block_sum_d(s, sh);
+    s = block_sum_sh(s, sh);
     if (threadIdx.x == 0)
         part[blockIdx.x] = s;
 }
@@ -316,7 +270,7 @@ static __global__ void sumsq_final_kernel(double *out, const double *part, int n
     double s = 0.0;
     for (int i = threadIdx.x; i < nb; i += 32)
         s += part[i];
-    s = tr_warp_sum_d(s);
+    s = warp_sum(s);
     if (threadIdx.x == 0)
         out[0] += s;
 }
@@ -355,8 +309,8 @@ block_metrics_kernel(double *out, const uint8_t *correct, const float *weight, i
             len += 1 + n;
             cnt++;
         }
-    double tl = tr_block_sum_d((double)len, sh);   /* (its barriers also publish sc, shits) */
-    double tc = tr_block_sum_d((double)cnt, sh);
+    double tl = block_sum_sh((double)len, sh);   /* (its barriers also publish sc, shits) */
+    double tc = block_sum_sh((double)cnt, sh);
     if (t < bs) {
         long long a = 0, h = 0;
         for (int k = 0; k < groups; k++) {
@@ -599,10 +553,10 @@ static __global__ void lmce_sums_kernel(double *sums, const float *row_wce, cons
         an += row_hit[r];
         ad += 1.0;
     }
-    ln = tr_warp_sum_d(ln);
-    ld = tr_warp_sum_d(ld);
-    an = tr_warp_sum_d(an);
-    ad = tr_warp_sum_d(ad);
+    ln = warp_sum(ln);
+    ld = warp_sum(ld);
+    an = warp_sum(an);
+    ad = warp_sum(ad);
     if (threadIdx.x == 0) {
         sums[DFL_SUM_LOSS_NUM] += ln;
         sums[DFL_SUM_LOSS_DEN] += ld;
