@@ -7,6 +7,8 @@
 
 #include <stdint.h>
 
+#include "flash_tile.cuh"
+
 struct AttnParams {
     const void *q, *k, *v;
     void *o;
@@ -114,19 +116,7 @@ attn_fwd_bf16_kernel(const AttnParams p)
 
     float o[MT][DT][4];
     float mrow[MT][2], lrow[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                o[mt][dt][e] = 0.0f;
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            mrow[mt][hh] = -INFINITY;
-            lrow[mt][hh] = 0.0f;
-        }
-    }
+    ft_init(o, mrow, lrow);
     uint32_t qf[QREG ? MT : 1][QREG ? KD : 1][4];
     const float sl2 = p.scale_log2;
 
@@ -176,11 +166,7 @@ attn_fwd_bf16_kernel(const AttnParams p)
                 for (int np = 0; np < NT / 2; np++) {
                     uint32_t b[4];
                     df_ldm(b, chunk_addr(kst, 2 * kk) + np * 16 * ROWB);
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        df_mma(s[mt][2 * np], a[mt], b[0], b[1]);
-                        df_mma(s[mt][2 * np + 1], a[mt], b[2], b[3]);
-                    }
+                    ft_mma_x4(s, a, b, np);
                 }
             }
             /* causal mask where the tile crosses the warp's diagonal */
@@ -197,62 +183,19 @@ attn_fwd_bf16_kernel(const AttnParams p)
                                 s[mt][nt][e] = -INFINITY;
                         }
             }
-            /* online softmax: rows g (hh = 0) and g + 8 (hh = 1) of each m16 tile; the four
-             * threads of a row (t4 = 0..3) combine through shuffles. The running max is kept on
-             * raw scores; exponents are taken in base 2 as s * scale_log2 - max * scale_log2
-             * (one FFMA). */
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    float mx = -INFINITY;
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
-                        mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hh], s[mt][nt][2 * hh + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    float mnew = fmaxf(mrow[mt][hh], mx);
-                    /* a row fully masked so far has max -inf: use 0 so that no inf - inf */
-                    float mscaled = mnew == -INFINITY ? 0.0f : mnew * sl2;
-                    float alpha = df_exp2(mrow[mt][hh] * sl2 - mscaled);
-                    mrow[mt][hh] = mnew;
-                    float rs = 0.0f;
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                        for (int e = 2 * hh; e < 2 * hh + 2; e++) {
-                            float pv = df_exp2(fmaf(s[mt][nt][e], sl2, -mscaled));
-                            s[mt][nt][e] = pv;
-                            rs += pv;
-                        }
-                    lrow[mt][hh] = lrow[mt][hh] * alpha + rs;   /* this thread's share */
-#pragma unroll
-                    for (int dt = 0; dt < DT; dt++) {
-                        o[mt][dt][2 * hh] *= alpha;
-                        o[mt][dt][2 * hh + 1] *= alpha;
-                    }
-                }
+            /* online softmax: rows g (hh = 0) and g + 8 (hh = 1) of each m16 tile */
+            ft_online_softmax(s, mrow, lrow, o, sl2);
             /* O += P V: the S accumulators of two adjacent n8 tiles are the A fragment of one
              * k16 step */
 #pragma unroll
             for (int kb = 0; kb < KB; kb++) {
                 uint32_t a[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    a[mt][0] = df_pack(s[mt][2 * kb][0], s[mt][2 * kb][1]);
-                    a[mt][1] = df_pack(s[mt][2 * kb][2], s[mt][2 * kb][3]);
-                    a[mt][2] = df_pack(s[mt][2 * kb + 1][0], s[mt][2 * kb + 1][1]);
-                    a[mt][3] = df_pack(s[mt][2 * kb + 1][2], s[mt][2 * kb + 1][3]);
-                }
+                ft_pack_p(a, s, kb);
 #pragma unroll
                 for (int dp = 0; dp < DT / 2; dp++) {
                     uint32_t b[4];
                     df_ldm_t(b, chunk_addr(vst, 2 * dp) + kb * 16 * ROWB);
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        df_mma(o[mt][2 * dp], a[mt], b[0], b[1]);
-                        df_mma(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
-                    }
+                    ft_mma_x4(o, a, b, dp);
                 }
             }
         }
@@ -264,9 +207,7 @@ attn_fwd_bf16_kernel(const AttnParams p)
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
-            float l = lrow[mt][hh];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            float l = ft_row_sum(lrow[mt][hh]);
             float inv = l > 0.0f ? 1.0f / l : 0.0f;
             /* row wr0 + mt*16 + g + 8hh (row & 7 == g), columns dt*8 + 2 t4, +1 */
             const uint32_t o_base = (uint32_t)((wr0 + g) * ROWB + (g << 4) + 4 * t4);

@@ -10,6 +10,7 @@
 #define DF_NBMAX 32            /* blocks per CTA at most */
 #define DF_SCHED_MAX 8192      /* key tiles the scheduler sorts (more: natural order) */
 
+#include "flash_tile.cuh"
 #include "warp_sum.cuh"
 
 struct DfP {
@@ -246,19 +247,7 @@ df_fwd_kernel(const DfP p)
 
     float o[MT][DT][4];
     float mrow[MT][2], lrow[MT][2];
-#pragma unroll
-    for (int i = 0; i < MT; i++) {
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                o[i][dt][e] = 0.0f;
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            mrow[i][hh] = -INFINITY;
-            lrow[i][hh] = 0.0f;
-        }
-    }
+    ft_init(o, mrow, lrow);
     uint32_t qf[QREG ? MT : 1][QREG ? KD : 1][4];
     const float sl2 = p.sl2;
 
@@ -321,11 +310,7 @@ df_fwd_kernel(const DfP p)
                 for (int np = 0; np < NT / 2; np++) {
                     uint32_t b[4];
                     df_ldm(b, kst + np * 16 * ROWB + k_lane + kk * 32);
-#pragma unroll
-                    for (int i = 0; i < MT; i++) {
-                        df_mma(s[i][2 * np], a[i], b[0], b[1]);
-                        df_mma(s[i][2 * np + 1], a[i], b[2], b[3]);
-                    }
+                    ft_mma_x4(s, a, b, np);
                 }
             }
             if (need_mask) {
@@ -341,55 +326,16 @@ df_fwd_kernel(const DfP p)
                                 s[i][nt][e] = -INFINITY;
                         }
             }
-#pragma unroll
-            for (int i = 0; i < MT; i++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    float mx = -INFINITY;
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
-                        mx = fmaxf(mx, fmaxf(s[i][nt][2 * hh], s[i][nt][2 * hh + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    float mnew = fmaxf(mrow[i][hh], mx);
-                    float mscaled = mnew == -INFINITY ? 0.0f : mnew * sl2;
-                    float alpha = df_exp2(mrow[i][hh] * sl2 - mscaled);
-                    mrow[i][hh] = mnew;
-                    float rs = 0.0f;
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                        for (int e = 2 * hh; e < 2 * hh + 2; e++) {
-                            float pv = df_exp2(fmaf(s[i][nt][e], sl2, -mscaled));
-                            s[i][nt][e] = pv;
-                            rs += pv;
-                        }
-                    lrow[i][hh] = lrow[i][hh] * alpha + rs;
-#pragma unroll
-                    for (int dt = 0; dt < DT; dt++) {
-                        o[i][dt][2 * hh] *= alpha;
-                        o[i][dt][2 * hh + 1] *= alpha;
-                    }
-                }
+            ft_online_softmax(s, mrow, lrow, o, sl2);
 #pragma unroll
             for (int kb = 0; kb < KB; kb++) {
                 uint32_t a[MT][4];
-#pragma unroll
-                for (int i = 0; i < MT; i++) {
-                    a[i][0] = df_pack(s[i][2 * kb][0], s[i][2 * kb][1]);
-                    a[i][1] = df_pack(s[i][2 * kb][2], s[i][2 * kb][3]);
-                    a[i][2] = df_pack(s[i][2 * kb + 1][0], s[i][2 * kb + 1][1]);
-                    a[i][3] = df_pack(s[i][2 * kb + 1][2], s[i][2 * kb + 1][3]);
-                }
+                ft_pack_p(a, s, kb);
 #pragma unroll
                 for (int dp = 0; dp < DT / 2; dp++) {
                     uint32_t b[4];
                     df_ldm_t(b, vst + kb * 16 * ROWB + v_lane + dp * 32);
-#pragma unroll
-                    for (int i = 0; i < MT; i++) {
-                        df_mma(o[i][2 * dp], a[i], b[0], b[1]);
-                        df_mma(o[i][2 * dp + 1], a[i], b[2], b[3]);
-                    }
+                    ft_mma_x4(o, a, b, dp);
                 }
             }
         }
@@ -401,9 +347,7 @@ df_fwd_kernel(const DfP p)
     for (int i = 0; i < MT; i++)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
-            float l = lrow[i][hh];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            float l = ft_row_sum(lrow[i][hh]);
             float inv = l > 0.0f ? 1.0f / l : 0.0f;
             const int m = wr0 + i * 16 + g + 8 * hh;
             unsigned char *rowp = smem + m * ROWB + 4 * t4;
