@@ -96,11 +96,7 @@ int cuda_attn_init(dfl_be *be, dfl_err *e)
         for (int v = 0; v < n; v++) {
             if (t[v].smem > im->smem_optin)
                 continue;   /* not on this device; attn_set_variant / launch reports it */
-            cudaError_t err = cudaFuncSetAttribute(t[v].kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   (int)t[v].smem);
-            if (err == cudaSuccess)
-                err = cudaFuncSetAttribute(t[v].kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                           (int)cudaSharedmemCarveoutMaxShared);
+            cudaError_t err = cuda_allow_smem(t[v].kernel, t[v].smem);
             if (err != cudaSuccess) {
                 cudaGetLastError();
                 return dfl_fail(e, DFL_EDEVICE, "%s: attention kernel (%s) setup: %s", be->name,
