@@ -228,13 +228,8 @@ static int launch_swiglu_bwd(dfl_be *be, void *dgu, const void *dout, const void
 
 int cuda_swiglu_bwd(dfl_be *be, void *dgu, const void *dout, const void *gu, int64_t R, int64_t I)
 {
-    if (R <= 0 || I <= 0)
-        return 0;
-    int rc = cuda_enter(be);
-    if (rc)
-        return rc;
-    return be->act == DFL_BF16 ? launch_swiglu_bwd<bf16>(be, dgu, dout, gu, R, I)
-                               : launch_swiglu_bwd<float>(be, dgu, dout, gu, R, I);
+    return cuda_by_act(be, R <= 0 || I <= 0,
+                       [&](auto t) { return launch_swiglu_bwd<decltype(t)>(be, dgu, dout, gu, R, I); });
 }
 
 /* ------------------------------------------------------------------------------------------ */
