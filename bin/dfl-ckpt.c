@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bytes.h"
 #include "cli.h"
 #include "frame.h"
 #include "json.h"
@@ -129,16 +130,25 @@ static json_t *j_nf(const dfl_scan_result *r)
     return o;
 }
 
+/* The column header (cols) and source line of a tensor set's text report (none when cols is NULL);
+ * with --json, the source's "tensors" array to fill (NULL without). */
+static json_t *tensor_report(const dfl_tensor_set *s, const char *cols)
+{
+    if (cols) {
+        column_header(cols);
+        source_header(s->label, dfl_input_kind_name(s->kind));
+    }
+    if (!opt.json)
+        return NULL;
+    json_t *src = j_source(s->label, dfl_input_kind_name(s->kind));
+    json_t *arr = json_array();
+    json_object_set_new(src, "tensors", arr);
+    return arr;
+}
+
 static void list_set(const dfl_tensor_set *s)
 {
-    column_header("name\tdtype\tshape\tbytes");
-    source_header(s->label, dfl_input_kind_name(s->kind));
-    json_t *arr = NULL;
-    if (opt.json) {
-        json_t *src = j_source(s->label, dfl_input_kind_name(s->kind));
-        arr = json_array();
-        json_object_set_new(src, "tensors", arr);
-    }
+    json_t *arr = tensor_report(s, "name\tdtype\tshape\tbytes");
     for (size_t i = 0; i < s->n; i++) {
         const dfl_tensor_view *v = &s->t[i];
         if (opt.json) {
@@ -181,12 +191,7 @@ static int nan_set(const dfl_tensor_set *s, dfl_err *e)
     if (rc) {
         dfl_err_prefix(e, "%s: ", s->label);
     } else {
-        json_t *arr = NULL;
-        if (opt.json) {
-            json_t *src = j_source(s->label, dfl_input_kind_name(s->kind));
-            arr = json_array();
-            json_object_set_new(src, "tensors", arr);
-        }
+        json_t *arr = tensor_report(s, NULL);
         size_t bad = 0;
         for (size_t k = 0; k < nj; k++) {
             const dfl_tensor_view *v = &s->t[idx[k]];
@@ -254,14 +259,7 @@ static int stats_set(const dfl_tensor_set *s, dfl_err *e)
     if (rc) {
         dfl_err_prefix(e, "%s: ", s->label);
     } else {
-        column_header(STATS_COLS);
-        source_header(s->label, dfl_input_kind_name(s->kind));
-        json_t *arr = NULL;
-        if (opt.json) {
-            json_t *src = j_source(s->label, dfl_input_kind_name(s->kind));
-            arr = json_array();
-            json_object_set_new(src, "tensors", arr);
-        }
+        json_t *arr = tensor_report(s, STATS_COLS);
         for (size_t i = 0; i < s->n; i++)
             stats_row(s->t[i].name, s->t[i].dtype, &res[i], arr);
     }
@@ -389,6 +387,62 @@ static json_t *j_stream_info(const dfl_stream_info *in)
 
 #define FRAME_COLS "offset\tseq\ttype\tflags\tstored\traw\tS\tT\tK\tH\tdtype"
 
+/* Calls fn on every frame of the stream with, for a tokens or hidden frame, its batch (a view of
+ * the frame's payload; NULL for other frames). The frame is freed after. */
+typedef int (*frame_fn)(const dfl_frame *f, const dfl_batch *b, void *ctx);
+
+static int each_frame(dfl_reader *r, frame_fn fn, void *ctx, dfl_err *e)
+{
+    for (;;) {
+        dfl_frame f = {0};
+        dfl_batch b = {0};
+        bool eos = false;
+        int rc = dfl_reader_next_frame(r, &f, &eos, e);
+        if (rc || eos)
+            return rc;
+        bool batch = f.type == DFL_FT_TOKENS || f.type == DFL_FT_HIDDEN;
+        if (!(batch && (rc = dfl_reader_parse_batch(r, &f, &b, e))))
+            rc = fn(&f, batch ? &b : NULL, ctx);
+        dfl_frame_free(&f);
+        if (rc)
+            return rc;
+    }
+}
+
+/* one row (or JSON object in frames) of the frame listing */
+static int list_frame(const dfl_frame *f, const dfl_batch *b, void *frames)
+{
+    char tb[32], fb[64];
+    if (opt.json) {
+        json_t *o = json_object();
+        json_object_set_new(o, "offset", json_integer((json_int_t)f->offset));
+        json_object_set_new(o, "seq", json_integer((json_int_t)f->seq));
+        json_object_set_new(o, "type", json_string(frame_type_name(f->type, tb, sizeof tb)));
+        json_object_set_new(o, "flags", json_integer(f->flags));
+        json_object_set_new(o, "stored", json_integer((json_int_t)f->stored_len));
+        json_object_set_new(o, "raw", json_integer((json_int_t)f->raw_len));
+        if (b) {
+            json_object_set_new(o, "S", json_integer(b->n_seqs));
+            json_object_set_new(o, "T", json_integer((json_int_t)b->n_tokens));
+            json_object_set_new(o, "K", json_integer(b->n_layers));
+            json_object_set_new(o, "H", json_integer(b->hidden));
+            if (b->n_layers)
+                json_object_set_new(o, "dtype", json_string(dfl_dtype_lower(b->dtype)));
+        }
+        json_array_append_new(frames, o);
+    } else if (b) {
+        printf("%" PRIu64 "\t%" PRIu64 "\t%s\t%s\t%" PRIu64 "\t%" PRIu64 "\t%u\t%" PRIu64 "\t%u\t%u\t%s\n",
+               f->offset, f->seq, frame_type_name(f->type, tb, sizeof tb), flags_str(f->flags, fb, sizeof fb),
+               f->stored_len, f->raw_len, b->n_seqs, b->n_tokens, b->n_layers, b->hidden,
+               b->n_layers ? dfl_dtype_lower(b->dtype) : "-");
+    } else {
+        printf("%" PRIu64 "\t%" PRIu64 "\t%s\t%s\t%" PRIu64 "\t%" PRIu64 "\t-\t-\t-\t-\t-\n", f->offset, f->seq,
+               frame_type_name(f->type, tb, sizeof tb), flags_str(f->flags, fb, sizeof fb), f->stored_len,
+               f->raw_len);
+    }
+    return DFL_OK;
+}
+
 static int list_stream(dfl_reader *r, const char *label, dfl_err *e)
 {
     const dfl_stream_info *in = dfl_reader_info(r);
@@ -403,51 +457,7 @@ static int list_stream(dfl_reader *r, const char *label, dfl_err *e)
     } else {
         printf("0\t0\theader\t-\t-\t-\t-\t-\t-\t-\t%s\n", in->kind == DFL_KIND_HIDDEN ? dfl_dtype_lower(in->dtype) : "-");
     }
-    for (;;) {
-        dfl_frame f = {0};
-        bool eos = false;
-        int rc = dfl_reader_next_frame(r, &f, &eos, e);
-        if (rc)
-            return rc;
-        if (eos)
-            break;
-        dfl_batch b = {0};
-        bool batch = f.type == DFL_FT_TOKENS || f.type == DFL_FT_HIDDEN;
-        if (batch && (rc = dfl_reader_parse_batch(r, &f, &b, e))) {
-            dfl_frame_free(&f);
-            return rc;
-        }
-        char tb[32], fb[64];
-        if (opt.json) {
-            json_t *o = json_object();
-            json_object_set_new(o, "offset", json_integer((json_int_t)f.offset));
-            json_object_set_new(o, "seq", json_integer((json_int_t)f.seq));
-            json_object_set_new(o, "type", json_string(frame_type_name(f.type, tb, sizeof tb)));
-            json_object_set_new(o, "flags", json_integer(f.flags));
-            json_object_set_new(o, "stored", json_integer((json_int_t)f.stored_len));
-            json_object_set_new(o, "raw", json_integer((json_int_t)f.raw_len));
-            if (batch) {
-                json_object_set_new(o, "S", json_integer(b.n_seqs));
-                json_object_set_new(o, "T", json_integer((json_int_t)b.n_tokens));
-                json_object_set_new(o, "K", json_integer(b.n_layers));
-                json_object_set_new(o, "H", json_integer(b.hidden));
-                if (b.n_layers)
-                    json_object_set_new(o, "dtype", json_string(dfl_dtype_lower(b.dtype)));
-            }
-            json_array_append_new(frames, o);
-        } else if (batch) {
-            printf("%" PRIu64 "\t%" PRIu64 "\t%s\t%s\t%" PRIu64 "\t%" PRIu64 "\t%u\t%" PRIu64 "\t%u\t%u\t%s\n",
-                   f.offset, f.seq, frame_type_name(f.type, tb, sizeof tb), flags_str(f.flags, fb, sizeof fb),
-                   f.stored_len, f.raw_len, b.n_seqs, b.n_tokens, b.n_layers, b.hidden,
-                   b.n_layers ? dfl_dtype_lower(b.dtype) : "-");
-        } else {
-            printf("%" PRIu64 "\t%" PRIu64 "\t%s\t%s\t%" PRIu64 "\t%" PRIu64 "\t-\t-\t-\t-\t-\n", f.offset, f.seq,
-                   frame_type_name(f.type, tb, sizeof tb), flags_str(f.flags, fb, sizeof fb), f.stored_len,
-                   f.raw_len);
-        }
-        dfl_frame_free(&f);
-    }
-    return DFL_OK;
+    return each_frame(r, list_frame, frames, e);
 }
 
 /* Calls fn on every batch of the stream (the batch is freed after). */
@@ -551,14 +561,8 @@ static int convert_batch(dfl_reader *r, const char *label, const dfl_batch *b, v
     convert_ctx *c = vctx;
     const dfl_stream_info *in = dfl_reader_info(r);
     (void)label;
-    if (c->n == c->cap) {
-        size_t ncap = c->cap ? c->cap * 2 : 64;
-        dfl_batch *nb = realloc(c->b, ncap * sizeof *nb);
-        if (!nb)
-            return dfl_fail(e, DFL_ENOMEM, "out of memory keeping batches");
-        c->b = nb;
-        c->cap = ncap;
-    }
+    if (!dfl_grow(&c->b, &c->cap, c->n, sizeof *c->b, 64))
+        return dfl_fail(e, DFL_ENOMEM, "out of memory keeping batches");
     /* take the batch over (each_batch frees what is left in *b: nothing once owned is moved) */
     c->b[c->n] = *b;
     ((dfl_batch *)b)->owned = NULL;
@@ -629,32 +633,30 @@ static int convert_stream(dfl_reader *r, const char *label, dfl_err *e)
     return rc;
 }
 
+typedef struct stream_count {
+    uint64_t frames, batches, tokens;
+} stream_count;
+
+static int count_frame(const dfl_frame *f, const dfl_batch *b, void *ctx)
+{
+    stream_count *c = ctx;
+    c->frames++;
+    if (b) {
+        c->batches++;
+        c->tokens += b->n_tokens;
+    }
+    return DFL_OK;
+}
+
 static int verify_stream(dfl_reader *r, const char *label, dfl_err *e)
 {
-    uint64_t frames = 1, batches = 0, tokens = 0;
-    for (;;) {
-        dfl_frame f = {0};
-        bool eos = false;
-        int rc = dfl_reader_next_frame(r, &f, &eos, e);
-        if (rc)
-            return rc;
-        if (eos)
-            break;
-        frames++;
-        if (f.type == DFL_FT_TOKENS || f.type == DFL_FT_HIDDEN) {
-            dfl_batch b = {0};
-            rc = dfl_reader_parse_batch(r, &f, &b, e);
-            batches++;
-            tokens += b.n_tokens;
-            dfl_batch_free(&b);
-        }
-        dfl_frame_free(&f);
-        if (rc)
-            return rc;
-    }
+    stream_count c = {.frames = 1};   /* the header */
+    int rc = each_frame(r, count_frame, &c, e);
+    if (rc)
+        return rc;
     char what[160];
     snprintf(what, sizeof what, "%" PRIu64 " frames, %" PRIu64 " batches, %" PRIu64 " tokens, checksums verified",
-             frames, batches, tokens);
+             c.frames, c.batches, c.tokens);
     verified(label, "dfl-stream", what);
     return DFL_OK;
 }

@@ -111,6 +111,30 @@ template <typename T, int N> struct alignas(sizeof(T) * N) Pack {
 
 static inline bool is_aligned(const void *p, size_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
 
+/* An op on the activation type: nothing to do when empty, else, once cuda_enter succeeded,
+ * launch(bf16()) or launch(float()) as be->act says (launch: a generic lambda calling the op's
+ * launcher with decltype of its argument). */
+template <typename F> static inline int cuda_by_act(dfl_be *be, bool empty, F launch)
+{
+    if (empty)
+        return 0;
+    int rc = cuda_enter(be);
+    if (rc)
+        return rc;
+    return be->act == DFL_BF16 ? launch(bf16()) : launch(float());
+}
+
+/* Lets kernel fn take smem bytes of dynamic shared memory, with the shared-memory carveout at its
+ * largest (the tiled attention kernels' setup). */
+template <typename F> static inline cudaError_t cuda_allow_smem(F *fn, size_t smem)
+{
+    cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   (int)cudaSharedmemCarveoutMaxShared);
+    return err;
+}
+
 /* Blocks for a grid-stride loop over n items with `threads` per block. */
 static inline unsigned grid_for(int64_t n, int threads, int max_blocks)
 {

@@ -202,11 +202,7 @@ static int df_init(dfl_be *be, const char *op)
             for (int v = 0; v < n; v++) {
                 if (t[v].smem > im->smem_optin)
                     continue;
-                cudaError_t err = cudaFuncSetAttribute(t[v].fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       (int)t[v].smem);
-                if (err == cudaSuccess)
-                    err = cudaFuncSetAttribute(t[v].fn, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                               (int)cudaSharedmemCarveoutMaxShared);
+                cudaError_t err = cuda_allow_smem(t[v].fn, t[v].smem);
                 if (err != cudaSuccess) {
                     cudaGetLastError();
                     return cuda_op_fail(be, DFL_EDEVICE, "%s: kernel setup (%s): %s", op, t[v].name,

@@ -10,6 +10,9 @@
 #define DF_NBMAX 32            /* blocks per CTA at most */
 #define DF_SCHED_MAX 8192      /* key tiles the scheduler sorts (more: natural order) */
 
+#include "flash_tile.cuh"
+#include "warp_sum.cuh"
+
 struct DfP {
     const void *q, *kc, *vc, *kb, *vb, *o_in, *dout;
     void *o, *dq, *dkc, *dvc, *dkb, *dvb;
@@ -244,19 +247,7 @@ df_fwd_kernel(const DfP p)
 
     float o[MT][DT][4];
     float mrow[MT][2], lrow[MT][2];
-#pragma unroll
-    for (int i = 0; i < MT; i++) {
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                o[i][dt][e] = 0.0f;
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            mrow[i][hh] = -INFINITY;
-            lrow[i][hh] = 0.0f;
-        }
-    }
+    ft_init(o, mrow, lrow);
     uint32_t qf[QREG ? MT : 1][QREG ? KD : 1][4];
     const float sl2 = p.sl2;
 
@@ -319,11 +310,7 @@ df_fwd_kernel(const DfP p)
                 for (int np = 0; np < NT / 2; np++) {
                     uint32_t b[4];
                     df_ldm(b, kst + np * 16 * ROWB + k_lane + kk * 32);
-#pragma unroll
-                    for (int i = 0; i < MT; i++) {
-                        df_mma(s[i][2 * np], a[i], b[0], b[1]);
-                        df_mma(s[i][2 * np + 1], a[i], b[2], b[3]);
-                    }
+                    ft_mma_x4(s, a, b, np);
                 }
             }
             if (need_mask) {
@@ -339,55 +326,16 @@ df_fwd_kernel(const DfP p)
                                 s[i][nt][e] = -INFINITY;
                         }
             }
-#pragma unroll
-            for (int i = 0; i < MT; i++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    float mx = -INFINITY;
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
-                        mx = fmaxf(mx, fmaxf(s[i][nt][2 * hh], s[i][nt][2 * hh + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    float mnew = fmaxf(mrow[i][hh], mx);
-                    float mscaled = mnew == -INFINITY ? 0.0f : mnew * sl2;
-                    float alpha = df_exp2(mrow[i][hh] * sl2 - mscaled);
-                    mrow[i][hh] = mnew;
-                    float rs = 0.0f;
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                        for (int e = 2 * hh; e < 2 * hh + 2; e++) {
-                            float pv = df_exp2(fmaf(s[i][nt][e], sl2, -mscaled));
-                            s[i][nt][e] = pv;
-                            rs += pv;
-                        }
-                    lrow[i][hh] = lrow[i][hh] * alpha + rs;
-#pragma unroll
-                    for (int dt = 0; dt < DT; dt++) {
-                        o[i][dt][2 * hh] *= alpha;
-                        o[i][dt][2 * hh + 1] *= alpha;
-                    }
-                }
+            ft_online_softmax(s, mrow, lrow, o, sl2);
 #pragma unroll
             for (int kb = 0; kb < KB; kb++) {
                 uint32_t a[MT][4];
-#pragma unroll
-                for (int i = 0; i < MT; i++) {
-                    a[i][0] = df_pack(s[i][2 * kb][0], s[i][2 * kb][1]);
-                    a[i][1] = df_pack(s[i][2 * kb][2], s[i][2 * kb][3]);
-                    a[i][2] = df_pack(s[i][2 * kb + 1][0], s[i][2 * kb + 1][1]);
-                    a[i][3] = df_pack(s[i][2 * kb + 1][2], s[i][2 * kb + 1][3]);
-                }
+                ft_pack_p(a, s, kb);
 #pragma unroll
                 for (int dp = 0; dp < DT / 2; dp++) {
                     uint32_t b[4];
                     df_ldm_t(b, vst + kb * 16 * ROWB + v_lane + dp * 32);
-#pragma unroll
-                    for (int i = 0; i < MT; i++) {
-                        df_mma(o[i][2 * dp], a[i], b[0], b[1]);
-                        df_mma(o[i][2 * dp + 1], a[i], b[2], b[3]);
-                    }
+                    ft_mma_x4(o, a, b, dp);
                 }
             }
         }
@@ -399,9 +347,7 @@ df_fwd_kernel(const DfP p)
     for (int i = 0; i < MT; i++)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
-            float l = lrow[i][hh];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            float l = ft_row_sum(lrow[i][hh]);
             float inv = l > 0.0f ? 1.0f / l : 0.0f;
             const int m = wr0 + i * 16 + g + 8 * hh;
             unsigned char *rowp = smem + m * ROWB + 4 * t4;
@@ -487,9 +433,7 @@ df_bwd_q_kernel(const DfP p)
                         dot += df_bf_lo(ow[j]) * df_bf_lo(dw[j]) + df_bf_hi(ow[j]) * df_bf_hi(dw[j]);
                 }
             }
-#pragma unroll
-            for (int sft = LPR / 2; sft > 0; sft >>= 1)
-                dot += __shfl_xor_sync(0xffffffffu, dot, sft);
+            dot = warp_sum<LPR>(dot);
             if (lane % LPR == 0) {
                 const int idx = mt.row_idx[r];
                 sDelta[r] = off >= 0 ? dot : 0.0f;
@@ -1014,10 +958,7 @@ __device__ __forceinline__ float ds_dot(const float (&a)[MAXV], const float (&b)
 #pragma unroll
     for (int j = 0; j < MAXV; j++)
         s += a[j] * b[j];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        s += __shfl_xor_sync(0xffffffffu, s, o);
-    return s;
+    return warp_sum(s);
 }
 
 template <typename T, int MAXV>
@@ -1031,29 +972,49 @@ __device__ __forceinline__ void ds_store(T *row, const float (&x)[MAXV], float f
     }
 }
 
-/* key t of a query whose context keys are the nctx rows from row c0, then its block's rows from
- * brow: a context row or a block row */
-template <typename T>
-__device__ __forceinline__ const T *ds_key(const T *ctx, const T *blk, int64_t ld, int64_t c0,
-                                           int64_t nctx, int64_t brow, int64_t t, int64_t off)
+/* The (query row, head) of a simple kernel's warp and the keys it sees: the nctx context rows
+ * from row c0, then nkeys - nctx rows of its block from brow. */
+struct DsRow {
+    int64_t qr, brow, koff, c0, nctx, nkeys;
+    int h, lane;
+
+    /* key t (< nkeys) of the row's kv head: a context row of ctx or a block row of blk */
+    template <typename T>
+    __device__ __forceinline__ const T *key(const T *ctx, const T *blk, int64_t ld, int64_t t) const
+    {
+        return t < nctx ? ctx + (c0 + t) * ld + koff : blk + (brow + t - nctx) * ld + koff;
+    }
+};
+
+/* false when the warp has no (query row, head) */
+__device__ __forceinline__ bool ds_row(const DfP &p, DsRow &r)
 {
-    return t < nctx ? ctx + (c0 + t) * ld + off : blk + (brow + t - nctx) * ld + off;
+    const int64_t gw = (int64_t)blockIdx.x * DS_WARPS + (threadIdx.x >> 5);
+    r.lane = threadIdx.x & 31;
+    const int64_t Q = (int64_t)p.n_blocks * p.bs;
+    if (gw >= Q * p.nh)
+        return false;
+    r.qr = gw / p.nh;
+    r.h = (int)(gw % p.nh);
+    const int64_t b = r.qr / p.bs;
+    r.brow = b * p.bs;
+    r.koff = (int64_t)(r.h / p.group) * p.d;
+    const int32_t cs = p.cs[b], an = p.an[b], j = (int)(r.qr - r.brow);
+    const int clo = df_ctx_lo(p.window, an, j);
+    r.c0 = (int64_t)cs + clo;
+    r.nctx = an - clo;
+    r.nkeys = r.nctx + (p.window > 0 ? j + 1 : p.bs);
+    return true;
 }
 
 template <typename T, int MAXV>
 __global__ void ds_fwd_kernel(const DfP p)
 {
-    const int64_t gw = (int64_t)blockIdx.x * DS_WARPS + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    const int64_t Q = (int64_t)p.n_blocks * p.bs;
-    if (gw >= Q * p.nh)
+    DsRow r;
+    if (!ds_row(p, r))
         return;
-    const int64_t qr = gw / p.nh;
-    const int h = (int)(gw % p.nh), d = p.d;
-    const int64_t b = qr / p.bs, brow = b * p.bs, koff = (int64_t)(h / p.group) * d;
-    const int32_t cs = p.cs[b], an = p.an[b], j = (int)(qr - brow);
-    const int clo = df_ctx_lo(p.window, an, j);
-    const int64_t c0 = (int64_t)cs + clo, nctx = an - clo;
+    const int lane = r.lane, h = r.h, d = p.d;
+    const int64_t qr = r.qr;
     const T *kc = (const T *)p.kc, *vc = (const T *)p.vc, *kb = (const T *)p.kb, *vb = (const T *)p.vb;
     float qv[MAXV], acc[MAXV], kv[MAXV];
     ds_load<T, MAXV>(qv, (const T *)p.q + qr * p.ldq + (int64_t)h * d, d, lane);
@@ -1061,14 +1022,13 @@ __global__ void ds_fwd_kernel(const DfP p)
     for (int i = 0; i < MAXV; i++)
         acc[i] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    const int64_t nkeys = nctx + (p.window > 0 ? j + 1 : p.bs);
-    for (int64_t t = 0; t < nkeys; t++) {
-        ds_load<T, MAXV>(kv, ds_key(kc, kb, p.ldk, c0, nctx, brow, t, koff), d, lane);
+    for (int64_t t = 0; t < r.nkeys; t++) {
+        ds_load<T, MAXV>(kv, r.key(kc, kb, p.ldk, t), d, lane);
         float sc = ds_dot<MAXV>(qv, kv) * p.scale;
         float mn = fmaxf(m, sc);
         float corr = expf(m - mn), pw = expf(sc - mn);
         l = l * corr + pw;
-        ds_load<T, MAXV>(kv, ds_key(vc, vb, p.ldk, c0, nctx, brow, t, koff), d, lane);
+        ds_load<T, MAXV>(kv, r.key(vc, vb, p.ldk, t), d, lane);
 #pragma unroll
         for (int i = 0; i < MAXV; i++)
             acc[i] = acc[i] * corr + pw * kv[i];
@@ -1083,17 +1043,11 @@ __global__ void ds_fwd_kernel(const DfP p)
 template <typename T, int MAXV>
 __global__ void ds_bwd_q_kernel(const DfP p)
 {
-    const int64_t gw = (int64_t)blockIdx.x * DS_WARPS + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    const int64_t Q = (int64_t)p.n_blocks * p.bs;
-    if (gw >= Q * p.nh)
+    DsRow r;
+    if (!ds_row(p, r))
         return;
-    const int64_t qr = gw / p.nh;
-    const int h = (int)(gw % p.nh), d = p.d;
-    const int64_t b = qr / p.bs, brow = b * p.bs, koff = (int64_t)(h / p.group) * d;
-    const int32_t cs = p.cs[b], an = p.an[b], j = (int)(qr - brow);
-    const int clo = df_ctx_lo(p.window, an, j);
-    const int64_t c0 = (int64_t)cs + clo, nctx = an - clo;
+    const int lane = r.lane, h = r.h, d = p.d;
+    const int64_t qr = r.qr;
     const T *kc = (const T *)p.kc, *vc = (const T *)p.vc, *kb = (const T *)p.kb, *vb = (const T *)p.vb;
     const int64_t qo = qr * p.ldq + (int64_t)h * d;
     float qv[MAXV], dov[MAXV], acc[MAXV], kv[MAXV], vv[MAXV];
@@ -1107,10 +1061,9 @@ __global__ void ds_bwd_q_kernel(const DfP p)
 #pragma unroll
     for (int i = 0; i < MAXV; i++)
         acc[i] = 0.0f;
-    const int64_t nkeys = nctx + (p.window > 0 ? j + 1 : p.bs);
-    for (int64_t t = 0; t < nkeys; t++) {
-        ds_load<T, MAXV>(kv, ds_key(kc, kb, p.ldk, c0, nctx, brow, t, koff), d, lane);
-        ds_load<T, MAXV>(vv, ds_key(vc, vb, p.ldk, c0, nctx, brow, t, koff), d, lane);
+    for (int64_t t = 0; t < r.nkeys; t++) {
+        ds_load<T, MAXV>(kv, r.key(kc, kb, p.ldk, t), d, lane);
+        ds_load<T, MAXV>(vv, r.key(vc, vb, p.ldk, t), d, lane);
         float pp = expf(ds_dot<MAXV>(qv, kv) * p.scale - L);
         float ds = pp * (ds_dot<MAXV>(dov, vv) - D);
 #pragma unroll

@@ -7,16 +7,9 @@
 #include <math.h>
 
 #include "be_cuda.cuh"
+#include "warp_sum.cuh"
 
 #define EW_THREADS 256
-
-__device__ __forceinline__ float warp_sum(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 /* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
  * Call once per kernel. */
@@ -156,15 +149,10 @@ static int launch_embedding(dfl_be *be, void *out, const int32_t *ids, const voi
 
 int cuda_embedding(dfl_be *be, void *out, const int32_t *ids, const void *E, int64_t T_, int64_t H)
 {
-    if (T_ <= 0 || H <= 0)
-        return 0;
-    if (T_ > INT32_MAX)
+    if (T_ > INT32_MAX && H > 0)   /* (no work at all when H <= 0) */
         return cuda_op_fail(be, DFL_EUNSUP, "embedding: %lld tokens is too many", (long long)T_);
-    int rc = cuda_enter(be);
-    if (rc)
-        return rc;
-    return be->act == DFL_BF16 ? launch_embedding<bf16>(be, out, ids, E, T_, H)
-                               : launch_embedding<float>(be, out, ids, E, T_, H);
+    return cuda_by_act(be, T_ <= 0 || H <= 0,
+                       [&](auto t) { return launch_embedding<decltype(t)>(be, out, ids, E, T_, H); });
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -387,9 +375,7 @@ __global__ void qknorm_rope_vec_kernel(T *x, int64_t ld, float *rstd, const T *w
                 x1[j] = x2[j] = 0.0f;
         }
         if (w) {
-#pragma unroll
-            for (int o = G / 2; o > 0; o >>= 1)
-                ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            ss = warp_sum<G>(ss);
             float s = 1.0f / sqrtf(ss / (float)d + eps);
             if (rstd && on && c == 0)
                 rstd[r * heads + h] = s;
@@ -587,13 +573,7 @@ static int launch_swiglu(dfl_be *be, void *out, const void *gu, int64_t R, int64
 
 int cuda_swiglu(dfl_be *be, void *out, const void *gu, int64_t R, int64_t I)
 {
-    if (R <= 0 || I <= 0)
-        return 0;
-    int rc = cuda_enter(be);
-    if (rc)
-        return rc;
-    return be->act == DFL_BF16 ? launch_swiglu<bf16>(be, out, gu, R, I)
-                               : launch_swiglu<float>(be, out, gu, R, I);
+    return cuda_by_act(be, R <= 0 || I <= 0, [&](auto t) { return launch_swiglu<decltype(t)>(be, out, gu, R, I); });
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -633,12 +613,7 @@ static int launch_add(dfl_be *be, void *y, const void *x, int64_t n)
 
 int cuda_add(dfl_be *be, void *y, const void *x, int64_t n)
 {
-    if (n <= 0)
-        return 0;
-    int rc = cuda_enter(be);
-    if (rc)
-        return rc;
-    return be->act == DFL_BF16 ? launch_add<bf16>(be, y, x, n) : launch_add<float>(be, y, x, n);
+    return cuda_by_act(be, n <= 0, [&](auto t) { return launch_add<decltype(t)>(be, y, x, n); });
 }
 
 /* ------------------------------------------------------------------------------------------ */

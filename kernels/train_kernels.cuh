@@ -4,57 +4,13 @@
 #ifndef DFL_TRAIN_KERNELS_CUH
 #define DFL_TRAIN_KERNELS_CUH
 
+#include "be_math.h"
+#include "warp_sum.cuh"
+
 #define RB_MAX_THREADS 512
 #define QKB_WARPS 8
 #define SUMSQ_THREADS 256
 #define LMCE_THREADS 1024
-
-__device__ __forceinline__ float tr_warp_sum(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ __forceinline__ double tr_warp_sum_d(double v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* Sum over the block (blockDim.x a multiple of 32); every thread gets the same result (each adds
- * the warp partials in the same order). sh: 32 floats of shared memory. May be called repeatedly:
- * the leading barrier keeps a call from overwriting sh while a previous one is being read. */
-__device__ __forceinline__ float tr_block_sum(float v, float *sh)
-{
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = tr_warp_sum(v);
-    __syncthreads();
-    if (lane == 0)
-        sh[wid] = v;
-    __syncthreads();
-    float s = 0.0f;
-    for (int i = 0; i < nw; i++)
-        s += sh[i];
-    return s;
-}
-
-__device__ __forceinline__ double tr_block_sum_d(double v, double *sh)
-{
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = tr_warp_sum_d(v);
-    __syncthreads();
-    if (lane == 0)
-        sh[wid] = v;
-    __syncthreads();
-    double s = 0.0;
-    for (int i = 0; i < nw; i++)
-        s += sh[i];
-    return s;
-}
 
 /* dw[i] += (float)(sum over b < nb of part[b * n + i]), in block order */
 static __global__ void tr_colsum_kernel(float *dw, const double *part, int nb, int64_t n)
@@ -106,7 +62,7 @@ rmsnorm_bwd_kernel(T *dx, double *part, const T *dy, const T *x, const T *w, con
             for (int j = 0; j < VEC; j++)
                 dot += to_f32(wp[k].v[j]) * to_f32(yp[k].v[j]) * to_f32(xp[k].v[j]);
         const float s = rstd[r];
-        dot = tr_block_sum(dot, sh);
+        dot = block_sum_sh(dot, sh);
         const float cm = dot * s * inv_n;   /* mean(w dy xhat) */
 #pragma unroll
         for (int k = 0; k < P; k++) {
@@ -197,7 +153,7 @@ qknorm_rope_bwd_kernel(T *dx, int64_t ld, double *part, const T *xin, const T *w
             if (rstd) {
                 sc = rstd[r * heads + h];
             } else {
-                ss = tr_warp_sum(ss);
+                ss = warp_sum(ss);
                 sc = 1.0f / sqrtf(ss / (float)d + eps);
             }
             float dot = 0.0f;
@@ -206,7 +162,7 @@ qknorm_rope_bwd_kernel(T *dx, int64_t ld, double *part, const T *xin, const T *w
 #pragma unroll
                 for (int p = 0; p < P; p++)
                     dot += w1[j][p] * g1[j][p] * x1[j][p] + w2[j][p] * g2[j][p] * x2[j][p];
-            dot = tr_warp_sum(dot);
+            dot = warp_sum(dot);
             const float m = dot * sc / (float)d;
 #pragma unroll
             for (int j = 0; j < MAXJ; j++)
@@ -303,7 +259,7 @@ sumsq_part_kernel(double *part, const float *x, int64_t n, int64_t cs, bool vec)
         for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
             s += (double)x[i] * x[i];
     }
-    s = tr_block_sum_d(s, sh);
+    s = block_sum_sh(s, sh);
     if (threadIdx.x == 0)
         part[blockIdx.x] = s;
 }
@@ -314,31 +270,15 @@ static __global__ void sumsq_final_kernel(double *out, const double *part, int n
     double s = 0.0;
     for (int i = threadIdx.x; i < nb; i += 32)
         s += part[i];
-    s = tr_warp_sum_d(s);
+    s = warp_sum(s);
     if (threadIdx.x == 0)
         out[0] += s;
 }
 
 static __global__ void clip_scale_kernel(float *out, int32_t *skip, const double *sums, float max_norm)
 {
-    double den = sums[DFL_SUM_LOSS_DEN];
-    double norm = sqrt(sums[DFL_SUM_GRAD_SQ]) / den;
-    int bad = !(den > 0) || !isfinite(sums[DFL_SUM_LOSS_NUM]) || !isfinite(norm);
-    double coef = 1.0;
-    if (max_norm > 0 && !bad) {
-        coef = (double)max_norm / (norm + 1e-6);
-        if (coef > 1.0)
-            coef = 1.0;
-    }
-    out[0] = bad ? 0.0f : (float)(coef / den);
-    out[1] = (float)norm;
-    out[2] = (float)coef;
-    *skip = bad;
+    dfl_clip_scale_of(out, skip, sums, max_norm);
 }
-
-struct AdamScalars {
-    float decay, b1w, b2, b2w, eps, step_size, bc2_sqrt;
-};
 
 /* block_metrics, one block: thread t counts slot t % bs over the blocks b = t / bs (mod the
  * number of such groups), then the groups' counts are added; the acceptance lengths are summed
@@ -369,8 +309,8 @@ block_metrics_kernel(double *out, const uint8_t *correct, const float *weight, i
             len += 1 + n;
             cnt++;
         }
-    double tl = tr_block_sum_d((double)len, sh);   /* (its barriers also publish sc, shits) */
-    double tc = tr_block_sum_d((double)cnt, sh);
+    double tl = block_sum_sh((double)len, sh);   /* (its barriers also publish sc, shits) */
+    double tc = block_sum_sh((double)cnt, sh);
     if (t < bs) {
         long long a = 0, h = 0;
         for (int k = 0; k < groups; k++) {
@@ -386,25 +326,10 @@ block_metrics_kernel(double *out, const uint8_t *correct, const float *weight, i
     }
 }
 
-/* one element; returns the new p */
-__device__ __forceinline__ float adamw_one(float &p, float &m, float &v, float g, float gs, const AdamScalars &c)
-{
-    float gi = __fmul_rn(g, gs);
-    float pi = __fmul_rn(p, c.decay);
-    float mi = __fadd_rn(m, __fmul_rn(c.b1w, __fsub_rn(gi, m)));
-    float vi = __fadd_rn(__fmul_rn(v, c.b2), __fmul_rn(__fmul_rn(c.b2w, gi), gi));
-    float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2_sqrt), c.eps);
-    pi = __fsub_rn(pi, __fmul_rn(c.step_size, __fdiv_rn(mi, denom)));
-    p = pi;
-    m = mi;
-    v = vi;
-    return pi;
-}
-
 /* vec: p, g, m, v 16-byte aligned and pa (if any) aligned to 4 of its elements */
 template <typename W>
 __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, W *pa, int64_t n,
-                             AdamScalars c, AdamScalars c_prev, const int32_t *prev_skip,
+                             dfl_adam_scalars c, dfl_adam_scalars c_prev, const int32_t *prev_skip,
                              const float *gsp, const int32_t *skip, bool vec)
 {
     if (skip && *skip)
@@ -421,10 +346,10 @@ __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, W *pa
             float4 pp = ((float4 *)p)[k], gg = ((const float4 *)g)[k];
             float4 mm = ((float4 *)m)[k], vv = ((float4 *)v)[k];
             Pack<W, 4> o;
-            o.v[0] = from_f32<W>(adamw_one(pp.x, mm.x, vv.x, gg.x, gs, c));
-            o.v[1] = from_f32<W>(adamw_one(pp.y, mm.y, vv.y, gg.y, gs, c));
-            o.v[2] = from_f32<W>(adamw_one(pp.z, mm.z, vv.z, gg.z, gs, c));
-            o.v[3] = from_f32<W>(adamw_one(pp.w, mm.w, vv.w, gg.w, gs, c));
+            o.v[0] = from_f32<W>(dfl_adamw_one(&pp.x, &mm.x, &vv.x, gg.x, gs, &c));
+            o.v[1] = from_f32<W>(dfl_adamw_one(&pp.y, &mm.y, &vv.y, gg.y, gs, &c));
+            o.v[2] = from_f32<W>(dfl_adamw_one(&pp.z, &mm.z, &vv.z, gg.z, gs, &c));
+            o.v[3] = from_f32<W>(dfl_adamw_one(&pp.w, &mm.w, &vv.w, gg.w, gs, &c));
             ((float4 *)p)[k] = pp;
             ((float4 *)m)[k] = mm;
             ((float4 *)v)[k] = vv;
@@ -435,7 +360,7 @@ __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, W *pa
     }
     for (int64_t i = done + k0; i < n; i += stride) {
         float pp = p[i], mm = m[i], vv = v[i];
-        float pn = adamw_one(pp, mm, vv, g[i], gs, c);
+        float pn = dfl_adamw_one(&pp, &mm, &vv, g[i], gs, &c);
         p[i] = pp;
         m[i] = mm;
         v[i] = vv;
@@ -444,23 +369,12 @@ __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, W *pa
     }
 }
 
-__device__ __forceinline__ float noise_u01(uint64_t seed, uint64_t i)
-{
-    uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (float)(z >> 40) * (1.0f / 16777216.0f);
-}
-
 template <typename T>
 __global__ void uniform_noise_kernel(T *x, int64_t n, float amp, uint64_t seed)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        float u = noise_u01(seed, (uint64_t)i);
-        float t = __fsub_rn(__fmul_rn(2.0f, u), 1.0f);
-        x[i] = from_f32<T>(__fadd_rn(to_f32(x[i]), __fmul_rn(amp, t)));
+        x[i] = from_f32<T>(__fadd_rn(to_f32(x[i]), dfl_noise_add(seed, (uint64_t)i, amp)));
     }
 }
 
@@ -639,10 +553,10 @@ static __global__ void lmce_sums_kernel(double *sums, const float *row_wce, cons
         an += row_hit[r];
         ad += 1.0;
     }
-    ln = tr_warp_sum_d(ln);
-    ld = tr_warp_sum_d(ld);
-    an = tr_warp_sum_d(an);
-    ad = tr_warp_sum_d(ad);
+    ln = warp_sum(ln);
+    ld = warp_sum(ld);
+    an = warp_sum(an);
+    ad = warp_sum(ad);
     if (threadIdx.x == 0) {
         sums[DFL_SUM_LOSS_NUM] += ln;
         sums[DFL_SUM_LOSS_DEN] += ld;

@@ -228,13 +228,8 @@ static int launch_swiglu_bwd(dfl_be *be, void *dgu, const void *dout, const void
 
 int cuda_swiglu_bwd(dfl_be *be, void *dgu, const void *dout, const void *gu, int64_t R, int64_t I)
 {
-    if (R <= 0 || I <= 0)
-        return 0;
-    int rc = cuda_enter(be);
-    if (rc)
-        return rc;
-    return be->act == DFL_BF16 ? launch_swiglu_bwd<bf16>(be, dgu, dout, gu, R, I)
-                               : launch_swiglu_bwd<float>(be, dgu, dout, gu, R, I);
+    return cuda_by_act(be, R <= 0 || I <= 0,
+                       [&](auto t) { return launch_swiglu_bwd<decltype(t)>(be, dgu, dout, gu, R, I); });
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -297,14 +292,11 @@ int cuda_block_metrics(dfl_be *be, double *out, const uint8_t *correct, const fl
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* adamw: per element, in this order, each operation rounded to f32 (explicit _rn intrinsics, so
- * that the compiler cannot contract them into FMAs):
- *   gi = g * gs;  pi = p * decay;  mi = m + b1w * (gi - m);  vi = v * b2 + (b2w * gi) * gi;
- *   denom = sqrt(vi) / bc2_sqrt + eps;  p = pi - step_size * (mi / denom)
- * with decay = 1 - lr wd, b1w = 1 - b1, b2w = 1 - b2 (f32), step_size = (float)(lr / (1 - b1^t))
- * and bc2_sqrt = (float)sqrt(1 - b2^t) computed in double on the host. These are exactly the CPU
- * op's operations (lib/backends/be_cpu_train.c), so results agree bit for bit with a CPU build that does
- * not contract a*b+c into FMAs (the default x86-64 build). p_act gets p rounded to be->wdt
+/* adamw: per element be_math.h's dfl_adamw_one, each operation rounded to f32 (explicit _rn
+ * intrinsics on the device, so that the compiler cannot contract them into FMAs), with the scalars
+ * of dfl_adam_scalars_at computed on the host. The CPU op (lib/backends/be_cpu_train.c) runs the
+ * same functions, so results agree bit for bit with a CPU build that does not contract a*b+c into
+ * FMAs (the default x86-64 build). p_act gets p rounded to be->wdt
  * (round to nearest even) in the same pass. *skip != 0: nothing is written. *prev_skip != 0:
  * the scalars of step - 1 (computed on the host too) are used. */
 
@@ -317,20 +309,9 @@ int cuda_adamw(dfl_be *be, const dfl_adamw *a)
     int rc = cuda_enter(be);
     if (rc)
         return rc;
-    AdamScalars c, c_prev;   /* step t, and t - 1 for a skipped previous update (prev_skip) */
-    for (int k = 0; k < 2; k++) {
-        const int64_t t = k == 0 || a->step < 2 ? a->step : a->step - 1;
-        const double bc1 = 1.0 - pow((double)a->beta1, (double)t);
-        const double bc2 = 1.0 - pow((double)a->beta2, (double)t);
-        AdamScalars &x = k == 0 ? c : c_prev;
-        x.step_size = (float)((double)a->lr / bc1);
-        x.bc2_sqrt = (float)sqrt(bc2);
-        x.decay = 1.0f - a->lr * a->weight_decay;
-        x.b1w = 1.0f - a->beta1;
-        x.b2 = a->beta2;
-        x.b2w = 1.0f - a->beta2;
-        x.eps = a->eps;
-    }
+    /* step t, and t - 1 for a skipped previous update (prev_skip) */
+    const dfl_adam_scalars c = dfl_adam_scalars_at(a, a->step);
+    const dfl_adam_scalars c_prev = dfl_adam_scalars_at(a, a->step < 2 ? a->step : a->step - 1);
     void *pa = a->p_act && a->p_act != (void *)a->p ? a->p_act : NULL;
     bool vec = is_aligned(a->p, 16) && is_aligned(a->g, 16) && is_aligned(a->m, 16) && is_aligned(a->v, 16) &&
                (!pa || is_aligned(pa, 4 * dfl_dtype_size(be->wdt)));
@@ -346,8 +327,8 @@ int cuda_adamw(dfl_be *be, const dfl_adamw *a)
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* uniform_noise: x[i] += amp * (2 u_i - 1), u_i = dfl_noise_u01(seed, i) (backend.h), computed
- * with the same f32 operations as the CPU op (no contraction), then rounded to the act type. */
+/* uniform_noise: x[i] += amp * (2 u_i - 1), u_i = dfl_noise_u01(seed, i), computed
+ * with the same f32 operations as the CPU op (be_math.h's dfl_noise_add), then rounded to the act type. */
 
 int cuda_uniform_noise(dfl_be *be, void *x, int64_t n, float amp, uint64_t seed)
 {

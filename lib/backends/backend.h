@@ -183,17 +183,8 @@ typedef struct dfl_adamw {
     const int32_t *prev_skip;
 } dfl_adamw;
 
-/* The counter-based uniform generator of uniform_noise (the same numbers on every backend):
- * z = splitmix64(seed + (i + 1) * 0x9E3779B97F4A7C15) (the splitmix64 output function),
- * u = (z >> 40) * 2^-24 in [0, 1). */
-static inline float dfl_noise_u01(uint64_t seed, uint64_t i)
-{
-    uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (float)(z >> 40) * (1.0f / 16777216.0f);
-}
+/* The arithmetic of clip_scale, adamw and uniform_noise that every backend shares (the noise
+ * generator dfl_noise_u01 among it) is in be_math.h. */
 
 /* Mixture-of-experts routing (the target's sparse MLPs). Every token t picks the top k of E
  * experts by p = softmax(logits[t]) (f32; ties to the lower expert id), in descending order,

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "be_cpu.h"
+#include "be_math.h"
 
 /* Run a loop on several threads only when it has enough work to pay for waking them (many
  * small ops in a row otherwise spend more time in barriers than in arithmetic, badly so on a
@@ -481,19 +482,7 @@ int dfl_cpu_sumsq(dfl_be *be, double *out, const float *x, int64_t n)
 
 int dfl_cpu_clip_scale(dfl_be *be, float *out, int32_t *skip, const double *sums, float max_norm)
 {
-    double den = sums[DFL_SUM_LOSS_DEN];
-    double norm = sqrt(sums[DFL_SUM_GRAD_SQ]) / den;
-    int bad = !(den > 0) || !isfinite(sums[DFL_SUM_LOSS_NUM]) || !isfinite(norm);
-    double coef = 1.0;
-    if (max_norm > 0 && !bad) {
-        coef = (double)max_norm / (norm + 1e-6);
-        if (coef > 1.0)
-            coef = 1.0;
-    }
-    out[0] = bad ? 0.0f : (float)(coef / den);
-    out[1] = (float)norm;
-    out[2] = (float)coef;
-    *skip = bad;
+    dfl_clip_scale_of(out, skip, sums, max_norm);
     return 0;
 }
 
@@ -524,26 +513,12 @@ int dfl_cpu_adamw(dfl_be *be, const dfl_adamw *a)
         return 0;
     const float gs = a->grad_scale ? *a->grad_scale : 1.0f;
     const int64_t t = a->step - (a->prev_skip && *a->prev_skip && a->step > 1 ? 1 : 0);
-    const double bc1 = 1.0 - pow((double)a->beta1, (double)t);
-    const double bc2 = 1.0 - pow((double)a->beta2, (double)t);
-    const float step_size = (float)((double)a->lr / bc1);
-    const float bc2_sqrt = (float)sqrt(bc2);
-    const float decay = 1.0f - a->lr * a->weight_decay;
-    const float b1w = 1.0f - a->beta1, b2 = a->beta2, b2w = 1.0f - a->beta2, eps = a->eps;
+    const dfl_adam_scalars c = dfl_adam_scalars_at(a, t);
     float *p = a->p, *m = a->m, *v = a->v;
     const float *g = a->g;
 #pragma omp parallel for schedule(static) if (PAR(a->n))
-    for (int64_t i = 0; i < a->n; i++) {
-        float gi = g[i] * gs;
-        float pi = p[i] * decay;
-        float mi = m[i] + b1w * (gi - m[i]);
-        float vi = v[i] * b2 + b2w * gi * gi;
-        float denom = sqrtf(vi) / bc2_sqrt + eps;
-        pi = pi - step_size * (mi / denom);
-        p[i] = pi;
-        m[i] = mi;
-        v[i] = vi;
-    }
+    for (int64_t i = 0; i < a->n; i++)
+        dfl_adamw_one(&p[i], &m[i], &v[i], g[i], gs, &c);
     if (a->p_act && a->p_act != (void *)a->p)
         return be->ops->convert(be, a->p_act, be->wdt, a->p, DFL_F32, a->n);
     return 0;
@@ -554,7 +529,7 @@ int dfl_cpu_uniform_noise(dfl_be *be, void *xv, int64_t n, float amp, uint64_t s
     float *x = xv;
 #pragma omp parallel for schedule(static) if (PAR(n))
     for (int64_t i = 0; i < n; i++)
-        x[i] += amp * (2.0f * dfl_noise_u01(seed, (uint64_t)i) - 1.0f);
+        x[i] += dfl_noise_add(seed, (uint64_t)i, amp);
     return 0;
 }
 

@@ -211,6 +211,16 @@ static const char *scan_string(const char *p, const char *end, bool *escaped)
     }
 }
 
+/* One or more digits at p: the end of them, or NULL when there is none. */
+static inline const char *digits1(const char *p, const char *end)
+{
+    if (p >= end || !is_digit(*p))
+        return NULL;
+    while (p < end && is_digit(*p))
+        p++;
+    return p;
+}
+
 /* A JSON number; integers must fit in int64 and reals must not overflow (jansson's rules). */
 static const char *skip_number(const char *p, const char *end)
 {
@@ -227,30 +237,22 @@ static const char *skip_number(const char *p, const char *end)
         p++;
         if (p < end && is_digit(*p))
             return NULL;
-    } else if (is_digit(*p)) {
-        while (p < end && is_digit(*p))
-            p++;
-    } else {
+    } else if (!(p = digits1(p, end))) {
         return NULL;
     }
     size_t nd = (size_t)(p - digits);
     bool real = false;
     if (p < end && *p == '.') {
-        p++;
-        if (p >= end || !is_digit(*p))
+        if (!(p = digits1(p + 1, end)))
             return NULL;
-        while (p < end && is_digit(*p))
-            p++;
         real = true;
     }
     if (p < end && (*p == 'e' || *p == 'E')) {
         p++;
         if (p < end && (*p == '+' || *p == '-'))
             p++;
-        if (p >= end || !is_digit(*p))
+        if (!(p = digits1(p, end)))
             return NULL;
-        while (p < end && is_digit(*p))
-            p++;
         real = true;
     }
     if (!real) {
@@ -305,83 +307,9 @@ static const char *scan_key(const char *p, const char *end, key_span *keys, int 
     return ws(q + 1, end);
 }
 
-/* p is after '{'; depth is the nesting level of this object. */
-static const char *skip_object(const char *p, const char *end, int depth)
-{
-    if (depth > DFL_JSON_MAX_DEPTH)
-        return NULL;
-    key_span keys[MAX_KEYS], k;
-    int nk = 0;
-    p = ws(p, end);
-    if (p < end && *p == '}')
-        return p + 1;
-    for (;;) {
-        p = scan_key(p, end, keys, &nk, &k);
-        if (!p)
-            return NULL;
-        p = skip_value(p, end, depth);
-        if (!p)
-            return NULL;
-        p = ws(p, end);
-        if (p >= end)
-            return NULL;
-        if (*p == ',') {
-            p = ws(p + 1, end);
-            continue;
-        }
-        if (*p == '}')
-            return p + 1;
-        return NULL;
-    }
-}
-
-static const char *skip_array(const char *p, const char *end, int depth)
-{
-    if (depth > DFL_JSON_MAX_DEPTH)
-        return NULL;
-    p = ws(p, end);
-    if (p < end && *p == ']')
-        return p + 1;
-    for (;;) {
-        p = skip_value(p, end, depth);
-        if (!p)
-            return NULL;
-        p = ws(p, end);
-        if (p >= end)
-            return NULL;
-        if (*p == ',') {
-            p = ws(p + 1, end);
-            continue;
-        }
-        if (*p == ']')
-            return p + 1;
-        return NULL;
-    }
-}
-
-/* A value at p; depth is the nesting level of the container holding it. */
-static const char *skip_value(const char *p, const char *end, int depth)
-{
-    if (p >= end)
-        return NULL;
-    bool esc;
-    switch (*p) {
-    case '"': return scan_string(p + 1, end, &esc);
-    case '{': return skip_object(p + 1, end, depth + 1);
-    case '[': return skip_array(p + 1, end, depth + 1);
-    case 't': return literal(p, end, "true", 4);
-    case 'f': return literal(p, end, "false", 5);
-    case 'n': return literal(p, end, "null", 4);
-    default:
-        if (*p == '-' || is_digit(*p))
-            return skip_number(p, end);
-        return NULL;
-    }
-}
-
-/* After an array element: ',' (then the next element) or ']'. Returns 1 for another element,
- * 0 at the end of the array (*pp after ']'), -1 to decline. */
-static inline int next_elem(const char **pp, const char *end)
+/* After an object's member or an array's element: ',' (*pp then at the next one) or the closing
+ * bracket `close` (*pp after it). Returns 1 for another, 0 at the end, -1 to decline. */
+static inline int next_item(const char **pp, const char *end, char close)
 {
     const char *p = *pp;
     if (p < end && *p == ',') {
@@ -398,11 +326,61 @@ static inline int next_elem(const char **pp, const char *end)
         *pp = ws(p + 1, end);
         return 1;
     }
-    if (*p == ']') {
+    if (*p == close) {
         *pp = p + 1;
         return 0;
     }
     return -1;
+}
+
+/* The members of an object (keys: room for MAX_KEYS keys, for the duplicate check) or the
+ * elements of an array (keys NULL); p is after '{' or '[', depth the nesting level of this
+ * container. Returns the end of the container, NULL to decline. */
+static const char *skip_items(const char *p, const char *end, int depth, key_span *keys)
+{
+    const char close = keys ? '}' : ']';
+    if (depth > DFL_JSON_MAX_DEPTH)
+        return NULL;
+    key_span k;
+    int nk = 0;
+    p = ws(p, end);
+    if (p < end && *p == close)
+        return p + 1;
+    for (;;) {
+        if (keys && !(p = scan_key(p, end, keys, &nk, &k)))
+            return NULL;
+        if (!(p = skip_value(p, end, depth)))
+            return NULL;
+        int r = next_item(&p, end, close);
+        if (r <= 0)
+            return r == 0 ? p : NULL;
+    }
+}
+
+static const char *skip_object(const char *p, const char *end, int depth)
+{
+    key_span keys[MAX_KEYS];
+    return skip_items(p, end, depth, keys);
+}
+
+/* A value at p; depth is the nesting level of the container holding it. */
+static const char *skip_value(const char *p, const char *end, int depth)
+{
+    if (p >= end)
+        return NULL;
+    bool esc;
+    switch (*p) {
+    case '"': return scan_string(p + 1, end, &esc);
+    case '{': return skip_object(p + 1, end, depth + 1);
+    case '[': return skip_items(p + 1, end, depth + 1, NULL);
+    case 't': return literal(p, end, "true", 4);
+    case 'f': return literal(p, end, "false", 5);
+    case 'n': return literal(p, end, "null", 4);
+    default:
+        if (*p == '-' || is_digit(*p))
+            return skip_number(p, end);
+        return NULL;
+    }
 }
 
 /* The value of the nd (1 to 8) ASCII digits that start the 8 bytes of x (first byte lowest); the
@@ -480,10 +458,10 @@ static inline __attribute__((always_inline)) bool fast_uint(const char **pp, con
  * element of a list, other whitespace, true and false, long numbers), and decides or declines
  * exactly as it would have without blocks. */
 
+enum { LIST_IDS, LIST_COUNT, LIST_MASK, LIST_LABELS }; /* LIST_COUNT: ids checked, not kept */
+
 #if defined(__SSE2__)
 #define LIST_BLOCKS 1
-
-enum { LIST_IDS, LIST_COUNT, LIST_MASK, LIST_LABELS }; /* LIST_COUNT: ids checked, not kept */
 
 #define BLOCK 64
 #define BLOCK_READ (BLOCK + 8) /* bytes a block may read: an element's 8 bytes can start at 63 */
@@ -610,9 +588,68 @@ static inline __attribute__((always_inline)) int list_blocks(const char **pp, co
 }
 #endif
 
-/* input_ids: a list of integers in [0, INT32_MAX]. Returns 1 parsed, 0 declined, -1 no memory. */
-static int fast_ids(dfl_sample *s, const char **pp, const char *end)
+/* One element of a list of the kind at *pp: true with its value in *v (the token id, or the mask
+ * byte: 0 or 1) and *pp after it; false to decline.
+ *  LIST_IDS, LIST_COUNT (input_ids): an integer in [0, INT32_MAX].
+ *  LIST_MASK (loss_mask): 0, 1, true or false.
+ *  LIST_LABELS (labels): an integer; -100 gives mask 0, anything else 1. */
+static inline __attribute__((always_inline)) bool fast_elem(const char **pp, const char *end, int kind,
+                                                            uint64_t *v)
 {
+    const char *p = *pp;
+    if (kind == LIST_IDS || kind == LIST_COUNT) {
+        if (!fast_uint(&p, end, INT32_MAX, v))
+            return false;
+    } else if (kind == LIST_MASK) {
+        if (p >= end)
+            return false;
+        if (*p == '0' || *p == '1') {
+            *v = (uint64_t)(*p - '0');
+            p++;
+            if (p < end && (is_digit(*p) || *p == '.' || *p == 'e' || *p == 'E'))
+                return false;
+        } else if (*p == 't') {
+            *v = 1;
+            if (!(p = literal(p, end, "true", 4)))
+                return false;
+        } else if (*p == 'f') {
+            *v = 0;
+            if (!(p = literal(p, end, "false", 5)))
+                return false;
+        } else {
+            return false;
+        }
+    } else {
+        if (p >= end)
+            return false;
+        bool neg = *p == '-';
+        p += neg;
+        uint64_t u;
+        /* beyond 18 digits (not exactly checked here): let jansson decide */
+        if (!fast_uint(&p, end, 999999999999999999ull, &u))
+            return false;
+        *v = !(neg && u == 100);
+    }
+    *pp = p;
+    return true;
+}
+
+/* Whether c can start an element of a list of the kind (after the usual ", "). */
+static inline __attribute__((always_inline)) bool elem_start(int kind, char c)
+{
+    if (kind == LIST_MASK)
+        return c == '0' || c == '1' || c == 't' || c == 'f';
+    return is_digit(c) || (kind == LIST_LABELS && c == '-');
+}
+
+/* A list of the kind at *pp (see fast_elem), its elements kept in *arr (int32_t for LIST_IDS,
+ * uint8_t for LIST_MASK and LIST_LABELS; none for LIST_COUNT) of capacity *cap: *count and *pp
+ * after it when parsed. Returns 1 parsed, 0 declined, -1 no memory. Inlined for each kind, so
+ * that each list has a parser of its own. */
+static inline __attribute__((always_inline)) int fast_list(const char **pp, const char *end, int kind,
+                                                           void **arr, size_t *cap, size_t *count)
+{
+    const size_t sz = kind == LIST_IDS ? sizeof(int32_t) : 1;
     const char *p = *pp;
     if (p >= end || *p != '[')
         return 0;
@@ -626,139 +663,60 @@ static int fast_ids(dfl_sample *s, const char **pp, const char *end)
 #endif
         for (;;) {
 #ifdef LIST_BLOCKS
-            if (s->count_ids)
-                list_blocks(&p, end, LIST_COUNT, NULL, NULL, 0, &n, &t);
-            else if (list_blocks(&p, end, LIST_IDS, (void **)&s->ids, &s->ids_cap, sizeof *s->ids, &n,
-                                 &t) < 0)
+            if (list_blocks(&p, end, kind, arr, cap, sz, &n, &t) < 0)
                 return -1;
 #endif
             uint64_t v;
-            if (!fast_uint(&p, end, INT32_MAX, &v))
+            if (!fast_elem(&p, end, kind, &v))
                 return 0;
-            if (!s->count_ids) {
-                if (n == s->ids_cap && !GROW(s->ids, s->ids_cap, n + 1))
+            if (kind != LIST_COUNT) {
+                if (n == *cap && !grow(arr, cap, n + 1, sz))
                     return -1;
-                s->ids[n] = (int32_t)v;
+                if (kind == LIST_IDS)
+                    ((int32_t *)*arr)[n] = (int32_t)v;
+                else
+                    ((uint8_t *)*arr)[n] = (uint8_t)v;
             }
             n++;
-            if (end - p >= 3 && p[0] == ',' && p[1] == ' ' && is_digit(p[2])) {
+            if (end - p >= 3 && p[0] == ',' && p[1] == ' ' && elem_start(kind, p[2])) {
                 p += 2; /* the usual ", " */
                 continue;
             }
-            int r = next_elem(&p, end);
+            int r = next_item(&p, end, ']');
             if (r < 0)
                 return 0;
             if (r == 0)
                 break;
         }
     }
-    s->n = n;
+    *count = n;
     *pp = p;
     return 1;
 }
 
-/* loss_mask: a list of 0, 1, true, false. */
-static int fast_mask(dfl_sample *s, const char **pp, const char *end)
+/* input_ids: kept, or (count_ids) only checked and counted. */
+static int fast_ids(dfl_sample *s, const char **pp, const char *end)
 {
-    const char *p = *pp;
-    if (p >= end || *p != '[')
-        return 0;
-    p = ws(p + 1, end);
-    size_t n = 0;
-    if (p < end && *p == ']') {
-        p++;
-    } else {
-#ifdef LIST_BLOCKS
-        list_try t = {0, BLOCK_WAIT};
-#endif
-        for (;;) {
-#ifdef LIST_BLOCKS
-            if (list_blocks(&p, end, LIST_MASK, (void **)&s->mask, &s->mask_cap, 1, &n, &t) < 0)
-                return -1;
-#endif
-            if (p >= end)
-                return 0;
-            uint8_t v;
-            if (*p == '0' || *p == '1') {
-                v = (uint8_t)(*p - '0');
-                p++;
-                if (p < end && (is_digit(*p) || *p == '.' || *p == 'e' || *p == 'E'))
-                    return 0;
-            } else if (*p == 't') {
-                v = 1;
-                if (!(p = literal(p, end, "true", 4)))
-                    return 0;
-            } else if (*p == 'f') {
-                v = 0;
-                if (!(p = literal(p, end, "false", 5)))
-                    return 0;
-            } else {
-                return 0;
-            }
-            if (n == s->mask_cap && !GROW(s->mask, s->mask_cap, n + 1))
-                return -1;
-            s->mask[n++] = v;
-            if (end - p >= 3 && p[0] == ',' && p[1] == ' ' &&
-                (p[2] == '0' || p[2] == '1' || p[2] == 't' || p[2] == 'f')) {
-                p += 2; /* the usual ", " */
-                continue;
-            }
-            int r = next_elem(&p, end);
-            if (r < 0)
-                return 0;
-            if (r == 0)
-                break;
-        }
-    }
-    s->n_mask = n;
-    *pp = p;
-    return 1;
+    if (s->count_ids)
+        return fast_list(pp, end, LIST_COUNT, NULL, NULL, &s->n);
+    return fast_list(pp, end, LIST_IDS, (void **)&s->ids, &s->ids_cap, &s->n);
 }
 
-/* labels: a list of integers; -100 gives mask 0, anything else 1. */
-static int fast_labels(dfl_sample *s, const char **pp, const char *end)
+/* loss_mask (LIST_MASK) or labels (LIST_LABELS): null, as if absent (2, *pp after it or NULL),
+ * or the list (as fast_list, has_mask or has_lab set). */
+static inline __attribute__((always_inline)) int fast_mask_list(dfl_sample *s, const char **pp, const char *end,
+                                                                int kind)
 {
-    const char *p = *pp;
-    if (p >= end || *p != '[')
-        return 0;
-    p = ws(p + 1, end);
-    size_t n = 0;
-    if (p < end && *p == ']') {
-        p++;
-    } else {
-#ifdef LIST_BLOCKS
-        list_try t = {0, BLOCK_WAIT};
-#endif
-        for (;;) {
-#ifdef LIST_BLOCKS
-            if (list_blocks(&p, end, LIST_LABELS, (void **)&s->lab, &s->lab_cap, 1, &n, &t) < 0)
-                return -1;
-#endif
-            if (p >= end)
-                return 0;
-            bool neg = *p == '-';
-            p += neg;
-            uint64_t v;
-            /* beyond 18 digits (not exactly checked here): let jansson decide */
-            if (!fast_uint(&p, end, 999999999999999999ull, &v))
-                return 0;
-            if (n == s->lab_cap && !GROW(s->lab, s->lab_cap, n + 1))
-                return -1;
-            s->lab[n++] = !(neg && v == 100);
-            if (end - p >= 3 && p[0] == ',' && p[1] == ' ' && (is_digit(p[2]) || p[2] == '-')) {
-                p += 2; /* the usual ", " */
-                continue;
-            }
-            int r = next_elem(&p, end);
-            if (r < 0)
-                return 0;
-            if (r == 0)
-                break;
-        }
+    if (*pp < end && **pp == 'n') {
+        *pp = literal(*pp, end, "null", 4);
+        return 2;
     }
-    s->n_lab = n;
-    *pp = p;
-    return 1;
+    if (kind == LIST_MASK) {
+        s->has_mask = true;
+        return fast_list(pp, end, LIST_MASK, (void **)&s->mask, &s->mask_cap, &s->n_mask);
+    }
+    s->has_lab = true;
+    return fast_list(pp, end, LIST_LABELS, (void **)&s->lab, &s->lab_cap, &s->n_lab);
 }
 
 static inline bool key_is(const key_span *k, const char *name, size_t n)
@@ -788,38 +746,18 @@ int dfl_sample_parse_fast_eol(dfl_sample *s, const char *line, const char *end, 
             r = fast_ids(s, &p, end);
             s->has_ids = true;
         } else if (key_is(&k, "loss_mask", 9)) {
-            if (p < end && *p == 'n') {
-                p = literal(p, end, "null", 4);
-            } else {
-                r = fast_mask(s, &p, end);
-                s->has_mask = true;
-            }
+            r = fast_mask_list(s, &p, end, LIST_MASK);
         } else if (key_is(&k, "labels", 6)) {
-            if (p < end && *p == 'n') {
-                p = literal(p, end, "null", 4);
-            } else {
-                r = fast_labels(s, &p, end);
-                s->has_lab = true;
-            }
+            r = fast_mask_list(s, &p, end, LIST_LABELS);
         } else {
             p = skip_value(p, end, 1);
         }
         if (r <= 0)
             return r;
-        if (!p)
+        if (!p || (r = next_item(&p, end, '}')) < 0)
             return 0;
-        p = ws(p, end);
-        if (p >= end)
-            return 0;
-        if (*p == ',') {
-            p = ws(p + 1, end);
-            continue;
-        }
-        if (*p == '}') {
-            p++;
+        if (r == 0)
             break;
-        }
-        return 0;
     }
     p = ws(p, end);
     if ((p != end && *p != '\n') || !s->has_ids)
@@ -839,6 +777,18 @@ int dfl_sample_parse_fast(dfl_sample *s, const char *line, size_t n)
 }
 
 /* ---- the jansson path ---- */
+
+/* The list v under key: room for its json_array_size(v) elements of sz bytes in *arr, the size in
+ * *m. Returns DFL_OK, or the error (not a list, no memory). */
+static int json_list(json_t *v, const char *key, void **arr, size_t *cap, size_t sz, size_t *m, dfl_err *e)
+{
+    if (!json_is_array(v))
+        return dfl_fail(e, DFL_EDATA, "%s is not a list", key);
+    *m = json_array_size(v);
+    if (!grow(arr, cap, *m, sz))
+        return dfl_fail(e, DFL_ENOMEM, "out of memory for a sample of %zu tokens", *m);
+    return DFL_OK;
+}
 
 int dfl_sample_parse_json(dfl_sample *s, const char *line, size_t n, dfl_err *e)
 {
@@ -868,15 +818,9 @@ int dfl_sample_parse_json(dfl_sample *s, const char *line, size_t n, dfl_err *e)
         rc = dfl_fail(e, DFL_EDATA, "missing input_ids");
         goto out;
     }
-    if (!json_is_array(v)) {
-        rc = dfl_fail(e, DFL_EDATA, "input_ids is not a list");
+    size_t m;
+    if ((rc = json_list(v, "input_ids", (void **)&s->ids, &s->ids_cap, sizeof *s->ids, &m, e)))
         goto out;
-    }
-    size_t m = json_array_size(v);
-    if (!GROW(s->ids, s->ids_cap, m)) {
-        rc = dfl_fail(e, DFL_ENOMEM, "out of memory for a sample of %zu tokens", m);
-        goto out;
-    }
     for (size_t i = 0; i < m; i++) {
         json_t *x = json_array_get(v, i);
         if (!json_is_integer(x)) {
@@ -899,15 +843,8 @@ int dfl_sample_parse_json(dfl_sample *s, const char *line, size_t n, dfl_err *e)
     s->has_ids = true;
     v = json_object_get(root, "loss_mask");
     if (v && !json_is_null(v)) {
-        if (!json_is_array(v)) {
-            rc = dfl_fail(e, DFL_EDATA, "loss_mask is not a list");
+        if ((rc = json_list(v, "loss_mask", (void **)&s->mask, &s->mask_cap, 1, &m, e)))
             goto out;
-        }
-        m = json_array_size(v);
-        if (!GROW(s->mask, s->mask_cap, m)) {
-            rc = dfl_fail(e, DFL_ENOMEM, "out of memory for a sample of %zu tokens", m);
-            goto out;
-        }
         for (size_t i = 0; i < m; i++) {
             json_t *x = json_array_get(v, i);
             if (json_is_boolean(x)) {
@@ -926,15 +863,8 @@ int dfl_sample_parse_json(dfl_sample *s, const char *line, size_t n, dfl_err *e)
         s->n_mask = m;
         s->has_mask = true;
     } else if ((v = json_object_get(root, "labels")) && !json_is_null(v)) {
-        if (!json_is_array(v)) {
-            rc = dfl_fail(e, DFL_EDATA, "labels is not a list");
+        if ((rc = json_list(v, "labels", (void **)&s->lab, &s->lab_cap, 1, &m, e)))
             goto out;
-        }
-        m = json_array_size(v);
-        if (!GROW(s->lab, s->lab_cap, m)) {
-            rc = dfl_fail(e, DFL_ENOMEM, "out of memory for a sample of %zu tokens", m);
-            goto out;
-        }
         for (size_t i = 0; i < m; i++) {
             json_t *x = json_array_get(v, i);
             if (!json_is_integer(x)) {

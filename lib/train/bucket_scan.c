@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bytes.h"
 #include "frame.h"
 #include "json.h"
 #include "jsonl.h"
@@ -302,14 +303,8 @@ static int add_part(dfl_bucket_run *r, const dfl_part *p, size_t input, dfl_err 
 {
     if (r->n_parts == MAX_PARTS)
         return dfl_fail(e, DFL_EUNSUP, "%s: more than %d input files and archive members", p->name, MAX_PARTS);
-    if (r->n_parts == r->cap_parts) {
-        size_t cap = r->cap_parts ? r->cap_parts * 2 : 16;
-        bk_part *np = realloc(r->parts, cap * sizeof *np);
-        if (!np)
-            return dfl_fail(e, DFL_ENOMEM, "out of memory");
-        r->parts = np;
-        r->cap_parts = cap;
-    }
+    if (!dfl_grow(&r->parts, &r->cap_parts, r->n_parts, sizeof *r->parts, 16))
+        return dfl_fail(e, DFL_ENOMEM, "out of memory");
     bk_part *pt = &r->parts[r->n_parts];
     memset(pt, 0, sizeof *pt);
     pt->name = dfl_strdup(p->name);

@@ -10,6 +10,19 @@ setup() {
     export OMP_WAIT_POLICY=passive
 }
 
+# run_bench NAME ARGS...: bench/NAME ARGS --out $T/res/bench-NAME.txt $DFL_BUILD, its scratch under
+# $T/tmp (TMPDIR); it must exit 0. f: the results file.
+run_bench() {
+    local name=$1
+    shift
+    export TMPDIR="$T/tmp"
+    mkdir -p "$TMPDIR"
+    run "$REPO/bench/$name" "$@" --out "$T/res/bench-$name.txt" "$DFL_BUILD"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    f="$T/res/bench-$name.txt"
+}
+
 @test "bench/draft --help prints the usage on stdout and exits 0" {
     run --separate-stderr "$REPO/bench/draft" --help
     [ "$status" -eq 0 ]
@@ -27,12 +40,7 @@ setup() {
 }
 
 @test "bench/draft --shape tiny: the table with our tokens/s and TFLOP/s, logs beside it, no scratch left" {
-    export TMPDIR="$T/tmp"
-    mkdir -p "$TMPDIR"
-    run "$REPO/bench/draft" --shape tiny --steps 3 --out "$T/res/bench-draft.txt" "$DFL_BUILD"
-    echo "$output"
-    [ "$status" -eq 0 ]
-    f="$T/res/bench-draft.txt"
+    run_bench draft --shape tiny --steps 3
     grep -q '^== results (tiny' "$f"
     # file and pipe rows: a positive tokens/s and TFLOP/s; no ceiling on the CPU: MFU n/a
     for row in "ours (file)" "ours (pipe)"; do
@@ -177,12 +185,7 @@ setup() {
     run -1 "$REPO/bench/eval" --bogus
     run -1 "$REPO/bench/eval" --shape 70b
     run -1 "$REPO/bench/eval" --shape tiny --tokens 10
-    export TMPDIR="$T/tmp"
-    mkdir -p "$TMPDIR"
-    run "$REPO/bench/eval" --shape tiny --tokens 512 --out "$T/res/bench-eval.txt" "$DFL_BUILD"
-    echo "$output"
-    [ "$status" -eq 0 ]
-    f="$T/res/bench-eval.txt"
+    run_bench eval --shape tiny --tokens 512
     grep -q '^== results (tiny, --device cpu)' "$f"
     line=$(grep '^response tokens: ' "$f")
     [[ "$line" == "response tokens: 496 in "* ]]   # 4 batches of 2 x 64 tokens, 62 each

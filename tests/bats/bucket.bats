@@ -67,15 +67,11 @@ assert_bad() {
 }
 
 @test "--help prints the usage on stdout" {
-    run -0 --separate-stderr dfl-bucket --help
-    assert_output --partial "Usage: dfl-bucket"
-    assert_output --partial "--buckets"
-    [ -z "$stderr" ]
+    assert_help dfl-bucket "Usage: dfl-bucket" --buckets
 }
 
 @test "--version" {
-    run -0 dfl-bucket --version
-    assert_output --regexp "^dfl-bucket \(dfl\) [0-9]"
+    assert_version dfl-bucket
 }
 
 @test "no input is a usage error" {

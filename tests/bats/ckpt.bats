@@ -44,15 +44,11 @@ rejects() {
 # --- generic behaviour
 
 @test "--help prints the usage on stdout" {
-    run -0 --separate-stderr dfl-ckpt --help
-    assert_output --partial "Usage: dfl-ckpt"
-    assert_output --partial "--check-nan"
-    [ -z "$stderr" ]
+    assert_help dfl-ckpt "Usage: dfl-ckpt" --check-nan
 }
 
 @test "--version" {
-    run -0 dfl-ckpt --version
-    assert_output --regexp "^dfl-ckpt \(dfl\) [0-9]"
+    assert_version dfl-ckpt
 }
 
 @test "no path is a usage error" {

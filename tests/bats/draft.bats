@@ -28,17 +28,11 @@ data() { # data OUT [draftdata options]: a stream for the fixture target
 losses() { grep -o '"loss":[^,]*' "$1"; }
 
 @test "--help prints the options on stdout and exits 0" {
-    run --separate-stderr dfl-draft --help
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"--target DIR"* ]]
-    [[ "$output" == *"--resume PATH"* ]]
-    [ -z "$stderr" ]
+    assert_help dfl-draft "--target DIR" "--resume PATH"
 }
 
 @test "--version" {
-    run dfl-draft --version
-    [ "$status" -eq 0 ]
-    [[ "$output" == "dfl-draft (dfl) "* ]]
+    assert_version dfl-draft
 }
 
 @test "usage errors exit 1" {

@@ -18,6 +18,12 @@ setup() {
 
 # ids PREFIX N TOKEN: PREFIX then N times TOKEN, comma-separated
 ids() { local s=$1 i; for ((i = 0; i < $2; i++)); do s+=",$3"; done; echo "$s"; }
+# eval_zero DRAFTDATA-ARGS...: one stream $T/s.dfl (draftdata with these arguments) through
+# dfl-eval -q with the drafter that always proposes 0; the report in $output.
+eval_zero() {
+    draftdata "$TGT" "$T/s.dfl" "$@"
+    run dfl-eval -q --draft "$T/zero" --target "$TGT" "$T/s.dfl"
+}
 # num KEY: a value (a number, a string or an array of numbers) of the JSON object in $output, as
 # dfl-eval writes it (compact)
 num() { grep -o "\"$1\":\(\[[^]]*\]\|[^,}]*\)" <<< "$output" | head -1 | cut -d: -f2-; }
@@ -74,8 +80,7 @@ stable() { sed 's/"seconds":[^,}]*//; s/"drafter_forwards":[0-9]*//; s/"blocks_c
 }
 
 @test "a drafter that always misses: tau = 1" {
-    draftdata "$TGT" "$T/s.dfl" --batches 1 --seqs 2 --ids "$(ids 7,9 17 5)"
-    run dfl-eval -q --draft "$T/zero" --target "$TGT" "$T/s.dfl"
+    eval_zero --batches 1 --seqs 2 --ids "$(ids 7,9 17 5)"
     [ "$(num tau)" = 1.0 ]
     [ "$(num steps)" = 32 ]
     [ "$(num histogram)" = "[32,0,0,0,0,0,0,0]" ]
@@ -89,8 +94,7 @@ stable() { sed 's/"seconds":[^,}]*//; s/"drafter_forwards":[0-9]*//; s/"blocks_c
     # anchor 2: slots 3..9 -> 0 0 5: 2 accepted, 3 tokens; anchor 5: slots 6..12 all 0: 7 accepted,
     # 8 tokens; anchor 13: 3 tokens left, slot 14 is 5: 1 token; anchor 14: 2 left, 15 = 0, 16 = 5:
     # 2 tokens; at 16 the text ends. 4 steps, 14 tokens.
-    draftdata "$TGT" "$T/s.dfl" --batches 1 --seqs 1 --ids 7,9,5,0,0,5,0,0,0,0,0,0,0,0,5,0,5
-    run dfl-eval -q --draft "$T/zero" --target "$TGT" "$T/s.dfl"
+    eval_zero --batches 1 --seqs 1 --ids 7,9,5,0,0,5,0,0,0,0,0,0,0,0,5,0,5
     [ "$(num tau)" = 3.5 ]
     [ "$(num steps)" = 4 ]
     [ "$(num histogram)" = "[1,1,1,0,0,0,0,1]" ]
@@ -105,8 +109,7 @@ stable() { sed 's/"seconds":[^,}]*//; s/"drafter_forwards":[0-9]*//; s/"blocks_c
 
 @test "two turns: each response span is decoded on its own" {
     # spans 2-5 (5 0 0 0) and 8-11 (5 0 0 5); 6-7 is the user's turn: 3 tokens then 3 tokens
-    draftdata "$TGT" "$T/s.dfl" --batches 1 --seqs 1 --ids 7,9,5,0,0,0,3,3,5,0,0,5 --mask 001111001111
-    run dfl-eval -q --draft "$T/zero" --target "$TGT" "$T/s.dfl"
+    eval_zero --batches 1 --seqs 1 --ids 7,9,5,0,0,0,3,3,5,0,0,5 --mask 001111001111
     [ "$(num tau)" = 3.0 ]
     [ "$(num spans)" = 2 ]
     [ "$(num histogram)" = "[0,0,2,0,0,0,0,0]" ]

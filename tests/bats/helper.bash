@@ -25,6 +25,24 @@ for d in /usr/lib/bats /usr/local/lib/bats /opt/homebrew/lib; do
     fi
 done
 
+# assert_help PROG WORD...: PROG --help exits 0 with its usage on stdout, holding each WORD, and
+# nothing on stderr.
+assert_help() {
+    local prog=$1 w
+    shift
+    run -0 --separate-stderr "$prog" --help
+    for w in "$@"; do
+        assert_output --partial "$w"
+    done
+    [ -z "$stderr" ]
+}
+
+# assert_version PROG: PROG --version exits 0 printing "PROG (dfl) VERSION".
+assert_version() {
+    run -0 "$1" --version
+    assert_output --regexp "^$1 \(dfl\) [0-9]+\.[0-9]+"
+}
+
 # require_oracle: skip the test when the shared reference outputs are not there.
 require_oracle() {
     [ -n "$DFL_ORACLE" ] && [ -f "$DFL_ORACLE/README.md" ] || skip "no oracle directory (set DFL_ORACLE)"

@@ -209,7 +209,7 @@ static void t_adamw(dfl_be *cpu, int64_t n, bool vec)
     a.p = rp.data(), a.g = g.data(), a.m = rm.data(), a.v = rv.data(), a.n = n, a.lr = 1e-3f, a.beta1 = 0.9f;
     a.beta2 = 0.95f, a.eps = 1e-8f, a.weight_decay = 0.01f, a.step = 7, a.grad_scale = &gs, a.skip = &skip;
     cpu->ops->adamw(cpu, &a);
-    AdamScalars c;
+    dfl_adam_scalars c;
     const double bc1 = 1.0 - pow(0.9, 7.0), bc2 = 1.0 - pow((double)0.95f, 7.0);
     c.step_size = (float)((double)1e-3f / (1.0 - pow((double)0.9f, 7.0)));
     (void)bc1;

@@ -31,6 +31,7 @@
 #undef __shared__
 #define __shared__ static
 #define __launch_bounds__(...)
+#define __trap() emu::die("trap")
 #ifndef __forceinline__
 #define __forceinline__ inline
 #endif

@@ -30,12 +30,7 @@
 
 static double rel_err(const float *a, const float *b, size_t n)
 {
-    double dd = 0, bb = 0;
-    for (size_t i = 0; i < n; i++) {
-        dd += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        bb += (double)b[i] * b[i];
-    }
-    return sqrt(dd) / (bb > 0 ? sqrt(bb) : 1e-30);
+    return t_rows_err(a, 0, b, 0, 1, (int64_t)n, 1e-30);
 }
 
 /* qknorm_rope with rope scaling: CUDA against the CPU (f32 activations on both). */
@@ -428,15 +423,8 @@ static void moe_oracle_case(const char *name)
 {
     if (!dfl_be_cuda_available())
         T_SKIP("no CUDA GPU");
-    const char *o = t_oracle();
-    if (!o)
-        T_SKIP("no oracle");
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s/%s", o, name);
-    char cfg[4200];
-    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
-    if (access(cfg, R_OK) != 0)
-        T_SKIP("%s is absent", dir);
+    T_NEED_ORACLE(dir, "config.json", "%s", name);
     moe_oracle(dir, name, DFL_BF16);
     moe_oracle(dir, name, DFL_F32);
 }

@@ -49,13 +49,8 @@ static void shared(const char *act)
 {
     if (!dfl_be_cuda_available())
         T_SKIP("no GPU");
-    const char *oracle = t_oracle();
-    if (!oracle)
-        T_SKIP("no oracle directory (set DFL_ORACLE)");
     char file[4200];
-    snprintf(file, sizeof file, "%s/dflash-tiny/golden.safetensors", oracle);
-    if (access(file, R_OK) != 0)
-        T_SKIP("%s is absent", file);
+    T_NEED_ORACLE(file, NULL, "dflash-tiny/golden.safetensors");
     golden_on_cuda(file, act, "dflash-tiny");
 }
 

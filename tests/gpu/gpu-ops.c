@@ -33,8 +33,6 @@
 #include "../../kernels/cuda.h"
 #include "gpu-test.h"
 
-static dfl_be *g_cpu, *g_bf, *g_f32;
-
 /* ------------------------------------------------------------------------------------------ */
 /* comparisons */
 
@@ -992,14 +990,8 @@ int main(int argc, char **argv)
     (void)argc;
     t_init(argv[0]);
 #ifdef DFL_CUDA
-    if (dfl_be_cuda_count() > 0) {
-        dfl_err e = {0};
-        if (dfl_be_cpu_open(&g_cpu, 0, &e) || dfl_be_cuda_open(&g_bf, 0, DFL_BF16, &e) ||
-            dfl_be_cuda_open(&g_f32, 0, DFL_F32, &e)) {
-            fprintf(stderr, "%s: cannot open the backends: %s\n", argv[0], e.msg);
-            return 1;
-        }
-    }
+    if (!gpu_open_backends(argv[0]))
+        return 1;
     T_RUN(test_open);
     T_RUN(test_memory);
     T_RUN(test_api);
@@ -1013,9 +1005,7 @@ int main(int argc, char **argv)
     T_RUN(test_swiglu);
     T_RUN(test_add);
     T_RUN(test_attn_varlen);
-    dfl_be_close(g_bf);
-    dfl_be_close(g_f32);
-    dfl_be_close(g_cpu);
+    gpu_close_backends();
 #else
     T_RUN(test_gpu_ops);
 #endif

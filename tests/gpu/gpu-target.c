@@ -204,14 +204,8 @@ static void oracle_case(const char *name, const dfl_dtype *dts, const bool *fuse
 {
     if (!dfl_be_cuda_available())
         T_SKIP("no CUDA GPU");
-    const char *o = t_oracle();
-    if (!o)
-        T_SKIP("no oracle");
-    char d[4096], cfg[4200];
-    snprintf(d, sizeof d, "%s/%s", o, name);
-    snprintf(cfg, sizeof cfg, "%s/config.json", d);
-    if (access(cfg, R_OK) != 0)
-        T_SKIP("%s is absent", d);
+    char d[4096];
+    T_NEED_ORACLE(d, "config.json", "%s", name);
     for (int i = 0; i < n; i++)
         forward_vs_ref(d, dts[i], fuse[i]);
 }

@@ -1,7 +1,7 @@
 /* gpu-test.h: what the GPU op tests (gpu-ops.c, gpu-train-ops.c) share: deterministic random
  * numbers, device buffers with guard bands of sentinel bytes (and NaN bytes in the data at
- * first), sync and byte comparisons. Include after t.h, backend.h and dtype.h, inside
- * #ifdef DFL_CUDA. */
+ * first), sync and byte comparisons, and the three backends they compare. Include after t.h,
+ * backend.h and dtype.h, inside #ifdef DFL_CUDA. */
 #ifndef DFL_GPU_TEST_H
 #define DFL_GPU_TEST_H
 
@@ -13,6 +13,31 @@
 #include <string.h>
 
 #define GUARD 256
+
+/* the backends the op tests compare: the CPU reference, CUDA with bf16 and with f32 activations
+ * (NULL without a GPU, where the tests skip; unused by the model tests) */
+static dfl_be *g_cpu __attribute__((unused)), *g_bf __attribute__((unused)), *g_f32 __attribute__((unused));
+
+/* Opens g_cpu, g_bf and g_f32 when there is a GPU. false (said on stderr) when they cannot be. */
+static inline bool gpu_open_backends(const char *prog)
+{
+    if (dfl_be_cuda_count() <= 0)
+        return true;
+    dfl_err e = {0};
+    if (dfl_be_cpu_open(&g_cpu, 0, &e) || dfl_be_cuda_open(&g_bf, 0, DFL_BF16, &e) ||
+        dfl_be_cuda_open(&g_f32, 0, DFL_F32, &e)) {
+        fprintf(stderr, "%s: cannot open the backends: %s\n", prog, e.msg);
+        return false;
+    }
+    return true;
+}
+
+static inline void gpu_close_backends(void)
+{
+    dfl_be_close(g_bf);
+    dfl_be_close(g_f32);
+    dfl_be_close(g_cpu);
+}
 
 /* random numbers (deterministic) */
 

@@ -6,6 +6,8 @@
 #define DFL_T_H
 
 #include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +93,54 @@ static inline int t_done(void)
     return t_pass_ == 0 && t_skip_ > 0 ? 77 : 0;
 }
 
+/* The largest over rows of ||a - b|| / ||b|| (Euclidean norms, in double, of rows of n: row r of a
+ * at a + r * lda, of b at b + r * ldb). A row where b is all zero is divided by zero_den instead
+ * (1e-30: any difference fails; 1: its absolute error). NaN sticks. */
+static inline double t_rows_err(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t rows,
+                                int64_t n, double zero_den)
+{
+    double worst = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double d = (double)a[r * lda + i] - b[r * ldb + i];
+            num += d * d;
+            den += (double)b[r * ldb + i] * b[r * ldb + i];
+        }
+        double err = sqrt(num) / (den > 0 ? sqrt(den) : zero_den);
+        if (!(err <= worst))
+            worst = err;
+    }
+    return worst;
+}
+
+/* The logits of the last n of the rows rows of x (rows of H): out[r * V + v] = sum over i of
+ * x[(rows - n + r) * H + i] * lm[v * H + i], added in double in the order of i. */
+static inline void t_logits_last(float *out, const float *x, int64_t rows, int64_t n, int64_t H, const float *lm,
+                                 int64_t V)
+{
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t v = 0; v < V; v++) {
+            double a = 0;
+            for (int64_t i = 0; i < H; i++)
+                a += (double)x[(rows - n + r) * H + i] * lm[v * H + i];
+            out[r * V + v] = (float)a;
+        }
+}
+
+#ifdef DFL_BACKEND_H
+/* The CPU backend (f32) for a test program (include backend.h before t.h); NULL, with the message
+ * on stderr, when it cannot be opened. */
+static inline dfl_be *t_cpu_backend(void)
+{
+    dfl_be *be = NULL;
+    dfl_err e = {0};
+    if (dfl_be_open(&be, "cpu", DFL_DT_INVALID, &e))
+        fprintf(stderr, "%s\n", e.msg);
+    return be;
+}
+#endif
+
 /* The shared oracle directory ($DFL_ORACLE), or NULL when absent. */
 static inline const char *t_oracle(void)
 {
@@ -106,6 +156,36 @@ static inline const char *t_oracle(void)
     fclose(f);
     return o;
 }
+
+/* buf (of n bytes) = $DFL_ORACLE/ followed by the path fmt formats. Returns 0 when it is there (with
+ * must, a file inside it, when must is not NULL), 1 without an oracle directory, 2 when it is
+ * absent (a partial copy of the oracles). See T_NEED_ORACLE. */
+static inline __attribute__((format(printf, 4, 5))) int t_oracle_path(char *buf, size_t n, const char *must,
+                                                                      const char *fmt, ...)
+{
+    const char *o = t_oracle();
+    if (!o)
+        return 1;
+    int k = snprintf(buf, n, "%s/", o);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + k, n - (size_t)k, fmt, ap);
+    va_end(ap);
+    char p[8192];
+    snprintf(p, sizeof p, "%s%s%s", buf, must ? "/" : "", must ? must : "");
+    return access(p, R_OK) == 0 ? 0 : 2;
+}
+
+/* Inside a test case: buf (an array) = the oracle path of t_oracle_path; the case is skipped when
+ * there is no oracle directory or the path (or must inside it) is absent. */
+#define T_NEED_ORACLE(buf, must, ...)                                                    \
+    do {                                                                                 \
+        int t_o_ = t_oracle_path(buf, sizeof buf, must, __VA_ARGS__);                    \
+        if (t_o_ == 1)                                                                   \
+            T_SKIP("no oracle directory (set DFL_ORACLE)");                              \
+        if (t_o_ == 2)                                                                   \
+            T_SKIP("%s is absent", buf);                                                 \
+    } while (0)
 
 /* A scratch directory for this test binary (created; removed by the runner). */
 static inline const char *t_tmpdir(void)

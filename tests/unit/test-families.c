@@ -25,18 +25,7 @@
 /* The largest over rows of |a - b| / |b| (Euclidean norms of rows of n); NaN sticks. */
 static double row_rel_err(const float *a, const float *b, int64_t rows, int64_t n)
 {
-    double worst = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        double dd = 0, bb = 0;
-        for (int64_t i = 0; i < n; i++) {
-            double x = (double)a[r * n + i], y = (double)b[r * n + i];
-            dd += (x - y) * (x - y);
-            bb += y * y;
-        }
-        double err = sqrt(dd) / (bb > 0 ? sqrt(bb) : 1e-30);
-        worst = err <= worst ? worst : err;
-    }
-    return worst;
+    return t_rows_err(a, n, b, n, rows, n, 1e-30);
 }
 
 static int cfg_of(const char *json, dfl_hf_config *c, char *msg, size_t n)
@@ -548,13 +537,7 @@ static void check_head(const oracle *o, const dfl_hf_config *c, int s, const flo
             norm[r * H + i] = (float)(last[r * H + i] * rs) * (c->norm_1p ? 1.0f + nw[i] : nw[i]);
     }
     double en = row_rel_err(norm, rn, L, H);
-    for (int64_t r = 0; r < nl; r++)
-        for (int64_t v = 0; v < V; v++) {
-            double a = 0;
-            for (int64_t i = 0; i < H; i++)
-                a += (double)norm[(L - nl + r) * H + i] * lm[v * H + i];
-            lg[r * V + v] = (float)a;
-        }
+    t_logits_last(lg, norm, L, nl, H, lm, V);
     double el = row_rel_err(lg, rl, nl, V);
     if (getenv("DFL_TEST_VERBOSE"))
         fprintf(stderr, "  %s seq%d: norm %.3g, logits %.3g\n", dir, s, en, el);

@@ -21,13 +21,8 @@
  * it is absent). */
 static void run_golden(const char *name, const char *opts)
 {
-    const char *oracle = t_oracle();
-    if (!oracle)
-        T_SKIP("no oracle directory (set DFL_ORACLE)");
     char file[4096], cmd[8192];
-    snprintf(file, sizeof file, "%s/%s/golden.safetensors", oracle, name);
-    if (access(file, R_OK) != 0)
-        T_SKIP("%s is absent", file);
+    T_NEED_ORACLE(file, NULL, "%s/golden.safetensors", name);
     const char *bin = getenv("DFL_TESTBIN");
     snprintf(cmd, sizeof cmd, "'%s/dflash-golden' '%s' %s", bin && *bin ? bin : "build/tests", file,
              opts);

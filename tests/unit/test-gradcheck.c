@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "be_math.h"
 #include "util.h"
 #include "t.h"
 
@@ -614,11 +615,8 @@ static void test_uniform_noise(void)
 int main(int argc, char **argv)
 {
     t_init(argv[0]);
-    dfl_err e = {0};
-    if (dfl_be_cpu_open(&be, 0, &e)) {
-        fprintf(stderr, "%s\n", e.msg);
+    if (!(be = t_cpu_backend()))
         return 1;
-    }
     T_RUN(test_rmsnorm_bwd);
     T_RUN(test_qknorm_rope_bwd);
     T_RUN(test_swiglu_bwd);

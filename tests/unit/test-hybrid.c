@@ -26,34 +26,6 @@ static float *randv(int64_t n, float amp)
     return v;
 }
 
-/* max over rows of ||a - b|| / ||b|| (rows of n, strides lda, ldb); NaN sticks */
-static double row_err(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t rows,
-                      int64_t n)
-{
-    double worst = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        double num = 0, den = 0;
-        for (int64_t i = 0; i < n; i++) {
-            double d = (double)a[r * lda + i] - b[r * ldb + i];
-            num += d * d;
-            den += (double)b[r * ldb + i] * b[r * ldb + i];
-        }
-        double err = sqrt(num) / (den > 0 ? sqrt(den) : 1e-30);
-        if (!(err <= worst))
-            worst = err;
-    }
-    return worst;
-}
-
-static dfl_be *cpu(void)
-{
-    dfl_be *be = NULL;
-    dfl_err e = {0};
-    if (dfl_be_open(&be, "cpu", DFL_DT_INVALID, &e))
-        fprintf(stderr, "  %s\n", e.msg);
-    return be;
-}
-
 /* One case: sequences of lens[] packed, Hk key heads of dk, Hv value heads of dv. */
 static void delta_case(dfl_be *be, const int32_t *lens, int S, int Hk, int Hv, int dk, int dv)
 {
@@ -99,8 +71,8 @@ static void delta_case(dfl_be *be, const int32_t *lens, int S, int Hk, int Hv, i
         T_CHECK(be->ops->gated_delta(be, &g1) == 0, "alone");
     }
     for (int s = 0; s < S; s++) {
-        double e1 = row_err(o_chk + cu[s] * ldo, ldo, o_rec + cu[s] * ldo, ldo, lens[s], ldo);
-        double e2 = row_err(o_one + cu[s] * ldo, ldo, o_chk + cu[s] * ldo, ldo, lens[s], ldo);
+        double e1 = t_rows_err(o_chk + cu[s] * ldo, ldo, o_rec + cu[s] * ldo, ldo, lens[s], ldo, 1e-30);
+        double e2 = t_rows_err(o_one + cu[s] * ldo, ldo, o_chk + cu[s] * ldo, ldo, lens[s], ldo, 1e-30);
         if (getenv("DFL_TEST_VERBOSE"))
             fprintf(stderr, "  Hk %d Hv %d dk %d dv %d len %d: chunked vs recurrence %.3g, "
                     "alone vs packed %.3g\n", Hk, Hv, dk, dv, lens[s], e1, e2);
@@ -114,7 +86,7 @@ static void delta_case(dfl_be *be, const int32_t *lens, int S, int Hk, int Hv, i
 
 static void test_delta_chunked_vs_recurrence(void)
 {
-    dfl_be *be = cpu();
+    dfl_be *be = t_cpu_backend();
     if (!be)
         return;
     const int32_t lens[] = {1, 63, 64, 65, 200};
@@ -132,7 +104,7 @@ static void test_delta_chunked_vs_recurrence(void)
 /* One token, one head, by hand: S = k beta v^T after the first token, o = S^T q. */
 static void test_delta_by_hand(void)
 {
-    dfl_be *be = cpu();
+    dfl_be *be = t_cpu_backend();
     if (!be)
         return;
     float qk[4] = {0.6f, 0.8f, 1.0f, 0.0f}; /* q, k (dk 2) */
@@ -152,7 +124,7 @@ static void test_delta_by_hand(void)
 
 static void test_conv1d_per_sequence(void)
 {
-    dfl_be *be = cpu();
+    dfl_be *be = t_cpu_backend();
     if (!be)
         return;
     /* two sequences of 3 and 4 tokens, 2 channels, K = 4 */
@@ -179,7 +151,7 @@ static void test_conv1d_per_sequence(void)
 
 static void test_small_ops(void)
 {
-    dfl_be *be = cpu();
+    dfl_be *be = t_cpu_backend();
     if (!be)
         return;
     /* zero-centred RMSNorm: rmsnorm(x) * (1 + w) */

@@ -489,19 +489,7 @@ static void test_bad_models(void)
 /* Per-row relative error ||a - b|| / ||b|| over rows of H; the maximum (NaN if any is NaN). */
 static double max_row_err(const float *a, const float *b, int64_t rows, int64_t H)
 {
-    double worst = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        double num = 0, den = 0;
-        for (int64_t i = 0; i < H; i++) {
-            double d = (double)a[r * H + i] - (double)b[r * H + i];
-            num += d * d;
-            den += (double)b[r * H + i] * b[r * H + i];
-        }
-        double err = sqrt(num) / (sqrt(den) > 0 ? sqrt(den) : 1e-30);
-        if (!(err <= worst))
-            worst = err; /* NaN sticks */
-    }
-    return worst;
+    return t_rows_err(a, H, b, H, rows, H, 1e-30);
 }
 
 /* The final norm (the model's RMSNorm, on the backend's op) and the logits of the last 8 rows
@@ -539,13 +527,7 @@ static void final_vs_ref(dfl_target *t, const char *dir, const ref *r, int s, co
         T_CHECK(err <= 1e-4, "%s seq%d final norm: max row rel err %.3g", dir, s, err);
         int64_t n8 = rl->shape[0];
         float *lg = malloc((size_t)(n8 * V) * sizeof *lg);
-        for (int64_t i = 0; i < n8; i++)
-            for (int64_t v = 0; v < V; v++) {
-                double acc = 0;
-                for (int64_t j = 0; j < H; j++)
-                    acc += (double)y[(L - n8 + i) * H + j] * lm[v * H + j];
-                lg[i * V + v] = (float)acc;
-            }
+        t_logits_last(lg, y, L, n8, H, lm, V);
         double el = max_row_err(lg, rl->data, n8, V);
         if (getenv("DFL_TEST_VERBOSE"))
             fprintf(stderr, "  %s seq%d norm: %.3g logits: %.3g\n", dir, s, err, el);
