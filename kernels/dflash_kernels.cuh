@@ -972,49 +972,29 @@ __device__ __forceinline__ void ds_store(T *row, const float (&x)[MAXV], float f
     }
 }
 
-/* The (query row, head) of a simple kernel's warp and the keys it sees: the nctx context rows
- * from row c0, then nkeys - nctx rows of its block from brow. */
-struct DsRow {
-    int64_t qr, brow, koff, c0, nctx, nkeys;
-    int h, lane;
-
-    /* key t (< nkeys) of the row's kv head: a context row of ctx or a block row of blk */
-    template <typename T>
-    __device__ __forceinline__ const T *key(const T *ctx, const T *blk, int64_t ld, int64_t t) const
-    {
-        return t < nctx ? ctx + (c0 + t) * ld + koff : blk + (brow + t - nctx) * ld + koff;
-    }
-};
-
-/* false when the warp has no (query row, head) */
-__device__ __forceinline__ bool ds_row(const DfP &p, DsRow &r)
+/* key t of a query whose context keys are the nctx rows from row c0, then its block's rows from
+ * brow: a context row or a block row */
+template <typename T>
+__device__ __forceinline__ const T *ds_key(const T *ctx, const T *blk, int64_t ld, int64_t c0,
+                                           int64_t nctx, int64_t brow, int64_t t, int64_t off)
 {
-    const int64_t gw = (int64_t)blockIdx.x * DS_WARPS + (threadIdx.x >> 5);
-    r.lane = threadIdx.x & 31;
-    const int64_t Q = (int64_t)p.n_blocks * p.bs;
-    if (gw >= Q * p.nh)
-        return false;
-    r.qr = gw / p.nh;
-    r.h = (int)(gw % p.nh);
-    const int64_t b = r.qr / p.bs;
-    r.brow = b * p.bs;
-    r.koff = (int64_t)(r.h / p.group) * p.d;
-    const int32_t cs = p.cs[b], an = p.an[b], j = (int)(r.qr - r.brow);
-    const int clo = df_ctx_lo(p.window, an, j);
-    r.c0 = (int64_t)cs + clo;
-    r.nctx = an - clo;
-    r.nkeys = r.nctx + (p.window > 0 ? j + 1 : p.bs);
-    return true;
+    return t < nctx ? ctx + (c0 + t) * ld + off : blk + (brow + t - nctx) * ld + off;
 }
 
 template <typename T, int MAXV>
 __global__ void ds_fwd_kernel(const DfP p)
 {
-    DsRow r;
-    if (!ds_row(p, r))
+    const int64_t gw = (int64_t)blockIdx.x * DS_WARPS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    const int64_t Q = (int64_t)p.n_blocks * p.bs;
+    if (gw >= Q * p.nh)
         return;
-    const int lane = r.lane, h = r.h, d = p.d;
-    const int64_t qr = r.qr;
+    const int64_t qr = gw / p.nh;
+    const int h = (int)(gw % p.nh), d = p.d;
+    const int64_t b = qr / p.bs, brow = b * p.bs, koff = (int64_t)(h / p.group) * d;
+    const int32_t cs = p.cs[b], an = p.an[b], j = (int)(qr - brow);
+    const int clo = df_ctx_lo(p.window, an, j);
+    const int64_t c0 = (int64_t)cs + clo, nctx = an - clo;
     const T *kc = (const T *)p.kc, *vc = (const T *)p.vc, *kb = (const T *)p.kb, *vb = (const T *)p.vb;
     float qv[MAXV], acc[MAXV], kv[MAXV];
     ds_load<T, MAXV>(qv, (const T *)p.q + qr * p.ldq + (int64_t)h * d, d, lane);
@@ -1022,13 +1002,14 @@ __global__ void ds_fwd_kernel(const DfP p)
     for (int i = 0; i < MAXV; i++)
         acc[i] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    for (int64_t t = 0; t < r.nkeys; t++) {
-        ds_load<T, MAXV>(kv, r.key(kc, kb, p.ldk, t), d, lane);
+    const int64_t nkeys = nctx + (p.window > 0 ? j + 1 : p.bs);
+    for (int64_t t = 0; t < nkeys; t++) {
+        ds_load<T, MAXV>(kv, ds_key(kc, kb, p.ldk, c0, nctx, brow, t, koff), d, lane);
         float sc = ds_dot<MAXV>(qv, kv) * p.scale;
         float mn = fmaxf(m, sc);
         float corr = expf(m - mn), pw = expf(sc - mn);
         l = l * corr + pw;
-        ds_load<T, MAXV>(kv, r.key(vc, vb, p.ldk, t), d, lane);
+        ds_load<T, MAXV>(kv, ds_key(vc, vb, p.ldk, c0, nctx, brow, t, koff), d, lane);
 #pragma unroll
         for (int i = 0; i < MAXV; i++)
             acc[i] = acc[i] * corr + pw * kv[i];
@@ -1043,11 +1024,17 @@ __global__ void ds_fwd_kernel(const DfP p)
 template <typename T, int MAXV>
 __global__ void ds_bwd_q_kernel(const DfP p)
 {
-    DsRow r;
-    if (!ds_row(p, r))
+    const int64_t gw = (int64_t)blockIdx.x * DS_WARPS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    const int64_t Q = (int64_t)p.n_blocks * p.bs;
+    if (gw >= Q * p.nh)
         return;
-    const int lane = r.lane, h = r.h, d = p.d;
-    const int64_t qr = r.qr;
+    const int64_t qr = gw / p.nh;
+    const int h = (int)(gw % p.nh), d = p.d;
+    const int64_t b = qr / p.bs, brow = b * p.bs, koff = (int64_t)(h / p.group) * d;
+    const int32_t cs = p.cs[b], an = p.an[b], j = (int)(qr - brow);
+    const int clo = df_ctx_lo(p.window, an, j);
+    const int64_t c0 = (int64_t)cs + clo, nctx = an - clo;
     const T *kc = (const T *)p.kc, *vc = (const T *)p.vc, *kb = (const T *)p.kb, *vb = (const T *)p.vb;
     const int64_t qo = qr * p.ldq + (int64_t)h * d;
     float qv[MAXV], dov[MAXV], acc[MAXV], kv[MAXV], vv[MAXV];
@@ -1061,9 +1048,10 @@ __global__ void ds_bwd_q_kernel(const DfP p)
 #pragma unroll
     for (int i = 0; i < MAXV; i++)
         acc[i] = 0.0f;
-    for (int64_t t = 0; t < r.nkeys; t++) {
-        ds_load<T, MAXV>(kv, r.key(kc, kb, p.ldk, t), d, lane);
-        ds_load<T, MAXV>(vv, r.key(vc, vb, p.ldk, t), d, lane);
+    const int64_t nkeys = nctx + (p.window > 0 ? j + 1 : p.bs);
+    for (int64_t t = 0; t < nkeys; t++) {
+        ds_load<T, MAXV>(kv, ds_key(kc, kb, p.ldk, c0, nctx, brow, t, koff), d, lane);
+        ds_load<T, MAXV>(vv, ds_key(vc, vb, p.ldk, c0, nctx, brow, t, koff), d, lane);
         float pp = expf(ds_dot<MAXV>(qv, kv) * p.scale - L);
         float ds = pp * (ds_dot<MAXV>(dov, vv) - D);
 #pragma unroll
