@@ -203,7 +203,8 @@ int cuda_moe_gather(dfl_be *be, void *dst, const void *src, const int32_t *rows,
 #define GM 64   /* rows of a tile: DFL_MOE_PAD, so that a tile never spans two experts */
 #define GN 64
 #define GK 16
-static_assert(GM == DFL_MOE_PAD && MG_BM == DFL_MOE_PAD, "a tile of grouped rows must not span two experts");
+static_assert(GM == DFL_MOE_PAD && MG_BM == DFL_MOE_PAD,
+              "a tile of grouped rows must not span two experts");
 static_assert(MG_SMEM <= 48 * 1024, "moe_mm_mma_kernel: more shared memory than without opt-in");
 
 /* This block's tile: grouped rows from g0, columns from n0, of expert e (the last e with

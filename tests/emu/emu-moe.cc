@@ -42,11 +42,10 @@ static void moe_case(const std::vector<int> &counts, int64_t N, int64_t K)
         w = __float2bfloat16_rn(0.2f * rnorm());
     std::vector<bf16> C((size_t)(cap * N), __float2bfloat16_rn(sentinel));
     const bool pair = N % 2 == 0;
-    emu::launch(dim3((unsigned)((N + MG_BN - 1) / MG_BN), (unsigned)(cap / MG_BM)), dim3(MG_THREADS),
-                MG_SMEM, [&] {
-                    moe_mm_mma_kernel(A.data(), W.data(), C.data(), cnt.data(), off.data(), E, N, K,
-                                      pair);
-                });
+    const dim3 grid((unsigned)((N + MG_BN - 1) / MG_BN), (unsigned)(cap / MG_BM));
+    emu::launch(grid, dim3(MG_THREADS), MG_SMEM, [&] {
+        moe_mm_mma_kernel(A.data(), W.data(), C.data(), cnt.data(), off.data(), E, N, K, pair);
+    });
     int64_t bad = 0, padbad = 0;
     double worst = 0;
     for (int64_t g = 0; g < cap; g++) {
