@@ -3,13 +3,16 @@
  * grouping by expert in three small kernels (count per expert, padded offsets, placement in
  * ascending token order: deterministic, no atomics), a row gather, one grouped GEMM launch per
  * projection over all experts (each 64-row tile belongs to one expert, found from the device
- * offsets), and the weighted combine (adding qwen3_5_moe's gated shared expert). The grouped GEMM: bf16 tensor cores (WMMA, f32
- * accumulation, 64 x 64 tiles, no pipelining yet) where K is a multiple of 8, else f32 SIMT
+ * offsets), and the weighted combine (adding qwen3_5_moe's gated shared expert). The grouped GEMM:
+ * for bf16 with K a multiple of 32, mma.sync tiles of 64 x 128 with a 3-stage cp.async pipeline
+ * (kernels/moe_gemm.cuh); else bf16 WMMA 64 x 64 tiles where K is a multiple of 8; else f32 SIMT
  * tiles. Reference: lib/backends/be_cpu_moe.c. */
 #include <math.h>
 #include <mma.h>
 
 #include "be_cuda.cuh"
+#include "dflash_ptx.cuh"
+#include "moe_gemm.cuh"
 
 #define MOE_MAX_E 2048        /* experts: 64 per lane of a warp */
 #define MOE_MAX_K 32
@@ -200,7 +203,9 @@ int cuda_moe_gather(dfl_be *be, void *dst, const void *src, const int32_t *rows,
 #define GM 64   /* rows of a tile: DFL_MOE_PAD, so that a tile never spans two experts */
 #define GN 64
 #define GK 16
-static_assert(GM == DFL_MOE_PAD, "a tile of grouped rows must not span two experts");
+static_assert(GM == DFL_MOE_PAD && MG_BM == DFL_MOE_PAD,
+              "a tile of grouped rows must not span two experts");
+static_assert(MG_SMEM <= 48 * 1024, "moe_mm_mma_kernel: more shared memory than without opt-in");
 
 /* This block's tile: grouped rows from g0, columns from n0, of expert e (the last e with
  * offsets[e] <= g0: empty experts share their offset with the next one), whose rows end at end
@@ -218,14 +223,7 @@ __device__ __forceinline__ bool moe_tile(const T *W, const int32_t *counts, cons
     t->n0 = (int64_t)blockIdx.y * GN;
     if (t->g0 >= offsets[E])
         return false;
-    int lo = 0, hi = E - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (offsets[mid] <= t->g0)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
+    int lo = moe_expert_of(offsets, E, t->g0);
     t->end = (int64_t)offsets[lo] + counts[lo];
     t->We = W + (int64_t)lo * N * K;
     return t->g0 < t->end;
@@ -372,7 +370,14 @@ int cuda_moe_matmul(dfl_be *be, const dfl_moe_mm *m)
         return rc;
     cudaStream_t s = cuda_of(be)->stream;
     dim3 grid((unsigned)(m->cap / GM), (unsigned)((m->N + GN - 1) / GN));
-    if (be->act == DFL_BF16 && m->K % 8 == 0 && is_aligned(m->A, 16) && is_aligned(m->W, 16))
+    if (be->act == DFL_BF16 && m->K % MG_BK == 0 && is_aligned(m->A, 16) && is_aligned(m->W, 16) &&
+        m->cap / MG_BM <= 65535) {
+        dim3 g2((unsigned)((m->N + MG_BN - 1) / MG_BN), (unsigned)(m->cap / MG_BM));
+        bool pair = m->N % 2 == 0 && is_aligned(m->C, 4);
+        moe_mm_mma_kernel<<<g2, MG_THREADS, MG_SMEM, s>>>((const bf16 *)m->A, (const bf16 *)m->W,
+                                                          (bf16 *)m->C, m->counts, m->offsets,
+                                                          m->E, m->N, m->K, pair);
+    } else if (be->act == DFL_BF16 && m->K % 8 == 0 && is_aligned(m->A, 16) && is_aligned(m->W, 16))
         moe_mm_wmma_kernel<<<grid, 128, 0, s>>>((const bf16 *)m->A, (const bf16 *)m->W,
                                                 (bf16 *)m->C, m->counts, m->offsets, m->E, m->N,
                                                 m->K);

@@ -2,8 +2,9 @@
  * as 8 sequences of 2048; hidden 4096, 32 query / 8 kv heads of 128, intermediate 12288),
  * against the ceilings measured in the same run: the cuBLAS rate of an 8192^3 bf16 GEMM and the
  * device-to-device copy bandwidth. Prints TFLOP/s or GB/s per op, every attention tile variant,
- * and a projection of the 36-layer forward in tokens/s. Not a test: run by hand on a GPU
- * machine (build/tests/bench-ops); exits 77 without a GPU.
+ * a projection of the 36-layer forward in tokens/s, and the grouped expert GEMMs (moe_matmul) of
+ * a Qwen3-30B-A3B layer beside cuBLAS on the dense GEMM of as many rows. Not a test: run by hand
+ * on a GPU machine (build/tests/bench-ops); exits 77 without a GPU.
  *   bench-ops [--quick]   (--quick: fewer iterations) */
 #include <math.h>
 #include <stdint.h>
@@ -44,6 +45,60 @@ static double bench_gemm(const char *name, int64_t M, int64_t N, int64_t K, doub
         printf(" (%3.0f%% of peak)", 100.0 * (tf_t > tf_h ? tf_t : tf_h) / peak_tflops);
     printf("\n");
     return t_tuned < t_heur ? t_tuned : t_heur;
+}
+
+/* ---- grouped expert GEMMs ---- */
+
+static void run_moe(void *arg)
+{
+    if (be->ops->moe_matmul(be, (const dfl_moe_mm *)arg))
+        check_sync("moe_matmul");
+}
+
+/* The expert GEMMs of a Qwen3-30B-A3B MoE layer (hidden 2048, 128 experts of width 768, top 8) on
+ * T = 16384 tokens: 131072 grouped rows, expert e 1024 + d rows (d up to +-199, pairs cancel),
+ * each padded to DFL_MOE_PAD; then cuBLAS on the dense GEMM of as many rows and one weight. */
+static void bench_moe(double peak)
+{
+    enum { E = 128 };
+    const int64_t T = 16384, H = 2048, I = 768;
+    const int k = 8;
+    int32_t cnt[E], off[E + 1];
+    int64_t rows = 0;
+    for (int e = 0; e < E; e++) {
+        int d = (e / 2 * 23) % 200;
+        cnt[e] = 1024 + (e % 2 ? -d : d);
+        rows += cnt[e];
+    }
+    off[0] = 0;
+    for (int e = 0; e < E; e++)
+        off[e + 1] = off[e] + (cnt[e] + DFL_MOE_PAD - 1) / DFL_MOE_PAD * DFL_MOE_PAD;
+    const int64_t cap = dfl_moe_cap(T, E, k);
+    void *A = dalloc((size_t)(cap * H * 2)), *W = dalloc((size_t)(E * 2 * I * H * 2));
+    void *C = dalloc((size_t)(cap * H * 2));
+    int32_t *dcnt = dalloc(sizeof cnt), *doff = dalloc(sizeof off);
+    if (be->ops->upload(be, dcnt, cnt, sizeof cnt) || be->ops->upload(be, doff, off, sizeof off))
+        die("upload", NULL);
+    fill_bf16(A, (size_t)(cap * H), 1, 6);
+    fill_bf16(W, (size_t)(E * 2 * I * H), 0.02f, 7);
+    const struct {
+        const char *name;
+        int64_t N, K;
+    } sh[2] = {{"gate_up", 2 * I, H}, {"down", H, I}};
+    for (int i = 0; i < 2; i++) {
+        dfl_moe_mm m = {.A = A, .W = W, .C = C, .counts = dcnt, .offsets = doff, .E = E,
+                        .N = sh[i].N, .K = sh[i].K, .cap = cap};
+        double t = time_ms(run_moe, &m, iters), tf = 2.0 * rows * sh[i].N * sh[i].K / t / 1e9;
+        printf("moe_matmul %-8s %lld rows (%d experts) x %-5lld x %-5lld %7.3f ms %6.1f TFLOP/s "
+               "(%3.0f%% of peak)\n", sh[i].name, (long long)rows, E, (long long)sh[i].N,
+               (long long)sh[i].K, t, tf, 100 * tf / peak);
+        char name[64];
+        snprintf(name, sizeof name, "dense as moe %s", sh[i].name);
+        bench_gemm(name, rows, sh[i].N, sh[i].K, peak, A, W, C);
+    }
+    void *bufs[] = {A, W, C, dcnt, doff};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        be->ops->free(be, bufs[i]);
 }
 
 /* ---- attention ---- */
@@ -197,6 +252,7 @@ int main(int argc, char **argv)
     double layer_flop = 2.0 * T * H * (QKV + H + 2 * I + I);
     printf("gemm layer total %.3f ms, %.1f TFLOP/s (%.0f%% of peak)\n", t_gemm, layer_flop / t_gemm / 1e9,
            100 * layer_flop / t_gemm / 1e9 / peak);
+    bench_moe(peak);
 
     /* elementwise ops of the layer (x, y reused as scratch) */
     double copy_ref = copy_gbs;

@@ -1,6 +1,7 @@
 /* gpu-families.c: the CUDA side of the target families beyond dense default-rope models: the
  * RoPE op with llama3 and yarn scaling and the mixture-of-experts ops (moe_route, moe_gather,
- * moe_matmul: tensor cores for bf16 with K % 8 == 0, SIMT otherwise; moe_combine), each CUDA
+ * moe_matmul: for bf16 mma.sync with K % 32 == 0 (kernels/moe_gemm.cuh), WMMA with K % 8 == 0,
+ * SIMT otherwise; moe_combine), each CUDA
  * against the CPU backend on the same inputs, with guard bands around every output and
  * NaN-failing comparisons (moe_combine also with qwen3_5_moe's gated shared expert); then the
  * Qwen3-MoE and Qwen3.5-MoE oracles (../shared/oracle/qwen3moe-tiny-a, qwen35moe-tiny-a) through
@@ -236,6 +237,9 @@ static void test_moe_ops(void)
     moe_ops_case(5, 7, 3, 33, 17, DFL_F32, false);   /* odd sizes: partial tiles everywhere */
     moe_ops_case(5, 7, 3, 33, 17, DFL_BF16, false);  /* K % 8 != 0: the SIMT kernel in bf16 */
     moe_ops_case(200, 16, 4, 2048, 72, DFL_BF16, false); /* long K on tensor cores, N tail */
+    moe_ops_case(300, 16, 4, 768, 2048, DFL_BF16, false); /* 30B-A3B down: 16 column tiles */
+    moe_ops_case(60, 8, 2, 64, 81, DFL_BF16, false);  /* odd N: mma.sync with single stores */
+    moe_ops_case(37, 8, 2, 40, 80, DFL_BF16, false);  /* K % 32 != 0: the WMMA kernel */
     moe_ops_case(300, 512, 10, 64, 64, DFL_F32, false);  /* more experts than tokens */
     /* with the gated shared expert (qwen3_5_moe) */
     moe_ops_case(37, 8, 2, 96, 80, DFL_F32, true);
