@@ -1,7 +1,8 @@
 /* gpu-families.c: the CUDA side of the target families beyond dense default-rope models: the
  * RoPE op with llama3 and yarn scaling and the mixture-of-experts ops (moe_route, moe_gather,
- * moe_matmul: for bf16 mma.sync with K % 32 == 0 (kernels/moe_gemm.cuh), WMMA with K % 8 == 0,
- * SIMT otherwise; moe_combine), each CUDA
+ * moe_matmul: for bf16 WMMA with K % 8 == 0, SIMT otherwise, and with DFL_CUDA_MOE_MMA=1 in the
+ * environment mma.sync with K % 32 == 0 (kernels/moe_gemm.cuh, not yet verified on a GPU: run
+ * this test with that variable set to check it); moe_combine), each CUDA
  * against the CPU backend on the same inputs, with guard bands around every output and
  * NaN-failing comparisons (moe_combine also with qwen3_5_moe's gated shared expert); then the
  * Qwen3-MoE and Qwen3.5-MoE oracles (../shared/oracle/qwen3moe-tiny-a, qwen35moe-tiny-a) through
