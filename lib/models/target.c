@@ -5,6 +5,7 @@
  * attention here, Gated DeltaNet in gdn.c). */
 #include "target.h"
 
+#include "batch_check.h"
 #include "target_fwd.h"
 
 #include <math.h>
@@ -657,24 +658,25 @@ int dfl_target_check_batch(const dfl_target *t, const dfl_batch *b, dfl_err *e)
 
 int dfl_target_check_vocab(int64_t V, const dfl_batch *b, dfl_err *e)
 {
+    /* the same passes as the frame reader and writer (batch_check.h) */
     uint64_t sum = 0;
-    for (uint32_t s = 0; s < b->n_seqs; s++)
-        sum += b->seq_lens[s];
+    uint32_t longest = 0;
+    (void)dfl_seq_lens_scan(b->seq_lens, b->n_seqs, &sum, &longest);
     if (sum != b->n_tokens)
         return dfl_fail(e, DFL_EDATA, "batch %llu: sequence lengths add up to %llu, not %llu tokens",
                         (unsigned long long)b->index, (unsigned long long)sum,
                         (unsigned long long)b->n_tokens);
-    uint64_t row = 0;
-    for (uint32_t s = 0; s < b->n_seqs; s++) {
-        for (uint32_t j = 0; j < b->seq_lens[s]; j++, row++) {
-            int32_t id = b->input_ids[row];
-            if (id < 0 || id >= V)
-                return dfl_fail(e, DFL_EDATA, "batch %llu, sequence %u, position %u: token id %d is "
-                                "out of range for the model's vocab_size %lld",
-                                (unsigned long long)b->index, s, j, id, (long long)V);
-        }
-    }
-    return DFL_OK;
+    uint32_t lim = V < 0 ? 0 : V > (int64_t)UINT32_MAX ? UINT32_MAX : (uint32_t)V;
+    int64_t bad = dfl_ids_first_bad(b->input_ids, b->n_tokens, lim);
+    if (bad < 0)
+        return DFL_OK;
+    uint32_t s = 0;
+    uint64_t start = 0;
+    while (s + 1 < b->n_seqs && start + b->seq_lens[s] <= (uint64_t)bad)
+        start += b->seq_lens[s++];
+    return dfl_fail(e, DFL_EDATA, "batch %llu, sequence %u, position %llu: token id %d is out of "
+                    "range for the model's vocab_size %lld", (unsigned long long)b->index, s,
+                    (unsigned long long)((uint64_t)bad - start), b->input_ids[bad], (long long)V);
 }
 
 int32_t dfl_target_positions(const dfl_batch *b, int32_t *pos, int32_t *cu)

@@ -652,6 +652,36 @@ out:
 
 static void forward_vs_ref(const char *dir) { forward_vs_ref_ex(dir, false); }
 
+/* dfl_target_check_vocab: the batch checks shared with the frame reader and writer
+ * (batch_check.h), each failure naming the batch, the sequence and the position within it,
+ * across empty sequences; negative ids are out of range too. */
+static void test_check_vocab(void)
+{
+    uint32_t lens[4] = {3, 0, 2, 1};
+    int32_t ids[6] = {0, 1, 2, 3, 4, 5};
+    dfl_batch b = {.index = 7, .n_tokens = 6, .n_seqs = 4, .seq_lens = lens, .input_ids = ids};
+    dfl_err e = {0};
+    T_CHECK(dfl_target_check_vocab(6, &b, &e) == DFL_OK, "%s", e.msg);
+    struct { int at; int32_t id; const char *msg; } cases[] = {
+        {0, 6, "batch 7, sequence 0, position 0: token id 6 is out of range for the model's vocab_size 6"},
+        {2, -1, "batch 7, sequence 0, position 2: token id -1 is out of range"},
+        {4, 9, "batch 7, sequence 2, position 1: token id 9 is out of range"},
+        {5, 100, "batch 7, sequence 3, position 0: token id 100 is out of range"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int32_t keep = ids[cases[i].at];
+        ids[cases[i].at] = cases[i].id;
+        e = (dfl_err){0};
+        int rc = dfl_target_check_vocab(6, &b, &e);
+        T_CHECK(rc == DFL_EDATA && strstr(e.msg, cases[i].msg), "case %zu: %d %s", i, rc, e.msg);
+        ids[cases[i].at] = keep;
+    }
+    lens[3] = 2;   /* lengths add up to 7, not 6 tokens */
+    e = (dfl_err){0};
+    T_CHECK(dfl_target_check_vocab(6, &b, &e) == DFL_EDATA &&
+            strstr(e.msg, "batch 7: sequence lengths add up to 7, not 6 tokens"), "%s", e.msg);
+}
+
 static void test_forward_qwen3_oracle(void)
 {
     const char *o = t_oracle();
@@ -918,6 +948,7 @@ int main(int argc, char **argv)
     T_RUN(test_auto_layers);
     T_RUN(test_fingerprint);
     T_RUN(test_bad_models);
+    T_RUN(test_check_vocab);
     T_RUN(test_forward_qwen3_oracle);
     T_RUN(test_forward_qwen35_oracle);
     T_RUN(test_forward_llama_fixture);
