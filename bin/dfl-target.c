@@ -227,12 +227,8 @@ int main(int argc, char **argv)
                 return dfl_cli_usage_error("--file-io: '%s' is not write, map or register", optarg);
             break;
         case OPT_OUTPUT_MODE:
-            if (strcmp(optarg, "auto") == 0 || strcmp(optarg, "vmsplice") == 0)
-                wopts.vmsplice = true; /* the writer splices only into a pipe */
-            else if (strcmp(optarg, "write") == 0)
-                wopts.vmsplice = false;
-            else
-                return dfl_cli_usage_error("--output-mode: '%s' is not auto, vmsplice or write", optarg);
+            if (dfl_writer_output_mode(optarg, &wopts, &e))
+                return dfl_cli_usage_error("%s", e.msg);
             break;
         case OPT_VMSPLICE: wopts.vmsplice = true; break;
         case OPT_PIPE_SIZE: {

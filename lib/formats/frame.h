@@ -215,6 +215,11 @@ typedef struct dfl_writer_opts {
                                     CAP_SYS_RESOURCE), else to pipe-max-size; 0 = default (64 MiB) */
 } dfl_writer_opts;
 
+/* --output-mode MODE of the programs that write hidden-state streams: "auto" and "vmsplice" set
+ * o->vmsplice (the writer splices only into a pipe or FIFO, and copies elsewhere), "write"
+ * clears it; anything else is DFL_EUSAGE naming the value. */
+int dfl_writer_output_mode(const char *mode, dfl_writer_opts *o, dfl_err *e);
+
 /* Opens path ("-" = stdout) and writes the HEADER frame. A file is written under a temporary name
  * beside it and renamed into place by dfl_writer_close (so a cut run never leaves a file that
  * looks complete); an existing FIFO or device is written directly. A pipe is enlarged to the

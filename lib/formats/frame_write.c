@@ -441,6 +441,14 @@ fail:
     return rc;
 }
 
+int dfl_writer_output_mode(const char *mode, dfl_writer_opts *o, dfl_err *e)
+{
+    if (strcmp(mode, "auto") && strcmp(mode, "vmsplice") && strcmp(mode, "write"))
+        return dfl_fail(e, DFL_EUSAGE, "--output-mode: '%s' is not auto, vmsplice or write", mode);
+    o->vmsplice = strcmp(mode, "write") != 0;
+    return DFL_OK;
+}
+
 int dfl_writer_open_fd(dfl_writer **out, int fd, const char *name, const dfl_stream_info *info,
                        const dfl_writer_opts *opts, dfl_err *e)
 {

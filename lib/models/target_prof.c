@@ -64,6 +64,13 @@ void dfl_target_prof_free(dfl_target *t)
     t->prof = NULL;
 }
 
+static void add(dfl_target_prof *p, int kind, double seconds, double flops)
+{
+    p->sum.seconds[kind] += seconds;
+    p->sum.flops[kind] += flops;
+    p->sum.calls[kind]++;
+}
+
 /* Adds span i (recorded) to the sums, waiting for its end event. */
 static void harvest(dfl_be *be, dfl_target_prof *p, int i)
 {
@@ -76,9 +83,7 @@ static void harvest(dfl_be *be, dfl_target_prof *p, int i)
         p->off = true;
         return;
     }
-    p->sum.seconds[p->kind[i]] += ms / 1e3;
-    p->sum.flops[p->kind[i]] += p->flops[i];
-    p->sum.calls[p->kind[i]]++;
+    add(p, p->kind[i], ms / 1e3, p->flops[i]);
 }
 
 int dfl_tp_begin(const dfl_target_fwd *f, int kind)
@@ -113,9 +118,7 @@ void dfl_tp_end(const dfl_target_fwd *f, int span, double flops)
     dfl_be *be = f->t->be;
     p->flops[span] = flops;
     if (!p->async) {
-        p->sum.seconds[p->kind[span]] += dfl_now() - p->host_t0[span];
-        p->sum.flops[p->kind[span]] += flops;
-        p->sum.calls[p->kind[span]]++;
+        add(p, p->kind[span], dfl_now() - p->host_t0[span], flops);
         return;
     }
     dfl_err e = {0};

@@ -74,11 +74,13 @@ int main(int argc, char **argv)
         case 'p': dst = &pipe_mib, what = "--pipe-mib", hi = 2047; break;
         case 'c': dst = &chunk_kib, what = "--chunk-kib", hi = 1 << 20; break;
         case 'v': vms = true; break;
-        case 'm':
-            if (strcmp(optarg, "auto") && strcmp(optarg, "vmsplice") && strcmp(optarg, "write"))
-                return dfl_cli_usage_error("--output-mode: '%s' is not auto, vmsplice or write", optarg);
-            vms = strcmp(optarg, "write") != 0;
+        case 'm': {
+            dfl_writer_opts mo = {0};
+            if (dfl_writer_output_mode(optarg, &mo, &e))
+                return dfl_cli_usage_error("%s", e.msg);
+            vms = mo.vmsplice;
             break;
+        }
         case 'r': rewrite = true; break;
         case 'o': out = optarg; break;
         case 'h':

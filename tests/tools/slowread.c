@@ -3,7 +3,7 @@
  * copies stdin to stdout with read(2) of at most BYTES (default 4096) and write(2), sleeping US
  * microseconds (default 1000) before each read, so that a producer on the other side of a pipe
  * finds it full and has to wait for the reader before reusing a buffer it spliced. Exit 0 at the
- * end of the input, 1 on a read or write error. */
+ * end of the input; on a read or write error, the library's exit code for it. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -41,24 +41,18 @@ int main(int argc, char **argv)
     char *buf = malloc((size_t)chunk);
     if (!buf)
         return dfl_cli_report(&(dfl_err){.code = DFL_ENOMEM, .msg = "out of memory"});
-    const char *bad = NULL;
-    while (!bad) {
+    int rc = DFL_OK;
+    while (!rc) {
         if (sleep_us)
             usleep((useconds_t)sleep_us);
         ssize_t n = read(0, buf, (size_t)chunk);
         if (n == 0)
             break;
         if (n < 0 && errno != EINTR)
-            bad = "stdin";
-        for (ssize_t off = 0; n > 0 && off < n && !bad;) {
-            ssize_t k = write(1, buf + off, (size_t)(n - off));
-            if (k < 0 && errno != EINTR)
-                bad = "stdout";
-            off += k > 0 ? k : 0;
-        }
+            rc = dfl_fail(&e, DFL_EIO, "stdin: %s", strerror(errno));
+        else if (n > 0)
+            rc = dfl_write_all(1, buf, (size_t)n, "stdout", &e);
     }
-    if (bad)
-        fprintf(stderr, "slowread: %s: %s\n", bad, strerror(errno));
     free(buf);
-    return bad ? 1 : 0;
+    return rc ? dfl_cli_report(&e) : 0;
 }
