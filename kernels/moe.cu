@@ -4,9 +4,10 @@
  * ascending token order: deterministic, no atomics), a row gather, one grouped GEMM launch per
  * projection over all experts (each 64-row tile belongs to one expert, found from the device
  * offsets), and the weighted combine (adding qwen3_5_moe's gated shared expert). The grouped GEMM:
- * bf16 WMMA 64 x 64 tiles where K is a multiple of 8; else f32 SIMT tiles. With
- * DFL_CUDA_MOE_MMA=1 (not yet verified on a GPU: see cuda_moe_matmul), for bf16 with K a multiple
- * of 32, mma.sync tiles of 64 x 128 with a 3-stage cp.async pipeline (kernels/moe_gemm.cuh). Reference: lib/backends/be_cpu_moe.c. */
+ * bf16 with K a multiple of 32 and 16-byte aligned rows, mma.sync tiles of 64 x 128 with a
+ * 3-stage cp.async pipeline (kernels/moe_gemm.cuh); other bf16 with K % 8 == 0 (or with
+ * DFL_CUDA_MOE_MMA=0 in the environment), WMMA 64 x 64 tiles; else f32 SIMT tiles.
+ * Reference: lib/backends/be_cpu_moe.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <mma.h>
@@ -359,18 +360,14 @@ __global__ void __launch_bounds__(128) moe_mm_wmma_kernel(const bf16 *A, const b
     }
 }
 
-/* The pipelined kernel (moe_gemm.cuh) has been checked only under the SIMT emulator
- * (tests/emu/run build moe), not yet on a GPU: until it is, it runs only when the environment
- * sets DFL_CUDA_MOE_MMA=1 (for the GPU tests and benchmarks that will verify it); otherwise the
- * WMMA kernel, verified on the H200, runs. */
+/* The pipelined kernel (moe_gemm.cuh) is the default where its conditions hold (verified on the
+ * H200 by gpu-families' moe ops and the MoE oracles); DFL_CUDA_MOE_MMA=0 in the environment
+ * selects the WMMA kernel instead, to compare the two. Read at every call (a getenv is nothing
+ * beside a grouped GEMM), so that a test can run both. */
 static bool moe_mma_enabled(void)
 {
-    static int on = -1;   /* benign race: every thread computes the same value */
-    if (on < 0) {
-        const char *v = getenv("DFL_CUDA_MOE_MMA");
-        on = v && v[0] == '1' && !v[1];
-    }
-    return on == 1;
+    const char *v = getenv("DFL_CUDA_MOE_MMA");
+    return !(v && v[0] == '0' && !v[1]);
 }
 
 int cuda_moe_matmul(dfl_be *be, const dfl_moe_mm *m)

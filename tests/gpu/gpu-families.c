@@ -1,8 +1,8 @@
 /* gpu-families.c: the CUDA side of the target families beyond dense default-rope models: the
  * RoPE op with llama3 and yarn scaling and the mixture-of-experts ops (moe_route, moe_gather,
- * moe_matmul: for bf16 WMMA with K % 8 == 0, SIMT otherwise, and with DFL_CUDA_MOE_MMA=1 in the
- * environment mma.sync with K % 32 == 0 (kernels/moe_gemm.cuh, not yet verified on a GPU: run
- * this test with that variable set to check it); moe_combine), each CUDA
+ * moe_matmul: for bf16 mma.sync with K % 32 == 0 (kernels/moe_gemm.cuh), WMMA with K % 8 == 0,
+ * SIMT otherwise; the bf16 cases run twice, the second time with DFL_CUDA_MOE_MMA=0 in the
+ * environment, which puts the mma.sync shapes on WMMA; moe_combine), each CUDA
  * against the CPU backend on the same inputs, with guard bands around every output and
  * NaN-failing comparisons (moe_combine also with qwen3_5_moe's gated shared expert); then the
  * Qwen3-MoE and Qwen3.5-MoE oracles (../shared/oracle/qwen3moe-tiny-a, qwen35moe-tiny-a) through
@@ -247,6 +247,17 @@ static void test_moe_ops(void)
     moe_ops_case(37, 8, 2, 96, 80, DFL_BF16, true);
     moe_ops_case(5, 7, 3, 33, 17, DFL_BF16, true);
     moe_ops_case(700, 256, 8, 256, 128, DFL_BF16, true); /* Qwen3.5-35B-A3B's 256 experts, top 8 */
+    /* the WMMA kernel on the shapes that take mma.sync by default */
+    const char *was = getenv("DFL_CUDA_MOE_MMA");
+    setenv("DFL_CUDA_MOE_MMA", "0", 1);
+    moe_ops_case(1000, 128, 8, 256, 192, DFL_BF16, false);
+    moe_ops_case(200, 16, 4, 2048, 72, DFL_BF16, false);
+    moe_ops_case(300, 16, 4, 768, 2048, DFL_BF16, false);
+    moe_ops_case(700, 256, 8, 256, 128, DFL_BF16, true);
+    if (was)
+        setenv("DFL_CUDA_MOE_MMA", was, 1);
+    else
+        unsetenv("DFL_CUDA_MOE_MMA");
 }
 
 /* ---- the Qwen3-MoE oracle on CUDA ---- */

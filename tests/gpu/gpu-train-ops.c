@@ -617,8 +617,12 @@ static void df_cond(const struct df_batch *bt, struct df_host *h, float scale)
             for (int j = 0; j < bs; j++) {
                 const int64_t qr = (int64_t)b * bs + j, g = hh / group;
                 const float *qv = h->q + qr * nq + (int64_t)hh * d, *dov = h->dout + qr * nq + (int64_t)hh * d;
-                const double L = h->lse[qr * nh + hh], D = h->delta[qr * nh + hh];
+                const float *ov = h->o + qr * nq + (int64_t)hh * d;
+                const double L = h->lse[qr * nh + hh];
                 const double nqv = vnorm(qv, d), ndo = vnorm(dov, d);
+                double dabs = 0;   /* delta = dO . O: the size of its terms, not of the sum */
+                for (int i = 0; i < d; i++)
+                    dabs += fabs((double)dov[i] * ov[i]);
                 const int64_t nkeys = (int64_t)bt->an[b] + bs;
                 for (int64_t t = 0; t < nkeys; t++) {
                     const bool ctx = t < bt->an[b];
@@ -628,13 +632,16 @@ static void df_cond(const struct df_batch *bt, struct df_host *h, float scale)
                     const int64_t krow = ctx ? bt->cs[b] + t : (int64_t)b * bs + (t - bt->an[b]);
                     const float *kv = (ctx ? h->kc : h->kb) + krow * nk + g * d;
                     const float *vv = (ctx ? h->vc : h->vb) + krow * nk + g * d;
-                    double sdot = 0, pdot = 0;
+                    double sdot = 0, pabs = 0;
                     for (int i = 0; i < d; i++) {
                         sdot += (double)qv[i] * kv[i];
-                        pdot += (double)dov[i] * vv[i];
+                        pabs += fabs((double)dov[i] * vv[i]);
                     }
+                    /* dS = P (dP - delta): both dot products are summed in f32 by the kernels and
+                     * by the CPU, so their error scales with the magnitudes of their terms (pabs,
+                     * dabs), which can be far above |dP| and |delta| when either sum cancels. */
                     const double P = exp(sdot * scale - L);
-                    const double w = P * (fabs(pdot) + fabs(D)) * scale;
+                    const double w = P * (pabs + dabs) * scale;
                     h->mdq[qr * nh + hh] += w * vnorm(kv, d);
                     double *mk = ctx ? h->mdkc : h->mdkb, *mv = ctx ? h->mdvc : h->mdvb;
                     mk[krow * nkv + g] += w * nqv;
