@@ -480,8 +480,14 @@ static void prof_print(const pipeline *p, const char *what, const prof *f, doubl
 {
     double busy = wall > 0 ? f->forward / wall : 0;
     const char *verdict;
+    const double idle = wall - f->forward, waited = f->slot_wait > f->in_wait ? f->slot_wait : f->in_wait;
     if (busy >= 0.9)
         verdict = p->async ? "the GPU is the bottleneck" : "the forward is the bottleneck";
+    else if (waited < 0.25 * idle)
+        /* neither side made the forward thread wait: the idle time is the pipeline filling
+         * (the first batch has nothing to overlap) and draining (the last batch's write) */
+        verdict = "no bottleneck: neither the input nor the output held the forward up; the idle time is the start and "
+                  "the end of the run (more batches amortise them)";
     else if (f->slot_wait >= f->in_wait)
         verdict = "the output is the bottleneck (the writer, or the consumer of the stream)";
     else
