@@ -3,9 +3,10 @@
  * grouping by expert in three small kernels (count per expert, padded offsets, placement in
  * ascending token order: deterministic, no atomics), a row gather, one grouped GEMM launch per
  * projection over all experts (each 64-row tile belongs to one expert, found from the device
- * offsets), and the weighted combine (adding qwen3_5_moe's gated shared expert). The grouped GEMM:
+ * offsets), and the weighted combine (adding qwen3_5_moe's gated shared expert; bf16 rows of a
+ * multiple of 8 with 16-byte loads). The grouped GEMM:
  * bf16 with K a multiple of 32 and 16-byte aligned rows, mma.sync tiles with a cp.async pipeline
- * (kernels/moe_gemm.cuh; DFL_CUDA_MOE_TILE=0..3 in the environment picks the tile shape), which
+ * (kernels/moe_gemm.cuh; DFL_CUDA_MOE_TILE=0..4 in the environment picks the tile shape), which
  * also takes the fused forms (the gather of A's rows, SwiGLU in the epilogue); other bf16 with
  * K % 8 == 0 (or with DFL_CUDA_MOE_MMA=0), WMMA 64 x 64 tiles for the plain product and f32 SIMT
  * tiles for the fused forms; else (f32) SIMT tiles. Reference: lib/backends/be_cpu_moe.c. */
@@ -208,9 +209,10 @@ int cuda_moe_gather(dfl_be *be, void *dst, const void *src, const int32_t *rows,
 #define GK 16
 static_assert(DFL_MOE_PAD % GM == 0, "a tile of grouped rows must not span two experts");
 static_assert(DFL_MOE_PAD % MgTile0::BM == 0 && DFL_MOE_PAD % MgTile1::BM == 0 &&
-                  DFL_MOE_PAD % MgTile2::BM == 0 && DFL_MOE_PAD % MgTile3::BM == 0,
+                  DFL_MOE_PAD % MgTile2::BM == 0 && DFL_MOE_PAD % MgTile3::BM == 0 &&
+                  DFL_MOE_PAD % MgTile4::BM == 0,
               "a tile of grouped rows must not span two experts");
-static_assert(MgTile0::SMEM <= 48 * 1024, "the default-free tile needs no opt-in");
+static_assert(MgTile0::SMEM <= 48 * 1024, "tile 0 runs without the shared-memory opt-in");
 
 /* This block's tile: grouped rows from g0, output columns from n0, of expert e (the last e with
  * offsets[e] <= g0: empty experts share their offset with the next one), whose rows end at end
@@ -382,7 +384,7 @@ __global__ void __launch_bounds__(128) moe_mm_wmma_kernel(const bf16 *A, const b
 /* The pipelined kernel (moe_gemm.cuh) is the default where its conditions hold (verified on the
  * H200 by gpu-families' moe ops and the MoE oracles); DFL_CUDA_MOE_MMA=0 in the environment
  * selects the WMMA kernel instead (the SIMT one for the fused forms), to compare them.
- * DFL_CUDA_MOE_TILE=0..3 picks the pipelined kernel's tile shape (MgTile0..3), default
+ * DFL_CUDA_MOE_TILE=0..4 picks the pipelined kernel's tile shape (MgTile0..4), default
  * MOE_TILE_DEFAULT. Read at every call (a getenv is nothing beside a grouped GEMM), so that a
  * test or a benchmark can run them all. */
 #define MOE_TILE_DEFAULT 0
@@ -450,7 +452,8 @@ int cuda_moe_matmul(dfl_be *be, const dfl_moe_mm *m)
         case 0: err = moe_mma_tile<MgTile0>(m, s); break;
         case 1: err = moe_mma_tile<MgTile1>(m, s); break;
         case 2: err = moe_mma_tile<MgTile2>(m, s); break;
-        default: err = moe_mma_tile<MgTile3>(m, s); break;
+        case 3: err = moe_mma_tile<MgTile3>(m, s); break;
+        default: err = moe_mma_tile<MgTile4>(m, s); break;
         }
         if (err != cudaSuccess)
             return cuda_op_fail(be, DFL_EDEVICE, "moe_matmul: shared memory: %s",
@@ -494,6 +497,52 @@ __global__ void moe_combine_kernel(T *out, const T *y, const int32_t *slot, cons
     }
 }
 
+/* The same for bf16 with H % 8 == 0 and 16-byte aligned rows: 8 columns a thread, one 16-byte
+ * load per row (the same f32 sums in the same order). */
+__global__ void moe_combine_v8_kernel(bf16 *out, const bf16 *y, const int32_t *slot,
+                                      const float *weight, int64_t T_, int k, int64_t H,
+                                      bool accumulate, const bf16 *shared,
+                                      const float *shared_gate)
+{
+    for (int64_t t = blockIdx.x; t < T_; t += gridDim.x) {
+        bf16 *o = out + t * H;
+        const int32_t *sl = slot + t * k;
+        const float *wt = weight + t * k;
+        const float g = shared ? 1.0f / (1.0f + expf(-shared_gate[t])) : 0.0f;
+        for (int64_t c = (int64_t)threadIdx.x * 8; c < H; c += (int64_t)blockDim.x * 8) {
+            float acc[8];
+            uint4 v = accumulate ? *(const uint4 *)(o + c) : make_uint4(0, 0, 0, 0);
+            uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                acc[2 * q] = df_bf_lo(wv[q]);
+                acc[2 * q + 1] = df_bf_hi(wv[q]);
+            }
+            for (int j = 0; j < k; j++) {
+                const float w = wt[j];
+                const uint4 r = *(const uint4 *)(y + (int64_t)sl[j] * H + c);
+                const uint32_t rv[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    acc[2 * q] += w * df_bf_lo(rv[q]);
+                    acc[2 * q + 1] += w * df_bf_hi(rv[q]);
+                }
+            }
+            if (shared) {
+                const uint4 r = *(const uint4 *)(shared + t * H + c);
+                const uint32_t rv[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    acc[2 * q] += g * df_bf_lo(rv[q]);
+                    acc[2 * q + 1] += g * df_bf_hi(rv[q]);
+                }
+            }
+            *(uint4 *)(o + c) = make_uint4(df_pack(acc[0], acc[1]), df_pack(acc[2], acc[3]),
+                                           df_pack(acc[4], acc[5]), df_pack(acc[6], acc[7]));
+        }
+    }
+}
+
 int cuda_moe_combine(dfl_be *be, void *out, const void *y, const int32_t *slot,
                                 const float *weight, int64_t T, int k, int64_t H, bool accumulate,
                                 const void *shared, const float *shared_gate)
@@ -505,7 +554,13 @@ int cuda_moe_combine(dfl_be *be, void *out, const void *y, const int32_t *slot,
         return rc;
     cudaStream_t s = cuda_of(be)->stream;
     unsigned blocks = (unsigned)(T < 65535 ? T : 65535);
-    if (be->act == DFL_BF16)
+    if (be->act == DFL_BF16 && H % 8 == 0 && is_aligned(out, 16) && is_aligned(y, 16) &&
+        (!shared || is_aligned(shared, 16))) {
+        int64_t th = (H / 8 + 31) / 32 * 32;
+        moe_combine_v8_kernel<<<blocks, (unsigned)(th < 256 ? th : 256), 0, s>>>(
+            (bf16 *)out, (const bf16 *)y, slot, weight, T, k, H, accumulate, (const bf16 *)shared,
+            shared_gate);
+    } else if (be->act == DFL_BF16)
         moe_combine_kernel<bf16><<<blocks, 256, 0, s>>>((bf16 *)out, (const bf16 *)y, slot, weight,
                                                         T, k, H, accumulate, (const bf16 *)shared,
                                                         shared_gate);

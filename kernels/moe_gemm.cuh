@@ -205,11 +205,12 @@ __global__ void __launch_bounds__(CF::THREADS)
 }
 
 /* The tile shapes moe_matmul chooses from (DFL_CUDA_MOE_TILE), each BM a divisor of
- * DFL_MOE_PAD; shared memory 46,080, 81,920, 81,920 and 92,160 bytes. */
+ * DFL_MOE_PAD; shared memory 46,080, 81,920, 81,920, 92,160 and 122,880 bytes. */
 typedef MgCfg<64, 128, 2, 2, 3> MgTile0;  /* 4 warps of 32 x 64, 3 stages */
 typedef MgCfg<128, 128, 4, 2, 4> MgTile1; /* 8 warps of 32 x 64, 4 stages */
 typedef MgCfg<128, 128, 2, 2, 4> MgTile2; /* 4 warps of 64 x 64, 4 stages */
 typedef MgCfg<128, 256, 2, 4, 3> MgTile3; /* 8 warps of 64 x 64, 3 stages */
-#define MG_TILES 4
+typedef MgCfg<128, 256, 2, 4, 4> MgTile4; /* 8 warps of 64 x 64, 4 stages */
+#define MG_TILES 5
 
 #endif

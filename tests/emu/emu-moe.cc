@@ -1,6 +1,6 @@
 /* emu-moe.cc: runs the grouped expert GEMM of kernels/moe_gemm.cuh (moe_mm_mma_kernel, the bf16
  * path of the CUDA backend's moe_matmul) in the SIMT emulator (simt.h), in every tile shape
- * (MgTile0..3) and every form (plain; GATHER: A's token rows read through rows; SWIGLU: silu(gate)
+ * (MgTile0..4) and every form (plain; GATHER: A's token rows read through rows; SWIGLU: silu(gate)
  * * up in the epilogue; both: the fused gate|up of dfl_moe_forward), on grouped inputs laid out as
  * moe_route makes them (each expert's rows padded to DFL_MOE_PAD, uneven counts with empty
  * experts, counts that are not multiples of the tile, N not a multiple of the tile, odd N).
@@ -181,6 +181,7 @@ int main()
     tile_cases<MgTile1>("tile1 128x128/8w");
     tile_cases<MgTile2>("tile2 128x128/4w");
     tile_cases<MgTile3>("tile3 128x256");
+    tile_cases<MgTile4>("tile4 128x256/4st");
     printf("emu-moe: %s\n", failures ? "FAIL" : "ok");
     return failures ? 1 : 0;
 }

@@ -21,6 +21,8 @@
 #define BENCH_NAME "bench-ops"
 #include "bench.h"
 
+#define MOE_TILES 5 /* the grouped GEMM's tile shapes, DFL_CUDA_MOE_TILE (kernels/moe_gemm.cuh) */
+
 #ifdef DFL_CUDA
 
 static int iters = 20;
@@ -195,9 +197,9 @@ static void bench_moe_block(double peak)
     if (be->ops->download(be, hc, cnt, sizeof hc) || be->ops->sync(be, &e))
         die("download", &e);
     int lo = hc[0], hi = hc[0];
-    for (int e = 1; e < E; e++) {
-        lo = hc[e] < lo ? hc[e] : lo;
-        hi = hc[e] > hi ? hc[e] : hi;
+    for (int x = 1; x < E; x++) {
+        lo = hc[x] < lo ? hc[x] : lo;
+        hi = hc[x] > hi ? hc[x] : hi;
     }
     const double rows_k = (double)T * k, f_up = 2.0 * rows_k * 2 * Im * H, f_dn = 2.0 * rows_k * H * Im;
     printf("moe block 30b-a3b: T %lld, %d experts (rows per expert %d..%d), top %d, hidden %lld, "
@@ -205,7 +207,7 @@ static void bench_moe_block(double peak)
     const char *names[] = {"router gemm", "route", "gate_up fused", "down", "combine", "gather",
                            "gate_up plain", "swiglu"};
     const char *was = getenv("DFL_CUDA_MOE_TILE");
-    for (int v = 0; v < 4; v++) {
+    for (int v = 0; v < MOE_TILES; v++) {
         char tv[2] = {(char)('0' + v), 0};
         setenv("DFL_CUDA_MOE_TILE", tv, 1);
         double ms[8], sum = 0;

@@ -30,6 +30,7 @@
 #ifdef DFL_CUDA
 #include "gpu-test.h"
 
+#define MOE_TILES 5 /* the tile shapes, DFL_CUDA_MOE_TILE=0..4 (kernels/moe_gemm.cuh) */
 #define MG_BK_TEST 32 /* the K step of the mma.sync grouped GEMM (kernels/moe_gemm.cuh) */
 
 static double rel_err(const float *a, const float *b, size_t n)
@@ -333,7 +334,7 @@ static void test_moe_ops(void)
         unsetenv("DFL_CUDA_MOE_MMA");
     /* every tile shape of the pipelined kernel (DFL_CUDA_MOE_TILE), plain and fused */
     const char *tile_was = getenv("DFL_CUDA_MOE_TILE");
-    for (int v = 0; v < 4; v++) {
+    for (int v = 0; v < MOE_TILES; v++) {
         char tv[2] = {(char)('0' + v), 0};
         setenv("DFL_CUDA_MOE_TILE", tv, 1);
         moe_ops_case(1000, 128, 8, 256, 192, DFL_BF16, false);
