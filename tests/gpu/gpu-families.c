@@ -2,7 +2,9 @@
  * RoPE op with llama3 and yarn scaling and the mixture-of-experts ops (moe_route, moe_gather,
  * moe_matmul: for bf16 mma.sync with K % 32 == 0 (kernels/moe_gemm.cuh), WMMA with K % 8 == 0,
  * SIMT otherwise; the bf16 cases run twice, the second time with DFL_CUDA_MOE_MMA=0 in the
- * environment, which puts the mma.sync shapes on WMMA; moe_combine), each CUDA
+ * environment, which puts the mma.sync shapes on WMMA; the fused gate|up form with the gather
+ * and SwiGLU, against the CPU and bit for bit against gather + moe_matmul + swiglu; every tile
+ * shape of DFL_CUDA_MOE_TILE; moe_combine), each CUDA
  * against the CPU backend on the same inputs, with guard bands around every output and
  * NaN-failing comparisons (moe_combine also with qwen3_5_moe's gated shared expert); then the
  * Qwen3-MoE and Qwen3.5-MoE oracles (../shared/oracle/qwen3moe-tiny-a, qwen35moe-tiny-a) through
