@@ -1,9 +1,9 @@
 /* moe.cu: the CUDA backend's mixture-of-experts ops (see dfl_moe_route in backend.h), with no
  * host round trip: the router's softmax and top-k fused in f32 (one warp per token), the
  * grouping by expert in three small kernels (count per expert, padded offsets, placement in
- * ascending token order: deterministic, no atomics), a row gather, one grouped GEMM launch per
- * projection over all experts (each 64-row tile belongs to one expert, found from the device
- * offsets), and the weighted combine (adding qwen3_5_moe's gated shared expert; bf16 rows of a
+ * ascending token order: deterministic, no atomics), a row gather (dfl_moe_forward fuses it into
+ * the gate|up GEMM instead), one grouped GEMM launch per projection over all experts (each row
+ * tile belongs to one expert, found from the device offsets), and the weighted combine (adding qwen3_5_moe's gated shared expert; bf16 rows of a
  * multiple of 8 with 16-byte loads). The grouped GEMM:
  * bf16 with K a multiple of 32 and 16-byte aligned rows, mma.sync tiles with a cp.async pipeline
  * (kernels/moe_gemm.cuh; DFL_CUDA_MOE_TILE=0..4 in the environment picks the tile shape), which
