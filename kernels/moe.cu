@@ -1,13 +1,15 @@
 /* moe.cu: the CUDA backend's mixture-of-experts ops (see dfl_moe_route in backend.h), with no
  * host round trip: the router's softmax and top-k fused in f32 (one warp per token), the
  * grouping by expert in three small kernels (count per expert, padded offsets, placement in
- * ascending token order: deterministic, no atomics), a row gather, one grouped GEMM launch per
- * projection over all experts (each 64-row tile belongs to one expert, found from the device
- * offsets), and the weighted combine (adding qwen3_5_moe's gated shared expert). The grouped GEMM:
- * bf16 with K a multiple of 32 and 16-byte aligned rows, mma.sync tiles of 64 x 128 with a
- * 3-stage cp.async pipeline (kernels/moe_gemm.cuh); other bf16 with K % 8 == 0 (or with
- * DFL_CUDA_MOE_MMA=0 in the environment), WMMA 64 x 64 tiles; else f32 SIMT tiles.
- * Reference: lib/backends/be_cpu_moe.c. */
+ * ascending token order: deterministic, no atomics), a row gather (dfl_moe_forward fuses it into
+ * the gate|up GEMM instead), one grouped GEMM launch per projection over all experts (each row
+ * tile belongs to one expert, found from the device offsets), and the weighted combine (adding qwen3_5_moe's gated shared expert; bf16 rows of a
+ * multiple of 8 with 16-byte loads). The grouped GEMM:
+ * bf16 with K a multiple of 32 and 16-byte aligned rows, mma.sync tiles with a cp.async pipeline
+ * (kernels/moe_gemm.cuh; DFL_CUDA_MOE_TILE=0..4 in the environment picks the tile shape), which
+ * also takes the fused forms (the gather of A's rows, SwiGLU in the epilogue); other bf16 with
+ * K % 8 == 0 (or with DFL_CUDA_MOE_MMA=0), WMMA 64 x 64 tiles for the plain product and f32 SIMT
+ * tiles for the fused forms; else (f32) SIMT tiles. Reference: lib/backends/be_cpu_moe.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <mma.h>
@@ -202,14 +204,17 @@ int cuda_moe_gather(dfl_be *be, void *dst, const void *src, const int32_t *rows,
 
 /* ---- grouped GEMM ---- */
 
-#define GM 64   /* rows of a tile: DFL_MOE_PAD, so that a tile never spans two experts */
+#define GM 64   /* rows of a tile: a divisor of DFL_MOE_PAD, so that a tile never spans two experts */
 #define GN 64
 #define GK 16
-static_assert(GM == DFL_MOE_PAD && MG_BM == DFL_MOE_PAD,
+static_assert(DFL_MOE_PAD % GM == 0, "a tile of grouped rows must not span two experts");
+static_assert(DFL_MOE_PAD % MgTile0::BM == 0 && DFL_MOE_PAD % MgTile1::BM == 0 &&
+                  DFL_MOE_PAD % MgTile2::BM == 0 && DFL_MOE_PAD % MgTile3::BM == 0 &&
+                  DFL_MOE_PAD % MgTile4::BM == 0,
               "a tile of grouped rows must not span two experts");
-static_assert(MG_SMEM <= 48 * 1024, "moe_mm_mma_kernel: more shared memory than without opt-in");
+static_assert(MgTile0::SMEM <= 48 * 1024, "tile 0 runs without the shared-memory opt-in");
 
-/* This block's tile: grouped rows from g0, columns from n0, of expert e (the last e with
+/* This block's tile: grouped rows from g0, output columns from n0, of expert e (the last e with
  * offsets[e] <= g0: empty experts share their offset with the next one), whose rows end at end
  * (padding after), and e's weights We. False when the tile is past the last expert's rows. */
 template <typename T> struct MoeTile {
@@ -231,42 +236,52 @@ __device__ __forceinline__ bool moe_tile(const T *W, const int32_t *counts, cons
     return t->g0 < t->end;
 }
 
-/* C[g, :] = A[g, :] W_e^T for the grouped rows g of expert e. Block (x, y): rows
- * [x GM, x GM + GM) and columns [y GN, y GN + GN); 256 threads, 4 x 4 outputs each, f32. */
+/* C[g, :] = A[g, :] W_e^T for the grouped rows g of expert e (A row rows[g] when rows; with
+ * swiglu, C [cap, N / 2] = silu(gate) * up of the act-rounded columns n and N / 2 + n). Block
+ * (x, y): rows [x GM, x GM + GM) and output columns [y GN, y GN + GN); 256 threads, 4 x 4 outputs
+ * each, f32. */
 template <typename T>
-__global__ void moe_mm_kernel(const T *A, const T *W, T *C, const int32_t *counts,
-                              const int32_t *offsets, int E, int64_t N, int64_t K)
+__global__ void moe_mm_kernel(const T *A, const int32_t *rows, const T *W, T *C,
+                              const int32_t *counts, const int32_t *offsets, int E, int64_t N,
+                              int64_t K, bool swiglu)
 {
     __shared__ float As[GK][GM + 4];
     __shared__ float Ws[GK][GN + 4];
+    __shared__ float Us[GK][GN + 4];
     MoeTile<T> tl;
     if (!moe_tile(W, counts, offsets, E, N, K, &tl))
         return;
-    const int64_t g0 = tl.g0, n0 = tl.n0, end = tl.end;
+    const int64_t g0 = tl.g0, n0 = tl.n0, end = tl.end, Nc = swiglu ? N / 2 : N;
     const T *We = tl.We;
     int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    float acc[4][4] = {};
+    float acc[4][4] = {}, up[4][4] = {};
     for (int64_t k0 = 0; k0 < K; k0 += GK) {
         for (int i = threadIdx.x; i < GM * GK; i += 256) {
             int r = i / GK, c = i % GK;
             int64_t g = g0 + r, kk = k0 + c, n = n0 + r;
-            As[c][r] = g < end && kk < K ? to_f32(A[g * K + kk]) : 0.0f;
-            Ws[c][r] = n < N && kk < K ? to_f32(We[n * K + kk]) : 0.0f;
+            int64_t ar = g < end && rows ? rows[g] : g;
+            As[c][r] = g < end && kk < K ? to_f32(A[ar * K + kk]) : 0.0f;
+            Ws[c][r] = n < Nc && kk < K ? to_f32(We[n * K + kk]) : 0.0f;
+            if (swiglu)
+                Us[c][r] = n < Nc && kk < K ? to_f32(We[(Nc + n) * K + kk]) : 0.0f;
         }
         __syncthreads();
 #pragma unroll
         for (int c = 0; c < GK; c++) {
-            float a[4], b[4];
+            float a[4], b[4], u[4];
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 a[q] = As[c][ty * 4 + q];
                 b[q] = Ws[c][tx * 4 + q];
+                u[q] = swiglu ? Us[c][tx * 4 + q] : 0.0f;
             }
 #pragma unroll
             for (int p = 0; p < 4; p++)
 #pragma unroll
-                for (int q = 0; q < 4; q++)
+                for (int q = 0; q < 4; q++) {
                     acc[p][q] += a[p] * b[q];
+                    up[p][q] += a[p] * u[q];
+                }
         }
         __syncthreads();
     }
@@ -278,8 +293,14 @@ __global__ void moe_mm_kernel(const T *A, const T *W, T *C, const int32_t *count
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             int64_t n = n0 + tx * 4 + q;
-            if (n < N)
-                C[g * N + n] = from_f32<T>(acc[p][q]);
+            if (n >= Nc)
+                continue;
+            float v = acc[p][q];
+            if (swiglu) { /* as swiglu does it, on the act-rounded gate and up */
+                float gv = to_f32(from_f32<T>(v)), uv = to_f32(from_f32<T>(up[p][q]));
+                v = gv / (1.0f + expf(-gv)) * uv;
+            }
+            C[g * Nc + n] = from_f32<T>(v);
         }
     }
 }
@@ -361,46 +382,98 @@ __global__ void __launch_bounds__(128) moe_mm_wmma_kernel(const bf16 *A, const b
 }
 
 /* The pipelined kernel (moe_gemm.cuh) is the default where its conditions hold (verified on the
- * H200 by gpu-families' moe ops and the MoE oracles); DFL_CUDA_MOE_MMA=0 in the environment
- * selects the WMMA kernel instead, to compare the two. Read at every call (a getenv is nothing
- * beside a grouped GEMM), so that a test can run both. */
+ * H200 by gpu-families' moe ops, every tile plain and fused, and the MoE oracles);
+ * DFL_CUDA_MOE_MMA=0 in the environment selects the WMMA kernel instead (the SIMT one for the
+ * fused forms), to compare them. DFL_CUDA_MOE_TILE=0..4 picks the pipelined kernel's tile shape
+ * (MgTile0..4), default MOE_TILE_DEFAULT: on the H200 (bench-ops --moe, Qwen3-30B-A3B block,
+ * 16384 tokens) tile 2 took the fused gate|up in 2.749 ms (300 TFLOP/s) and down in 1.572 ms
+ * (262), the whole block 4.708 ms; tiles 0, 1, 3, 4: 5.998, 5.160, 6.232, 5.913 ms. Read at
+ * every call (a getenv is nothing beside a grouped GEMM), so that a test or a benchmark can run
+ * them all. */
+#define MOE_TILE_DEFAULT 2
+
 static bool moe_mma_enabled(void)
 {
     const char *v = getenv("DFL_CUDA_MOE_MMA");
     return !(v && v[0] == '0' && !v[1]);
 }
 
+static int moe_tile_choice(void)
+{
+    const char *v = getenv("DFL_CUDA_MOE_TILE");
+    if (v && v[0] >= '0' && v[0] < '0' + MG_TILES && !v[1])
+        return v[0] - '0';
+    return MOE_TILE_DEFAULT;
+}
+
+template <class CF, bool G, bool S>
+static cudaError_t moe_mma_launch(const dfl_moe_mm *m, cudaStream_t s)
+{
+    auto fn = moe_mm_mma_kernel<CF, G, S>;
+    if (CF::SMEM > 48 * 1024) {
+        cudaError_t err = cuda_allow_smem(fn, CF::SMEM);
+        if (err != cudaSuccess)
+            return err;
+    }
+    const int64_t Nc = S ? m->N / 2 : m->N, bn = S ? CF::BN / 2 : CF::BN;
+    const dim3 grid((unsigned)((Nc + bn - 1) / bn), (unsigned)(m->cap / CF::BM));
+    const bool pair = Nc % 2 == 0 && is_aligned(m->C, 4);
+    fn<<<grid, CF::THREADS, CF::SMEM, s>>>((const bf16 *)m->A, m->rows, (const bf16 *)m->W,
+                                           (bf16 *)m->C, m->counts, m->offsets, m->E, m->N, m->K,
+                                           pair);
+    return cudaSuccess;
+}
+
+template <class CF> static cudaError_t moe_mma_tile(const dfl_moe_mm *m, cudaStream_t s)
+{
+    if (m->rows)
+        return m->swiglu ? moe_mma_launch<CF, true, true>(m, s)
+                         : moe_mma_launch<CF, true, false>(m, s);
+    return m->swiglu ? moe_mma_launch<CF, false, true>(m, s)
+                     : moe_mma_launch<CF, false, false>(m, s);
+}
+
 int cuda_moe_matmul(dfl_be *be, const dfl_moe_mm *m)
 {
     if (m->cap <= 0 || m->N <= 0)
         return 0;
-    if (m->cap % GM || (m->N + GN - 1) / GN > 65535 || m->cap / GM > INT32_MAX)
-        return cuda_op_fail(be, DFL_EUNSUP, "moe_matmul: %lld rows, N %lld", (long long)m->cap,
-                            (long long)m->N);
+    const int64_t Nc = m->swiglu ? m->N / 2 : m->N;
+    if (m->cap % DFL_MOE_PAD || (m->swiglu && m->N % 2) || (Nc + GN - 1) / GN > 65535 ||
+        m->cap / GM > INT32_MAX)
+        return cuda_op_fail(be, DFL_EUNSUP, "moe_matmul: %lld rows, N %lld%s", (long long)m->cap,
+                            (long long)m->N, m->swiglu ? " (SwiGLU: N must be even)" : "");
     int rc = cuda_enter(be);
     if (rc)
         return rc;
     cudaStream_t s = cuda_of(be)->stream;
-    dim3 grid((unsigned)(m->cap / GM), (unsigned)((m->N + GN - 1) / GN));
+    const bool fused = m->rows || m->swiglu;
+    dim3 grid((unsigned)(m->cap / GM), (unsigned)((Nc + GN - 1) / GN));
     if (be->act == DFL_BF16 && moe_mma_enabled() && m->K % MG_BK == 0 && is_aligned(m->A, 16) &&
-        is_aligned(m->W, 16) && m->cap / MG_BM <= 65535) {
-        dim3 g2((unsigned)((m->N + MG_BN - 1) / MG_BN), (unsigned)(m->cap / MG_BM));
-        bool pair = m->N % 2 == 0 && is_aligned(m->C, 4);
-        moe_mm_mma_kernel<<<g2, MG_THREADS, MG_SMEM, s>>>((const bf16 *)m->A, (const bf16 *)m->W,
-                                                          (bf16 *)m->C, m->counts, m->offsets,
-                                                          m->E, m->N, m->K, pair);
-    } else if (be->act == DFL_BF16 && m->K % 8 == 0 && is_aligned(m->A, 16) && is_aligned(m->W, 16))
+        is_aligned(m->W, 16) && m->cap / 64 <= 65535) {
+        cudaError_t err = cudaSuccess;
+        switch (moe_tile_choice()) {
+        case 0: err = moe_mma_tile<MgTile0>(m, s); break;
+        case 1: err = moe_mma_tile<MgTile1>(m, s); break;
+        case 2: err = moe_mma_tile<MgTile2>(m, s); break;
+        case 3: err = moe_mma_tile<MgTile3>(m, s); break;
+        default: err = moe_mma_tile<MgTile4>(m, s); break;
+        }
+        if (err != cudaSuccess)
+            return cuda_op_fail(be, DFL_EDEVICE, "moe_matmul: shared memory: %s",
+                                cudaGetErrorString(err));
+    } else if (be->act == DFL_BF16 && !fused && m->K % 8 == 0 && is_aligned(m->A, 16) &&
+               is_aligned(m->W, 16))
         moe_mm_wmma_kernel<<<grid, 128, 0, s>>>((const bf16 *)m->A, (const bf16 *)m->W,
                                                 (bf16 *)m->C, m->counts, m->offsets, m->E, m->N,
                                                 m->K);
     else if (be->act == DFL_BF16)
-        moe_mm_kernel<bf16><<<grid, 256, 0, s>>>((const bf16 *)m->A, (const bf16 *)m->W,
+        moe_mm_kernel<bf16><<<grid, 256, 0, s>>>((const bf16 *)m->A, m->rows, (const bf16 *)m->W,
                                                  (bf16 *)m->C, m->counts, m->offsets, m->E,
-                                                 m->N, m->K);
+                                                 m->N, m->K, m->swiglu);
     else
-        moe_mm_kernel<float><<<grid, 256, 0, s>>>((const float *)m->A, (const float *)m->W,
-                                                  (float *)m->C, m->counts, m->offsets, m->E,
-                                                  m->N, m->K);
+        moe_mm_kernel<float><<<grid, 256, 0, s>>>((const float *)m->A, m->rows,
+                                                  (const float *)m->W, (float *)m->C, m->counts,
+                                                  m->offsets, m->E, m->N, m->K, m->swiglu);
     return cuda_launch_check(be, "moe_matmul");
 }
 
@@ -427,6 +500,52 @@ __global__ void moe_combine_kernel(T *out, const T *y, const int32_t *slot, cons
     }
 }
 
+/* The same for bf16 with H % 8 == 0 and 16-byte aligned rows: 8 columns a thread, one 16-byte
+ * load per row (the same f32 sums in the same order). */
+__global__ void moe_combine_v8_kernel(bf16 *out, const bf16 *y, const int32_t *slot,
+                                      const float *weight, int64_t T_, int k, int64_t H,
+                                      bool accumulate, const bf16 *shared,
+                                      const float *shared_gate)
+{
+    for (int64_t t = blockIdx.x; t < T_; t += gridDim.x) {
+        bf16 *o = out + t * H;
+        const int32_t *sl = slot + t * k;
+        const float *wt = weight + t * k;
+        const float g = shared ? 1.0f / (1.0f + expf(-shared_gate[t])) : 0.0f;
+        for (int64_t c = (int64_t)threadIdx.x * 8; c < H; c += (int64_t)blockDim.x * 8) {
+            float acc[8];
+            uint4 v = accumulate ? *(const uint4 *)(o + c) : make_uint4(0, 0, 0, 0);
+            uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                acc[2 * q] = df_bf_lo(wv[q]);
+                acc[2 * q + 1] = df_bf_hi(wv[q]);
+            }
+            for (int j = 0; j < k; j++) {
+                const float w = wt[j];
+                const uint4 r = *(const uint4 *)(y + (int64_t)sl[j] * H + c);
+                const uint32_t rv[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    acc[2 * q] += w * df_bf_lo(rv[q]);
+                    acc[2 * q + 1] += w * df_bf_hi(rv[q]);
+                }
+            }
+            if (shared) {
+                const uint4 r = *(const uint4 *)(shared + t * H + c);
+                const uint32_t rv[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    acc[2 * q] += g * df_bf_lo(rv[q]);
+                    acc[2 * q + 1] += g * df_bf_hi(rv[q]);
+                }
+            }
+            *(uint4 *)(o + c) = make_uint4(df_pack(acc[0], acc[1]), df_pack(acc[2], acc[3]),
+                                           df_pack(acc[4], acc[5]), df_pack(acc[6], acc[7]));
+        }
+    }
+}
+
 int cuda_moe_combine(dfl_be *be, void *out, const void *y, const int32_t *slot,
                                 const float *weight, int64_t T, int k, int64_t H, bool accumulate,
                                 const void *shared, const float *shared_gate)
@@ -438,7 +557,13 @@ int cuda_moe_combine(dfl_be *be, void *out, const void *y, const int32_t *slot,
         return rc;
     cudaStream_t s = cuda_of(be)->stream;
     unsigned blocks = (unsigned)(T < 65535 ? T : 65535);
-    if (be->act == DFL_BF16)
+    if (be->act == DFL_BF16 && H % 8 == 0 && is_aligned(out, 16) && is_aligned(y, 16) &&
+        (!shared || is_aligned(shared, 16))) {
+        int64_t th = (H / 8 + 31) / 32 * 32;
+        moe_combine_v8_kernel<<<blocks, (unsigned)(th < 256 ? th : 256), 0, s>>>(
+            (bf16 *)out, (const bf16 *)y, slot, weight, T, k, H, accumulate, (const bf16 *)shared,
+            shared_gate);
+    } else if (be->act == DFL_BF16)
         moe_combine_kernel<bf16><<<blocks, 256, 0, s>>>((bf16 *)out, (const bf16 *)y, slot, weight,
                                                         T, k, H, accumulate, (const bf16 *)shared,
                                                         shared_gate);

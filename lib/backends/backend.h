@@ -194,7 +194,7 @@ typedef struct dfl_adamw {
  * of DFL_MOE_PAD rows (offsets[e+1] - offsets[e]); rows[g] is the token of grouped row g (-1 on
  * padding) and slot[t k + j] the grouped row of token t's choice j. Everything stays in backend
  * memory (no host round trip); cap >= dfl_moe_cap(T, E, k) rows. */
-#define DFL_MOE_PAD 64
+#define DFL_MOE_PAD 128 /* the CUDA grouped GEMM's largest row tile (a tile never spans two experts) */
 
 static inline int64_t dfl_moe_cap(int64_t T, int64_t E, int64_t k)
 {
@@ -216,12 +216,19 @@ typedef struct dfl_moe_route {
 } dfl_moe_route;
 
 /* C = A W_e^T for the grouped rows of each expert e (counts and offsets of a dfl_moe_route, in
- * backend memory); rows of C outside every expert's count are left as they are. */
+ * backend memory); rows of C outside every expert's count are left as they are.
+ * With rows (the route's rows, backend memory), A holds token rows and grouped row g reads A row
+ * rows[g]: the gather fused into the GEMM (no [cap, K] copy). With swiglu (N even), C is
+ * [cap, N / 2] and receives silu(P[:, i]) * P[:, N / 2 + i] of the product P, each of P's two
+ * values rounded to act first (as moe_matmul then swiglu round them): the expert MLP's gate|up
+ * projection and its activation without the [cap, N] intermediate. */
 typedef struct dfl_moe_mm {
-    const void *A;            /* [cap, K] act, grouped rows */
+    const void *A;            /* [cap, K] act, grouped rows; with rows: [T, K] act token rows */
     const void *W;            /* [E, N, K] w: expert e's [N, K] matrix at e N K */
-    void *C;                  /* [cap, N] act */
+    void *C;                  /* [cap, N] act; with swiglu: [cap, N / 2] */
     const int32_t *counts, *offsets;
+    const int32_t *rows;      /* NULL, or [cap]: the token row of A of each grouped row */
+    bool swiglu;
     int E;
     int64_t N, K, cap;
 } dfl_moe_mm;

@@ -83,27 +83,55 @@ int dfl_cpu_moe_gather(dfl_be *be, void *dstv, const void *srcv, const int32_t *
     return 0;
 }
 
+/* Expert by expert: with rows, A's token rows gathered into a scratch block first; with
+ * swiglu, the product into a scratch block, then swiglu into C (f32 throughout: the reference
+ * of the fused CUDA kernel). */
 int dfl_cpu_moe_matmul(dfl_be *be, const dfl_moe_mm *m)
 {
+    if (m->swiglu && m->N % 2)
+        return DFL_EUNSUP;
+    int64_t Nc = m->swiglu ? m->N / 2 : m->N, most = 0;
     for (int e = 0; e < m->E; e++) {
+        if (m->counts[e] > 0 && (int64_t)m->offsets[e] + m->counts[e] > m->cap)
+            return DFL_EUNSUP;
+        most = m->counts[e] > most ? m->counts[e] : most;
+    }
+    if (most == 0)
+        return 0;
+    float *ga = NULL, *gp = NULL;
+    if ((m->rows && !(ga = malloc((size_t)(most * m->K) * sizeof(float)))) ||
+        (m->swiglu && !(gp = malloc((size_t)(most * m->N) * sizeof(float))))) {
+        free(ga);
+        return DFL_ENOMEM;
+    }
+    int rc = 0;
+    for (int e = 0; e < m->E && !rc; e++) {
         int64_t M = m->counts[e], off = m->offsets[e];
         if (M <= 0)
             continue;
-        if (off + M > m->cap)
-            return DFL_EUNSUP;
+        const float *a = (const float *)m->A + off * m->K;
+        if (m->rows) {
+            for (int64_t i = 0; i < M; i++)
+                memcpy(ga + i * m->K, (const float *)m->A + (int64_t)m->rows[off + i] * m->K,
+                       (size_t)m->K * sizeof(float));
+            a = ga;
+        }
+        float *c = (float *)m->C + off * Nc;
         dfl_mm mm = {
             .M = M, .N = m->N, .K = m->K,
-            .A = (const float *)m->A + off * m->K, .adt = be->act, .lda = m->K, .ta = false,
+            .A = a, .adt = be->act, .lda = m->K, .ta = false,
             .B = (const float *)m->W + (int64_t)e * m->N * m->K, .bdt = be->wdt, .ldb = m->K,
             .tb = true,
-            .C = (float *)m->C + off * m->N, .cdt = be->act, .ldc = m->N,
+            .C = gp ? gp : c, .cdt = be->act, .ldc = m->N,
             .alpha = 1.0f, .beta = 0.0f,
         };
-        int rc = be->ops->matmul(be, &mm);
-        if (rc)
-            return rc;
+        rc = be->ops->matmul(be, &mm);
+        if (!rc && gp)
+            rc = be->ops->swiglu(be, c, gp, M, Nc);
     }
-    return 0;
+    free(ga);
+    free(gp);
+    return rc;
 }
 
 int dfl_cpu_moe_combine(dfl_be *be, void *outv, const void *yv, const int32_t *slot,

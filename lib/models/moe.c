@@ -6,7 +6,7 @@
 #define MOE_ALIGN 256
 
 /* The buffers' sizes in bytes, in carve order (false on overflow). */
-#define MOE_BUFS 15
+#define MOE_BUFS 13
 
 static bool moe_sizes(const dfl_hf_config *c, const dfl_be *be, int64_t T, uint64_t b[MOE_BUFS])
 {
@@ -19,8 +19,7 @@ static bool moe_sizes(const dfl_hf_config *c, const dfl_be *be, int64_t T, uint6
         return false; /* grouped rows are int32 */
     uint64_t Is = (uint64_t)c->shared_intermediate, ts = Is ? t : 0;
     uint64_t n[MOE_BUFS][2] = {{t * E, 4}, {t * k, 4}, {t * k, 4}, {E, 4}, {E + 1, 4}, {cap, 4},
-                               {t * k, 4}, {cap * H, as}, {cap * 2 * Im, as}, {cap * Im, as},
-                               {cap * H, as}, {ts, 4}, {ts * 2 * Is, as}, {ts * Is, as},
+                               {t * k, 4}, {cap * Im, as}, {cap * H, as}, {ts, 4}, {ts * 2 * Is, as}, {ts * Is, as},
                                {ts * H, as}};
     for (int i = 0; i < MOE_BUFS; i++) {
         if (!dfl_mul_u64(n[i][0], n[i][1], &b[i]) || b[i] > UINT64_MAX / 4)
@@ -50,7 +49,7 @@ void dfl_moe_ws_carve(const dfl_hf_config *c, const dfl_be *be, int64_t max_toke
     m->cap = dfl_moe_cap(max_tokens, c->n_experts, c->top_k);
     void **ptrs[MOE_BUFS] = {(void **)&m->logits, (void **)&m->idx, (void **)&m->weight,
                              (void **)&m->counts, (void **)&m->offsets, (void **)&m->rows,
-                             (void **)&m->slot, &m->xg, &m->gu, &m->act, &m->y,
+                             (void **)&m->slot, &m->act, &m->y,
                              (void **)&m->sg, &m->sgu, &m->sact, &m->sy};
     char *at = block;
     for (int i = 0; i < MOE_BUFS; i++) {
@@ -87,16 +86,15 @@ int dfl_moe_forward(dfl_be *be, const dfl_hf_config *c, const dfl_moe_ws *m,
         .idx = m->idx, .weight = m->weight, .counts = m->counts, .offsets = m->offsets,
         .rows = m->rows, .slot = m->slot, .cap = cap,
     };
-    if ((rc = ops->moe_route(be, &r)) ||
-        (rc = ops->moe_gather(be, m->xg, x, m->rows, m->offsets, (int)E, cap, H)))
+    if ((rc = ops->moe_route(be, &r)))
         return rc;
-    dfl_moe_mm up = {.A = m->xg, .W = w->wgu, .C = m->gu, .counts = m->counts,
-                     .offsets = m->offsets, .E = (int)E, .N = 2 * Im, .K = H, .cap = cap};
+    /* gate|up with the gather of x's rows and the SwiGLU fused in: act directly */
+    dfl_moe_mm up = {.A = x, .W = w->wgu, .C = m->act, .counts = m->counts, .offsets = m->offsets,
+                     .rows = m->rows, .swiglu = true, .E = (int)E, .N = 2 * Im, .K = H,
+                     .cap = cap};
     dfl_moe_mm down = {.A = m->act, .W = w->wdown, .C = m->y, .counts = m->counts,
                        .offsets = m->offsets, .E = (int)E, .N = H, .K = Im, .cap = cap};
-    if ((rc = ops->moe_matmul(be, &up)) ||
-        (rc = ops->swiglu(be, m->act, m->gu, cap, Im)) ||
-        (rc = ops->moe_matmul(be, &down)))
+    if ((rc = ops->moe_matmul(be, &up)) || (rc = ops->moe_matmul(be, &down)))
         return rc;
     const void *sy = NULL;
     if (c->shared_intermediate) {

@@ -1,6 +1,7 @@
 /* moe.h: the mixture-of-experts MLP of a target layer (qwen3_moe, qwen3_5_moe), written against
- * the backend ops: router GEMM (f32 logits), routing and grouping by expert (moe_route), gather,
- * the gate|up and down GEMMs grouped over experts, SwiGLU, and the weighted combine into the
+ * the backend ops: router GEMM (f32 logits), routing and grouping by expert (moe_route), the
+ * gate|up GEMM grouped over experts with the gather of x's rows and SwiGLU fused in (moe_matmul
+ * with rows and swiglu), the grouped down GEMM, and the weighted combine into the
  * output; with a shared expert (qwen3_5_moe) also its dense SwiGLU MLP and its gate logit (an f32
  * GEMM of N = 1), added by the same combine as sigmoid(gate) times its output. */
 #ifndef DFL_MOE_H
@@ -34,8 +35,6 @@ typedef struct dfl_moe_ws {
     int32_t *offsets;   /* [E + 1] */
     int32_t *rows;      /* [cap] */
     int32_t *slot;      /* [T, k] */
-    void *xg;           /* [cap, H] act */
-    void *gu;           /* [cap, 2 Im] act */
     void *act;          /* [cap, Im] act */
     void *y;            /* [cap, H] act */
     /* the shared expert (models with one; else empty) */

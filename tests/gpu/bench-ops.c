@@ -3,9 +3,10 @@
  * against the ceilings measured in the same run: the cuBLAS rate of an 8192^3 bf16 GEMM and the
  * device-to-device copy bandwidth. Prints TFLOP/s or GB/s per op, every attention tile variant,
  * a projection of the 36-layer forward in tokens/s, and the grouped expert GEMMs (moe_matmul) of
- * a Qwen3-30B-A3B layer beside cuBLAS on the dense GEMM of as many rows. Not a test: run by hand
- * on a GPU machine (build/tests/bench-ops); exits 77 without a GPU.
- *   bench-ops [--quick]   (--quick: fewer iterations) */
+ * a Qwen3-30B-A3B layer beside cuBLAS on the dense GEMM of as many rows, and that layer's whole
+ * MoE block op by op for every grouped-GEMM tile shape. Not a test: run by hand on a GPU machine
+ * (build/tests/bench-ops); exits 77 without a GPU.
+ *   bench-ops [--quick] [--moe]   (--quick: fewer iterations; --moe: the MoE parts only) */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,9 +16,12 @@
 #include "backend.h"
 #include "dtype.h"
 #include "err.h"
+#include "moe.h"
 
 #define BENCH_NAME "bench-ops"
 #include "bench.h"
+
+#define MOE_TILES 5 /* the grouped GEMM's tile shapes, DFL_CUDA_MOE_TILE (kernels/moe_gemm.cuh) */
 
 #ifdef DFL_CUDA
 
@@ -97,6 +101,152 @@ static void bench_moe(double peak)
         bench_gemm(name, rows, sh[i].N, sh[i].K, peak, A, W, C);
     }
     void *bufs[] = {A, W, C, dcnt, doff};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        be->ops->free(be, bufs[i]);
+}
+
+/* ---- the whole MoE block at the Qwen3-30B-A3B shape ---- */
+
+struct moe_blk {
+    int op;
+    dfl_mm router;
+    dfl_moe_route route;
+    dfl_moe_mm up, down, plain_up;
+    void *x, *xg, *gu, *act, *y, *out;
+    int64_t T, H, Im, cap;
+    int E, k;
+    const dfl_hf_config *cfg;
+    const dfl_moe_ws *ws;
+    const dfl_moe_weights *w;
+};
+
+static void run_moe_blk(void *arg)
+{
+    struct moe_blk *b = arg;
+    int rc = 0;
+    switch (b->op) {
+    case 0: rc = be->ops->matmul(be, &b->router); break;
+    case 1: rc = be->ops->moe_route(be, &b->route); break;
+    case 2: rc = be->ops->moe_matmul(be, &b->up); break;
+    case 3: rc = be->ops->moe_matmul(be, &b->down); break;
+    case 4:
+        rc = be->ops->moe_combine(be, b->out, b->y, b->route.slot, b->route.weight, b->T, b->k,
+                                  b->H, false, NULL, NULL);
+        break;
+    case 5:
+        rc = be->ops->moe_gather(be, b->xg, b->x, b->route.rows, b->route.offsets, b->E, b->cap,
+                                 b->H);
+        break;
+    case 6: rc = be->ops->moe_matmul(be, &b->plain_up); break;
+    case 7: rc = be->ops->swiglu(be, b->act, b->gu, b->cap, b->Im); break;
+    case 8:
+        rc = dfl_moe_forward(be, b->cfg, b->ws, b->w, b->x, b->T, b->out, false, NULL);
+        break;
+    }
+    if (rc)
+        check_sync("moe block op");
+}
+
+/* The MoE block of a Qwen3-30B-A3B layer (hidden 2048, 128 experts of width 768, top 8) on
+ * T = 16384 tokens (8 x 2048), random weights and hidden states (the router spreads them over
+ * the experts): each op of dfl_moe_forward timed alone (router GEMM, route, the fused
+ * gather + gate|up + SwiGLU, down, combine; the unfused gather, gate|up and swiglu beside), the
+ * grouped GEMMs' TFLOP/s on the routed rows, for every tile shape (DFL_CUDA_MOE_TILE), then
+ * dfl_moe_forward whole. */
+static void bench_moe_block(double peak)
+{
+    const int64_t T = 16384, H = 2048, Im = 768;
+    const int E = 128, k = 8;
+    dfl_hf_config c = {.hidden_size = H, .n_experts = E, .top_k = k, .moe_intermediate = Im,
+                       .norm_topk_prob = true, .sparse_step = 1};
+    const int64_t cap = dfl_moe_cap(T, E, k);
+    struct moe_blk b = {.T = T, .H = H, .Im = Im, .cap = cap, .E = E, .k = k, .cfg = &c};
+    b.x = dalloc((size_t)(T * H * 2));
+    void *wr = dalloc((size_t)(E * H * 2)), *wgu = dalloc((size_t)(E * 2 * Im * H * 2));
+    void *wd = dalloc((size_t)(E * H * Im * 2));
+    b.xg = dalloc((size_t)(cap * H * 2));
+    b.gu = dalloc((size_t)(cap * 2 * Im * 2));
+    b.act = dalloc((size_t)(cap * Im * 2));
+    b.y = dalloc((size_t)(cap * H * 2));
+    b.out = dalloc((size_t)(T * H * 2));
+    float *logits = dalloc((size_t)(T * E * 4)), *wt = dalloc((size_t)(T * k * 4));
+    int32_t *idx = dalloc((size_t)(T * k * 4)), *slot = dalloc((size_t)(T * k * 4));
+    int32_t *cnt = dalloc((size_t)E * 4), *off = dalloc((size_t)(E + 1) * 4);
+    int32_t *rows = dalloc((size_t)cap * 4);
+    fill_bf16(b.x, (size_t)(T * H), 1, 21);
+    fill_bf16(wr, (size_t)(E * H), 0.05f, 22);
+    fill_bf16(wgu, (size_t)(E * 2 * Im * H), 0.02f, 23);
+    fill_bf16(wd, (size_t)(E * H * Im), 0.02f, 24);
+    b.router = (dfl_mm){.M = T, .N = E, .K = H, .A = b.x, .adt = DFL_BF16, .lda = H, .B = wr,
+                        .bdt = DFL_BF16, .ldb = H, .tb = true, .C = logits, .cdt = DFL_F32,
+                        .ldc = E, .alpha = 1, .beta = 0};
+    b.route = (dfl_moe_route){.logits = logits, .T = T, .E = E, .k = k, .norm_topk = true,
+                              .idx = idx, .weight = wt, .counts = cnt, .offsets = off,
+                              .rows = rows, .slot = slot, .cap = cap};
+    b.up = (dfl_moe_mm){.A = b.x, .W = wgu, .C = b.act, .counts = cnt, .offsets = off,
+                        .rows = rows, .swiglu = true, .E = E, .N = 2 * Im, .K = H, .cap = cap};
+    b.plain_up = (dfl_moe_mm){.A = b.xg, .W = wgu, .C = b.gu, .counts = cnt, .offsets = off,
+                              .E = E, .N = 2 * Im, .K = H, .cap = cap};
+    b.down = (dfl_moe_mm){.A = b.act, .W = wd, .C = b.y, .counts = cnt, .offsets = off, .E = E,
+                          .N = H, .K = Im, .cap = cap};
+    run_moe_blk(&(struct moe_blk){.op = 0, .router = b.router});
+    b.op = 1;
+    run_moe_blk(&b);
+    int32_t hc[128];
+    dfl_err e = {0};
+    if (be->ops->download(be, hc, cnt, sizeof hc) || be->ops->sync(be, &e))
+        die("download", &e);
+    int lo = hc[0], hi = hc[0];
+    for (int x = 1; x < E; x++) {
+        lo = hc[x] < lo ? hc[x] : lo;
+        hi = hc[x] > hi ? hc[x] : hi;
+    }
+    const double rows_k = (double)T * k, f_up = 2.0 * rows_k * 2 * Im * H, f_dn = 2.0 * rows_k * H * Im;
+    printf("moe block 30b-a3b: T %lld, %d experts (rows per expert %d..%d), top %d, hidden %lld, "
+           "width %lld\n", (long long)T, E, lo, hi, k, (long long)H, (long long)Im);
+    const char *names[] = {"router gemm", "route", "gate_up fused", "down", "combine", "gather",
+                           "gate_up plain", "swiglu"};
+    const char *was = getenv("DFL_CUDA_MOE_TILE");
+    for (int v = 0; v < MOE_TILES; v++) {
+        char tv[2] = {(char)('0' + v), 0};
+        setenv("DFL_CUDA_MOE_TILE", tv, 1);
+        double ms[8], sum = 0;
+        for (int op = 0; op < 8; op++) {
+            b.op = op;
+            ms[op] = time_ms(run_moe_blk, &b, iters);
+        }
+        printf("moe block tile %d:", v);
+        for (int op = 0; op < 8; op++)
+            printf(" %s %.3f ms%s", names[op], ms[op], op == 4 ? " |" : ";");
+        printf("\n");
+        for (int op = 0; op < 5; op++)
+            sum += ms[op];
+        printf("moe block tile %d: fused block %.3f ms (unfused %.3f ms); gate_up fused %.1f "
+               "TFLOP/s, plain %.1f TFLOP/s; down %.1f TFLOP/s (peak %.1f)\n", v, sum,
+               sum - ms[2] + ms[5] + ms[6] + ms[7], f_up / ms[2] / 1e9, f_up / ms[6] / 1e9,
+               f_dn / ms[3] / 1e9, peak);
+    }
+    if (was)
+        setenv("DFL_CUDA_MOE_TILE", was, 1);
+    else
+        unsetenv("DFL_CUDA_MOE_TILE");
+    /* dfl_moe_forward whole (default tile) */
+    uint64_t wsb = dfl_moe_ws_bytes(&c, be, T);
+    void *blk = be->ops->alloc(be, (size_t)wsb, &e);
+    if (!blk)
+        die("alloc", &e);
+    dfl_moe_ws ws;
+    dfl_moe_ws_carve(&c, be, T, blk, &ws);
+    dfl_moe_weights w = {.router = wr, .wgu = wgu, .wdown = wd};
+    b.ws = &ws;
+    b.w = &w;
+    b.op = 8;
+    double t = time_ms(run_moe_blk, &b, iters);
+    printf("moe block dfl_moe_forward: %.3f ms per layer per 16384 tokens, %.1f TFLOP/s on the "
+           "expert GEMMs (transformers: ~11.7 ms; goal under ~5.85 ms)\n", t,
+           (f_up + f_dn) / t / 1e9);
+    void *bufs[] = {b.x, wr, wgu, wd, b.xg, b.gu, b.act, b.y, b.out, logits, wt, idx, slot, cnt,
+                    off, rows, blk};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         be->ops->free(be, bufs[i]);
 }
@@ -212,8 +362,17 @@ static double bench_ew(const char *name, struct ew *x, double bytes, double copy
 
 int main(int argc, char **argv)
 {
-    if (argc > 1 && strcmp(argv[1], "--quick") == 0)
-        iters = 5;
+    bool moe_only = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0)
+            iters = 5;
+        else if (strcmp(argv[i], "--moe") == 0)
+            moe_only = true;
+        else {
+            fprintf(stderr, "bench-ops: unknown option '%s' (--quick, --moe)\n", argv[i]);
+            return 1;
+        }
+    }
     dfl_cuda_props pr;
     if (!bench_open(&pr))
         return 77;
@@ -231,6 +390,12 @@ int main(int argc, char **argv)
     be->ops->free(be, pa);
     be->ops->free(be, pb);
     be->ops->free(be, pc);
+    if (moe_only) {
+        bench_moe(peak);
+        bench_moe_block(peak);
+        bench_close();
+        return 0;
+    }
 
     const int64_t T = 16384, H = 4096, I = 12288, QKV = 6144;
     struct ew cp = {.a = dalloc((size_t)T * H * 2 * 4), .b = dalloc((size_t)T * H * 2 * 4), .T = T, .H = H * 4};
@@ -253,6 +418,7 @@ int main(int argc, char **argv)
     printf("gemm layer total %.3f ms, %.1f TFLOP/s (%.0f%% of peak)\n", t_gemm, layer_flop / t_gemm / 1e9,
            100 * layer_flop / t_gemm / 1e9 / peak);
     bench_moe(peak);
+    bench_moe_block(peak);
 
     /* elementwise ops of the layer (x, y reused as scratch) */
     double copy_ref = copy_gbs;

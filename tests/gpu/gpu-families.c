@@ -2,7 +2,9 @@
  * RoPE op with llama3 and yarn scaling and the mixture-of-experts ops (moe_route, moe_gather,
  * moe_matmul: for bf16 mma.sync with K % 32 == 0 (kernels/moe_gemm.cuh), WMMA with K % 8 == 0,
  * SIMT otherwise; the bf16 cases run twice, the second time with DFL_CUDA_MOE_MMA=0 in the
- * environment, which puts the mma.sync shapes on WMMA; moe_combine), each CUDA
+ * environment, which puts the mma.sync shapes on WMMA; the fused gate|up form with the gather
+ * and SwiGLU, against the CPU and bit for bit against gather + moe_matmul + swiglu; every tile
+ * shape of DFL_CUDA_MOE_TILE; moe_combine), each CUDA
  * against the CPU backend on the same inputs, with guard bands around every output and
  * NaN-failing comparisons (moe_combine also with qwen3_5_moe's gated shared expert); then the
  * Qwen3-MoE and Qwen3.5-MoE oracles (../shared/oracle/qwen3moe-tiny-a, qwen35moe-tiny-a) through
@@ -29,6 +31,9 @@
 
 #ifdef DFL_CUDA
 #include "gpu-test.h"
+
+#define MOE_TILES 5 /* the tile shapes, DFL_CUDA_MOE_TILE=0..4 (kernels/moe_gemm.cuh) */
+#define MG_BK_TEST 32 /* the K step of the mma.sync grouped GEMM (kernels/moe_gemm.cuh) */
 
 static double rel_err(const float *a, const float *b, size_t n)
 {
@@ -95,6 +100,71 @@ out:
     dfl_be_close(gpu);
 }
 
+/* The fused gate|up form of moe_matmul (rows: A's token rows read through the route's rows;
+ * swiglu: C [cap, N / 2] = silu(gate) * up) for the shape of the plain products mc (CPU) and mg
+ * (CUDA, whose unfused product is in gC): CUDA against the CPU's fused op on the token rows x,
+ * padding rows untouched, and bit for bit against this backend's unfused path (gather,
+ * moe_matmul, swiglu: the same roundings) where both take the same kernel (f32: SIMT both; bf16:
+ * mma.sync both when K % 32 == 0, SIMT both when K % 8 != 0; WMMA has no fused form). */
+static void moe_fused_check(dfl_be *cpu, dfl_be *gpu, const char *what, const dfl_moe_mm *mc,
+                            const dfl_moe_mm *mg, const float *x, const void *gx,
+                            const int32_t *rows, const int32_t *grows, gbuf *gC)
+{
+    const int64_t cap = mc->cap, Nh = mc->N / 2, K = mc->K;
+    const int E = mc->E;
+    const int32_t *cnt = mc->counts, *off = mc->offsets;
+    const bool b16 = gpu->act == DFL_BF16;
+    const char *mv = getenv("DFL_CUDA_MOE_MMA");
+    const bool mma_on = !(mv && strcmp(mv, "0") == 0);
+    float *fa = xmalloc(sizeof(float) * cap * Nh), *fa2 = xmalloc(sizeof(float) * cap * Nh);
+    dfl_moe_mm fc = *mc;
+    fc.A = x;
+    fc.rows = rows;
+    fc.swiglu = true;
+    fc.C = fa;
+    T_CHECK(cpu->ops->moe_matmul(cpu, &fc) == 0, "cpu fused gate_up");
+    gbuf gf, gs;
+    gb_alloc(&gf, gpu, (size_t)(cap * Nh), gpu->act);
+    gb_alloc(&gs, gpu, (size_t)(cap * Nh), gpu->act);
+    dfl_moe_mm fg = *mg;
+    fg.A = gx;
+    fg.rows = grows;
+    fg.swiglu = true;
+    fg.C = gf.p;
+    T_CHECK(gpu->ops->moe_matmul(gpu, &fg) == 0, "fused gate_up");
+    T_CHECK(gpu->ops->swiglu(gpu, gs.p, gC->p, cap, Nh) == 0, "swiglu");
+    sync_ok(gpu, "fused gate_up");
+    gb_get(&gf, fa2);
+    uint8_t *imf = gb_image(&gf), *ims = gb_image(&gs);
+    const size_t es = dfl_dtype_size(gpu->act);
+    double worst = 0;
+    int64_t differ = 0;
+    for (int e = 0; e < E; e++) {
+        double err = rel_err(fa2 + (int64_t)off[e] * Nh, fa + (int64_t)off[e] * Nh,
+                             (size_t)(cnt[e] * Nh));
+        worst = err <= worst ? worst : err;
+        if (cnt[e] < off[e + 1] - off[e])
+            T_CHECK(isnan(fa2[(int64_t)(off[e] + cnt[e]) * Nh]), "%s: fused: padding row untouched",
+                    what);
+        for (int64_t g = off[e]; g < off[e] + cnt[e]; g++)
+            differ += memcmp(imf + g * Nh * es, ims + g * Nh * es, (size_t)Nh * es) != 0;
+    }
+    const bool same_kernel = !b16 || K % 8 != 0 || (mma_on && K % MG_BK_TEST == 0);
+    T_CHECK(worst <= (b16 ? 1e-2 : 1e-5), "%s: fused gate_up vs the CPU %.3g", what, worst);
+    if (same_kernel)
+        T_CHECK(differ == 0, "%s: fused gate_up differs from gather + moe_matmul + swiglu in %lld "
+                "rows", what, (long long)differ);
+    printf("# moe fused gate_up %s: vs CPU %.3g, rows unlike the unfused path %lld%s\n", what,
+           worst, (long long)differ, same_kernel ? "" : " (another kernel: not compared)");
+    gb_check_guards(&gf, "fused gate_up");
+    gb_free(&gf);
+    gb_free(&gs);
+    free(imf);
+    free(ims);
+    free(fa);
+    free(fa2);
+}
+
 /* The four MoE ops, CUDA against the CPU, for one shape and activation dtype; shared: the
  * combine also adds a gated shared expert (qwen3_5_moe: sigmoid(gate logit) times its output). */
 static void moe_ops_case(int64_t T, int E, int k, int64_t H, int64_t N, dfl_dtype act, bool shared)
@@ -111,8 +181,11 @@ static void moe_ops_case(int64_t T, int E, int k, int64_t H, int64_t N, dfl_dtyp
     bool b16 = act == DFL_BF16;
     int64_t cap = dfl_moe_cap(T, E, k), Tk = T * k;
     char what[128];
-    snprintf(what, sizeof what, "T %lld E %d k %d H %lld N %lld %s%s", (long long)T, E, k,
-             (long long)H, (long long)N, dfl_dtype_lower(act), shared ? " shared" : "");
+    const char *tile = getenv("DFL_CUDA_MOE_TILE"), *mv = getenv("DFL_CUDA_MOE_MMA");
+    const bool mma_on = !(mv && strcmp(mv, "0") == 0);
+    snprintf(what, sizeof what, "T %lld E %d k %d H %lld N %lld %s%s%s%s%s", (long long)T, E, k,
+             (long long)H, (long long)N, dfl_dtype_lower(act), shared ? " shared" : "",
+             tile ? " tile " : "", tile ? tile : "", mma_on ? "" : " (MMA=0)");
     /* route: same f32 logits on both */
     float *logits = rnd((size_t)(T * E), 2.0f, 0.0f, false);
     int32_t *idx = xmalloc(4 * Tk), *cnt = xmalloc(4 * E), *off = xmalloc(4 * (E + 1));
@@ -212,6 +285,8 @@ static void moe_ops_case(int64_t T, int E, int k, int64_t H, int64_t N, dfl_dtyp
     double eo = rel_err(out2, out, (size_t)(T * N));
     T_CHECK(eo <= tol, "%s: combine %.3g", what, eo);
     printf("# moe ops %s: matmul %.3g, combine %.3g\n", what, worst, eo);
+    if (N % 2 == 0)
+        moe_fused_check(cpu, gpu, what, &mc, &mg, x, gx.p, rows, rg.rows, &gC);
     gb_check_guards(&gxg, "gathered");
     gb_check_guards(&gC, "grouped matmul");
     gb_check_guards(&gout, "combine");
@@ -237,6 +312,7 @@ static void test_moe_ops(void)
     moe_ops_case(1000, 128, 8, 256, 192, DFL_BF16, false); /* the Qwen3-30B-A3B routing shape */
     moe_ops_case(5, 7, 3, 33, 17, DFL_F32, false);   /* odd sizes: partial tiles everywhere */
     moe_ops_case(5, 7, 3, 33, 17, DFL_BF16, false);  /* K % 8 != 0: the SIMT kernel in bf16 */
+    moe_ops_case(5, 7, 3, 33, 18, DFL_BF16, false);  /* the same, fused on SIMT (N even) */
     moe_ops_case(200, 16, 4, 2048, 72, DFL_BF16, false); /* long K on tensor cores, N tail */
     moe_ops_case(300, 16, 4, 768, 2048, DFL_BF16, false); /* 30B-A3B down: 16 column tiles */
     moe_ops_case(60, 8, 2, 64, 81, DFL_BF16, false);  /* odd N: mma.sync with single stores */
@@ -258,6 +334,20 @@ static void test_moe_ops(void)
         setenv("DFL_CUDA_MOE_MMA", was, 1);
     else
         unsetenv("DFL_CUDA_MOE_MMA");
+    /* every tile shape of the pipelined kernel (DFL_CUDA_MOE_TILE), plain and fused */
+    const char *tile_was = getenv("DFL_CUDA_MOE_TILE");
+    for (int v = 0; v < MOE_TILES; v++) {
+        char tv[2] = {(char)('0' + v), 0};
+        setenv("DFL_CUDA_MOE_TILE", tv, 1);
+        moe_ops_case(1000, 128, 8, 256, 192, DFL_BF16, false);
+        moe_ops_case(200, 16, 4, 2048, 72, DFL_BF16, false);
+        moe_ops_case(300, 16, 4, 768, 2048, DFL_BF16, false);
+        moe_ops_case(60, 8, 2, 64, 162, DFL_BF16, false); /* N / 2 odd: single stores */
+    }
+    if (tile_was)
+        setenv("DFL_CUDA_MOE_TILE", tile_was, 1);
+    else
+        unsetenv("DFL_CUDA_MOE_TILE");
 }
 
 /* ---- the Qwen3-MoE oracle on CUDA ---- */

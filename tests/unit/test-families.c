@@ -378,6 +378,81 @@ static void fill_rand(float *v, int64_t n, uint64_t seed, float scale)
     }
 }
 
+/* moe_matmul's fused forms on the CPU (rows: A's token rows through the route's rows; swiglu:
+ * silu(gate) * up of the product's two halves) against moe_gather, the plain moe_matmul and
+ * swiglu; padding rows untouched; an odd N with swiglu refused. */
+static void test_moe_matmul_fused(void)
+{
+    dfl_err e = {0};
+    dfl_be *be = NULL;
+    T_CHECK(dfl_be_open(&be, "cpu", DFL_DT_INVALID, &e) == 0, "%s", e.msg);
+    if (!be)
+        return;
+    enum { T = 29, E = 5, K = 3, H = 12, N = 14 };
+    float logits[T * E], x[T * H], W[E * N * H];
+    fill_rand(logits, T * E, 11, 2.0f);
+    fill_rand(x, T * H, 12, 1.0f);
+    fill_rand(W, E * N * H, 13, 0.5f);
+    logits[4] = 50; /* token 0 to expert 4, as the others: expert 4 ... */
+    for (int t = 0; t < T; t++)
+        logits[t * E + 3] = -50; /* ... and none to expert 3: an empty expert */
+    int32_t idx[T * K], counts[E], offsets[E + 1], slot[T * K];
+    float w[T * K];
+    int64_t cap = dfl_moe_cap(T, E, K);
+    int32_t *rows = malloc((size_t)cap * sizeof *rows);
+    float *xg = malloc(sizeof(float) * cap * H), *C = malloc(sizeof(float) * cap * N);
+    float *act = malloc(sizeof(float) * cap * N / 2), *f = malloc(sizeof(float) * cap * N);
+    dfl_moe_route r = {.logits = logits, .T = T, .E = E, .k = K, .norm_topk = true, .idx = idx,
+                       .weight = w, .counts = counts, .offsets = offsets, .rows = rows,
+                       .slot = slot, .cap = cap};
+    T_CHECK(be->ops->moe_route(be, &r) == 0, "route");
+    T_CHECK(counts[3] == 0, "expert 3 empty");
+    T_CHECK(be->ops->moe_gather(be, xg, x, rows, offsets, E, cap, H) == 0, "gather");
+    dfl_moe_mm m = {.A = xg, .W = W, .C = C, .counts = counts, .offsets = offsets, .E = E, .N = N,
+                    .K = H, .cap = cap};
+    T_CHECK(be->ops->moe_matmul(be, &m) == 0, "plain");
+    for (int64_t g = 0; g < offsets[E]; g++)
+        C[g * N] = rows[g] < 0 ? NAN : C[g * N]; /* padding rows: NaN, as never written */
+    T_CHECK(be->ops->swiglu(be, act, C, offsets[E], N / 2) == 0, "swiglu");
+    for (int form = 0; form < 3; form++) { /* rows; swiglu; both */
+        int64_t Nc = form ? N / 2 : N;
+        for (int64_t i = 0; i < cap * N; i++)
+            f[i] = NAN;
+        dfl_moe_mm mf = m;
+        mf.A = form == 1 ? (const void *)xg : (const void *)x;
+        mf.rows = form == 1 ? NULL : rows;
+        mf.swiglu = form > 0;
+        mf.C = f;
+        T_CHECK(be->ops->moe_matmul(be, &mf) == 0, "fused form %d", form);
+        const float *want = form ? act : C;
+        double worst = 0;
+        int64_t untouched = 0;
+        for (int64_t g = 0; g < offsets[E]; g++)
+            for (int64_t n = 0; n < Nc; n++) {
+                float got = f[g * Nc + n], ref = want[g * Nc + n];
+                if (rows[g] < 0)
+                    untouched += isnan(got);
+                else
+                    worst = fmax(worst, fabs(got - ref) / (fabs(ref) + 1e-3));
+            }
+        int64_t pad = 0;
+        for (int x_ = 0; x_ < E; x_++)
+            pad += offsets[x_ + 1] - offsets[x_] - counts[x_];
+        T_CHECK(worst <= 1e-6, "form %d: %.3g from gather + matmul + swiglu", form, worst);
+        T_CHECK(untouched == pad * Nc, "form %d: padding rows untouched", form);
+    }
+    dfl_moe_mm odd = m;
+    odd.N = N - 1;
+    odd.swiglu = true;
+    T_CHECK(be->ops->moe_matmul(be, &odd) == DFL_EUNSUP, "swiglu with an odd N refused");
+    free(rows);
+    free(xg);
+    free(C);
+    free(act);
+    free(f);
+    dfl_be_close(be);
+}
+
 /* SwiGLU MLP of one token in double: y[H] += scale * down (silu(gate x) * up x), with gate|up
  * [2 I, H] and down [H, I]. */
 static void swiglu_ref(const float *gu, const float *dn, const float *x, int64_t H, int64_t I,
@@ -832,6 +907,7 @@ int main(int argc, char **argv)
     T_RUN(test_moe_config);
     T_RUN(test_moe35_config);
     T_RUN(test_moe_route);
+    T_RUN(test_moe_matmul_fused);
     T_RUN(test_moe_forward_loop);
     T_RUN(test_llama31_oracle);
     T_RUN(test_qwen3moe_oracle);
