@@ -7,6 +7,7 @@
 #include <mma.h>
 
 #include "be_cuda.cuh"
+#include "gdn_chunk.cuh"
 
 #define HY_THREADS 256
 #define HY_WARPS (HY_THREADS / 32)
@@ -19,9 +20,7 @@ __device__ __forceinline__ float hy_warp_sum(float v)
     return v;
 }
 
-__device__ __forceinline__ float hy_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float hy_silu(float x) { return x / (1.0f + expf(-x)); }
-__device__ __forceinline__ float hy_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 static inline unsigned warp_blocks(int64_t warps) { return (unsigned)((warps + HY_WARPS - 1) / HY_WARPS); }
 
@@ -440,64 +439,7 @@ gated_delta_kernel(const T *q, const T *k, int64_t ldqk, const T *v, int64_t ldv
  * All products are TF32 (10-bit mantissa operands, f32 accumulation), the rest f32: the same
  * algebra as the SIMT kernel above and the CPU's gdn_chunked. */
 
-#define GT_C 64
-#define GT_DVB 64
-#define GT_LC (GT_C + 4)   /* row stride of the [64][64] tiles (floats) */
-#define GT_WARPS 8
-#define GT_THREADS (GT_WARPS * 32)
-
-namespace gtw = nvcuda::wmma;
-typedef gtw::fragment<gtw::accumulator, 16, 16, 8, float> gt_acc;
-
-template <typename L> struct gt_is_row { static constexpr bool v = false; };
-template <> struct gt_is_row<gtw::row_major> { static constexpr bool v = true; };
-
-/* A TF32 operand fragment loaded from shared memory (f32) and rounded to TF32. */
-template <typename F>
-__device__ __forceinline__ void gt_load(F &f, const float *p, int ld)
-{
-    gtw::load_matrix_sync(f, p, ld);
-#pragma unroll
-    for (int t = 0; t < f.num_elements; t++)
-        f.x[t] = gtw::__float_to_tf32(f.x[t]);
-}
-
-/* acc += A [16, K] B [K, 16]; a and b point at the tiles' (0, 0) elements; LA / LB the layouts
- * (row_major A: a[m * lda + k]; col_major A: a[k * lda + m]; row_major B: b[k * ldb + n];
- * col_major B: b[n * ldb + k]). Operands rounded to TF32. */
-template <typename LA, typename LB>
-__device__ __forceinline__ void gt_mma(gt_acc &acc, const float *a, int lda, const float *b, int ldb,
-                                       int K)
-{
-    gtw::fragment<gtw::matrix_a, 16, 16, 8, gtw::precision::tf32, LA> fa;
-    gtw::fragment<gtw::matrix_b, 16, 16, 8, gtw::precision::tf32, LB> fb;
-#pragma unroll 4
-    for (int k0 = 0; k0 < K; k0 += 8) {
-        gt_load(fa, gt_is_row<LA>::v ? a + k0 : a + (size_t)k0 * lda, lda);
-        gt_load(fb, gt_is_row<LB>::v ? b + (size_t)k0 * ldb : b + k0, ldb);
-        gtw::mma_sync(acc, fa, fb, acc);
-    }
-}
-
-/* acc += A [16, 8] B [8, 16], A row-major at a (lda), B a loaded TF32 fragment. */
-template <typename FB>
-__device__ __forceinline__ void gt_mma_a(gt_acc &acc, const float *a, int lda, const FB &fb)
-{
-    gtw::fragment<gtw::matrix_a, 16, 16, 8, gtw::precision::tf32, gtw::row_major> fa;
-    gt_load(fa, a, lda);
-    gtw::mma_sync(acc, fa, fb, acc);
-}
-
-/* The idx-th 16 x 16 tile of a 64 x 64 lower triangle (row-major order of tiles). */
-__device__ __forceinline__ void gt_lower(int idx, int *ti, int *tj)
-{
-    int r = 0;
-    while ((r + 1) * (r + 2) / 2 <= idx)
-        r++;
-    *ti = r;
-    *tj = idx - r * (r + 1) / 2;
-}
-
+/* The tensor-core kernel: its helpers are in gdn_chunk.cuh (shared with the two-pass form). */
 /* One chunk's inputs of a block in registers, fetched with 16-byte loads (8 bf16): NK vectors of
  * K and of Q and NV of the V slice per thread, and thread t < 64 the gate inputs of row t. Rows
  * past the sequence's end are zero (g and beta 0). */
@@ -533,16 +475,6 @@ __device__ __forceinline__ void gt_fetch(gt_regs<DK> &R, const bf16 *q, const bf
         R.a = to_f32(a[(base + tid) * ldab + j]);
         R.b = to_f32(b[(base + tid) * ldab + j]);
     }
-}
-
-/* 8 bf16 of a 16-byte vector as f32 at dst (16-byte aligned). */
-__device__ __forceinline__ void gt_put8(float *dst, uint4 x)
-{
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&x;
-    float2 f0 = __bfloat1622float2(h[0]), f1 = __bfloat1622float2(h[1]);
-    float2 f2 = __bfloat1622float2(h[2]), f3 = __bfloat1622float2(h[3]);
-    ((float4 *)dst)[0] = make_float4(f0.x, f0.y, f1.x, f1.y);
-    ((float4 *)dst)[1] = make_float4(f2.x, f2.y, f3.x, f3.y);
 }
 
 template <int DK>
@@ -608,22 +540,8 @@ gated_delta_tc_kernel(const bf16 *q, const bf16 *k, int64_t ldqk, const bf16 *v,
             beta[tid] = R.gate ? hy_sigmoid(R.b) : 0.0f;
         }
         __syncthreads();
-        if (warp == 0) { /* inclusive scan of 64 values, two per lane */
-            float g0 = dec[2 * lane], g1 = dec[2 * lane + 1], sc = g0 + g1;
-#pragma unroll
-            for (int off = 1; off < 32; off <<= 1) {
-                float y = __shfl_up_sync(0xffffffffu, sc, off);
-                if (lane >= off)
-                    sc += y;
-            }
-            float tot = __shfl_sync(0xffffffffu, sc, 31), ex = sc - (g0 + g1);
-            cg[2 * lane] = ex + g0;
-            cg[2 * lane + 1] = sc;
-            dec[2 * lane] = expf(tot - (ex + g0));
-            dec[2 * lane + 1] = expf(tot - sc);
-            ecg[2 * lane] = expf(ex + g0);
-            ecg[2 * lane + 1] = expf(sc);
-        }
+        if (warp == 0)
+            gt_scan(cg, dec, ecg, lane);
         __syncthreads();
         /* b: K S and Q S, the warp's four tiles in tile column warp % 4 (rows warp / 4 and + 2)
          * sharing each S fragment; then K K^T and Q K^T, 20 lower tiles over the warps */
@@ -634,38 +552,17 @@ gated_delta_tc_kernel(const bf16 *q, const bf16 *k, int64_t ldqk, const bf16 *v,
             gtw::fill_fragment(c1, 0.0f);
             gtw::fill_fragment(c2, 0.0f);
             gtw::fill_fragment(c3, 0.0f);
-#pragma unroll 2
-            for (int k0 = 0; k0 < DK; k0 += 8) {
-                gtw::fragment<gtw::matrix_b, 16, 16, 8, gtw::precision::tf32, gtw::row_major> fb;
-                gt_load(fb, S + k0 * LC + tj * 16, LC);
-                gt_mma_a(c0, Ks + ti0 * 16 * LK + k0, LK, fb);
-                gt_mma_a(c1, Ks + ti1 * 16 * LK + k0, LK, fb);
-                gt_mma_a(c2, Qs + ti0 * 16 * LK + k0, LK, fb);
-                gt_mma_a(c3, Qs + ti1 * 16 * LK + k0, LK, fb);
-            }
+            gt_mma4<DK>(c0, c1, c2, c3, Ks + ti0 * 16 * LK, Ks + ti1 * 16 * LK, Qs + ti0 * 16 * LK,
+                        Qs + ti1 * 16 * LK, LK, S + tj * 16, LC);
             gtw::store_matrix_sync(Vn + ti0 * 16 * LC + tj * 16, c0, LC, gtw::mem_row_major);
             gtw::store_matrix_sync(Vn + ti1 * 16 * LC + tj * 16, c1, LC, gtw::mem_row_major);
             gtw::store_matrix_sync(O + ti0 * 16 * LC + tj * 16, c2, LC, gtw::mem_row_major);
             gtw::store_matrix_sync(O + ti1 * 16 * LC + tj * 16, c3, LC, gtw::mem_row_major);
         }
-        for (int job = warp; job < 20; job += GT_WARPS) {
-            gt_acc acc;
-            gtw::fill_fragment(acc, 0.0f);
-            int ti, tj;
-            gt_lower(job % 10, &ti, &tj);
-            const float *lhs = job < 10 ? Ks : Qs;
-            gt_mma<gtw::row_major, gtw::col_major>(acc, lhs + ti * 16 * LK, LK, Ks + tj * 16 * LK, LK, DK);
-            gtw::store_matrix_sync((job < 10 ? A : Aqk) + ti * 16 * LC + tj * 16, acc, LC,
-                                   gtw::mem_row_major);
-        }
+        gt_kkt<DK>(Ks, Qs, A, Aqk, warp);
         __syncthreads();
         /* c */
-        for (int e = tid; e < GT_C * GT_C; e += GT_THREADS) {
-            int i = e / GT_C, m = e % GT_C;
-            float d = m <= i ? expf(cg[i] - cg[m]) : 0.0f;
-            A[i * LC + m] = m < i ? beta[i] * A[i * LC + m] * d : 0.0f;
-            Aqk[i * LC + m] = m <= i ? Aqk[i * LC + m] * d : 0.0f;
-        }
+        gt_decay_mask(A, Aqk, Aqk, LC, cg, beta);
         for (int e = tid; e < GT_C * GT_DVB; e += GT_THREADS) {
             int i = e / GT_DVB, c = e % GT_DVB;
             float ei = ecg[i];
@@ -677,43 +574,8 @@ gated_delta_tc_kernel(const bf16 *q, const bf16 *k, int64_t ldqk, const bf16 *v,
             Ks[i * LK + x] *= dec[i];
         }
         __syncthreads();
-        /* d: the diagonal blocks, one thread per (block, column) */
-        if (tid < GT_C) {
-            int r0 = (tid / 16) * 16, c = tid % 16;
-            const float *Ab = A + r0 * LC + r0;
-            float *Tb = Tm + r0 * LC + r0;
-            for (int r = 0; r < 16; r++) {
-                float t = r == c ? 1.0f : 0.0f;
-                if (r > c) {
-                    for (int x = c; x < r; x++)
-                        t -= Ab[r * LC + x] * Tb[x * LC + c];
-                }
-                Tb[r * LC + c] = t;
-            }
-        }
-        __syncthreads();
-        for (int dist = 1; dist < 4; dist++) {
-            int np = 4 - dist;
-            for (int e = tid; e < np * 256; e += GT_THREADS) { /* X_p = sum_{j <= m < i} A_im T_mj */
-                int bi = dist + e / 256, bj = bi - dist, r = (e % 256) / 16, c = e % 16;
-                const float *Ar = A + (bi * 16 + r) * LC;
-                float acc = 0.0f;
-                for (int x = bj * 16; x < bi * 16; x++)
-                    acc += Ar[x] * Tm[x * LC + bj * 16 + c];
-                X[e] = acc;
-            }
-            __syncthreads();
-            for (int e = tid; e < np * 256; e += GT_THREADS) { /* T_ij = -T_ii X_p */
-                int bi = dist + e / 256, bj = bi - dist, r = (e % 256) / 16, c = e % 16;
-                const float *Tr = Tm + (bi * 16 + r) * LC + bi * 16;
-                const float *Xp = X + (e / 256) * 256;
-                float acc = 0.0f;
-                for (int x = 0; x <= r; x++)
-                    acc += Tr[x] * Xp[x * 16 + c];
-                Tm[(bi * 16 + r) * LC + bj * 16 + c] = -acc;
-            }
-            __syncthreads();
-        }
+        /* d */
+        gt_solve(A, Tm, X);
         /* e: Vn = T U (T lower: the k-tiles up to the diagonal) */
         for (int t = warp; t < 16; t += GT_WARPS) {
             int ti = t / 4, tj = t % 4;
@@ -736,45 +598,10 @@ gated_delta_tc_kernel(const bf16 *q, const bf16 *k, int64_t ldqk, const bf16 *v,
             gt_mma<gtw::row_major, gtw::row_major>(acc, Aqk + ti * 16 * LC, LC, Vn + tj * 16, LC, (ti + 1) * 16);
             gtw::store_matrix_sync(O + ti * 16 * LC + tj * 16, acc, LC, gtw::mem_row_major);
         }
-        /* the warp's state tiles share their value columns (tile column warp % 4): one load of
-         * each Vn fragment serves all of them */
-        const float eL = expf(cg[GT_C - 1]);
-        const int stj = warp % (GT_DVB / 16);
-#pragma unroll
-        for (int w = 0; w < NST; w++)
-#pragma unroll
-            for (int t = 0; t < Sacc[w].num_elements; t++)
-                Sacc[w].x[t] *= eL;
-        for (int k0 = 0; k0 < GT_C; k0 += 8) {
-            gtw::fragment<gtw::matrix_b, 16, 16, 8, gtw::precision::tf32, gtw::row_major> fb;
-            gt_load(fb, Vn + k0 * LC + stj * 16, LC);
-#pragma unroll
-            for (int w = 0; w < NST; w++) {
-                int sti = (warp + w * GT_WARPS) / (GT_DVB / 16);
-                gtw::fragment<gtw::matrix_a, 16, 16, 8, gtw::precision::tf32, gtw::col_major> fa;
-                gt_load(fa, Ks + k0 * LK + sti * 16, LK);
-                gtw::mma_sync(Sacc[w], fa, fb, Sacc[w]);
-            }
-        }
-#pragma unroll
-        for (int w = 0; w < NST; w++) {
-            int sti = (warp + w * GT_WARPS) / (GT_DVB / 16);
-            gtw::store_matrix_sync(S + sti * 16 * LC + stj * 16, Sacc[w], LC, gtw::mem_row_major);
-        }
+        gt_state_update<NST>(Sacc, expf(cg[GT_C - 1]), Ks, LK, Vn, S, warp);
         __syncthreads();
-        /* g: 8 columns per 16-byte store */
-        for (int e = tid; e < L * (GT_DVB / 8); e += GT_THREADS) {
-            int i = e / (GT_DVB / 8), c = (e % (GT_DVB / 8)) * 8;
-            const float4 *src = (const float4 *)(O + i * LC + c);
-            float4 f0 = src[0], f1 = src[1];
-            uint4 pk;
-            __nv_bfloat162 *h = (__nv_bfloat162 *)&pk;
-            h[0] = __floats2bfloat162_rn(f0.x, f0.y);
-            h[1] = __floats2bfloat162_rn(f0.z, f0.w);
-            h[2] = __floats2bfloat162_rn(f1.x, f1.y);
-            h[3] = __floats2bfloat162_rn(f1.z, f1.w);
-            *(uint4 *)(o + (base + i) * ldo + col0 + c) = pk;
-        }
+        /* g */
+        gt_store_rows(o + base * ldo + col0, ldo, O, L);
     }
 }
 
@@ -860,24 +687,123 @@ static bool gd_tc_takes(dfl_be *be, const dfl_gated_delta *g)
     return false;
 }
 
+/* The two-pass form (gdn_chunk.cuh) is the default where it takes the call; DFL_CUDA_GDN_SPLIT=0
+ * in the environment selects the one-kernel form instead. Read at every call, so that a test can
+ * run both. */
+static bool gd_split_enabled(void)
+{
+    const char *v = getenv("DFL_CUDA_GDN_SPLIT");
+    return !(v && v[0] == '0' && !v[1]);
+}
+
+/* The two-pass form's workspace for this call (gdn_chunk.cuh, gc_ws), grown through be_alloc;
+ * false (nothing recorded) where it cannot be had: the allocation frozen or the memory short. */
+template <int DK>
+static bool gc_workspace(dfl_be *be, const dfl_gated_delta *g, gc_ws *w)
+{
+    cuda_impl *im = cuda_of(be);
+    const int64_t rows = g->T + (int64_t)GT_C * g->n_seqs, Hv = g->Hv;
+    const size_t per = sizeof(float) * (size_t)rows * (size_t)Hv; /* one column of every head */
+    auto up = [](size_t x) { return (x + 255) & ~(size_t)255; };
+    const size_t b_k = up(per * DK), b_u = up(per * (size_t)g->dv), b_a = up(per * GT_C), b_c = up(per);
+    const size_t need = 3 * b_k + b_u + b_a + b_c;
+    if (need > im->gdn_ws_bytes) {
+        dfl_err e = {0};
+        void *p = be->ops->alloc(be, need, &e);
+        if (!p)
+            return false;
+        if (im->gdn_ws)
+            be->ops->free(be, im->gdn_ws);
+        im->gdn_ws = p;
+        im->gdn_ws_bytes = need;
+    }
+    char *p = (char *)im->gdn_ws;
+    w->wn = (float *)p;
+    w->qe = (float *)(p + b_k);
+    w->kd = (float *)(p + 2 * b_k);
+    w->u = (float *)(p + 3 * b_k);
+    w->aqk = (float *)(p + 3 * b_k + b_u);
+    w->cg = (float *)(p + 3 * b_k + b_u + b_a);
+    w->rows = rows;
+    return true;
+}
+
+/* The two-pass form: 1 when it does not take the call (grid limits, no workspace), else the
+ * launches' status. */
+template <int DK>
+static int gd_split(dfl_be *be, const dfl_gated_delta *g)
+{
+    const int64_t nsl = g->dv / GT_DVB, chunks = g->max_len > 0 ? (g->max_len + GT_C - 1) / GT_C : 1;
+    if (g->n_seqs > 65535 || g->Hv > 65535 || (int64_t)g->n_seqs * g->Hv * nsl > INT32_MAX)
+        return 1;
+    gc_ws w;
+    if (!gc_workspace<DK>(be, g, &w))
+        return 1;
+    size_t sp = gc_prep_smem<DK>(), ss = gc_state_smem<DK>();
+    cudaError_t err = cudaFuncSetAttribute(gc_prep_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sp);
+    if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(gc_state_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss);
+    if (err != cudaSuccess)
+        return cuda_op_fail(be, DFL_EDEVICE, "gated delta rule: %s", cudaGetErrorString(err));
+    cudaStream_t st = cuda_of(be)->stream;
+    dim3 gp((unsigned)(chunks < 65535 ? chunks : 65535), (unsigned)g->n_seqs, (unsigned)g->Hv);
+    gc_prep_kernel<DK><<<gp, GT_THREADS, sp, st>>>(
+        (const bf16 *)g->q, (const bf16 *)g->k, g->ldqk, (const bf16 *)g->v, g->ldv,
+        (const bf16 *)g->a, (const bf16 *)g->b, g->ldab, g->A_log, g->dt_bias, g->cu_seqlens,
+        g->Hv / g->Hk, g->dv, w);
+    int rc = cuda_launch_check(be, "gated delta rule (key-side pass)");
+    if (rc)
+        return rc;
+    gc_state_kernel<DK><<<(unsigned)(g->n_seqs * g->Hv * nsl), GT_THREADS, ss, st>>>(
+        w, g->cu_seqlens, (bf16 *)g->o, g->ldo, g->Hv, g->dv);
+    return cuda_launch_check(be, "gated delta rule (state pass)");
+}
+
+/* The tensor-core forms for a call gd_tc_takes: the two-pass one unless split is false or it
+ * does not take the call, else the one-kernel one. */
+static int gd_tensor(dfl_be *be, const dfl_gated_delta *g, bool split)
+{
+    if (split) {
+        int rc = g->dk == 64 ? gd_split<64>(be, g) : gd_split<128>(be, g);
+        if (rc != 1)
+            return rc;
+    }
+    return g->dk == 64 ? gd_tc<64>(be, g) : gd_tc<128>(be, g);
+}
+
+/* The op's sizes checked and the device made current: *go when there is work to launch; else
+ * the status to return. */
+static int gd_begin(dfl_be *be, const dfl_gated_delta *g, bool *go)
+{
+    *go = false;
+    int rc = gd_check(be, g);
+    if (rc || g->T <= 0 || g->n_seqs <= 0 || (rc = cuda_enter(be)))
+        return rc;
+    *go = true;
+    return 0;
+}
+
 int cuda_gated_delta(dfl_be *be, const dfl_gated_delta *g)
 {
-    int rc = gd_check(be, g);
-    if (rc || g->T <= 0 || g->n_seqs <= 0)
+    bool go;
+    int rc = gd_begin(be, g, &go);
+    if (!go)
         return rc;
-    if ((rc = cuda_enter(be)))
+    return gd_tc_takes(be, g) ? gd_tensor(be, g, gd_split_enabled()) : gd_simt(be, g);
+}
+
+extern "C" int dfl_cuda_gated_delta_fused(dfl_be *be, const dfl_gated_delta *g)
+{
+    bool go;
+    int rc = gd_begin(be, g, &go);
+    if (!go)
         return rc;
-    if (!gd_tc_takes(be, g))
-        return gd_simt(be, g);
-    return g->dk == 64 ? gd_tc<64>(be, g) : gd_tc<128>(be, g);
+    return gd_tc_takes(be, g) ? gd_tensor(be, g, false) : gd_simt(be, g);
 }
 
 extern "C" int dfl_cuda_gated_delta_simt(dfl_be *be, const dfl_gated_delta *g)
 {
-    int rc = gd_check(be, g);
-    if (rc || g->T <= 0 || g->n_seqs <= 0)
-        return rc;
-    if ((rc = cuda_enter(be)))
-        return rc;
-    return gd_simt(be, g);
+    bool go;
+    int rc = gd_begin(be, g, &go);
+    return go ? gd_simt(be, g) : rc;
 }
