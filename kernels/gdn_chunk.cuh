@@ -1,8 +1,9 @@
-/* gdn_chunk.cuh: the tensor-core pieces of the chunked gated delta rule (kernels/hybrid.cu): TF32
- * WMMA helpers over f32 tiles, the chunk's decay scan, K K^T / Q K^T and the block triangular
- * solve (I + A)^-1, shared by the one-kernel form (gated_delta_tc_kernel in hybrid.cu) and the
- * two-pass form below (gc_prep_kernel, then gc_state_kernel). Included by hybrid.cu and by the
- * SIMT emulator's check tests/emu/emu-gdn.cc (which supplies a WMMA of its own). */
+/* gdn_chunk.cuh: the chunked gated delta rule on tensor cores (bf16 activations; launched by
+ * kernels/hybrid.cu): TF32 WMMA helpers over f32 tiles, the chunk's decay scan, K K^T / Q K^T,
+ * the block triangular solve (I + A)^-1 and the state update, shared by the one-kernel form
+ * (gated_delta_tc_kernel) and the two-pass form (gc_prep_kernel, then gc_state_kernel). Included
+ * by hybrid.cu and by the SIMT emulator's check tests/emu/emu-gdn.cc (which supplies a WMMA of
+ * its own, tests/emu/wmma.h). */
 #ifndef DFL_GDN_CHUNK_CUH
 #define DFL_GDN_CHUNK_CUH
 
@@ -244,6 +245,190 @@ __device__ __forceinline__ void gt_state_update(gt_acc (&Sacc)[NST], float eL, c
 #pragma unroll
     for (int m = 0; m < NST; m++)
         gtw::store_matrix_sync(S + (r0 + 2 * m) * 16 * GT_LC + tj * 16, Sacc[m], GT_LC, gtw::mem_row_major);
+}
+
+/* ---- the one-kernel form ----
+ * One block of GT_WARPS warps per (sequence, value head, slice of GT_DVB = 64 value columns),
+ * the state slice S [DK, 64] in f32: the master copy in the warps' accumulator fragments, a copy
+ * in shared memory as the operand of the next chunk's products. Per chunk of L <= 64 tokens
+ * (rows past L are zero, with g = 0 and beta = 0, so every product runs on full 64-row tiles):
+ *   a. K, Q rows (all DK columns), the V slice, g and beta into shared memory (f32; fetched into
+ *      registers with 16-byte loads while the previous chunk ran its step f); cg = cumsum g,
+ *      dec_i = exp(cg_last - cg_i)
+ *   b. tensor cores: K K^T and Q K^T (lower 16 x 16 tiles), KS = K S, QS = Q S
+ *   c. A = strict-lower(beta_i kk exp(cg_i - cg_j)), Aqk = lower(qk exp(cg_i - cg_j)),
+ *      U = beta (V - exp(cg) KS), O = exp(cg) QS, K rows scaled by dec
+ *   d. T = (I + A)^-1 by 16 x 16 blocks: the four diagonal blocks by forward substitution (one
+ *      thread per column), then T_ij = -T_ii sum_{j <= m < i} A_im T_mj by distance i - j
+ *   e. tensor cores: Vn = T U
+ *   f. tensor cores: O += Aqk Vn; S = exp(cg_last) S + (dec K)^T Vn
+ *   g. O rows < L written out (one rounding to bf16)
+ * All products are TF32 (10-bit mantissa operands, f32 accumulation), the rest f32: the same
+ * algebra as the SIMT kernel above and the CPU's gdn_chunked. */
+
+/* One chunk's inputs of a block in registers, fetched with 16-byte loads (8 bf16): NK vectors of
+ * K and of Q and NV of the V slice per thread, and thread t < 64 the gate inputs of row t. Rows
+ * past the sequence's end are zero (g and beta 0). */
+template <int DK> struct gt_regs {
+    static constexpr int NK = GT_C * DK / 8 / GT_THREADS, NV = GT_C * GT_DVB / 8 / GT_THREADS;
+    uint4 k[NK], q[NK], v[NV];
+    float a, b;
+    bool gate; /* row tid < L: a and b are real */
+};
+
+template <int DK>
+__device__ __forceinline__ void gt_fetch(gt_regs<DK> &R, const bf16 *q, const bf16 *k, int64_t ldqk,
+                                         const bf16 *v, int64_t ldv, const bf16 *a, const bf16 *b,
+                                         int64_t ldab, int64_t base, int L, int kh, int64_t col0, int j)
+{
+    const int tid = threadIdx.x;
+    const uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < gt_regs<DK>::NK; u++) {
+        int i = tid + u * GT_THREADS, r = i / (DK / 8), x = (i % (DK / 8)) * 8;
+        int64_t at = (base + r) * ldqk + (int64_t)kh * DK + x;
+        R.k[u] = r < L ? *(const uint4 *)(k + at) : z;
+        R.q[u] = r < L ? *(const uint4 *)(q + at) : z;
+    }
+#pragma unroll
+    for (int u = 0; u < gt_regs<DK>::NV; u++) {
+        int i = tid + u * GT_THREADS, r = i / (GT_DVB / 8), c = (i % (GT_DVB / 8)) * 8;
+        R.v[u] = r < L ? *(const uint4 *)(v + (base + r) * ldv + col0 + c) : z;
+    }
+    R.gate = tid < L;
+    R.a = R.b = 0.0f;
+    if (R.gate) {
+        R.a = to_f32(a[(base + tid) * ldab + j]);
+        R.b = to_f32(b[(base + tid) * ldab + j]);
+    }
+}
+
+template <int DK>
+static size_t gt_smem(void)
+{
+    return sizeof(float) * ((size_t)2 * GT_C * (DK + 4) + (size_t)DK * GT_LC + 6 * (size_t)GT_C * GT_LC +
+                            3 * 256 + 4 * GT_C);
+}
+
+template <int DK>
+__global__ void __launch_bounds__(GT_THREADS)
+gated_delta_tc_kernel(const bf16 *q, const bf16 *k, int64_t ldqk, const bf16 *v, int64_t ldv,
+                      const bf16 *a, const bf16 *b, int64_t ldab, const float *A_log,
+                      const float *dt_bias, bf16 *o, int64_t ldo, const int32_t *cu, int Hv, int ratio,
+                      int dv)
+{
+    constexpr int LK = DK + 4, LC = GT_LC;
+    constexpr int NST = (DK / 16) * (GT_DVB / 16) / GT_WARPS; /* state tiles per warp */
+    static_assert(NST * GT_WARPS == (DK / 16) * (GT_DVB / 16), "state tiles per warp");
+    DF_DYN_SMEM(gt_raw);
+    float *Ks = (float *)gt_raw;         /* [C][LK] */
+    float *Qs = Ks + GT_C * LK;          /* [C][LK] */
+    float *S = Qs + GT_C * LK;           /* [DK][LC] */
+    float *U = S + DK * LC;              /* [C][LC]: V, then U */
+    float *A = U + GT_C * LC;            /* [C][LC]: K K^T, then A */
+    float *Aqk = A + GT_C * LC;          /* [C][LC] */
+    float *Tm = Aqk + GT_C * LC;         /* [C][LC]: (I + A)^-1 (the lower blocks) */
+    float *Vn = Tm + GT_C * LC;          /* [C][LC]: KS, then Vn */
+    float *O = Vn + GT_C * LC;           /* [C][LC]: QS, then the output */
+    float *X = O + GT_C * LC;            /* [3][16][16] */
+    float *cg = X + 3 * 256, *beta = cg + GT_C, *dec = beta + GT_C, *ecg = dec + GT_C; /* [C] each */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int s = blockIdx.x / Hv, j = blockIdx.x % Hv, kh = j / ratio;
+    const int64_t col0 = (int64_t)j * dv + (int64_t)blockIdx.y * GT_DVB; /* first value column */
+    const int64_t t0 = cu[s], n = cu[s + 1] - t0;
+    const float Alog = A_log[j], dtb = dt_bias[j];
+    gt_acc Sacc[NST];
+#pragma unroll
+    for (int w = 0; w < NST; w++) {
+        gtw::fill_fragment(Sacc[w], 0.0f);
+        int ts = warp + w * GT_WARPS, ti = ts / (GT_DVB / 16), tj = ts % (GT_DVB / 16);
+        gtw::store_matrix_sync(S + ti * 16 * LC + tj * 16, Sacc[w], LC, gtw::mem_row_major);
+    }
+    gt_regs<DK> R{};
+    if (n > 0)
+        gt_fetch<DK>(R, q, k, ldqk, v, ldv, a, b, ldab, t0, (int)(n < GT_C ? n : GT_C), kh, col0, j);
+    for (int64_t base = t0; base < t0 + n; base += GT_C) {
+        const int L = (int)(t0 + n - base < GT_C ? t0 + n - base : GT_C);
+        /* a: the chunk's inputs (fetched during the previous chunk) into shared memory */
+#pragma unroll
+        for (int u = 0; u < gt_regs<DK>::NK; u++) {
+            int i = tid + u * GT_THREADS, r = i / (DK / 8), x = (i % (DK / 8)) * 8;
+            gt_put8(Ks + r * LK + x, R.k[u]);
+            gt_put8(Qs + r * LK + x, R.q[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < gt_regs<DK>::NV; u++) {
+            int i = tid + u * GT_THREADS, r = i / (GT_DVB / 8), c = (i % (GT_DVB / 8)) * 8;
+            gt_put8(U + r * LC + c, R.v[u]);
+        }
+        if (tid < GT_C) {
+            dec[tid] = R.gate ? -expf(Alog) * hy_softplus(R.a + dtb) : 0.0f; /* raw g until the scan */
+            beta[tid] = R.gate ? hy_sigmoid(R.b) : 0.0f;
+        }
+        __syncthreads();
+        if (warp == 0)
+            gt_scan(cg, dec, ecg, lane);
+        __syncthreads();
+        /* b: K S and Q S, the warp's four tiles in tile column warp % 4 (rows warp / 4 and + 2)
+         * sharing each S fragment; then K K^T and Q K^T, 20 lower tiles over the warps */
+        {
+            const int tj = warp % 4, ti0 = warp / 4, ti1 = ti0 + 2;
+            gt_acc c0, c1, c2, c3;
+            gtw::fill_fragment(c0, 0.0f);
+            gtw::fill_fragment(c1, 0.0f);
+            gtw::fill_fragment(c2, 0.0f);
+            gtw::fill_fragment(c3, 0.0f);
+            gt_mma4<DK>(c0, c1, c2, c3, Ks + ti0 * 16 * LK, Ks + ti1 * 16 * LK, Qs + ti0 * 16 * LK,
+                        Qs + ti1 * 16 * LK, LK, S + tj * 16, LC);
+            gtw::store_matrix_sync(Vn + ti0 * 16 * LC + tj * 16, c0, LC, gtw::mem_row_major);
+            gtw::store_matrix_sync(Vn + ti1 * 16 * LC + tj * 16, c1, LC, gtw::mem_row_major);
+            gtw::store_matrix_sync(O + ti0 * 16 * LC + tj * 16, c2, LC, gtw::mem_row_major);
+            gtw::store_matrix_sync(O + ti1 * 16 * LC + tj * 16, c3, LC, gtw::mem_row_major);
+        }
+        gt_kkt<DK>(Ks, Qs, A, Aqk, warp);
+        __syncthreads();
+        /* c */
+        gt_decay_mask(A, Aqk, Aqk, LC, cg, beta);
+        for (int e = tid; e < GT_C * GT_DVB; e += GT_THREADS) {
+            int i = e / GT_DVB, c = e % GT_DVB;
+            float ei = ecg[i];
+            U[i * LC + c] = beta[i] * (U[i * LC + c] - ei * Vn[i * LC + c]);
+            O[i * LC + c] *= ei;
+        }
+        for (int e = tid; e < GT_C * DK; e += GT_THREADS) {
+            int i = e / DK, x = e % DK;
+            Ks[i * LK + x] *= dec[i];
+        }
+        __syncthreads();
+        /* d */
+        gt_solve(A, Tm, X);
+        /* e: Vn = T U (T lower: the k-tiles up to the diagonal) */
+        for (int t = warp; t < 16; t += GT_WARPS) {
+            int ti = t / 4, tj = t % 4;
+            gt_acc acc;
+            gtw::fill_fragment(acc, 0.0f);
+            gt_mma<gtw::row_major, gtw::row_major>(acc, Tm + ti * 16 * LC, LC, U + tj * 16, LC, (ti + 1) * 16);
+            gtw::store_matrix_sync(Vn + ti * 16 * LC + tj * 16, acc, LC, gtw::mem_row_major);
+        }
+        __syncthreads();
+        /* f: O += Aqk Vn; S = exp(cg_last) S + (dec K)^T Vn; the next chunk's inputs fetched */
+        if (base + GT_C < t0 + n) {
+            int64_t nb = base + GT_C;
+            gt_fetch<DK>(R, q, k, ldqk, v, ldv, a, b, ldab, nb,
+                         (int)(t0 + n - nb < GT_C ? t0 + n - nb : GT_C), kh, col0, j);
+        }
+        for (int t = warp; t < 16; t += GT_WARPS) {
+            int ti = t / 4, tj = t % 4;
+            gt_acc acc;
+            gtw::load_matrix_sync(acc, O + ti * 16 * LC + tj * 16, LC, gtw::mem_row_major);
+            gt_mma<gtw::row_major, gtw::row_major>(acc, Aqk + ti * 16 * LC, LC, Vn + tj * 16, LC, (ti + 1) * 16);
+            gtw::store_matrix_sync(O + ti * 16 * LC + tj * 16, acc, LC, gtw::mem_row_major);
+        }
+        gt_state_update<NST>(Sacc, expf(cg[GT_C - 1]), Ks, LK, Vn, S, warp);
+        __syncthreads();
+        /* g */
+        gt_store_rows(o + base * ldo + col0, ldo, O, L);
+    }
 }
 
 /* ---- the two-pass form ----

@@ -1,5 +1,6 @@
 /* emu-gdn.cc: runs the two-pass chunked gated delta rule of kernels/gdn_chunk.cuh (gc_prep_kernel,
- * then gc_state_kernel: the bf16 tensor-core path of the CUDA backend's gated_delta) in the SIMT
+ * then gc_state_kernel: the bf16 tensor-core path of the CUDA backend's gated_delta), and the
+ * one-kernel form beside it (gated_delta_tc_kernel), in the SIMT
  * emulator (simt.h, with the WMMA of wmma.h) and compares it with the CPU backend's token-by-token
  * recurrence (chunk 0) on the same bf16-rounded inputs: packed sequences of 1, 63, 64, 65 and 200
  * tokens (around the chunk of 64), key head dims 64 and 128, value head dims 64, 128 and 192, head
@@ -25,6 +26,7 @@ static int failures;
 static float bfr(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
 template <int DK>
+/* grid_x > 0: the two-pass form, its key-side grid grid_x chunks wide; 0: the one-kernel form */
 static void gdn_case(dfl_be *cpu, const std::vector<int32_t> &lens, int Hk, int Hv, int dv, int grid_x)
 {
     const int S = (int)lens.size();
@@ -100,12 +102,19 @@ static void gdn_case(dfl_be *cpu, const std::vector<int32_t> &lens, int Hk, int 
     const bf16 *q = xq.data(), *k = q + (int64_t)Hk * DK, *v = q + 2 * (int64_t)Hk * DK;
     const bf16 *b = xab.data(), *a = b + Hv;
     const int ratio = Hv / Hk;
-    emu::launch(dim3((unsigned)grid_x, (unsigned)S, (unsigned)Hv), dim3(GT_THREADS), gc_prep_smem<DK>(), [&] {
-        gc_prep_kernel<DK>(q, k, ldqk, v, ldqk, a, b, ldab, A_log.data(), dtb.data(), cu.data(), ratio, dv, w);
-    });
-    emu::launch(dim3((unsigned)(S * Hv * (dv / GT_DVB))), dim3(GT_THREADS), gc_state_smem<DK>(), [&] {
-        gc_state_kernel<DK>(w, cu.data(), o.data(), ldo, Hv, dv);
-    });
+    if (grid_x > 0) {
+        emu::launch(dim3((unsigned)grid_x, (unsigned)S, (unsigned)Hv), dim3(GT_THREADS), gc_prep_smem<DK>(), [&] {
+            gc_prep_kernel<DK>(q, k, ldqk, v, ldqk, a, b, ldab, A_log.data(), dtb.data(), cu.data(), ratio, dv, w);
+        });
+        emu::launch(dim3((unsigned)(S * Hv * (dv / GT_DVB))), dim3(GT_THREADS), gc_state_smem<DK>(), [&] {
+            gc_state_kernel<DK>(w, cu.data(), o.data(), ldo, Hv, dv);
+        });
+    } else {
+        emu::launch(dim3((unsigned)(S * Hv), (unsigned)(dv / GT_DVB)), dim3(GT_THREADS), gt_smem<DK>(), [&] {
+            gated_delta_tc_kernel<DK>(q, k, ldqk, v, ldqk, a, b, ldab, A_log.data(), dtb.data(), o.data(), ldo,
+                                      cu.data(), Hv, ratio, dv);
+        });
+    }
     double worst = 0;
     int64_t touched = 0;
     for (int64_t t = 0; t < T; t++) {
@@ -122,9 +131,11 @@ static void gdn_case(dfl_be *cpu, const std::vector<int32_t> &lens, int Hk, int 
             touched += !(__bfloat162float(o[(size_t)(t * ldo + c)]) == sentinel);
     }
     bool ok = worst <= 5e-3 && touched == 0; /* the bf16 rounding of the output is ~2e-3 */
-    printf("%s gdn two-pass DK %d dv %d Hk %d Hv %d, %d sequences (T %lld), key-side grid %d: max row rel "
-           "err %.3g, %lld pad columns touched\n", ok ? "ok  " : "FAIL", DK, dv, Hk, Hv, S, (long long)T,
-           grid_x, worst, (long long)touched);
+    char form[64];
+    snprintf(form, sizeof form, grid_x > 0 ? "two-pass, key-side grid %d" : "one-kernel", grid_x);
+    printf("%s gdn %s, DK %d dv %d Hk %d Hv %d, %d sequences (T %lld): max row rel err %.3g, %lld pad "
+           "columns touched\n", ok ? "ok  " : "FAIL", form, DK, dv, Hk, Hv, S, (long long)T, worst,
+           (long long)touched);
     failures += !ok;
 }
 
@@ -143,6 +154,8 @@ int main()
     gdn_case<64>(cpu, lens, 2, 4, 64, 4);
     gdn_case<64>(cpu, {100, 7}, 1, 3, 128, 2);
     gdn_case<128>(cpu, {70, 1}, 1, 2, 192, 2);
+    gdn_case<128>(cpu, lens, 2, 6, 128, 0); /* the one-kernel form, on the same helpers */
+    gdn_case<64>(cpu, {65, 130}, 1, 3, 128, 0);
     printf(failures ? "FAILED: %d checks\n" : "all checks passed\n", failures);
     dfl_be_close(cpu);
     return failures ? 1 : 0;

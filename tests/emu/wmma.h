@@ -1,7 +1,9 @@
 /* wmma.h: nvcuda::wmma for the SIMT emulator (simt.h): the subset kernels/gdn_chunk.cuh uses
  * (m16n16k8 TF32 operand fragments, f32 accumulators). Every lane holds the whole tile, row-major,
- * so loads, stores and products need no collective; element-wise code on .x[] sees every element
- * in every lane, which is what code that treats .x[] as opaque may assume. __float_to_tf32 rounds
+ * so products need no exchange; element-wise code on .x[] sees every element in every lane, which
+ * is what code that treats .x[] as opaque may assume. Loads and stores are warp collectives as on
+ * the GPU (a __syncwarp before and after), so that a tile loaded, updated and stored back by a
+ * warp is read by all its lanes before any of them writes it. __float_to_tf32 rounds
  * to 10 mantissa bits (nearest, ties away from zero, as cvt.rna.tf32.f32); mma_sync sums in k
  * order in float. */
 #ifndef DFL_EMU_WMMA_H
@@ -36,25 +38,31 @@ template <typename Use, int M, int N, int K, typename T, typename L>
 inline void load_matrix_sync(fragment<Use, M, N, K, T, L> &f, const float *p, unsigned ld)
 {
     constexpr bool row = std::is_same<L, row_major>::value;
+    __syncwarp();
     for (int r = 0; r < f.R; r++)
         for (int c = 0; c < f.C; c++)
             f.x[r * f.C + c] = row ? p[(size_t)r * ld + c] : p[(size_t)c * ld + r];
+    __syncwarp();
 }
 
 template <int M, int N, int K>
 inline void load_matrix_sync(fragment<accumulator, M, N, K, float> &f, const float *p, unsigned ld, layout_t l)
 {
+    __syncwarp();
     for (int r = 0; r < M; r++)
         for (int c = 0; c < N; c++)
             f.x[r * N + c] = l == mem_row_major ? p[(size_t)r * ld + c] : p[(size_t)c * ld + r];
+    __syncwarp();
 }
 
 template <int M, int N, int K>
 inline void store_matrix_sync(float *p, const fragment<accumulator, M, N, K, float> &f, unsigned ld, layout_t l)
 {
+    __syncwarp();
     for (int r = 0; r < M; r++)
         for (int c = 0; c < N; c++)
             (l == mem_row_major ? p[(size_t)r * ld + c] : p[(size_t)c * ld + r]) = f.x[r * N + c];
+    __syncwarp();
 }
 
 template <typename F> inline void fill_fragment(F &f, float v)
