@@ -8,6 +8,7 @@
 
 #include "be_cuda.cuh"
 #include "gdn_chunk.cuh"
+#include "hybrid_ew.cuh"
 
 #define HY_THREADS 256
 #define HY_WARPS (HY_THREADS / 32)
@@ -207,6 +208,23 @@ int cuda_gated_rmsnorm(dfl_be *be, void *x, int64_t ldx, const void *z, int64_t 
 
 /* ---- elementwise: the sigmoid gate and the conv ---- */
 
+/* Whether the 8-channel kernels (hybrid_ew.cuh) take rows of n bf16 at p with stride ld: 16-byte
+ * aligned rows, n a multiple of 8 and below 2^31. */
+static bool ew_v8(dfl_be *be, const void *p, int64_t ld, int64_t n)
+{
+    return be->act == DFL_BF16 && is_aligned(p, 16) && ld % 8 == 0 && n % 8 == 0 && n < INT32_MAX;
+}
+
+/* Row slots of an 8-channel grid: about 16 blocks per SM in all, each row slot taking rows r,
+ * r + slots, ... (at most 65535). */
+static unsigned ew_slots(dfl_be *be, int64_t R, int64_t n)
+{
+    int64_t xb = (n / 8 + EW_THREADS - 1) / EW_THREADS, want = cuda_of(be)->sm_count * 16 / (xb > 0 ? xb : 1);
+    want = want < 64 ? 64 : want;
+    want = want > 65535 ? 65535 : want;
+    return (unsigned)(R < want ? R : want);
+}
+
 template <typename T>
 __global__ void sigmoid_mul_kernel(T *x, int64_t ldx, const T *g, int64_t ldg, int64_t R, int64_t n)
 {
@@ -226,6 +244,11 @@ int cuda_sigmoid_mul(dfl_be *be, void *x, int64_t ldx, const void *g, int64_t ld
     if (rc)
         return rc;
     cudaStream_t s = cuda_of(be)->stream;
+    if (ew_v8(be, x, ldx, n) && ew_v8(be, g, ldg, n)) {
+        dim3 grid((unsigned)((n / 8 + EW_THREADS - 1) / EW_THREADS), ew_slots(be, R, n));
+        sigmoid_mul_v8_kernel<<<grid, EW_THREADS, 0, s>>>((bf16 *)x, ldx, (const bf16 *)g, ldg, R, (int)n);
+        return cuda_launch_check(be, "sigmoid_mul");
+    }
     unsigned nb = grid_for(R * n, HY_THREADS, cuda_of(be)->sm_count * 32);
     if (be->act == DFL_BF16)
         sigmoid_mul_kernel<bf16><<<nb, HY_THREADS, 0, s>>>((bf16 *)x, ldx, (const bf16 *)g, ldg, R, n);
@@ -259,6 +282,12 @@ int cuda_conv1d_silu(dfl_be *be, void *y, int64_t ldy, const void *x, int64_t ld
     if (rc)
         return rc;
     cudaStream_t s = cuda_of(be)->stream;
+    if (K == 4 && ew_v8(be, x, ldx, C) && ew_v8(be, y, ldy, C)) {
+        dim3 grid((unsigned)((C / 8 + EW_THREADS - 1) / EW_THREADS), ew_slots(be, T_, C));
+        conv1d_silu_v8_kernel<4><<<grid, EW_THREADS, 0, s>>>((bf16 *)y, ldy, (const bf16 *)x, ldx,
+                                                              (const bf16 *)w, pos, T_, (int)C);
+        return cuda_launch_check(be, "conv1d_silu");
+    }
     unsigned nb = grid_for(T_ * C, HY_THREADS, cuda_of(be)->sm_count * 32);
     if (be->act == DFL_BF16)
         conv1d_silu_kernel<bf16><<<nb, HY_THREADS, 0, s>>>((bf16 *)y, ldy, (const bf16 *)x, ldx,

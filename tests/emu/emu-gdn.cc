@@ -17,6 +17,7 @@ extern "C" {
 }
 
 #include "../../kernels/gdn_chunk.cuh"
+#include "../../kernels/hybrid_ew.cuh"
 
 static int failures;
 
@@ -25,8 +26,26 @@ static int failures;
 
 static float bfr(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
-template <int DK>
+/* max over rows of ||got - want|| / ||want|| (rows of n, strides ldg / ldw) */
+static double rows_rel(const bf16 *got, int64_t ldg, const float *want, int64_t ldw, int64_t R, int64_t n)
+{
+    double worst = 0;
+    for (int64_t r = 0; r < R; r++) {
+        double d2 = 0, w2 = 0;
+        for (int64_t c = 0; c < n; c++) {
+            double gv = __bfloat162float(got[(size_t)(r * ldg + c)]), wv = want[(size_t)(r * ldw + c)];
+            d2 += (gv - wv) * (gv - wv);
+            w2 += wv * wv;
+        }
+        double rel = sqrt(d2 / (w2 > 1e-30 ? w2 : 1e-30));
+        if (!(rel <= worst))
+            worst = rel;
+    }
+    return worst;
+}
+
 /* grid_x > 0: the two-pass form, its key-side grid grid_x chunks wide; 0: the one-kernel form */
+template <int DK>
 static void gdn_case(dfl_be *cpu, const std::vector<int32_t> &lens, int Hk, int Hv, int dv, int grid_x)
 {
     const int S = (int)lens.size();
@@ -115,27 +134,70 @@ static void gdn_case(dfl_be *cpu, const std::vector<int32_t> &lens, int Hk, int 
                                       cu.data(), Hv, ratio, dv);
         });
     }
-    double worst = 0;
+    const double worst = rows_rel(o.data(), ldo, want.data(), ldo, T, (int64_t)Hv * dv);
     int64_t touched = 0;
-    for (int64_t t = 0; t < T; t++) {
-        double d2 = 0, w2 = 0;
-        for (int64_t c = 0; c < (int64_t)Hv * dv; c++) {
-            double gv = __bfloat162float(o[(size_t)(t * ldo + c)]), wv = want[(size_t)(t * ldo + c)];
-            d2 += (gv - wv) * (gv - wv);
-            w2 += wv * wv;
-        }
-        double rel = sqrt(d2 / (w2 > 1e-30 ? w2 : 1e-30));
-        if (!(rel <= worst))
-            worst = rel;
+    for (int64_t t = 0; t < T; t++)
         for (int64_t c = (int64_t)Hv * dv; c < ldo; c++)
             touched += !(__bfloat162float(o[(size_t)(t * ldo + c)]) == sentinel);
-    }
     bool ok = worst <= 5e-3 && touched == 0; /* the bf16 rounding of the output is ~2e-3 */
     char form[64];
     snprintf(form, sizeof form, grid_x > 0 ? "two-pass, key-side grid %d" : "one-kernel", grid_x);
     printf("%s gdn %s, DK %d dv %d Hk %d Hv %d, %d sequences (T %lld): max row rel err %.3g, %lld pad "
            "columns touched\n", ok ? "ok  " : "FAIL", form, DK, dv, Hk, Hv, S, (long long)T, worst,
            (long long)touched);
+    failures += !ok;
+}
+
+/* The 8-channel conv1d + SiLU and sigmoid gate of hybrid_ew.cuh against the CPU ops on the same
+ * bf16 inputs: packed sequences of 1, 2, 3, 7 and 30 tokens (the window cut at each start), C
+ * channels of rows of stride ld, few row slots (each thread loops over tokens); the columns past
+ * C must stay as they were. */
+static void ew_case(dfl_be *cpu, int64_t C, int64_t ld, unsigned slots)
+{
+    const std::vector<int32_t> lens = {1, 2, 3, 7, 30};
+    std::vector<int32_t> pos;
+    for (int32_t n : lens)
+        for (int32_t j = 0; j < n; j++)
+            pos.push_back(j);
+    const int64_t T = (int64_t)pos.size();
+    std::vector<float> x((size_t)(T * ld)), w((size_t)(C * 4)), g((size_t)(T * ld));
+    for (auto &v : x)
+        v = bfr(rnorm());
+    for (auto &v : w)
+        v = bfr(0.5f * rnorm());
+    for (auto &v : g)
+        v = bfr(2.0f * rnorm());
+    std::vector<float> want((size_t)(T * ld), 0.0f), wsig = x;
+    cpu->ops->conv1d_silu(cpu, want.data(), ld, x.data(), ld, w.data(), pos.data(), T, C, 4);
+    cpu->ops->sigmoid_mul(cpu, wsig.data(), ld, g.data(), ld, T, C);
+    const float sentinel = 776.0f;
+    std::vector<bf16> bx((size_t)(T * ld)), bw((size_t)(C * 4)), bg((size_t)(T * ld));
+    std::vector<bf16> y((size_t)(T * ld), __float2bfloat16_rn(sentinel));
+    for (size_t i = 0; i < bx.size(); i++) {
+        bx[i] = __float2bfloat16_rn(x[i]);
+        bg[i] = __float2bfloat16_rn(g[i]);
+    }
+    for (size_t i = 0; i < bw.size(); i++)
+        bw[i] = __float2bfloat16_rn(w[i]);
+    const dim3 grid((unsigned)((C / 8 + EW_THREADS - 1) / EW_THREADS), slots);
+    emu::launch(grid, dim3(EW_THREADS), 0, [&] {
+        conv1d_silu_v8_kernel<4>(y.data(), ld, bx.data(), ld, bw.data(), pos.data(), T, (int)C);
+    });
+    std::vector<bf16> sx = bx;
+    for (int64_t r = 0; r < T; r++) /* the columns past C: the sentinel, to stay */
+        for (int64_t c = C; c < ld; c++)
+            sx[(size_t)(r * ld + c)] = __float2bfloat16_rn(sentinel);
+    emu::launch(grid, dim3(EW_THREADS), 0, [&] { sigmoid_mul_v8_kernel(sx.data(), ld, bg.data(), ld, T, (int)C); });
+    int64_t touched = 0;
+    for (int64_t r = 0; r < T; r++)
+        for (int64_t c = C; c < ld; c++)
+            touched += !(__bfloat162float(y[(size_t)(r * ld + c)]) == sentinel) +
+                       !(__bfloat162float(sx[(size_t)(r * ld + c)]) == sentinel);
+    double ec = rows_rel(y.data(), ld, want.data(), ld, T, C), es = rows_rel(sx.data(), ld, wsig.data(), ld, T, C);
+    bool ok = ec <= 5e-3 && es <= 5e-3 && touched == 0;
+    printf("%s conv1d_silu / sigmoid_mul, 8 channels a thread: C %lld, stride %lld, %u row slots: max row rel "
+           "err %.3g / %.3g, %lld pad columns touched\n", ok ? "ok  " : "FAIL", (long long)C, (long long)ld, slots,
+           ec, es, (long long)touched);
     failures += !ok;
 }
 
@@ -156,6 +218,8 @@ int main()
     gdn_case<128>(cpu, {70, 1}, 1, 2, 192, 2);
     gdn_case<128>(cpu, lens, 2, 6, 128, 0); /* the one-kernel form, on the same helpers */
     gdn_case<64>(cpu, {65, 130}, 1, 3, 128, 0);
+    ew_case(cpu, 1096, 1112, 5);   /* two column blocks, the second partly idle */
+    ew_case(cpu, 64, 72, 43);      /* a slot per row */
     printf(failures ? "FAILED: %d checks\n" : "all checks passed\n", failures);
     dfl_be_close(cpu);
     return failures ? 1 : 0;

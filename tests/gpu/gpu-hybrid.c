@@ -1,7 +1,8 @@
 /* gpu-hybrid.c: the CUDA ops of hybrid targets (kernels/hybrid.cu) against the CPU ops
  * (lib/backends/be_cpu_hybrid.c), with bf16 and f32 activations, on inputs rounded to the
  * activation type (so both sides see the same numbers): zero-centred RMSNorm, q/k norm with
- * partial RoPE, the sigmoid gate, the per-sequence conv1d + SiLU, L2 norm, gated RMSNorm; and the
+ * partial RoPE, the sigmoid gate, the per-sequence conv1d + SiLU (both on rows the 8-channel
+ * kernels take and on rows they do not), L2 norm, gated RMSNorm; and the
  * chunked gated delta rule against the CPU's token-by-token recurrence on packed sequences of
  * 1, 63, 64, 65 and 5000 tokens, key/value head dims 64 and 128 and several head ratios (bf16
  * with key head dim 64 or 128 and value head dim a multiple of 64 runs on tensor cores, the
@@ -148,10 +149,11 @@ static void test_small_ops(dfl_dtype act)
         gb_free(&g1); gb_free(&g2); gb_free(&g3); gb_free(&gg); gb_free(&gw);
         free(x); free(g); free(w); free(y1); free(y2); free(y3);
     }
-    /* conv1d_silu over packed sequences of 1, 2, 7 and 30 tokens, K = 4 */
-    {
+    /* conv1d_silu over packed sequences of 1, 2, 7 and 30 tokens, K = 4: C 70 (one channel a
+     * thread) and, 16-byte rows, C 1096 (bf16: 8 channels a thread, kernels/hybrid_ew.cuh) */
+    for (int shape = 0; shape < 2; shape++) {
         int32_t lens[4] = {1, 2, 7, 30};
-        int64_t T = 40, C = 70, lx = 90;
+        int64_t T = 40, C = shape ? 1096 : 70, lx = shape ? 1112 : 90;
         int32_t *pos = xmalloc((size_t)T * 4);
         for (int s = 0, row = 0; s < 4; s++)
             for (int j = 0; j < lens[s]; j++)
@@ -166,10 +168,25 @@ static void test_small_ops(dfl_dtype act)
             T_CHECK(gpu_be->ops->conv1d_silu(gpu_be, gy.p, C, gx.p, lx, gw.p, (const int32_t *)gp.p, T, C, 4) == 0,
                     "launch");
             sync_ok(gpu_be, "conv1d_silu");
-            check_out(&gy, y, T, C, C, act, "conv1d_silu");
+            check_out(&gy, y, T, C, C, act, shape ? "conv1d_silu C 1096" : "conv1d_silu C 70");
         }
         gb_free(&gx); gb_free(&gw); gb_free(&gy); gb_free(&gp);
         free(x); free(w); free(y); free(pos);
+    }
+    /* sigmoid_mul on 16-byte rows (bf16: 8 columns a thread); the 8 columns past n left alone */
+    {
+        const int64_t R2 = 37, n2 = 96, l2 = 104;
+        float *x = vals((size_t)(R2 * l2), 1.0f, 0.0f, act), *g = vals((size_t)(R2 * l2), 3.0f, 0.0f, act);
+        float *y = fdup(x, (size_t)(R2 * l2));
+        cpu_be->ops->sigmoid_mul(cpu_be, y, l2, g, l2, R2, n2);
+        gbuf gx, gg;
+        if (dev(&gx, x, (size_t)(R2 * l2), act) && dev(&gg, g, (size_t)(R2 * l2), act)) {
+            T_CHECK(gpu_be->ops->sigmoid_mul(gpu_be, gx.p, l2, gg.p, l2, R2, n2) == 0, "launch");
+            sync_ok(gpu_be, "sigmoid_mul");
+            check_out(&gx, y, R2, l2, l2, act, "sigmoid_mul, 16-byte rows");
+        }
+        gb_free(&gx); gb_free(&gg);
+        free(x); free(g); free(y);
     }
 }
 
