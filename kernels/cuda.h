@@ -115,8 +115,8 @@ void dfl_cuda_mem_stats(dfl_be *be, dfl_cuda_mem *m);
  * a multiple of 64 on tensor cores (TF32 products, f32 state), everything else on the SIMT kernel
  * (f32 math). On tensor cores it runs the two-pass form (the key-side work of all chunks at once,
  * then the state pass) with a workspace of 4 (3 dk + dv + 65) bytes per value head and row, rows
- * = T + 64 n_seqs (grown through be_alloc on a call that needs more; where it cannot grow, with
- * the allocation frozen or the memory short, the one-kernel form below runs instead). This runs the SIMT kernel for any size the op takes: the reference the GPU tests
+ * = T + 64 (grown through be_alloc on a call that needs more; where it cannot grow, with the
+ * allocation frozen or the memory short, the one-kernel form below runs instead). This runs the SIMT kernel for any size the op takes: the reference the GPU tests
  * and the micro-benchmark compare the tensor-core kernel with. Same contract as the op. */
 int dfl_cuda_gated_delta_simt(dfl_be *be, const dfl_gated_delta *g);
 /* The one-kernel tensor-core form where the op takes tensor cores (the SIMT kernel elsewhere):

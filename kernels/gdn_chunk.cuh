@@ -142,15 +142,17 @@ __device__ __forceinline__ void gt_kkt(const float *Ks, const float *Qs, float *
 }
 
 /* The whole block, from K K^T in A and Q K^T in QK (row stride GT_LC): A = strict-lower(beta_i
- * A_im exp(cg_i - cg_m)) in place, dst[i ld + m] = lower(QK_im exp(cg_i - cg_m)) (dst may be QK). */
+ * A_im exp(cg_i - cg_m)) in place, dst[i ld + m] = lower(QK_im exp(cg_i - cg_m)) for the rows
+ * i < rows (dst may be QK). */
 __device__ __forceinline__ void gt_decay_mask(float *A, const float *QK, float *dst, int64_t ld,
-                                              const float *cg, const float *beta)
+                                              const float *cg, const float *beta, int rows)
 {
     for (int e = threadIdx.x; e < GT_C * GT_C; e += GT_THREADS) {
         int i = e / GT_C, m = e % GT_C;
         float d = m <= i ? expf(cg[i] - cg[m]) : 0.0f;
         A[i * GT_LC + m] = m < i ? beta[i] * A[i * GT_LC + m] * d : 0.0f;
-        dst[i * ld + m] = m <= i ? QK[i * GT_LC + m] * d : 0.0f;
+        if (i < rows)
+            dst[i * ld + m] = m <= i ? QK[i * GT_LC + m] * d : 0.0f;
     }
 }
 
@@ -388,7 +390,7 @@ gated_delta_tc_kernel(const bf16 *q, const bf16 *k, int64_t ldqk, const bf16 *v,
         gt_kkt<DK>(Ks, Qs, A, Aqk, warp);
         __syncthreads();
         /* c */
-        gt_decay_mask(A, Aqk, Aqk, LC, cg, beta);
+        gt_decay_mask(A, Aqk, Aqk, LC, cg, beta, GT_C);
         for (int e = tid; e < GT_C * GT_DVB; e += GT_THREADS) {
             int i = e / GT_DVB, c = e % GT_DVB;
             float ei = ecg[i];
@@ -444,9 +446,12 @@ gated_delta_tc_kernel(const bf16 *q, const bf16 *k, int64_t ldqk, const bf16 *v,
  *     Vn = U + Wn S;  O = Qe S + Aqk Vn (written out);  S = exp(cg_last) S + Kd^T Vn
  * which is the algebra of the one-kernel form (and of the CPU's gdn_chunked) with the products
  * regrouped: T (beta (V - exp(cg) K S)) = U + Wn S. Products TF32 with f32 accumulation.
- * Workspace rows: sequence s's token t (cu[s] <= t < cu[s + 1]) is padded row t + 64 s, so that
- * each chunk owns 64 rows (rows past a sequence's end hold zeros: g = beta = 0, zero K, Q, V);
- * rows = T + 64 n_seqs per value head; head j's rows start at j * rows. */
+ * Workspace rows: row t is token t's, rows = T + 64 per value head (head j's rows start at
+ * j * rows; the 64 past T are zero). The key-side pass writes only the rows of its chunk's
+ * tokens; the state pass reads whole 64-row tiles, so a chunk of L < 64 tokens reads the next
+ * sequence's rows (or the zeros past T) past L: those rows of Vn are set to zero before use,
+ * which takes them out of S (Kd^T Vn) and out of the rows of O that are written (Aqk is lower
+ * triangular and zero past the diagonal in the rows < L); the rows of O past L are not written. */
 struct gc_ws {
     float *wn, *qe, *kd; /* [Hv][rows][DK] */
     float *u;            /* [Hv][rows][dv] */
@@ -454,6 +459,24 @@ struct gc_ws {
     float *cg;           /* [Hv][rows] */
     int64_t rows;
 };
+
+/* acc to the 16 x 16 tile at dst (global, row stride ld): its first rows rows, at once when that
+ * is all 16, else through scratch (the warp's 256 floats of shared memory, 32-byte aligned). */
+__device__ __forceinline__ void gc_store_tile(float *dst, int64_t ld, const gt_acc &acc, int rows,
+                                              float *scratch)
+{
+    if (rows >= 16) {
+        gtw::store_matrix_sync(dst, acc, (unsigned)ld, gtw::mem_row_major);
+        return;
+    }
+    if (rows <= 0)
+        return;
+    gtw::store_matrix_sync(scratch, acc, 16, gtw::mem_row_major);
+    __syncwarp();
+    for (int e = threadIdx.x & 31; e < rows * 16; e += 32)
+        dst[(e / 16) * ld + e % 16] = scratch[e];
+    __syncwarp();
+}
 
 template <int DK>
 static size_t gc_prep_smem(void)
@@ -491,7 +514,7 @@ gc_prep_kernel(const bf16 *q, const bf16 *k, int64_t ldqk, const bf16 *v, int64_
     for (int64_t c = blockIdx.x; c * GT_C < n; c += gridDim.x) {
         const int64_t base = t0 + c * GT_C;                        /* the chunk's first token */
         const int L = (int)(n - c * GT_C < GT_C ? n - c * GT_C : GT_C);
-        const int64_t prow = (int64_t)j * w.rows + base + (int64_t)GT_C * s; /* its first row */
+        const int64_t prow = (int64_t)j * w.rows + base; /* its first row in the workspace */
         /* a: K and Q rows, g (raw, in dec until the scan) and beta; zero past L */
         for (int i = tid; i < GT_C * (DK / 8); i += GT_THREADS) {
             int r = i / (DK / 8), x = (i % (DK / 8)) * 8;
@@ -512,27 +535,31 @@ gc_prep_kernel(const bf16 *q, const bf16 *k, int64_t ldqk, const bf16 *v, int64_
         gt_kkt<DK>(Ks, Qs, A, Tm, warp);
         __syncthreads();
         /* c: A, Aqk (out), Qe and Kd (out), K scaled for Wn, cg (out) */
-        gt_decay_mask(A, Tm, w.aqk + prow * GT_C, GT_C, cg, beta);
+        gt_decay_mask(A, Tm, w.aqk + prow * GT_C, GT_C, cg, beta, L);
         for (int e = tid; e < GT_C * (DK / 4); e += GT_THREADS) {
             int i = e / (DK / 4), x = (e % (DK / 4)) * 4;
             float4 kx = *(const float4 *)(Ks + i * LK + x), qx = *(const float4 *)(Qs + i * LK + x);
             float dc = dec[i], ec = ecg[i], wb = -beta[i] * ecg[i];
-            *(float4 *)(w.kd + (prow + i) * DK + x) = make_float4(dc * kx.x, dc * kx.y, dc * kx.z, dc * kx.w);
-            *(float4 *)(w.qe + (prow + i) * DK + x) = make_float4(ec * qx.x, ec * qx.y, ec * qx.z, ec * qx.w);
+            if (i < L) {
+                *(float4 *)(w.kd + (prow + i) * DK + x) = make_float4(dc * kx.x, dc * kx.y, dc * kx.z, dc * kx.w);
+                *(float4 *)(w.qe + (prow + i) * DK + x) = make_float4(ec * qx.x, ec * qx.y, ec * qx.z, ec * qx.w);
+            }
             *(float4 *)(Ks + i * LK + x) = make_float4(wb * kx.x, wb * kx.y, wb * kx.z, wb * kx.w);
         }
-        if (tid < GT_C)
+        if (tid < L)
             w.cg[prow + tid] = cg[tid];
         __syncthreads();
         /* d: T = (I + A)^-1 */
         gt_solve(A, Tm, X);
-        /* e: Wn = T (-beta exp(cg) K) (T lower: the k-tiles up to the diagonal) */
+        /* e: Wn = T (-beta exp(cg) K) (T lower: the k-tiles up to the diagonal); A is free now:
+         * the warps' scratch for tiles cut at L */
+        float *scratch = A + warp * 256;
         for (int t = warp; t < 4 * (DK / 16); t += GT_WARPS) {
             int ti = t / (DK / 16), tj = t % (DK / 16);
             gt_acc acc;
             gtw::fill_fragment(acc, 0.0f);
             gt_mma<gtw::row_major, gtw::row_major>(acc, Tm + ti * 16 * LC, LC, Ks + tj * 16, LK, (ti + 1) * 16);
-            gtw::store_matrix_sync(w.wn + (prow + ti * 16) * DK + tj * 16, acc, DK, gtw::mem_row_major);
+            gc_store_tile(w.wn + (prow + ti * 16) * DK + tj * 16, DK, acc, L - ti * 16, scratch);
         }
         /* f: U = T (beta V), 64 value columns at a time */
         for (int c0 = 0; c0 < dv; c0 += GT_DVB) {
@@ -550,7 +577,7 @@ gc_prep_kernel(const bf16 *q, const bf16 *k, int64_t ldqk, const bf16 *v, int64_
                 gt_acc acc;
                 gtw::fill_fragment(acc, 0.0f);
                 gt_mma<gtw::row_major, gtw::row_major>(acc, Tm + ti * 16 * LC, LC, Qs + tj * 16, LC, (ti + 1) * 16);
-                gtw::store_matrix_sync(w.u + (prow + ti * 16) * dv + c0 + tj * 16, acc, dv, gtw::mem_row_major);
+                gc_store_tile(w.u + (prow + ti * 16) * dv + c0 + tj * 16, dv, acc, L - ti * 16, scratch);
             }
             __syncthreads();
         }
@@ -597,7 +624,7 @@ gc_state_kernel(gc_ws w, const int32_t *cu, bf16 *o, int64_t ldo, int Hv, int dv
     for (int64_t c = 0; c * GT_C < n; c++) {
         const int64_t base = t0 + c * GT_C;
         const int L = (int)(n - c * GT_C < GT_C ? n - c * GT_C : GT_C);
-        const int64_t prow = (int64_t)j * w.rows + base + (int64_t)GT_C * s;
+        const int64_t prow = (int64_t)j * w.rows + base;
         const float *wn = w.wn + prow * DK, *qe = w.qe + prow * DK, *kd = w.kd + prow * DK;
         const float *u = w.u + prow * dv + col0, *aqk = w.aqk + prow * GT_C;
         if ((c + 1) * GT_C < n) { /* the next chunk's operands on their way to L2 */
@@ -619,6 +646,14 @@ gc_state_kernel(gc_ws w, const int32_t *cu, bf16 *o, int64_t ldo, int Hv, int dv
                     qe + r1 * 16 * DK, DK, S + tj * 16, LC);
         gtw::store_matrix_sync(Vn + r0 * 16 * LC + tj * 16, v0, LC, gtw::mem_row_major);
         gtw::store_matrix_sync(Vn + r1 * 16 * LC + tj * 16, v1, LC, gtw::mem_row_major);
+        if (L < GT_C) { /* the rows past the chunk's tokens (another sequence's, or zeros) out */
+            __syncwarp();
+            for (int e = tid & 31; e < 512; e += 32) {
+                int row = (e < 256 ? r0 : r1) * 16 + (e % 256) / 16;
+                if (row >= L)
+                    Vn[row * LC + tj * 16 + e % 16] = 0.0f;
+            }
+        }
         __syncthreads();
         /* O += Aqk Vn (Aqk lower: the k-tiles up to the diagonal) */
         gt_mma<gtw::row_major, gtw::row_major>(o0, aqk + r0 * 16 * GT_C, GT_C, Vn + tj * 16, LC, (r0 + 1) * 16);
@@ -626,7 +661,7 @@ gc_state_kernel(gc_ws w, const int32_t *cu, bf16 *o, int64_t ldo, int Hv, int dv
         gtw::store_matrix_sync(O + r0 * 16 * LC + tj * 16, o0, LC, gtw::mem_row_major);
         gtw::store_matrix_sync(O + r1 * 16 * LC + tj * 16, o1, LC, gtw::mem_row_major);
         /* S = exp(cg_last) S + Kd^T Vn */
-        gt_state_update<NST>(Sacc, expf(w.cg[prow + GT_C - 1]), kd, DK, Vn, S, warp);
+        gt_state_update<NST>(Sacc, expf(w.cg[prow + L - 1]), kd, DK, Vn, S, warp);
         __syncthreads();
         /* O rows < L out, 8 columns per 16-byte store */
         gt_store_rows(o + base * ldo + (int64_t)j * dv + col0, ldo, O, L);

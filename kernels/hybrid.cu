@@ -542,13 +542,14 @@ static bool gd_split_enabled(void)
     return !(v && v[0] == '0' && !v[1]);
 }
 
-/* The two-pass form's workspace for this call (gdn_chunk.cuh, gc_ws), grown through be_alloc;
- * false (nothing recorded) where it cannot be had: the allocation frozen or the memory short. */
+/* The two-pass form's workspace for this call (gdn_chunk.cuh, gc_ws: T + 64 rows a value head),
+ * grown through be_alloc and zeroed when it grows; false (nothing recorded) where it cannot be
+ * had: the allocation frozen or the memory short. */
 template <int DK>
 static bool gc_workspace(dfl_be *be, const dfl_gated_delta *g, gc_ws *w)
 {
     cuda_impl *im = cuda_of(be);
-    const int64_t rows = g->T + (int64_t)GT_C * g->n_seqs, Hv = g->Hv;
+    const int64_t rows = g->T + GT_C, Hv = g->Hv;
     const size_t per = sizeof(float) * (size_t)rows * (size_t)Hv; /* one column of every head */
     auto up = [](size_t x) { return (x + 255) & ~(size_t)255; };
     const size_t b_k = up(per * DK), b_u = up(per * (size_t)g->dv), b_a = up(per * GT_C), b_c = up(per);
@@ -562,6 +563,8 @@ static bool gc_workspace(dfl_be *be, const dfl_gated_delta *g, gc_ws *w)
             be->ops->free(be, im->gdn_ws);
         im->gdn_ws = p;
         im->gdn_ws_bytes = need;
+        if (be->ops->memset0(be, p, need)) /* the rows past T are read (as zeros) */
+            return false;
     }
     char *p = (char *)im->gdn_ws;
     w->wn = (float *)p;

@@ -5,7 +5,8 @@
  * recurrence (chunk 0) on the same bf16-rounded inputs: packed sequences of 1, 63, 64, 65 and 200
  * tokens (around the chunk of 64), key head dims 64 and 128, value head dims 64, 128 and 192, head
  * ratios 1 to 3, and a key-side grid narrower than the chunks (its blocks loop). The workspace
- * starts as NaN (a row the state pass reads but the key-side pass never wrote shows), and the
+ * starts as NaN, the 64 rows past T too (which the backend zeroes): a partial chunk's reads past
+ * its tokens, of the next sequence's rows or of those, must not reach the output; and the
  * columns of the output past the heads' must stay as they were. The decays are slow, so that
  * the state carried over chunk boundaries shapes the output. Each row within the bf16
  * rounding (relative L2 5e-3; the GPU test allows 1e-2). Built and run by tests/emu/run (gdn). */
@@ -108,7 +109,7 @@ static void gdn_case(dfl_be *cpu, const std::vector<int32_t> &lens, int Hk, int 
     const float sentinel = 776.0f; /* exact in bf16 */
     std::vector<bf16> o((size_t)(T * ldo), __float2bfloat16_rn(sentinel));
     gc_ws w;
-    w.rows = T + (int64_t)GT_C * S;
+    w.rows = T + GT_C;
     const size_t per = (size_t)w.rows * (size_t)Hv;
     std::vector<float> wn(per * DK, NAN), qe(per * DK, NAN), kd(per * DK, NAN), u(per * (size_t)dv, NAN),
         aqk(per * GT_C, NAN), cg(per, NAN);
@@ -125,6 +126,23 @@ static void gdn_case(dfl_be *cpu, const std::vector<int32_t> &lens, int Hk, int 
         emu::launch(dim3((unsigned)grid_x, (unsigned)S, (unsigned)Hv), dim3(GT_THREADS), gc_prep_smem<DK>(), [&] {
             gc_prep_kernel<DK>(q, k, ldqk, v, ldqk, a, b, ldab, A_log.data(), dtb.data(), cu.data(), ratio, dv, w);
         });
+        /* the key-side pass writes its tokens' rows only: the 64 past T stay NaN in every head */
+        int64_t tail = 0;
+        for (int j = 0; j < Hv; j++)
+            for (int64_t r = T; r < w.rows; r++) {
+                const size_t row = (size_t)j * (size_t)w.rows + (size_t)r;
+                for (int x = 0; x < DK; x++)
+                    tail += !std::isnan(wn[row * DK + x]) + !std::isnan(qe[row * DK + x]) + !std::isnan(kd[row * DK + x]);
+                for (int x = 0; x < dv; x++)
+                    tail += !std::isnan(u[row * (size_t)dv + x]);
+                for (int x = 0; x < GT_C; x++)
+                    tail += !std::isnan(aqk[row * GT_C + x]);
+                tail += !std::isnan(cg[row]);
+            }
+        if (tail) {
+            printf("FAIL gdn two-pass DK %d dv %d: %lld values written past the tokens' rows\n", DK, dv, (long long)tail);
+            failures++;
+        }
         emu::launch(dim3((unsigned)(S * Hv * (dv / GT_DVB))), dim3(GT_THREADS), gc_state_smem<DK>(), [&] {
             gc_state_kernel<DK>(w, cu.data(), o.data(), ldo, Hv, dv);
         });
