@@ -122,6 +122,10 @@ int dfl_cuda_gated_delta_simt(dfl_be *be, const dfl_gated_delta *g);
 /* The one-kernel tensor-core form where the op takes tensor cores (the SIMT kernel elsewhere):
  * what the op ran before the two-pass form (and runs with DFL_CUDA_GDN_SPLIT=0). Same contract. */
 int dfl_cuda_gated_delta_fused(dfl_be *be, const dfl_gated_delta *g);
+/* The passes of the two-pass form (bit 0 the key-side pass, bit 1 the state pass, which reads
+ * what the last key-side pass of the same sizes left in the workspace), to time them apart;
+ * 1 where the two-pass form does not take the call. */
+int dfl_cuda_gated_delta_pass(dfl_be *be, const dfl_gated_delta *g, int passes);
 
 /* ---- host waits ----
  * Counts, since the backend opened, of the calls that made the host wait for the device: syncs

@@ -578,9 +578,10 @@ static bool gc_workspace(dfl_be *be, const dfl_gated_delta *g, gc_ws *w)
 }
 
 /* The two-pass form: 1 when it does not take the call (grid limits, no workspace), else the
- * launches' status. */
+ * launches' status. passes: bit 0 the key-side pass, bit 1 the state pass (3: the op; one alone
+ * for timing). */
 template <int DK>
-static int gd_split(dfl_be *be, const dfl_gated_delta *g)
+static int gd_split(dfl_be *be, const dfl_gated_delta *g, int passes = 3)
 {
     const int64_t nsl = g->dv / GT_DVB, chunks = g->max_len > 0 ? (g->max_len + GT_C - 1) / GT_C : 1;
     if (g->n_seqs > 65535 || g->Hv > 65535 || (int64_t)g->n_seqs * g->Hv * nsl > INT32_MAX)
@@ -596,13 +597,17 @@ static int gd_split(dfl_be *be, const dfl_gated_delta *g)
         return cuda_op_fail(be, DFL_EDEVICE, "gated delta rule: %s", cudaGetErrorString(err));
     cudaStream_t st = cuda_of(be)->stream;
     dim3 gp((unsigned)(chunks < 65535 ? chunks : 65535), (unsigned)g->n_seqs, (unsigned)g->Hv);
-    gc_prep_kernel<DK><<<gp, GT_THREADS, sp, st>>>(
-        (const bf16 *)g->q, (const bf16 *)g->k, g->ldqk, (const bf16 *)g->v, g->ldv,
-        (const bf16 *)g->a, (const bf16 *)g->b, g->ldab, g->A_log, g->dt_bias, g->cu_seqlens,
-        g->Hv / g->Hk, g->dv, w);
-    int rc = cuda_launch_check(be, "gated delta rule (key-side pass)");
-    if (rc)
-        return rc;
+    if (passes & 1) {
+        gc_prep_kernel<DK><<<gp, GT_THREADS, sp, st>>>(
+            (const bf16 *)g->q, (const bf16 *)g->k, g->ldqk, (const bf16 *)g->v, g->ldv,
+            (const bf16 *)g->a, (const bf16 *)g->b, g->ldab, g->A_log, g->dt_bias, g->cu_seqlens,
+            g->Hv / g->Hk, g->dv, w);
+        int rc = cuda_launch_check(be, "gated delta rule (key-side pass)");
+        if (rc)
+            return rc;
+    }
+    if (!(passes & 2))
+        return 0;
     gc_state_kernel<DK><<<(unsigned)(g->n_seqs * g->Hv * nsl), GT_THREADS, ss, st>>>(
         w, g->cu_seqlens, (bf16 *)g->o, g->ldo, g->Hv, g->dv);
     return cuda_launch_check(be, "gated delta rule (state pass)");
@@ -655,4 +660,15 @@ extern "C" int dfl_cuda_gated_delta_simt(dfl_be *be, const dfl_gated_delta *g)
     bool go;
     int rc = gd_begin(be, g, &go);
     return go ? gd_simt(be, g) : rc;
+}
+
+extern "C" int dfl_cuda_gated_delta_pass(dfl_be *be, const dfl_gated_delta *g, int passes)
+{
+    bool go;
+    int rc = gd_begin(be, g, &go);
+    if (!go)
+        return rc;
+    if (!gd_tc_takes(be, g) || passes < 1 || passes > 3)
+        return 1;
+    return g->dk == 64 ? gd_split<64>(be, g, passes) : gd_split<128>(be, g, passes);
 }

@@ -315,6 +315,8 @@ static double delta_time(int (*run)(dfl_be *, const dfl_gated_delta *), const df
 }
 
 static int delta_op(dfl_be *be, const dfl_gated_delta *d) { return be->ops->gated_delta(be, d); }
+static int delta_key_pass(dfl_be *be, const dfl_gated_delta *d) { return dfl_cuda_gated_delta_pass(be, d, 1); }
+static int delta_state_pass(dfl_be *be, const dfl_gated_delta *d) { return dfl_cuda_gated_delta_pass(be, d, 2); }
 
 /* The delta rule at the Qwen3.5-27B shape (16 key / 48 value heads of 128, bf16), 8 sequences
  * of 2048 tokens: time per call and model FLOP/s of the op (the two-pass tensor-core form) and, in
@@ -353,6 +355,7 @@ static void test_delta_speed_27b(void)
             .cu_seqlens = (const int32_t *)gcu.p, .n_seqs = S, .max_len = Ls, .T = T, .Hk = Hk,
             .Hv = Hv, .dk = dk, .dv = dv, .chunk = 64,
         };
+        double sec_key = delta_time(delta_key_pass, &d, 10), sec_state = delta_time(delta_state_pass, &d, 10);
         double sec = delta_time(delta_op, &d, 10);
         dfl_gated_delta df = d, ds = d;
         df.o = gf.p;
@@ -382,6 +385,8 @@ static void test_delta_speed_27b(void)
                "SIMT %.3g (two-pass), %.3g (one-kernel)\n", flops / 1e9, sec * 1e3, flops / sec / 1e12,
                sec_fused * 1e3, flops / sec_fused / 1e12, sec_simt * 1e3, flops / sec_simt / 1e12,
                sec_fused / sec, err, err_f);
+        printf("# gated delta rule, two-pass form's passes alone: key-side %.3f ms, state %.3f ms\n",
+               sec_key * 1e3, sec_state * 1e3);
         free(got);
         free(fused);
         free(ref);
