@@ -595,13 +595,38 @@ __device__ __forceinline__ void gc_prefetch(const float *p, int64_t n, bool one 
 #endif
 }
 
+/* c[0..3] += (the 16 x K rows at a, row stride lda, one fragment per k-step) times the four
+ * 16-column tiles of b (K x 64, row stride ldb): each operand fragment of a loaded once. */
+template <typename LA>
+__device__ __forceinline__ void gc_mma_row(gt_acc (&c)[4], const float *a, int lda, const float *b,
+                                           int ldb, int K)
+{
+    constexpr bool row = gt_is_row<LA>::v;
+#pragma unroll 2
+    for (int k0 = 0; k0 < K; k0 += 8) {
+        gtw::fragment<gtw::matrix_a, 16, 16, 8, gtw::precision::tf32, LA> fa;
+        gt_load(fa, row ? a + k0 : a + (size_t)k0 * lda, lda);
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            gtw::fragment<gtw::matrix_b, 16, 16, 8, gtw::precision::tf32, gtw::row_major> fb;
+            gt_load(fb, b + (size_t)k0 * ldb + t * 16, ldb);
+            gtw::mma_sync(c[t], fa, fb, c[t]);
+        }
+    }
+}
+
 /* grid: sequences x value heads x dv / 64 slices, the slice fastest (a head's slices run side by
- * side and share its key-side reads in L2). */
+ * side and share its key-side reads in L2). Each warp owns whole 16-row strips (all 64 columns),
+ * so that every fragment of Wn, Qe, Aqk and Kd is read from global memory once per block:
+ *   1. warp w < 4: Vn strip w = U + Wn S; warp w >= 4: O strip w - 4 = Qe S (kept in registers)
+ *   2. (barrier) warps >= 4: O += Aqk Vn (out to shared memory); every warp: its strips of
+ *      S = exp(cg_last) S + Kd^T Vn (S, f32, lives in shared memory)
+ *   3. (barrier) O rows < L out */
 template <int DK>
 __global__ void __launch_bounds__(GT_THREADS, 2)
 gc_state_kernel(gc_ws w, const int32_t *cu, bf16 *o, int64_t ldo, int Hv, int dv)
 {
-    constexpr int LC = GT_LC, NST = DK / 32; /* state tiles per warp */
+    constexpr int LC = GT_LC;
     DF_DYN_SMEM(gc_raw);
     float *S = (float *)gc_raw;  /* [DK][LC] */
     float *Vn = S + DK * LC;     /* [C][LC] */
@@ -611,15 +636,10 @@ gc_state_kernel(gc_ws w, const int32_t *cu, bf16 *o, int64_t ldo, int Hv, int dv
     const int s = blockIdx.x / (nsl * Hv);
     const int col0 = sl * GT_DVB;
     const int64_t t0 = cu[s], n = cu[s + 1] - t0;
-    /* the warp's tiles: column tj of Vn, O and S; rows r0 and r0 + 2 of Vn and O; rows
-     * r0 + 2 m of S */
-    const int tj = warp % 4, r0 = warp / 4, r1 = r0 + 2;
-    gt_acc Sacc[NST];
-#pragma unroll
-    for (int m = 0; m < NST; m++) {
-        gtw::fill_fragment(Sacc[m], 0.0f);
-        gtw::store_matrix_sync(S + (r0 + 2 * m) * 16 * LC + tj * 16, Sacc[m], LC, gtw::mem_row_major);
-    }
+    const int rt = warp & 3;             /* the warp's strip of Vn (warps 0-3) or O (4-7) */
+    const bool vwarp = warp < 4;
+    for (int i = tid; i < DK * LC; i += GT_THREADS)
+        S[i] = 0.0f;
     __syncthreads();
     for (int64_t c = 0; c * GT_C < n; c++) {
         const int64_t base = t0 + c * GT_C;
@@ -636,34 +656,54 @@ gc_state_kernel(gc_ws w, const int32_t *cu, bf16 *o, int64_t ldo, int Hv, int dv
             if (tid < 2 * GT_C) /* the slice's 64 columns: two lines of each row */
                 gc_prefetch(u + (int64_t)(GT_C + tid / 2) * dv + (tid % 2) * 32, 128, true);
         }
-        /* Vn = U + Wn S; O = Qe S */
-        gt_acc v0, v1, o0, o1;
-        gtw::load_matrix_sync(v0, u + r0 * 16 * dv + tj * 16, dv, gtw::mem_row_major);
-        gtw::load_matrix_sync(v1, u + r1 * 16 * dv + tj * 16, dv, gtw::mem_row_major);
-        gtw::fill_fragment(o0, 0.0f);
-        gtw::fill_fragment(o1, 0.0f);
-        gt_mma4<DK>(v0, v1, o0, o1, wn + r0 * 16 * DK, wn + r1 * 16 * DK, qe + r0 * 16 * DK,
-                    qe + r1 * 16 * DK, DK, S + tj * 16, LC);
-        gtw::store_matrix_sync(Vn + r0 * 16 * LC + tj * 16, v0, LC, gtw::mem_row_major);
-        gtw::store_matrix_sync(Vn + r1 * 16 * LC + tj * 16, v1, LC, gtw::mem_row_major);
-        if (L < GT_C) { /* the rows past the chunk's tokens (another sequence's, or zeros) out */
-            __syncwarp();
-            for (int e = tid & 31; e < 512; e += 32) {
-                int row = (e < 256 ? r0 : r1) * 16 + (e % 256) / 16;
-                if (row >= L)
-                    Vn[row * LC + tj * 16 + e % 16] = 0.0f;
+        /* 1: Vn = U + Wn S (warps 0-3), O = Qe S (warps 4-7) */
+        gt_acc acc[4];
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            if (vwarp)
+                gtw::load_matrix_sync(acc[t], u + rt * 16 * dv + t * 16, dv, gtw::mem_row_major);
+            else
+                gtw::fill_fragment(acc[t], 0.0f);
+        }
+        gc_mma_row<gtw::row_major>(acc, (vwarp ? wn : qe) + rt * 16 * DK, DK, S, LC, DK);
+        if (vwarp) {
+#pragma unroll
+            for (int t = 0; t < 4; t++)
+                gtw::store_matrix_sync(Vn + rt * 16 * LC + t * 16, acc[t], LC, gtw::mem_row_major);
+            if (L < (rt + 1) * 16) { /* rows past the chunk's tokens (another sequence's, or zeros) out */
+                __syncwarp();
+                for (int e = tid & 31; e < 16 * GT_DVB; e += 32) {
+                    int row = rt * 16 + e / GT_DVB;
+                    if (row >= L)
+                        Vn[row * LC + e % GT_DVB] = 0.0f;
+                }
             }
         }
         __syncthreads();
-        /* O += Aqk Vn (Aqk lower: the k-tiles up to the diagonal) */
-        gt_mma<gtw::row_major, gtw::row_major>(o0, aqk + r0 * 16 * GT_C, GT_C, Vn + tj * 16, LC, (r0 + 1) * 16);
-        gt_mma<gtw::row_major, gtw::row_major>(o1, aqk + r1 * 16 * GT_C, GT_C, Vn + tj * 16, LC, (r1 + 1) * 16);
-        gtw::store_matrix_sync(O + r0 * 16 * LC + tj * 16, o0, LC, gtw::mem_row_major);
-        gtw::store_matrix_sync(O + r1 * 16 * LC + tj * 16, o1, LC, gtw::mem_row_major);
-        /* S = exp(cg_last) S + Kd^T Vn */
-        gt_state_update<NST>(Sacc, expf(w.cg[prow + L - 1]), kd, DK, Vn, S, warp);
+        /* 2: O += Aqk Vn (Aqk lower: the k-tiles up to the diagonal); S = exp(cg_last) S + Kd^T Vn */
+        if (!vwarp) {
+            gc_mma_row<gtw::row_major>(acc, aqk + rt * 16 * GT_C, GT_C, Vn, LC, (rt + 1) * 16);
+#pragma unroll
+            for (int t = 0; t < 4; t++)
+                gtw::store_matrix_sync(O + rt * 16 * LC + t * 16, acc[t], LC, gtw::mem_row_major);
+        }
+        const float eL = expf(w.cg[prow + L - 1]);
+        for (int st = warp; st < DK / 16; st += GT_WARPS) {
+            gt_acc sa[4];
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                gtw::load_matrix_sync(sa[t], S + st * 16 * LC + t * 16, LC, gtw::mem_row_major);
+#pragma unroll
+                for (int x = 0; x < sa[t].num_elements; x++)
+                    sa[t].x[x] *= eL;
+            }
+            gc_mma_row<gtw::col_major>(sa, kd + st * 16, DK, Vn, LC, GT_C);
+#pragma unroll
+            for (int t = 0; t < 4; t++)
+                gtw::store_matrix_sync(S + st * 16 * LC + t * 16, sa[t], LC, gtw::mem_row_major);
+        }
         __syncthreads();
-        /* O rows < L out, 8 columns per 16-byte store */
+        /* 3: O rows < L out, 8 columns per 16-byte store */
         gt_store_rows(o + base * ldo + (int64_t)j * dv + col0, ldo, O, L);
     }
 }
