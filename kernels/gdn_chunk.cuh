@@ -446,6 +446,11 @@ gated_delta_tc_kernel(const bf16 *q, const bf16 *k, int64_t ldqk, const bf16 *v,
  *     Vn = U + Wn S;  O = Qe S + Aqk Vn (written out);  S = exp(cg_last) S + Kd^T Vn
  * which is the algebra of the one-kernel form (and of the CPU's gdn_chunked) with the products
  * regrouped: T (beta (V - exp(cg) K S)) = U + Wn S. Products TF32 with f32 accumulation.
+ * On the H200 at the Qwen3.5-27B shape (tests/gpu/gpu-hybrid, 48 value heads of 128, 8 x 2048
+ * tokens): 3.969 ms (26.0 TFLOP/s of the chunked algorithm's essential products) against the
+ * one-kernel form's 5.866 ms in the same run; the key-side pass alone 1.932 ms, the state pass
+ * alone 2.037 ms (latency-bound: 768 blocks of 32 chunks in order, operands read from L2 by the
+ * WMMA loads; what to speed up next).
  * Workspace rows: row t is token t's, rows = T + 64 per value head (head j's rows start at
  * j * rows; the 64 past T are zero). The key-side pass writes only the rows of its chunk's
  * tokens; the state pass reads whole 64-row tiles, so a chunk of L < 64 tokens reads the next
