@@ -79,6 +79,9 @@ struct cuda_impl {
     float rope_host[CUDA_ROPE_SLOTS][CUDA_ROPE_MAXHALF];
     /* attention tile configuration per head dim (index into the variant table) */
     int attn_variant[CUDA_ATTN_DIMS];
+    /* the two-pass gated delta rule's workspace (hybrid.cu), grown through be_alloc */
+    void *gdn_ws;
+    size_t gdn_ws_bytes;
     /* first error since the last sync */
     int err_code;
     char err_msg[768];

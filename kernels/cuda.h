@@ -113,9 +113,19 @@ void dfl_cuda_mem_stats(dfl_be *be, dfl_cuda_mem *m);
 /* ---- the gated delta rule ----
  * ops->gated_delta runs bf16 activations with key head dim 64 or 128 and a value head dim that is
  * a multiple of 64 on tensor cores (TF32 products, f32 state), everything else on the SIMT kernel
- * (f32 math). This runs the SIMT kernel for any size the op takes: the reference the GPU tests
+ * (f32 math). On tensor cores it runs the two-pass form (the key-side work of all chunks at once,
+ * then the state pass) with a workspace of 4 (3 dk + dv + 65) bytes per value head and row, rows
+ * = T + 64 (grown through be_alloc on a call that needs more; where it cannot grow, with the
+ * allocation frozen or the memory short, the one-kernel form below runs instead). This runs the SIMT kernel for any size the op takes: the reference the GPU tests
  * and the micro-benchmark compare the tensor-core kernel with. Same contract as the op. */
 int dfl_cuda_gated_delta_simt(dfl_be *be, const dfl_gated_delta *g);
+/* The one-kernel tensor-core form where the op takes tensor cores (the SIMT kernel elsewhere):
+ * what the op ran before the two-pass form (and runs with DFL_CUDA_GDN_SPLIT=0). Same contract. */
+int dfl_cuda_gated_delta_fused(dfl_be *be, const dfl_gated_delta *g);
+/* The passes of the two-pass form (bit 0 the key-side pass, bit 1 the state pass, which reads
+ * what the last key-side pass of the same sizes left in the workspace), to time them apart;
+ * 1 where the two-pass form does not take the call. */
+int dfl_cuda_gated_delta_pass(dfl_be *be, const dfl_gated_delta *g, int passes);
 
 /* ---- host waits ----
  * Counts, since the backend opened, of the calls that made the host wait for the device: syncs

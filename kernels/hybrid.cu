@@ -7,6 +7,8 @@
 #include <mma.h>
 
 #include "be_cuda.cuh"
+#include "gdn_chunk.cuh"
+#include "hybrid_ew.cuh"
 
 #define HY_THREADS 256
 #define HY_WARPS (HY_THREADS / 32)
@@ -19,9 +21,7 @@ __device__ __forceinline__ float hy_warp_sum(float v)
     return v;
 }
 
-__device__ __forceinline__ float hy_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float hy_silu(float x) { return x / (1.0f + expf(-x)); }
-__device__ __forceinline__ float hy_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 static inline unsigned warp_blocks(int64_t warps) { return (unsigned)((warps + HY_WARPS - 1) / HY_WARPS); }
 
@@ -208,6 +208,23 @@ int cuda_gated_rmsnorm(dfl_be *be, void *x, int64_t ldx, const void *z, int64_t 
 
 /* ---- elementwise: the sigmoid gate and the conv ---- */
 
+/* Whether the 8-channel kernels (hybrid_ew.cuh) take rows of n bf16 at p with stride ld: 16-byte
+ * aligned rows, n a multiple of 8 and below 2^31. */
+static bool ew_v8(dfl_be *be, const void *p, int64_t ld, int64_t n)
+{
+    return be->act == DFL_BF16 && is_aligned(p, 16) && ld % 8 == 0 && n % 8 == 0 && n < INT32_MAX;
+}
+
+/* Row slots of an 8-channel grid: about 16 blocks per SM in all, each row slot taking rows r,
+ * r + slots, ... (at most 65535). */
+static unsigned ew_slots(dfl_be *be, int64_t R, int64_t n)
+{
+    int64_t xb = (n / 8 + EW_THREADS - 1) / EW_THREADS, want = cuda_of(be)->sm_count * 16 / (xb > 0 ? xb : 1);
+    want = want < 64 ? 64 : want;
+    want = want > 65535 ? 65535 : want;
+    return (unsigned)(R < want ? R : want);
+}
+
 template <typename T>
 __global__ void sigmoid_mul_kernel(T *x, int64_t ldx, const T *g, int64_t ldg, int64_t R, int64_t n)
 {
@@ -227,6 +244,11 @@ int cuda_sigmoid_mul(dfl_be *be, void *x, int64_t ldx, const void *g, int64_t ld
     if (rc)
         return rc;
     cudaStream_t s = cuda_of(be)->stream;
+    if (ew_v8(be, x, ldx, n) && ew_v8(be, g, ldg, n)) {
+        dim3 grid((unsigned)((n / 8 + EW_THREADS - 1) / EW_THREADS), ew_slots(be, R, n));
+        sigmoid_mul_v8_kernel<<<grid, EW_THREADS, 0, s>>>((bf16 *)x, ldx, (const bf16 *)g, ldg, R, (int)n);
+        return cuda_launch_check(be, "sigmoid_mul");
+    }
     unsigned nb = grid_for(R * n, HY_THREADS, cuda_of(be)->sm_count * 32);
     if (be->act == DFL_BF16)
         sigmoid_mul_kernel<bf16><<<nb, HY_THREADS, 0, s>>>((bf16 *)x, ldx, (const bf16 *)g, ldg, R, n);
@@ -260,6 +282,12 @@ int cuda_conv1d_silu(dfl_be *be, void *y, int64_t ldy, const void *x, int64_t ld
     if (rc)
         return rc;
     cudaStream_t s = cuda_of(be)->stream;
+    if (K == 4 && ew_v8(be, x, ldx, C) && ew_v8(be, y, ldy, C)) {
+        dim3 grid((unsigned)((C / 8 + EW_THREADS - 1) / EW_THREADS), ew_slots(be, T_, C));
+        conv1d_silu_v8_kernel<4><<<grid, EW_THREADS, 0, s>>>((bf16 *)y, ldy, (const bf16 *)x, ldx,
+                                                              (const bf16 *)w, pos, T_, (int)C);
+        return cuda_launch_check(be, "conv1d_silu");
+    }
     unsigned nb = grid_for(T_ * C, HY_THREADS, cuda_of(be)->sm_count * 32);
     if (be->act == DFL_BF16)
         conv1d_silu_kernel<bf16><<<nb, HY_THREADS, 0, s>>>((bf16 *)y, ldy, (const bf16 *)x, ldx,
@@ -421,362 +449,7 @@ gated_delta_kernel(const T *q, const T *k, int64_t ldqk, const T *v, int64_t ldv
     }
 }
 
-/* ---- the chunked gated delta rule on tensor cores (bf16 activations) ----
- * One block of GT_WARPS warps per (sequence, value head, slice of GT_DVB = 64 value columns),
- * the state slice S [DK, 64] in f32: the master copy in the warps' accumulator fragments, a copy
- * in shared memory as the operand of the next chunk's products. Per chunk of L <= 64 tokens
- * (rows past L are zero, with g = 0 and beta = 0, so every product runs on full 64-row tiles):
- *   a. K, Q rows (all DK columns), the V slice, g and beta into shared memory (f32; fetched into
- *      registers with 16-byte loads while the previous chunk ran its step f); cg = cumsum g,
- *      dec_i = exp(cg_last - cg_i)
- *   b. tensor cores: K K^T and Q K^T (lower 16 x 16 tiles), KS = K S, QS = Q S
- *   c. A = strict-lower(beta_i kk exp(cg_i - cg_j)), Aqk = lower(qk exp(cg_i - cg_j)),
- *      U = beta (V - exp(cg) KS), O = exp(cg) QS, K rows scaled by dec
- *   d. T = (I + A)^-1 by 16 x 16 blocks: the four diagonal blocks by forward substitution (one
- *      thread per column), then T_ij = -T_ii sum_{j <= m < i} A_im T_mj by distance i - j
- *   e. tensor cores: Vn = T U
- *   f. tensor cores: O += Aqk Vn; S = exp(cg_last) S + (dec K)^T Vn
- *   g. O rows < L written out (one rounding to bf16)
- * All products are TF32 (10-bit mantissa operands, f32 accumulation), the rest f32: the same
- * algebra as the SIMT kernel above and the CPU's gdn_chunked. */
-
-#define GT_C 64
-#define GT_DVB 64
-#define GT_LC (GT_C + 4)   /* row stride of the [64][64] tiles (floats) */
-#define GT_WARPS 8
-#define GT_THREADS (GT_WARPS * 32)
-
-namespace gtw = nvcuda::wmma;
-typedef gtw::fragment<gtw::accumulator, 16, 16, 8, float> gt_acc;
-
-template <typename L> struct gt_is_row { static constexpr bool v = false; };
-template <> struct gt_is_row<gtw::row_major> { static constexpr bool v = true; };
-
-/* A TF32 operand fragment loaded from shared memory (f32) and rounded to TF32. */
-template <typename F>
-__device__ __forceinline__ void gt_load(F &f, const float *p, int ld)
-{
-    gtw::load_matrix_sync(f, p, ld);
-#pragma unroll
-    for (int t = 0; t < f.num_elements; t++)
-        f.x[t] = gtw::__float_to_tf32(f.x[t]);
-}
-
-/* acc += A [16, K] B [K, 16]; a and b point at the tiles' (0, 0) elements; LA / LB the layouts
- * (row_major A: a[m * lda + k]; col_major A: a[k * lda + m]; row_major B: b[k * ldb + n];
- * col_major B: b[n * ldb + k]). Operands rounded to TF32. */
-template <typename LA, typename LB>
-__device__ __forceinline__ void gt_mma(gt_acc &acc, const float *a, int lda, const float *b, int ldb,
-                                       int K)
-{
-    gtw::fragment<gtw::matrix_a, 16, 16, 8, gtw::precision::tf32, LA> fa;
-    gtw::fragment<gtw::matrix_b, 16, 16, 8, gtw::precision::tf32, LB> fb;
-#pragma unroll 4
-    for (int k0 = 0; k0 < K; k0 += 8) {
-        gt_load(fa, gt_is_row<LA>::v ? a + k0 : a + (size_t)k0 * lda, lda);
-        gt_load(fb, gt_is_row<LB>::v ? b + (size_t)k0 * ldb : b + k0, ldb);
-        gtw::mma_sync(acc, fa, fb, acc);
-    }
-}
-
-/* acc += A [16, 8] B [8, 16], A row-major at a (lda), B a loaded TF32 fragment. */
-template <typename FB>
-__device__ __forceinline__ void gt_mma_a(gt_acc &acc, const float *a, int lda, const FB &fb)
-{
-    gtw::fragment<gtw::matrix_a, 16, 16, 8, gtw::precision::tf32, gtw::row_major> fa;
-    gt_load(fa, a, lda);
-    gtw::mma_sync(acc, fa, fb, acc);
-}
-
-/* The idx-th 16 x 16 tile of a 64 x 64 lower triangle (row-major order of tiles). */
-__device__ __forceinline__ void gt_lower(int idx, int *ti, int *tj)
-{
-    int r = 0;
-    while ((r + 1) * (r + 2) / 2 <= idx)
-        r++;
-    *ti = r;
-    *tj = idx - r * (r + 1) / 2;
-}
-
-/* One chunk's inputs of a block in registers, fetched with 16-byte loads (8 bf16): NK vectors of
- * K and of Q and NV of the V slice per thread, and thread t < 64 the gate inputs of row t. Rows
- * past the sequence's end are zero (g and beta 0). */
-template <int DK> struct gt_regs {
-    static constexpr int NK = GT_C * DK / 8 / GT_THREADS, NV = GT_C * GT_DVB / 8 / GT_THREADS;
-    uint4 k[NK], q[NK], v[NV];
-    float a, b;
-    bool gate; /* row tid < L: a and b are real */
-};
-
-template <int DK>
-__device__ __forceinline__ void gt_fetch(gt_regs<DK> &R, const bf16 *q, const bf16 *k, int64_t ldqk,
-                                         const bf16 *v, int64_t ldv, const bf16 *a, const bf16 *b,
-                                         int64_t ldab, int64_t base, int L, int kh, int64_t col0, int j)
-{
-    const int tid = threadIdx.x;
-    const uint4 z = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int u = 0; u < gt_regs<DK>::NK; u++) {
-        int i = tid + u * GT_THREADS, r = i / (DK / 8), x = (i % (DK / 8)) * 8;
-        int64_t at = (base + r) * ldqk + (int64_t)kh * DK + x;
-        R.k[u] = r < L ? *(const uint4 *)(k + at) : z;
-        R.q[u] = r < L ? *(const uint4 *)(q + at) : z;
-    }
-#pragma unroll
-    for (int u = 0; u < gt_regs<DK>::NV; u++) {
-        int i = tid + u * GT_THREADS, r = i / (GT_DVB / 8), c = (i % (GT_DVB / 8)) * 8;
-        R.v[u] = r < L ? *(const uint4 *)(v + (base + r) * ldv + col0 + c) : z;
-    }
-    R.gate = tid < L;
-    R.a = R.b = 0.0f;
-    if (R.gate) {
-        R.a = to_f32(a[(base + tid) * ldab + j]);
-        R.b = to_f32(b[(base + tid) * ldab + j]);
-    }
-}
-
-/* 8 bf16 of a 16-byte vector as f32 at dst (16-byte aligned). */
-__device__ __forceinline__ void gt_put8(float *dst, uint4 x)
-{
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&x;
-    float2 f0 = __bfloat1622float2(h[0]), f1 = __bfloat1622float2(h[1]);
-    float2 f2 = __bfloat1622float2(h[2]), f3 = __bfloat1622float2(h[3]);
-    ((float4 *)dst)[0] = make_float4(f0.x, f0.y, f1.x, f1.y);
-    ((float4 *)dst)[1] = make_float4(f2.x, f2.y, f3.x, f3.y);
-}
-
-template <int DK>
-static size_t gt_smem(void)
-{
-    return sizeof(float) * ((size_t)2 * GT_C * (DK + 4) + (size_t)DK * GT_LC + 6 * (size_t)GT_C * GT_LC +
-                            3 * 256 + 4 * GT_C);
-}
-
-template <int DK>
-__global__ void __launch_bounds__(GT_THREADS)
-gated_delta_tc_kernel(const bf16 *q, const bf16 *k, int64_t ldqk, const bf16 *v, int64_t ldv,
-                      const bf16 *a, const bf16 *b, int64_t ldab, const float *A_log,
-                      const float *dt_bias, bf16 *o, int64_t ldo, const int32_t *cu, int Hv, int ratio,
-                      int dv)
-{
-    constexpr int LK = DK + 4, LC = GT_LC;
-    constexpr int NST = (DK / 16) * (GT_DVB / 16) / GT_WARPS; /* state tiles per warp */
-    static_assert(NST * GT_WARPS == (DK / 16) * (GT_DVB / 16), "state tiles per warp");
-    extern __shared__ __align__(128) float gsm[];
-    float *Ks = gsm;                     /* [C][LK] */
-    float *Qs = Ks + GT_C * LK;          /* [C][LK] */
-    float *S = Qs + GT_C * LK;           /* [DK][LC] */
-    float *U = S + DK * LC;              /* [C][LC]: V, then U */
-    float *A = U + GT_C * LC;            /* [C][LC]: K K^T, then A */
-    float *Aqk = A + GT_C * LC;          /* [C][LC] */
-    float *Tm = Aqk + GT_C * LC;         /* [C][LC]: (I + A)^-1 (the lower blocks) */
-    float *Vn = Tm + GT_C * LC;          /* [C][LC]: KS, then Vn */
-    float *O = Vn + GT_C * LC;           /* [C][LC]: QS, then the output */
-    float *X = O + GT_C * LC;            /* [3][16][16] */
-    float *cg = X + 3 * 256, *beta = cg + GT_C, *dec = beta + GT_C, *ecg = dec + GT_C; /* [C] each */
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int s = blockIdx.x / Hv, j = blockIdx.x % Hv, kh = j / ratio;
-    const int64_t col0 = (int64_t)j * dv + (int64_t)blockIdx.y * GT_DVB; /* first value column */
-    const int64_t t0 = cu[s], n = cu[s + 1] - t0;
-    const float Alog = A_log[j], dtb = dt_bias[j];
-    gt_acc Sacc[NST];
-#pragma unroll
-    for (int w = 0; w < NST; w++) {
-        gtw::fill_fragment(Sacc[w], 0.0f);
-        int ts = warp + w * GT_WARPS, ti = ts / (GT_DVB / 16), tj = ts % (GT_DVB / 16);
-        gtw::store_matrix_sync(S + ti * 16 * LC + tj * 16, Sacc[w], LC, gtw::mem_row_major);
-    }
-    gt_regs<DK> R;
-    if (n > 0)
-        gt_fetch<DK>(R, q, k, ldqk, v, ldv, a, b, ldab, t0, (int)(n < GT_C ? n : GT_C), kh, col0, j);
-    for (int64_t base = t0; base < t0 + n; base += GT_C) {
-        const int L = (int)(t0 + n - base < GT_C ? t0 + n - base : GT_C);
-        /* a: the chunk's inputs (fetched during the previous chunk) into shared memory */
-#pragma unroll
-        for (int u = 0; u < gt_regs<DK>::NK; u++) {
-            int i = tid + u * GT_THREADS, r = i / (DK / 8), x = (i % (DK / 8)) * 8;
-            gt_put8(Ks + r * LK + x, R.k[u]);
-            gt_put8(Qs + r * LK + x, R.q[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < gt_regs<DK>::NV; u++) {
-            int i = tid + u * GT_THREADS, r = i / (GT_DVB / 8), c = (i % (GT_DVB / 8)) * 8;
-            gt_put8(U + r * LC + c, R.v[u]);
-        }
-        if (tid < GT_C) {
-            dec[tid] = R.gate ? -expf(Alog) * hy_softplus(R.a + dtb) : 0.0f; /* raw g until the scan */
-            beta[tid] = R.gate ? hy_sigmoid(R.b) : 0.0f;
-        }
-        __syncthreads();
-        if (warp == 0) { /* inclusive scan of 64 values, two per lane */
-            float g0 = dec[2 * lane], g1 = dec[2 * lane + 1], sc = g0 + g1;
-#pragma unroll
-            for (int off = 1; off < 32; off <<= 1) {
-                float y = __shfl_up_sync(0xffffffffu, sc, off);
-                if (lane >= off)
-                    sc += y;
-            }
-            float tot = __shfl_sync(0xffffffffu, sc, 31), ex = sc - (g0 + g1);
-            cg[2 * lane] = ex + g0;
-            cg[2 * lane + 1] = sc;
-            dec[2 * lane] = expf(tot - (ex + g0));
-            dec[2 * lane + 1] = expf(tot - sc);
-            ecg[2 * lane] = expf(ex + g0);
-            ecg[2 * lane + 1] = expf(sc);
-        }
-        __syncthreads();
-        /* b: K S and Q S, the warp's four tiles in tile column warp % 4 (rows warp / 4 and + 2)
-         * sharing each S fragment; then K K^T and Q K^T, 20 lower tiles over the warps */
-        {
-            const int tj = warp % 4, ti0 = warp / 4, ti1 = ti0 + 2;
-            gt_acc c0, c1, c2, c3;
-            gtw::fill_fragment(c0, 0.0f);
-            gtw::fill_fragment(c1, 0.0f);
-            gtw::fill_fragment(c2, 0.0f);
-            gtw::fill_fragment(c3, 0.0f);
-#pragma unroll 2
-            for (int k0 = 0; k0 < DK; k0 += 8) {
-                gtw::fragment<gtw::matrix_b, 16, 16, 8, gtw::precision::tf32, gtw::row_major> fb;
-                gt_load(fb, S + k0 * LC + tj * 16, LC);
-                gt_mma_a(c0, Ks + ti0 * 16 * LK + k0, LK, fb);
-                gt_mma_a(c1, Ks + ti1 * 16 * LK + k0, LK, fb);
-                gt_mma_a(c2, Qs + ti0 * 16 * LK + k0, LK, fb);
-                gt_mma_a(c3, Qs + ti1 * 16 * LK + k0, LK, fb);
-            }
-            gtw::store_matrix_sync(Vn + ti0 * 16 * LC + tj * 16, c0, LC, gtw::mem_row_major);
-            gtw::store_matrix_sync(Vn + ti1 * 16 * LC + tj * 16, c1, LC, gtw::mem_row_major);
-            gtw::store_matrix_sync(O + ti0 * 16 * LC + tj * 16, c2, LC, gtw::mem_row_major);
-            gtw::store_matrix_sync(O + ti1 * 16 * LC + tj * 16, c3, LC, gtw::mem_row_major);
-        }
-        for (int job = warp; job < 20; job += GT_WARPS) {
-            gt_acc acc;
-            gtw::fill_fragment(acc, 0.0f);
-            int ti, tj;
-            gt_lower(job % 10, &ti, &tj);
-            const float *lhs = job < 10 ? Ks : Qs;
-            gt_mma<gtw::row_major, gtw::col_major>(acc, lhs + ti * 16 * LK, LK, Ks + tj * 16 * LK, LK, DK);
-            gtw::store_matrix_sync((job < 10 ? A : Aqk) + ti * 16 * LC + tj * 16, acc, LC,
-                                   gtw::mem_row_major);
-        }
-        __syncthreads();
-        /* c */
-        for (int e = tid; e < GT_C * GT_C; e += GT_THREADS) {
-            int i = e / GT_C, m = e % GT_C;
-            float d = m <= i ? expf(cg[i] - cg[m]) : 0.0f;
-            A[i * LC + m] = m < i ? beta[i] * A[i * LC + m] * d : 0.0f;
-            Aqk[i * LC + m] = m <= i ? Aqk[i * LC + m] * d : 0.0f;
-        }
-        for (int e = tid; e < GT_C * GT_DVB; e += GT_THREADS) {
-            int i = e / GT_DVB, c = e % GT_DVB;
-            float ei = ecg[i];
-            U[i * LC + c] = beta[i] * (U[i * LC + c] - ei * Vn[i * LC + c]);
-            O[i * LC + c] *= ei;
-        }
-        for (int e = tid; e < GT_C * DK; e += GT_THREADS) {
-            int i = e / DK, x = e % DK;
-            Ks[i * LK + x] *= dec[i];
-        }
-        __syncthreads();
-        /* d: the diagonal blocks, one thread per (block, column) */
-        if (tid < GT_C) {
-            int r0 = (tid / 16) * 16, c = tid % 16;
-            const float *Ab = A + r0 * LC + r0;
-            float *Tb = Tm + r0 * LC + r0;
-            for (int r = 0; r < 16; r++) {
-                float t = r == c ? 1.0f : 0.0f;
-                if (r > c) {
-                    for (int x = c; x < r; x++)
-                        t -= Ab[r * LC + x] * Tb[x * LC + c];
-                }
-                Tb[r * LC + c] = t;
-            }
-        }
-        __syncthreads();
-        for (int dist = 1; dist < 4; dist++) {
-            int np = 4 - dist;
-            for (int e = tid; e < np * 256; e += GT_THREADS) { /* X_p = sum_{j <= m < i} A_im T_mj */
-                int bi = dist + e / 256, bj = bi - dist, r = (e % 256) / 16, c = e % 16;
-                const float *Ar = A + (bi * 16 + r) * LC;
-                float acc = 0.0f;
-                for (int x = bj * 16; x < bi * 16; x++)
-                    acc += Ar[x] * Tm[x * LC + bj * 16 + c];
-                X[e] = acc;
-            }
-            __syncthreads();
-            for (int e = tid; e < np * 256; e += GT_THREADS) { /* T_ij = -T_ii X_p */
-                int bi = dist + e / 256, bj = bi - dist, r = (e % 256) / 16, c = e % 16;
-                const float *Tr = Tm + (bi * 16 + r) * LC + bi * 16;
-                const float *Xp = X + (e / 256) * 256;
-                float acc = 0.0f;
-                for (int x = 0; x <= r; x++)
-                    acc += Tr[x] * Xp[x * 16 + c];
-                Tm[(bi * 16 + r) * LC + bj * 16 + c] = -acc;
-            }
-            __syncthreads();
-        }
-        /* e: Vn = T U (T lower: the k-tiles up to the diagonal) */
-        for (int t = warp; t < 16; t += GT_WARPS) {
-            int ti = t / 4, tj = t % 4;
-            gt_acc acc;
-            gtw::fill_fragment(acc, 0.0f);
-            gt_mma<gtw::row_major, gtw::row_major>(acc, Tm + ti * 16 * LC, LC, U + tj * 16, LC, (ti + 1) * 16);
-            gtw::store_matrix_sync(Vn + ti * 16 * LC + tj * 16, acc, LC, gtw::mem_row_major);
-        }
-        __syncthreads();
-        /* f: O += Aqk Vn; S = exp(cg_last) S + (dec K)^T Vn; the next chunk's inputs fetched */
-        if (base + GT_C < t0 + n) {
-            int64_t nb = base + GT_C;
-            gt_fetch<DK>(R, q, k, ldqk, v, ldv, a, b, ldab, nb,
-                         (int)(t0 + n - nb < GT_C ? t0 + n - nb : GT_C), kh, col0, j);
-        }
-        for (int t = warp; t < 16; t += GT_WARPS) {
-            int ti = t / 4, tj = t % 4;
-            gt_acc acc;
-            gtw::load_matrix_sync(acc, O + ti * 16 * LC + tj * 16, LC, gtw::mem_row_major);
-            gt_mma<gtw::row_major, gtw::row_major>(acc, Aqk + ti * 16 * LC, LC, Vn + tj * 16, LC, (ti + 1) * 16);
-            gtw::store_matrix_sync(O + ti * 16 * LC + tj * 16, acc, LC, gtw::mem_row_major);
-        }
-        /* the warp's state tiles share their value columns (tile column warp % 4): one load of
-         * each Vn fragment serves all of them */
-        const float eL = expf(cg[GT_C - 1]);
-        const int stj = warp % (GT_DVB / 16);
-#pragma unroll
-        for (int w = 0; w < NST; w++)
-#pragma unroll
-            for (int t = 0; t < Sacc[w].num_elements; t++)
-                Sacc[w].x[t] *= eL;
-        for (int k0 = 0; k0 < GT_C; k0 += 8) {
-            gtw::fragment<gtw::matrix_b, 16, 16, 8, gtw::precision::tf32, gtw::row_major> fb;
-            gt_load(fb, Vn + k0 * LC + stj * 16, LC);
-#pragma unroll
-            for (int w = 0; w < NST; w++) {
-                int sti = (warp + w * GT_WARPS) / (GT_DVB / 16);
-                gtw::fragment<gtw::matrix_a, 16, 16, 8, gtw::precision::tf32, gtw::col_major> fa;
-                gt_load(fa, Ks + k0 * LK + sti * 16, LK);
-                gtw::mma_sync(Sacc[w], fa, fb, Sacc[w]);
-            }
-        }
-#pragma unroll
-        for (int w = 0; w < NST; w++) {
-            int sti = (warp + w * GT_WARPS) / (GT_DVB / 16);
-            gtw::store_matrix_sync(S + sti * 16 * LC + stj * 16, Sacc[w], LC, gtw::mem_row_major);
-        }
-        __syncthreads();
-        /* g: 8 columns per 16-byte store */
-        for (int e = tid; e < L * (GT_DVB / 8); e += GT_THREADS) {
-            int i = e / (GT_DVB / 8), c = (e % (GT_DVB / 8)) * 8;
-            const float4 *src = (const float4 *)(O + i * LC + c);
-            float4 f0 = src[0], f1 = src[1];
-            uint4 pk;
-            __nv_bfloat162 *h = (__nv_bfloat162 *)&pk;
-            h[0] = __floats2bfloat162_rn(f0.x, f0.y);
-            h[1] = __floats2bfloat162_rn(f0.z, f0.w);
-            h[2] = __floats2bfloat162_rn(f1.x, f1.y);
-            h[3] = __floats2bfloat162_rn(f1.z, f1.w);
-            *(uint4 *)(o + (base + i) * ldo + col0 + c) = pk;
-        }
-    }
-}
+/* ---- the chunked gated delta rule on tensor cores (bf16 activations): gdn_chunk.cuh ---- */
 
 /* The sizes both kernels take; 0 or DFL_EUNSUP recorded. */
 static int gd_check(dfl_be *be, const dfl_gated_delta *g)
@@ -860,24 +533,142 @@ static bool gd_tc_takes(dfl_be *be, const dfl_gated_delta *g)
     return false;
 }
 
+/* The two-pass form (gdn_chunk.cuh) is the default where it takes the call; DFL_CUDA_GDN_SPLIT=0
+ * in the environment selects the one-kernel form instead. Read at every call, so that a test can
+ * run both. */
+static bool gd_split_enabled(void)
+{
+    const char *v = getenv("DFL_CUDA_GDN_SPLIT");
+    return !(v && v[0] == '0' && !v[1]);
+}
+
+/* The two-pass form's workspace for this call (gdn_chunk.cuh, gc_ws: T + 64 rows a value head),
+ * grown through be_alloc and zeroed when it grows; false (nothing recorded) where it cannot be
+ * had: the allocation frozen or the memory short. */
+template <int DK>
+static bool gc_workspace(dfl_be *be, const dfl_gated_delta *g, gc_ws *w)
+{
+    cuda_impl *im = cuda_of(be);
+    const int64_t rows = g->T + GT_C, Hv = g->Hv;
+    const size_t per = sizeof(float) * (size_t)rows * (size_t)Hv; /* one column of every head */
+    auto up = [](size_t x) { return (x + 255) & ~(size_t)255; };
+    const size_t b_k = up(per * DK), b_u = up(per * (size_t)g->dv), b_a = up(per * GT_C), b_c = up(per);
+    const size_t need = 3 * b_k + b_u + b_a + b_c;
+    if (need > im->gdn_ws_bytes) {
+        dfl_err e = {0};
+        void *p = be->ops->alloc(be, need, &e);
+        if (!p)
+            return false;
+        if (im->gdn_ws)
+            be->ops->free(be, im->gdn_ws);
+        im->gdn_ws = p;
+        im->gdn_ws_bytes = need;
+        if (be->ops->memset0(be, p, need)) /* the rows past T are read (as zeros) */
+            return false;
+    }
+    char *p = (char *)im->gdn_ws;
+    w->wn = (float *)p;
+    w->qe = (float *)(p + b_k);
+    w->kd = (float *)(p + 2 * b_k);
+    w->u = (float *)(p + 3 * b_k);
+    w->aqk = (float *)(p + 3 * b_k + b_u);
+    w->cg = (float *)(p + 3 * b_k + b_u + b_a);
+    w->rows = rows;
+    return true;
+}
+
+/* The two-pass form: 1 when it does not take the call (grid limits, no workspace), else the
+ * launches' status. passes: bit 0 the key-side pass, bit 1 the state pass (3: the op; one alone
+ * for timing). */
+template <int DK>
+static int gd_split(dfl_be *be, const dfl_gated_delta *g, int passes = 3)
+{
+    const int64_t nsl = g->dv / GT_DVB, chunks = g->max_len > 0 ? (g->max_len + GT_C - 1) / GT_C : 1;
+    if (g->n_seqs > 65535 || g->Hv > 65535 || (int64_t)g->n_seqs * g->Hv * nsl > INT32_MAX)
+        return 1;
+    gc_ws w;
+    if (!gc_workspace<DK>(be, g, &w))
+        return 1;
+    size_t sp = gc_prep_smem<DK>(), ss = gc_state_smem<DK>();
+    cudaError_t err = cudaFuncSetAttribute(gc_prep_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sp);
+    if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(gc_state_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss);
+    if (err != cudaSuccess)
+        return cuda_op_fail(be, DFL_EDEVICE, "gated delta rule: %s", cudaGetErrorString(err));
+    cudaStream_t st = cuda_of(be)->stream;
+    dim3 gp((unsigned)(chunks < 65535 ? chunks : 65535), (unsigned)g->n_seqs, (unsigned)g->Hv);
+    if (passes & 1) {
+        gc_prep_kernel<DK><<<gp, GT_THREADS, sp, st>>>(
+            (const bf16 *)g->q, (const bf16 *)g->k, g->ldqk, (const bf16 *)g->v, g->ldv,
+            (const bf16 *)g->a, (const bf16 *)g->b, g->ldab, g->A_log, g->dt_bias, g->cu_seqlens,
+            g->Hv / g->Hk, g->dv, w);
+        int rc = cuda_launch_check(be, "gated delta rule (key-side pass)");
+        if (rc)
+            return rc;
+    }
+    if (!(passes & 2))
+        return 0;
+    gc_state_kernel<DK><<<(unsigned)(g->n_seqs * g->Hv * nsl), GT_THREADS, ss, st>>>(
+        w, g->cu_seqlens, (bf16 *)g->o, g->ldo, g->Hv, g->dv);
+    return cuda_launch_check(be, "gated delta rule (state pass)");
+}
+
+/* The tensor-core forms for a call gd_tc_takes: the two-pass one unless split is false or it
+ * does not take the call, else the one-kernel one. */
+static int gd_tensor(dfl_be *be, const dfl_gated_delta *g, bool split)
+{
+    if (split) {
+        int rc = g->dk == 64 ? gd_split<64>(be, g) : gd_split<128>(be, g);
+        if (rc != 1)
+            return rc;
+    }
+    return g->dk == 64 ? gd_tc<64>(be, g) : gd_tc<128>(be, g);
+}
+
+/* The op's sizes checked and the device made current: *go when there is work to launch; else
+ * the status to return. */
+static int gd_begin(dfl_be *be, const dfl_gated_delta *g, bool *go)
+{
+    *go = false;
+    int rc = gd_check(be, g);
+    if (rc || g->T <= 0 || g->n_seqs <= 0 || (rc = cuda_enter(be)))
+        return rc;
+    *go = true;
+    return 0;
+}
+
 int cuda_gated_delta(dfl_be *be, const dfl_gated_delta *g)
 {
-    int rc = gd_check(be, g);
-    if (rc || g->T <= 0 || g->n_seqs <= 0)
+    bool go;
+    int rc = gd_begin(be, g, &go);
+    if (!go)
         return rc;
-    if ((rc = cuda_enter(be)))
+    return gd_tc_takes(be, g) ? gd_tensor(be, g, gd_split_enabled()) : gd_simt(be, g);
+}
+
+extern "C" int dfl_cuda_gated_delta_fused(dfl_be *be, const dfl_gated_delta *g)
+{
+    bool go;
+    int rc = gd_begin(be, g, &go);
+    if (!go)
         return rc;
-    if (!gd_tc_takes(be, g))
-        return gd_simt(be, g);
-    return g->dk == 64 ? gd_tc<64>(be, g) : gd_tc<128>(be, g);
+    return gd_tc_takes(be, g) ? gd_tensor(be, g, false) : gd_simt(be, g);
 }
 
 extern "C" int dfl_cuda_gated_delta_simt(dfl_be *be, const dfl_gated_delta *g)
 {
-    int rc = gd_check(be, g);
-    if (rc || g->T <= 0 || g->n_seqs <= 0)
+    bool go;
+    int rc = gd_begin(be, g, &go);
+    return go ? gd_simt(be, g) : rc;
+}
+
+extern "C" int dfl_cuda_gated_delta_pass(dfl_be *be, const dfl_gated_delta *g, int passes)
+{
+    bool go;
+    int rc = gd_begin(be, g, &go);
+    if (!go)
         return rc;
-    if ((rc = cuda_enter(be)))
-        return rc;
-    return gd_simt(be, g);
+    if (!gd_tc_takes(be, g) || passes < 1 || passes > 3)
+        return 1;
+    return g->dk == 64 ? gd_split<64>(be, g, passes) : gd_split<128>(be, g, passes);
 }

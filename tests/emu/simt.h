@@ -2,6 +2,7 @@
  * arithmetic of the tensor-core kernels on a machine without a GPU (tests/emu/README). One CTA
  * at a time; every CUDA thread is a fiber (ucontext) that runs until it reaches a barrier or a
  * warp-collective operation. Emulated: __syncthreads(_or/_and), __syncwarp, __shfl_xor_sync,
+ * __shfl_sync, __shfl_up_sync,
  * __any_sync, threadIdx/blockIdx/blockDim/gridDim, __shared__ variables (function statics: one
  * CTA runs at a time), dynamic shared memory, and the PTX helpers of kernels/dflash_ptx.cuh:
  * cp.async (copied at once; commit/wait are no-ops), ldmatrix .x4 (.trans), mma.sync
@@ -313,6 +314,28 @@ template <class T> inline T __shfl_xor_sync(unsigned, T v, int o)
     emu::warp_op(2, &v, sizeof v, &r, sizeof r, [o](auto &in, auto &out, int lanes) {
         for (int l = 0; l < lanes; l++)
             memcpy(out[l], in[(l ^ o) < lanes ? (l ^ o) : l], sizeof(T));
+    });
+    return r;
+}
+
+template <class T> inline T __shfl_sync(unsigned, T v, int src)
+{
+    static_assert(sizeof(T) <= 8, "shfl");
+    T r;
+    emu::warp_op(4, &v, sizeof v, &r, sizeof r, [src](auto &in, auto &out, int lanes) {
+        for (int l = 0; l < lanes; l++)
+            memcpy(out[l], in[src & 31], sizeof(T));
+    });
+    return r;
+}
+
+template <class T> inline T __shfl_up_sync(unsigned, T v, int d)
+{
+    static_assert(sizeof(T) <= 8, "shfl");
+    T r;
+    emu::warp_op(5, &v, sizeof v, &r, sizeof r, [d](auto &in, auto &out, int lanes) {
+        for (int l = 0; l < lanes; l++)
+            memcpy(out[l], in[l >= d ? l - d : l], sizeof(T));
     });
     return r;
 }

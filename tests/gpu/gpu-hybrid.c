@@ -1,11 +1,14 @@
 /* gpu-hybrid.c: the CUDA ops of hybrid targets (kernels/hybrid.cu) against the CPU ops
  * (lib/backends/be_cpu_hybrid.c), with bf16 and f32 activations, on inputs rounded to the
  * activation type (so both sides see the same numbers): zero-centred RMSNorm, q/k norm with
- * partial RoPE, the sigmoid gate, the per-sequence conv1d + SiLU, L2 norm, gated RMSNorm; and the
+ * partial RoPE, the sigmoid gate, the per-sequence conv1d + SiLU (both on rows the 8-channel
+ * kernels take and on rows they do not), L2 norm, gated RMSNorm; and the
  * chunked gated delta rule against the CPU's token-by-token recurrence on packed sequences of
  * 1, 63, 64, 65 and 5000 tokens, key/value head dims 64 and 128 and several head ratios (bf16
- * with key head dim 64 or 128 and value head dim a multiple of 64 runs the tensor-core kernel,
- * the rest the SIMT kernel), and at the Qwen3.5-27B shape the two kernels timed and compared. Every
+ * with key head dim 64 or 128 and value head dim a multiple of 64 runs on tensor cores, the
+ * two-pass form, and those cases run the one-kernel form too; the rest the SIMT kernel), with
+ * the random gates' fast decays and with slow ones, and at the Qwen3.5-27B shape the three
+ * timed and compared. Every
  * device buffer has guard bands checked after the op, outputs start as NaN bytes, and every
  * comparison fails on NaN. Tolerances (max over rows of ||gpu - cpu|| / ||cpu||): f32 1e-4 (the
  * delta rule: 1e-4 against the recurrence), bf16 1e-2 (one bf16 rounding of the output, 2^-9,
@@ -146,10 +149,11 @@ static void test_small_ops(dfl_dtype act)
         gb_free(&g1); gb_free(&g2); gb_free(&g3); gb_free(&gg); gb_free(&gw);
         free(x); free(g); free(w); free(y1); free(y2); free(y3);
     }
-    /* conv1d_silu over packed sequences of 1, 2, 7 and 30 tokens, K = 4 */
-    {
+    /* conv1d_silu over packed sequences of 1, 2, 7 and 30 tokens, K = 4: C 70 (one channel a
+     * thread) and, 16-byte rows, C 1096 (bf16: 8 channels a thread, kernels/hybrid_ew.cuh) */
+    for (int shape = 0; shape < 2; shape++) {
         int32_t lens[4] = {1, 2, 7, 30};
-        int64_t T = 40, C = 70, lx = 90;
+        int64_t T = 40, C = shape ? 1096 : 70, lx = shape ? 1112 : 90;
         int32_t *pos = xmalloc((size_t)T * 4);
         for (int s = 0, row = 0; s < 4; s++)
             for (int j = 0; j < lens[s]; j++)
@@ -164,18 +168,46 @@ static void test_small_ops(dfl_dtype act)
             T_CHECK(gpu_be->ops->conv1d_silu(gpu_be, gy.p, C, gx.p, lx, gw.p, (const int32_t *)gp.p, T, C, 4) == 0,
                     "launch");
             sync_ok(gpu_be, "conv1d_silu");
-            check_out(&gy, y, T, C, C, act, "conv1d_silu");
+            check_out(&gy, y, T, C, C, act, shape ? "conv1d_silu C 1096" : "conv1d_silu C 70");
         }
         gb_free(&gx); gb_free(&gw); gb_free(&gy); gb_free(&gp);
         free(x); free(w); free(y); free(pos);
+    }
+    /* sigmoid_mul on 16-byte rows (bf16: 8 columns a thread); the 8 columns past n left alone */
+    {
+        const int64_t R2 = 37, n2 = 96, l2 = 104;
+        float *x = vals((size_t)(R2 * l2), 1.0f, 0.0f, act), *g = vals((size_t)(R2 * l2), 3.0f, 0.0f, act);
+        float *y = fdup(x, (size_t)(R2 * l2));
+        cpu_be->ops->sigmoid_mul(cpu_be, y, l2, g, l2, R2, n2);
+        gbuf gx, gg;
+        if (dev(&gx, x, (size_t)(R2 * l2), act) && dev(&gg, g, (size_t)(R2 * l2), act)) {
+            T_CHECK(gpu_be->ops->sigmoid_mul(gpu_be, gx.p, l2, gg.p, l2, R2, n2) == 0, "launch");
+            sync_ok(gpu_be, "sigmoid_mul");
+            check_out(&gx, y, R2, l2, l2, act, "sigmoid_mul, 16-byte rows");
+        }
+        gb_free(&gx); gb_free(&gg);
+        free(x); free(g); free(y);
     }
 }
 
 static void test_small_ops_bf16(void) { if (!dfl_be_cuda_available()) T_SKIP("no CUDA GPU"); test_small_ops(DFL_BF16); }
 static void test_small_ops_f32(void) { if (!dfl_be_cuda_available()) T_SKIP("no CUDA GPU"); test_small_ops(DFL_F32); }
 
-/* The chunked kernel against the CPU recurrence: sequences lens[] packed, Hk / Hv heads of dk / dv. */
-static void delta_case(dfl_dtype act, const int32_t *lens, int S, int Hk, int Hv, int dk, int dv)
+/* b's data back to NaN bytes (as gb_alloc leaves it) */
+static void nan_fill(gbuf *b)
+{
+    uint8_t *h = xmalloc(b->bytes);
+    memset(h, 0xFF, b->bytes);
+    gb_set_raw(b, h);
+    free(h);
+}
+
+/* The op (and, where it takes tensor cores, the one-kernel form dfl_cuda_gated_delta_fused) against
+ * the CPU recurrence: sequences lens[] packed, Hk / Hv heads of dk / dv. slow: slow decays (|g|
+ * about 1e-3 to 0.1 per token, where the state carried over chunk boundaries shapes the output),
+ * else the decays of the random gates (a few tenths per token and more). */
+static void delta_case(dfl_dtype act, const int32_t *lens, int S, int Hk, int Hv, int dk, int dv,
+                       bool slow)
 {
     int32_t cu[16];
     cu[0] = 0;
@@ -189,7 +221,8 @@ static void delta_case(dfl_dtype act, const int32_t *lens, int S, int Hk, int Hv
     if (act == DFL_BF16)
         for (int64_t i = 0; i < T * ldqk; i++)
             qkv[i] = round_bf16(qkv[i]);
-    float *A_log = vals((size_t)Hv, 1.0f, -0.5f, DFL_F32), *dtb = vals((size_t)Hv, 0.5f, 0.0f, DFL_F32);
+    float *A_log = vals((size_t)Hv, 1.0f, slow ? -4.0f : -0.5f, DFL_F32);
+    float *dtb = vals((size_t)Hv, 0.5f, slow ? -1.0f : 0.0f, DFL_F32);
     float *want = xmalloc((size_t)(T * ldo) * 4);
     int32_t max_len = 0;
     for (int s = 0; s < S; s++)
@@ -218,19 +251,25 @@ static void delta_case(dfl_dtype act, const int32_t *lens, int S, int Hk, int Hv
         d.o = go.p;
         d.cu_seqlens = (const int32_t *)gcu.p;
         d.chunk = 64;
-        T_CHECK(gpu_be->ops->gated_delta(gpu_be, &d) == 0, "launch");
-        sync_ok(gpu_be, "gated delta");
-        float *got = xmalloc((size_t)(T * ldo) * 4);
-        gb_get(&go, got);
-        gb_check_guards(&go, "gated delta output");
-        for (int s = 0; s < S; s++) {
-            double err = rows_err(got + cu[s] * ldo, want + cu[s] * ldo, lens[s], ldo, ldo);
-            printf("# gated delta (%s) Hk %d Hv %d dk %d dv %d, sequence of %d: rel %.3g\n",
-                   dfl_dtype_lower(act), Hk, Hv, dk, dv, lens[s], err);
-            T_CHECK(err <= tol_of(act), "gated delta (%s) Hk %d Hv %d dk %d dv %d, sequence of %d: "
-                    "rel %.3g", dfl_dtype_lower(act), Hk, Hv, dk, dv, lens[s], err);
+        static const char *const form[2] = {"op", "one-kernel form"};
+        for (int f = 0; f < (act == DFL_BF16 ? 2 : 1); f++) {
+            nan_fill(&go);
+            T_CHECK((f ? dfl_cuda_gated_delta_fused(gpu_be, &d) : gpu_be->ops->gated_delta(gpu_be, &d)) == 0,
+                    "launch");
+            sync_ok(gpu_be, "gated delta");
+            float *got = xmalloc((size_t)(T * ldo) * 4);
+            gb_get(&go, got);
+            gb_check_guards(&go, "gated delta output");
+            for (int s = 0; s < S; s++) {
+                double err = rows_err(got + cu[s] * ldo, want + cu[s] * ldo, lens[s], ldo, ldo);
+                printf("# gated delta %s (%s) Hk %d Hv %d dk %d dv %d%s, sequence of %d: rel %.3g\n",
+                       form[f], dfl_dtype_lower(act), Hk, Hv, dk, dv, slow ? " slow decays" : "", lens[s], err);
+                T_CHECK(err <= tol_of(act), "gated delta %s (%s) Hk %d Hv %d dk %d dv %d%s, sequence of %d: "
+                        "rel %.3g", form[f], dfl_dtype_lower(act), Hk, Hv, dk, dv, slow ? " slow decays" : "",
+                        lens[s], err);
+            }
+            free(got);
         }
-        free(got);
     }
     gb_free(&gq); gb_free(&gab); gb_free(&gA); gb_free(&gd); gb_free(&go); gb_free(&gcu);
     free(qkv); free(ab); free(A_log); free(dtb); free(want);
@@ -247,7 +286,9 @@ static void test_delta(dfl_dtype act)
         {1, 2, 128, 192}, {2, 2, 128, 96},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        delta_case(act, lens, 5, cases[i].Hk, cases[i].Hv, cases[i].dk, cases[i].dv);
+        delta_case(act, lens, 5, cases[i].Hk, cases[i].Hv, cases[i].dk, cases[i].dv, false);
+    delta_case(act, lens, 5, 2, 6, 128, 128, true);
+    delta_case(act, lens, 5, 2, 4, 64, 64, true);
     /* sizes the kernel does not take: a clear error, nothing launched */
     dfl_gated_delta bad = {.Hk = 2, .Hv = 3, .dk = 64, .dv = 64, .chunk = 64};
     dfl_err e = {0};
@@ -274,15 +315,18 @@ static double delta_time(int (*run)(dfl_be *, const dfl_gated_delta *), const df
 }
 
 static int delta_op(dfl_be *be, const dfl_gated_delta *d) { return be->ops->gated_delta(be, d); }
+static int delta_key_pass(dfl_be *be, const dfl_gated_delta *d) { return dfl_cuda_gated_delta_pass(be, d, 1); }
+static int delta_state_pass(dfl_be *be, const dfl_gated_delta *d) { return dfl_cuda_gated_delta_pass(be, d, 2); }
 
 /* The delta rule at the Qwen3.5-27B shape (16 key / 48 value heads of 128, bf16), 8 sequences
- * of 2048 tokens: time per call and model FLOP/s of the op (the tensor-core kernel) and, in the
- * same run, of the SIMT kernel it replaced (dfl_cuda_gated_delta_simt); the two outputs must agree
- * within the bf16 tolerance. FLOPs counted per value head and chunk of L tokens as the chunked
+ * of 2048 tokens: time per call and model FLOP/s of the op (the two-pass tensor-core form) and, in
+ * the same run, of the one-kernel tensor-core form (dfl_cuda_gated_delta_fused) and of the SIMT
+ * kernel (dfl_cuda_gated_delta_simt); each output must agree with the SIMT kernel's within the
+ * bf16 tolerance. FLOPs counted per value head and chunk of L tokens as the chunked
  * algorithm's essential products: the lower triangles of K K^T and Q K^T (2 L^2 dk), the
  * triangular solve and the intra-chunk Aqk Vn (2 L^2 dv), and K S, Q S and the state update
- * K^T Vn (6 L dk dv); neither kernel's recomputation of K K^T and Q K^T for each slice of value
- * columns is counted. */
+ * K^T Vn (6 L dk dv); the one-kernel forms' recomputation of K K^T and Q K^T for each slice of
+ * value columns is not counted. */
 static void test_delta_speed_27b(void)
 {
     if (!dfl_be_cuda_available())
@@ -298,11 +342,11 @@ static void test_delta_speed_27b(void)
         cu[s] = s * Ls;
     float *x = vals((size_t)(T * ldqk), 0.05f, 0.0f, DFL_BF16), *ab = vals((size_t)(T * ldab), 1.0f, 0.0f, DFL_BF16);
     float *A_log = vals((size_t)Hv, 0.5f, 0.0f, DFL_F32), *dtb = vals((size_t)Hv, 0.5f, 0.0f, DFL_F32);
-    gbuf gq, gab, gA, gd, go, gs, gcu;
+    gbuf gq, gab, gA, gd, go, gf, gs, gcu;
     if (dev(&gq, x, (size_t)(T * ldqk), DFL_BF16) && dev(&gab, ab, (size_t)(T * ldab), DFL_BF16) &&
         dev(&gA, A_log, (size_t)Hv, DFL_F32) && dev(&gd, dtb, (size_t)Hv, DFL_F32) &&
-        dev(&go, NULL, (size_t)(T * ldo), DFL_BF16) && dev(&gs, NULL, (size_t)(T * ldo), DFL_BF16) &&
-        gb_alloc(&gcu, gpu_be, 9, DFL_I32)) {
+        dev(&go, NULL, (size_t)(T * ldo), DFL_BF16) && dev(&gf, NULL, (size_t)(T * ldo), DFL_BF16) &&
+        dev(&gs, NULL, (size_t)(T * ldo), DFL_BF16) && gb_alloc(&gcu, gpu_be, 9, DFL_I32)) {
         gb_set_raw(&gcu, cu);
         dfl_gated_delta d = {
             .q = gq.p, .k = gq.p + (size_t)Hk * dk * 2, .ldqk = ldqk, .v = gq.p + (size_t)2 * Hk * dk * 2,
@@ -311,30 +355,43 @@ static void test_delta_speed_27b(void)
             .cu_seqlens = (const int32_t *)gcu.p, .n_seqs = S, .max_len = Ls, .T = T, .Hk = Hk,
             .Hv = Hv, .dk = dk, .dv = dv, .chunk = 64,
         };
+        double sec_key = delta_time(delta_key_pass, &d, 10), sec_state = delta_time(delta_state_pass, &d, 10);
         double sec = delta_time(delta_op, &d, 10);
-        dfl_gated_delta ds = d;
+        dfl_gated_delta df = d, ds = d;
+        df.o = gf.p;
         ds.o = gs.p;
+        double sec_fused = delta_time(dfl_cuda_gated_delta_fused, &df, 10);
         double sec_simt = delta_time(dfl_cuda_gated_delta_simt, &ds, 3);
         double flops = (double)Hv * (double)(T / L) *
                        (2.0 * L * L * dk + 2.0 * L * L * dv + 6.0 * L * dk * dv);
-        float *got = xmalloc((size_t)(T * ldo) * 4), *ref = xmalloc((size_t)(T * ldo) * 4);
+        float *got = xmalloc((size_t)(T * ldo) * 4), *fused = xmalloc((size_t)(T * ldo) * 4);
+        float *ref = xmalloc((size_t)(T * ldo) * 4);
         gb_get(&go, got);
+        gb_get(&gf, fused);
         gb_get(&gs, ref);
         gb_check_guards(&go, "gated delta output");
+        gb_check_guards(&gf, "gated delta (one-kernel form) output");
         gb_check_guards(&gs, "gated delta (SIMT) output");
         bool finite = true;
         for (int64_t i = 0; i < T * ldo; i++)
-            finite &= isfinite(got[i]);
+            finite &= isfinite(got[i]) && isfinite(fused[i]);
         T_CHECK(finite, "finite output");
-        double err = rows_err(got, ref, T, ldo, ldo);
-        T_CHECK(err <= tol_of(DFL_BF16), "tensor-core vs SIMT kernel: max row rel err %.3g", err);
+        double err = rows_err(got, ref, T, ldo, ldo), err_f = rows_err(fused, ref, T, ldo, ldo);
+        T_CHECK(err <= tol_of(DFL_BF16), "two-pass form vs SIMT kernel: max row rel err %.3g", err);
+        T_CHECK(err_f <= tol_of(DFL_BF16), "one-kernel form vs SIMT kernel: max row rel err %.3g", err_f);
         printf("# gated delta rule, Qwen3.5-27B shape (Hk 16, Hv 48, dk = dv = 128, bf16), 8 x 2048 "
-               "tokens (%.2f GFLOP): tensor cores %.3f ms, %.1f TFLOP/s; SIMT kernel %.3f ms, "
-               "%.1f TFLOP/s; %.1fx; max row rel difference %.3g\n", flops / 1e9, sec * 1e3,
-               flops / sec / 1e12, sec_simt * 1e3, flops / sec_simt / 1e12, sec_simt / sec, err);
+               "tokens (%.2f GFLOP): two-pass %.3f ms, %.1f TFLOP/s; one-kernel %.3f ms, %.1f TFLOP/s; "
+               "SIMT %.3f ms, %.1f TFLOP/s; two-pass %.2fx one-kernel; max row rel difference from "
+               "SIMT %.3g (two-pass), %.3g (one-kernel)\n", flops / 1e9, sec * 1e3, flops / sec / 1e12,
+               sec_fused * 1e3, flops / sec_fused / 1e12, sec_simt * 1e3, flops / sec_simt / 1e12,
+               sec_fused / sec, err, err_f);
+        printf("# gated delta rule, two-pass form's passes alone: key-side %.3f ms, state %.3f ms\n",
+               sec_key * 1e3, sec_state * 1e3);
         free(got);
+        free(fused);
         free(ref);
     }
+    gb_free(&gf);
     gb_free(&gq); gb_free(&gab); gb_free(&gA); gb_free(&gd); gb_free(&go); gb_free(&gs); gb_free(&gcu);
     free(x); free(ab); free(A_log); free(dtb);
 }
