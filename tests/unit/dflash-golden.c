@@ -116,6 +116,12 @@ static double scalar(const dfl_st_file *f, const char *name)
 }
 
 /* max |a - b| over n and max |b| */
+/* The larger of a running worst error and a new one, keeping a NaN (fmax drops it). */
+static double t_worst(double worst, double d)
+{
+    return (d > worst || d != d) ? d : worst;
+}
+
 static double max_abs_diff(const float *a, const float *b, int64_t n, double *bmax)
 {
     double err = 0, mx = 0;
@@ -481,11 +487,11 @@ static void check_apply(dfl_draft *m, const dfl_st_file *f, const golden_cfg *g)
             if (isnan(d))
                 d = INFINITY;
             if (fabs(gr[k]) >= 1e-5) {
-                worst_big = fmax(worst_big, d);
+                worst_big = t_worst(worst_big, d);
                 n_big++;
                 flips += !(d <= g->lr);
             } else
-                worst_small = fmax(worst_small, d);
+                worst_small = t_worst(worst_small, d);
         }
         free(want), free(gr);
     }
@@ -513,7 +519,7 @@ static void check_activations(dfl_draft *m, const dfl_st_file *f, const packed *
         int64_t row = 0, Smax = t->shape[1];
         for (int32_t s = 0; s < p->S; s++) {
             for (uint32_t i = 0; i < p->lens[s]; i++)
-                worst = fmax(worst, max_abs_diff(mine + (row + i) * H, ref + ((int64_t)s * Smax + i) * H, H, NULL));
+                worst = t_worst(worst, max_abs_diff(mine + (row + i) * H, ref + ((int64_t)s * Smax + i) * H, H, NULL));
             row += p->lens[s];
         }
         report2("dbg.target_ctx (C)", worst, 1e-4, BF16_ACT_TOL * max_abs(ref, t->numel), "absolute");
@@ -541,7 +547,7 @@ static void check_activations(dfl_draft *m, const dfl_st_file *f, const packed *
         for (int32_t s = 0; s < p->S; s++)
             for (int32_t n = 0; n < p->nanch[s]; n++, b++)
                 for (int64_t j = 0; j < bs; j++)
-                    worst = fmax(worst, max_abs_diff(mine + (b * bs + j) * H,
+                    worst = t_worst(worst, max_abs_diff(mine + (b * bs + j) * H,
                                                      ref + ((int64_t)s * rows + n * bs + j) * H, H, NULL));
         report2(nm, worst, 1e-4, BF16_ACT_TOL * max_abs(ref, t->numel), "absolute");
         free(ref);
@@ -562,7 +568,7 @@ static void check_activations(dfl_draft *m, const dfl_st_file *f, const packed *
                     int64_t gi = ((int64_t)s * N + n) * bs + j;
                     bad_mask += (w[b * bs + j] > 0) != (w0[gi] > 0.5f);
                     if (w0[gi] > 0.5f)
-                        worst = fmax(worst, fabs(ce[b * bs + j] - ref[gi]) / fmax(1.0, fabs(ref[gi])));
+                        worst = t_worst(worst, fabs(ce[b * bs + j] - ref[gi]) / fmax(1.0, fabs(ref[gi])));
                 }
         report("dbg.weight_mask (scored slots)", bad_mask, 0, "slots differing");
         report2("dbg.ce (scored slots)", worst, 1e-5, BF16_CE_TOL, "relative");
@@ -631,7 +637,7 @@ int main(int argc, char **argv)
     float *decay = get_f32(f, "slot_decay_weight", &nb);
     double dworst = 0;
     for (int j = 1; j < c->block_size && j < (int)nb; j++)
-        dworst = fmax(dworst, fabs(exp(-(double)(j - 1) / c->gamma) - decay[j]) / decay[j]);
+        dworst = t_worst(dworst, fabs(exp(-(double)(j - 1) / c->gamma) - decay[j]) / decay[j]);
     report("slot_decay_weight", dworst, 1e-6, "relative");
     free(decay);
 

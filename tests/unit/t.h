@@ -57,6 +57,13 @@ static const char *t_name_ = "test";
         return;                                                                          \
     } while (0)
 
+/* The larger of a running worst error and a new one, keeping a NaN (fmax drops it): a NaN
+ * error then fails the closing `worst <= tol` check. */
+static inline double t_worst(double worst, double d)
+{
+    return (d > worst || d != d) ? d : worst;
+}
+
 /* T_ONLY=SUBSTRING in the environment: the tests whose name does not hold it are skipped (to
  * run one test of a binary, e.g. under compute-sanitizer). */
 #define T_RUN(fn)                                                                        \

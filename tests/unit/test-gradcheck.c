@@ -112,9 +112,9 @@ static void test_rmsnorm_bwd(void)
     T_CHECK(be->ops->rmsnorm_bwd(be, dx2, dw, r, x, w, rstd, R, n, true) == 0, "rmsnorm_bwd acc");
     double worst = 0;
     for (int64_t i = 0; i < R * n; i++)
-        worst = fmax(worst, fabs(dx2[i] - 1.0f - dx[i]));
+        worst = t_worst(worst, fabs(dx2[i] - 1.0f - dx[i]));
     for (int64_t i = 0; i < n; i++)
-        worst = fmax(worst, fabs(dw[i] - 2 * gw[i]) / 100);
+        worst = t_worst(worst, fabs(dw[i] - 2 * gw[i]) / 100);
     T_CHECK(worst <= 1e-4, "accumulation: %.3g", worst);
     /* dx may alias dy */
     float *al = malloc(R * n * 4);
