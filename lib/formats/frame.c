@@ -15,8 +15,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
 #include <zstd.h>
 
 #include "batch_check.h"
@@ -24,6 +22,7 @@
 #include "frame_type.h"
 #include "json.h"
 #include "util.h"
+#include "xxh.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "libdfl uses the little-endian arrays of .dfl streams in place: little-endian hosts only"

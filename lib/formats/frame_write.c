@@ -21,14 +21,13 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
 #include <zstd.h>
 
 #include "batch_check.h"
 #include "bytes.h"
 #include "json.h"
 #include "util.h"
+#include "xxh.h"
 
 #define WRITE_CHUNK (4u << 20)       /* default opts.chunk: hash this much, then write it while
                                         it is in the cache */
