@@ -19,6 +19,7 @@
 
 #include "batch_check.h"
 #include "bytes.h"
+#include "frame_hasher.h"
 #include "frame_type.h"
 #include "json.h"
 #include "util.h"
@@ -32,6 +33,8 @@
 #define MAX_JSON_FRAME (16ull << 20)   /* HEADER and NOTE payloads */
 #define END_PAYLOAD 64
 #define END_FRAME 192
+#define HASH_THREAD_MIN (4u << 20)    /* frames from this size on are hashed by the hash thread
+                                          (opts.hash_thread) */
 #define READ_CHUNK (256u << 10)        /* default opts.chunk: read(2) and hash pieces that stay in
                                           the cache while the producer refills the pipe */
 
@@ -215,6 +218,8 @@ struct dfl_reader {
     size_t scap;
     ZSTD_DCtx *dctx;
     XXH3_state_t *xx;
+    dfl_hasher *hasher;      /* the hash thread, started at the first frame that uses it */
+    bool hasher_off;         /* not used (opts.hash_thread, or it could not be started) */
     void *spare;             /* a recycled batch block, and its capacity */
     uint64_t spare_cap;
     /* random access */
@@ -598,32 +603,56 @@ static int decode(dfl_reader *r, const fhdr *fh, uint64_t off, const uint8_t *st
     return DFL_OK;
 }
 
+/* The hash thread for a body of n bytes, or NULL where the reader hashes itself: small frames
+ * (a handoff would cost more than it saves), opts.hash_thread off, too few CPUs for auto, or no
+ * thread to be had. */
+static dfl_hasher *body_hasher(dfl_reader *r, uint64_t n)
+{
+    if (r->hasher_off || n < HASH_THREAD_MIN)
+        return NULL;
+    if (!r->hasher && !(r->hasher = dfl_hasher_new()))
+        r->hasher_off = true;
+    return r->hasher;
+}
+
 /* Reads the rest of a frame from the descriptor into dst (stored bytes, padding, trailer), hashing
  * as it goes; the 64 header bytes are in h. Checks the trailer and the padding. */
 static int read_body(dfl_reader *r, const uint8_t *h, const fhdr *fh, uint64_t off, uint8_t *dst, dfl_err *e)
 {
     uint64_t body = fh->stored + fh->pad + 8, done = 0;
     bool verify = !r->opts.no_verify;
+    dfl_hasher *hs = verify ? body_hasher(r, body) : NULL;
     if (verify) {
         XXH3_64bits_reset(r->xx);
         XXH3_64bits_update(r->xx, h, 64);
     }
     /* one read(2) at a time, each piece hashed as soon as it is in (in the cache): on a pipe the
      * producer refills it meanwhile, where gathering a large piece before hashing it would leave
-     * the pipe full (the producer waiting) while we hash, and empty while we gather */
+     * the pipe full (the producer waiting) while we hash, and empty while we gather. With the hash
+     * thread, the piece is handed to it and the next read(2) starts at once: the copy out of the
+     * pipe and the hash run side by side. The frame is returned only after the thread has hashed
+     * every byte (dfl_hasher_finish) and the checks below passed; on a failed or cut read the
+     * job is cancelled before dst can be freed. */
+    if (hs)
+        dfl_hasher_start(hs, r->xx, dst, body - 8);
     while (done < body) {
         size_t want = body - done > r->opts.chunk ? r->opts.chunk : (size_t)(body - done), got;
         int rc = read_some(r, dst + done, want, &got, e);
-        if (rc)
-            return sticky(r, rc, e);
-        if (got == 0)
-            return cut(r, fh->seq, off, 64 + done, fh->total, fh, e);
-        if (verify) {
+        if (rc || got == 0) {
+            if (hs)
+                dfl_hasher_cancel(hs);
+            return rc ? sticky(r, rc, e) : cut(r, fh->seq, off, 64 + done, fh->total, fh, e);
+        }
+        if (hs) {
+            dfl_hasher_avail(hs, done + got);
+        } else if (verify) {
             uint64_t hashable = done < body - 8 ? (body - 8 - done < got ? body - 8 - done : got) : 0;
             XXH3_64bits_update(r->xx, dst + done, hashable);
         }
         done += got;
     }
+    if (hs)
+        dfl_hasher_finish(hs);
     if (verify && XXH3_64bits_digest(r->xx) != dfl_get_le64(dst + body - 8)) {
         rfail(r, DFL_EDATA, fh->seq, off, "checksum mismatch (the %s frame is corrupt)", type_name(fh->type));
         return copy_failed(r, e);
@@ -1120,6 +1149,7 @@ static int reader_new(dfl_reader **out, int fd, bool own_fd, const char *name, c
         r->opts.max_frame = DEFAULT_MAX_FRAME;
     if (r->opts.chunk == 0)
         r->opts.chunk = READ_CHUNK;
+    r->hasher_off = r->opts.hash_thread < 0 || (r->opts.hash_thread == 0 && dfl_ncpu() < 3);
     if (!r->name || !r->xx) {
         dfl_reader_close(r);
         return dfl_fail(e, DFL_ENOMEM, "%s: out of memory", name);
@@ -1198,6 +1228,7 @@ void dfl_reader_close(dfl_reader *r)
     free(r->index_seq);
     free(r->spare);
     ZSTD_freeDCtx(r->dctx);
+    dfl_hasher_free(r->hasher);
     if (r->xx)
         XXH3_freeState(r->xx);
     free(r);

@@ -142,6 +142,11 @@ typedef struct dfl_reader_opts {
                                     calls of at most this many bytes, each hashed as soon as it
                                     returns, so that the producer refills the pipe meanwhile;
                                     0 = default (256 KiB) */
+    int hash_thread;             /* on a descriptor, frames of 4 MiB and more can be hashed by a
+                                    thread of the reader while the next pieces are read, instead
+                                    of between the reads (the same checks, the same errors):
+                                    0 = auto (where 3 or more CPUs are online),
+                                    1 = always, -1 = never */
 } dfl_reader_opts;
 
 /* Opens path ("-" = stdin; a regular file is mapped, anything else is read) and reads and checks

@@ -3,7 +3,8 @@
  * dfl-draft would, and prints one JSON line on stdout: batches, tokens, bytes, seconds from the
  * first byte to the end, and the steady rate: tokens per second from the end of batch W-1 to the
  * end of the last batch (W = --warmup, default 2), which leaves out the pipeline's fill.
- * --chunk-kib sets the reader's read(2) size on a pipe (dfl_reader_opts.chunk; 0 = default).
+ * --chunk-kib sets the reader's read(2) size on a pipe (dfl_reader_opts.chunk; 0 = default);
+ * --hash-thread on|off|auto its hash thread (dfl_reader_opts.hash_thread; default auto).
  * Exit 2 on a corrupt or cut stream (the library's message on stderr). */
 #include <getopt.h>
 #include <inttypes.h>
@@ -19,7 +20,9 @@ int main(int argc, char **argv)
 {
     dfl_cli_init(argv[0]);
     int64_t warm = 2, chunk_kib = 0;
-    static const struct option lo[] = {{"warmup", 1, 0, 'w'}, {"chunk-kib", 1, 0, 'c'}, {"help", 0, 0, 'h'},
+    int hash_thread = 0;
+    static const struct option lo[] = {{"warmup", 1, 0, 'w'}, {"chunk-kib", 1, 0, 'c'}, {"hash-thread", 1, 0, 't'},
+                                       {"help", 0, 0, 'h'},
                                        {0, 0, 0, 0}};
     dfl_err e = {0};
     int c;
@@ -33,8 +36,14 @@ int main(int argc, char **argv)
             if (dfl_parse_i64(optarg, 0, 1 << 20, &chunk_kib, "--chunk-kib", &e))
                 return dfl_cli_report(&e);
             break;
+        case 't':
+            if (!strcmp(optarg, "on") || !strcmp(optarg, "off") || !strcmp(optarg, "auto"))
+                hash_thread = optarg[1] == 'n' ? 1 : optarg[1] == 'f' ? -1 : 0;
+            else
+                return dfl_cli_usage_error("--hash-thread: '%s' is not on, off or auto", optarg);
+            break;
         case 'h':
-            printf("Usage: %s [--warmup W] [--chunk-kib C] [FILE]\n", dfl_progname);
+            printf("Usage: %s [--warmup W] [--chunk-kib C] [--hash-thread on|off|auto] [FILE]\n", dfl_progname);
             return 0;
         default: return dfl_cli_usage_error("unknown option");
         }
@@ -42,7 +51,7 @@ int main(int argc, char **argv)
     const char *path = optind < argc ? argv[optind] : "-";
     double t_open = dfl_now();
     dfl_reader *r = NULL;
-    dfl_reader_opts ro = {.chunk = (uint32_t)(chunk_kib << 10)};
+    dfl_reader_opts ro = {.chunk = (uint32_t)(chunk_kib << 10), .hash_thread = hash_thread};
     if (dfl_reader_open(&r, path, &ro, &e))
         return dfl_cli_report(&e);
     double t_first = dfl_now(), t_warm = t_first;
