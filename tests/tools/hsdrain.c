@@ -5,16 +5,25 @@
  * end of the last batch (W = --warmup, default 2), which leaves out the pipeline's fill.
  * --chunk-kib sets the reader's read(2) size on a pipe (dfl_reader_opts.chunk; 0 = default);
  * --hash-thread on|off|auto its hash thread (dfl_reader_opts.hash_thread; default auto).
+ * cpu_s is the CPU time of the process, reader_cpu_s that of the reading thread alone (with the
+ * hash thread, the rest is the hashing): where the cores are not shared, the reading thread's
+ * time per byte is the ceiling of the consumer.
  * Exit 2 on a corrupt or cut stream (the library's message on stderr). */
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "cli.h"
 #include "frame.h"
 #include "log.h"
 #include "util.h"
+
+static double cpu_seconds(const struct rusage *u)
+{
+    return (double)(u->ru_utime.tv_sec + u->ru_stime.tv_sec) + 1e-6 * (double)(u->ru_utime.tv_usec + u->ru_stime.tv_usec);
+}
 
 int main(int argc, char **argv)
 {
@@ -76,6 +85,9 @@ int main(int argc, char **argv)
         dfl_reader_recycle(r, &b);
     }
     double t_end = dfl_now();
+    struct rusage ru_all, ru_main;
+    getrusage(RUSAGE_SELF, &ru_all);
+    getrusage(RUSAGE_THREAD, &ru_main);
     uint64_t bytes = dfl_reader_offset(r);
     dfl_reader_close(r);
     if (rc)
@@ -84,10 +96,11 @@ int main(int argc, char **argv)
     printf("{\"batches\": %" PRIu64 ", \"tokens\": %" PRIu64 ", \"bytes\": %" PRIu64
            ", \"seconds\": %.4f, \"wait_first_s\": %.4f, \"steady_batches\": %" PRIu64
            ", \"steady_tokens\": %" PRIu64 ", \"steady_seconds\": %.4f, \"steady_tokens_per_s\": %.1f, "
-           "\"gb_per_s\": %.3f, \"touch\": %" PRIu64 "}\n",
+           "\"gb_per_s\": %.3f, \"cpu_s\": %.3f, \"reader_cpu_s\": %.3f, \"touch\": %" PRIu64 "}\n",
            batches, tokens, bytes, t_end - t_first, t_first - t_open,
            batches > (uint64_t)warm ? batches - (uint64_t)warm : 0, steady_tokens, steady_s,
            steady_s > 0 && steady_tokens ? (double)steady_tokens / steady_s : 0.0,
-           t_end > t_first ? (double)bytes / (t_end - t_first) / 1e9 : 0.0, sum % 1000);
+           t_end > t_first ? (double)bytes / (t_end - t_first) / 1e9 : 0.0, cpu_seconds(&ru_all),
+           cpu_seconds(&ru_main), sum % 1000);
     return 0;
 }
