@@ -218,6 +218,11 @@ typedef struct dfl_writer_opts {
     uint32_t pipe_size;          /* a pipe is enlarged to this many bytes where the system allows
                                     it (above /proc/sys/fs/pipe-max-size only with
                                     CAP_SYS_RESOURCE), else to pipe-max-size; 0 = default (64 MiB) */
+    int hash_thread;             /* on a pipe, the pieces of 256 KiB and more (the layer arrays)
+                                    of frames of 4 MiB and more can be hashed by a thread of the
+                                    writer while they are written, instead of before: the same
+                                    bytes; 0 = auto (where 3 or more CPUs are online), 1 = always,
+                                    -1 = never */
 } dfl_writer_opts;
 
 /* --output-mode MODE of the programs that write hidden-state streams: "auto" and "vmsplice" set

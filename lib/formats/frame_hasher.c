@@ -102,6 +102,8 @@ void dfl_hasher_free(dfl_hasher *h)
 void dfl_hasher_start(dfl_hasher *h, XXH3_state_t *st, const uint8_t *base, uint64_t len)
 {
     pthread_mutex_lock(&h->mu);
+    while (h->busy) /* the previous job ends first (all of it made available, or cancelled) */
+        pthread_cond_wait(&h->idle, &h->mu);
     h->st = st;
     h->base = base;
     h->len = len;

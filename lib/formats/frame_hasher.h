@@ -24,7 +24,8 @@ typedef struct dfl_hasher dfl_hasher;
 dfl_hasher *dfl_hasher_new(void);
 /* Stops the thread (cancelling a job in progress) and frees h; NULL is ignored. */
 void dfl_hasher_free(dfl_hasher *h);
-/* A job: base[0..len) into st, in order, as dfl_hasher_avail makes it available. */
+/* A job: base[0..len) into st, in order, as dfl_hasher_avail makes it available. Waits for the
+ * previous job to end first, as dfl_hasher_finish does. */
 void dfl_hasher_start(dfl_hasher *h, XXH3_state_t *st, const uint8_t *base, uint64_t len);
 /* The first n bytes of base are in place (n past len counts as len; n never goes back). */
 void dfl_hasher_avail(dfl_hasher *h, uint64_t n);

@@ -46,10 +46,9 @@ int main(int argc, char **argv)
                 return dfl_cli_report(&e);
             break;
         case 't':
-            if (!strcmp(optarg, "on") || !strcmp(optarg, "off") || !strcmp(optarg, "auto"))
-                hash_thread = optarg[1] == 'n' ? 1 : optarg[1] == 'f' ? -1 : 0;
-            else
+            if (strcmp(optarg, "on") && strcmp(optarg, "off") && strcmp(optarg, "auto"))
                 return dfl_cli_usage_error("--hash-thread: '%s' is not on, off or auto", optarg);
+            hash_thread = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? -1 : 0;
             break;
         case 'h':
             printf("Usage: %s [--warmup W] [--chunk-kib C] [--hash-thread on|off|auto] [FILE]\n", dfl_progname);

@@ -2,7 +2,9 @@
  * .hash_thread): the thread on its own (digests equal to a one-shot XXH3 whatever the pieces,
  * cancel, reuse), and streams of large frames read through a pipe with the thread and without:
  * the same batches byte for byte, a corrupt byte anywhere in a large frame caught with the same
- * message, a stream cut inside a large frame reported the same way, and the error sticky. */
+ * message, a stream cut inside a large frame reported the same way, and the error sticky; and the
+ * writer's hash thread (dfl_writer_opts.hash_thread): the same bytes with it and without, in
+ * both output modes, and a reader that goes away. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -152,13 +154,19 @@ static void make_batches(dfl_batch *bs)
     }
 }
 
+static void stream_info(dfl_stream_info *in)
+{
+    *in = (dfl_stream_info){.kind = DFL_KIND_HIDDEN, .vocab_size = 1000, .hidden_size = HID, .n_layers = LAYERS,
+                            .layers = {3, 9}, .dtype = DFL_BF16};
+    snprintf(in->producer, sizeof in->producer, "test-frameread");
+    snprintf(in->fingerprint, sizeof in->fingerprint, "0123456789abcdef0123456789abcdef");
+}
+
 /* The stream of make_batches as bytes (written to a file, then read back). */
 static void make_stream(fc_buf *out, dfl_batch *bs)
 {
-    dfl_stream_info in = {.kind = DFL_KIND_HIDDEN, .vocab_size = 1000, .hidden_size = HID, .n_layers = LAYERS,
-                          .layers = {3, 9}, .dtype = DFL_BF16};
-    snprintf(in.producer, sizeof in.producer, "test-frameread");
-    snprintf(in.fingerprint, sizeof in.fingerprint, "0123456789abcdef0123456789abcdef");
+    dfl_stream_info in;
+    stream_info(&in);
     char path[4096];
     snprintf(path, sizeof path, "%s/stream.dfl", t_tmpdir());
     dfl_writer *w;
@@ -379,6 +387,91 @@ static void test_pipe_cut(void)
         dfl_batch_free(&bs[i]);
 }
 
+/* ---- the writer's hash thread ------------------------------------------------------------------- */
+
+/* A child process writes bs into a pipe with the writer options o; the parent reads up to
+ * `keep` bytes of it (all when keep is SIZE_MAX) into out, then closes the pipe. Returns the
+ * child's exit status: 0 written, 1 the write failed with DFL_EPIPE, 2 the thread count was not
+ * as expected (want_threads hash threads after the first large batch), 3 another error. */
+static int capture(const dfl_writer_opts *o, dfl_batch *bs, int want_threads, size_t keep, fc_buf *out)
+{
+    int p[2];
+    if (pipe(p) != 0)
+        abort();
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(p[0]);
+        signal(SIGPIPE, SIG_IGN);
+        dfl_stream_info in;
+        stream_info(&in);
+        dfl_writer *w;
+        dfl_err e;
+        int rc = dfl_writer_open_fd(&w, p[1], "pipe", &in, o, &e), code = 0;
+        for (int i = 0; !rc && i < NB; i++) {
+            rc = dfl_writer_batch(w, &bs[i], &e);
+            if (!rc && i == 1 && n_threads() != want_threads)
+                code = 2;
+        }
+        if (rc) {
+            dfl_writer_abort(w);
+            code = rc == DFL_EPIPE ? 1 : 3;
+        } else if (dfl_writer_close(w, &e)) {
+            code = 3;
+        }
+        /* the arrays go (ASan sees any read of them after the writer said it was done) */
+        for (int i = 0; i < NB; i++)
+            dfl_batch_free(&bs[i]);
+        if (code == 3)
+            fprintf(stderr, "writer child: %s\n", e.msg);
+        _exit(code);
+    }
+    close(p[1]);
+    out->n = 0;
+    uint8_t buf[1 << 16];
+    for (;;) {
+        size_t want = keep - out->n < sizeof buf ? keep - out->n : sizeof buf;
+        ssize_t k = want ? read(p[0], buf, want) : 0;
+        if (k <= 0)
+            break;
+        fc_append(out, buf, (size_t)k);
+    }
+    close(p[0]);
+    int st;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+}
+
+static void test_writer_thread(void)
+{
+    dfl_batch bs[NB];
+    make_batches(bs);
+    fc_buf plain = {0}, threaded = {0};
+    for (int vms = 0; vms <= 1; vms++) {
+        char what[64];
+        snprintf(what, sizeof what, "writer %s", vms ? "vmsplice" : "write");
+        dfl_writer_opts off = {.vmsplice = vms, .hash_thread = -1}, on = {.vmsplice = vms, .hash_thread = 1};
+        int st = capture(&off, bs, 0, SIZE_MAX, &plain);
+        T_CHECK(st == 0, "%s, no hash thread: child status %d", what, st);
+        st = capture(&on, bs, 1, SIZE_MAX, &threaded);
+        T_CHECK(st == 0, "%s, hash thread: child status %d", what, st);
+        T_CHECK(plain.n > 20000000 && threaded.n == plain.n && memcmp(threaded.p, plain.p, plain.n) == 0,
+                "%s: %zu bytes with the hash thread, %zu without, or they differ", what, threaded.n, plain.n);
+        result res;
+        read_pipe(threaded.p, threaded.n, -1, 0, false, bs, &res, what);
+        T_CHECK(res.rc == 0 && res.batches == NB, "%s: read back: rc %d after %d: %s", what, res.rc, res.batches,
+                res.msg);
+        /* the reader goes away inside the second large frame: the writer fails with EPIPE, its
+         * job cancelled, and the child frees the arrays */
+        st = capture(&on, bs, 1, 15u << 20, &threaded);
+        T_CHECK(st == 1, "%s: the reader went away: child status %d (want 1, DFL_EPIPE)", what, st);
+    }
+    free(plain.p);
+    free(threaded.p);
+    for (int i = 0; i < NB; i++)
+        dfl_batch_free(&bs[i]);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -387,5 +480,6 @@ int main(int argc, char **argv)
     T_RUN(test_pipe_identical);
     T_RUN(test_pipe_corrupt);
     T_RUN(test_pipe_cut);
+    T_RUN(test_writer_thread);
     return t_done();
 }
