@@ -35,6 +35,7 @@
 #define END_FRAME 192
 #define HASH_THREAD_MIN (4u << 20)    /* frames from this size on are hashed by the hash thread
                                           (opts.hash_thread) */
+#define PIPE_SIZE (64u << 20)          /* an input pipe is enlarged up to this (pipe-max-size) */
 #define READ_CHUNK (256u << 10)        /* default opts.chunk: read(2) and hash pieces that stay in
                                           the cache while the producer refills the pipe */
 
@@ -1166,6 +1167,10 @@ static int reader_new(dfl_reader **out, int fd, bool own_fd, const char *name, c
         dfl_reader_close(r);
         return DFL_EIO;
     }
+    /* a pipe whose producer left it small (cat, zstdcat: 64 KiB) costs a wake-up per 64 KiB:
+     * from 1.0 to 1.45 s of CPU and 20% of the rate for a 3.2 GB stream spliced in (1 MiB) */
+    if (S_ISFIFO(st.st_mode))
+        dfl_pipe_enlarge(fd, PIPE_SIZE);
     if (S_ISREG(st.st_mode)) {
         off_t pos = lseek(fd, 0, SEEK_CUR);
         if (pos >= 0 && pos % 64 == 0 && (uint64_t)st.st_size >= (uint64_t)pos) {

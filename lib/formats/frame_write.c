@@ -61,7 +61,7 @@ struct dfl_writer {
     XXH3_state_t *xx;
     dfl_hasher *hasher;          /* the hash thread, started at the first frame that uses it */
     bool hasher_off;             /* not used (opts.hash_thread, not a pipe, or no thread) */
-    uint32_t pipe_bytes;         /* the pipe's capacity after enlarge_pipe; 0: not a pipe */
+    uint32_t pipe_bytes;         /* the pipe's capacity after dfl_pipe_enlarge; 0: not a pipe */
     ZSTD_CCtx *cctx;
     uint8_t *raw;     /* gathered (and shuffled) payload, for compression */
     size_t rawcap;
@@ -381,32 +381,6 @@ static void writer_free(dfl_writer *w)
     free(w);
 }
 
-/* Enlarges a pipe (fewer wake-ups per batch, and a producer that can run ahead of its consumer)
- * to want bytes where the system lets us (above /proc/sys/fs/pipe-max-size only with
- * CAP_SYS_RESOURCE), else to pipe-max-size; failure is harmless. Returns the pipe's capacity
- * then (0 if unknown). */
-static uint32_t enlarge_pipe(int fd, uint32_t want)
-{
-    int cur = fcntl(fd, F_GETPIPE_SZ);
-    if (cur < 0 || (uint64_t)cur >= want)
-        return cur > 0 ? (uint32_t)cur : 0;
-    int got = want <= INT_MAX ? fcntl(fd, F_SETPIPE_SZ, (int)want) : -1;
-    if (got > 0)
-        return (uint32_t)got;
-    long max = 1 << 20;
-    FILE *f = fopen("/proc/sys/fs/pipe-max-size", "r");
-    if (f) {
-        if (fscanf(f, "%ld", &max) != 1)
-            max = 1 << 20;
-        fclose(f);
-    }
-    if (max > (long)want)
-        max = (long)want;
-    if (cur < max && max <= INT_MAX && (got = fcntl(fd, F_SETPIPE_SZ, (int)max)) > 0)
-        return (uint32_t)got;
-    return (uint32_t)cur;
-}
-
 static int writer_start(dfl_writer **out, dfl_writer *w, const dfl_stream_info *info, const dfl_writer_opts *opts,
                         dfl_err *e)
 {
@@ -435,7 +409,7 @@ static int writer_start(dfl_writer **out, dfl_writer *w, const dfl_stream_info *
     if (w->opts.chunk == 0)
         w->opts.chunk = S_ISFIFO(st.st_mode) ? WRITE_CHUNK_PIPE : WRITE_CHUNK;
     if (S_ISFIFO(st.st_mode))
-        w->pipe_bytes = enlarge_pipe(w->fd, w->opts.pipe_size);
+        w->pipe_bytes = dfl_pipe_enlarge(w->fd, w->opts.pipe_size);
     w->hasher_off = !S_ISFIFO(st.st_mode) || w->opts.hash_thread < 0 || (w->opts.hash_thread == 0 && dfl_ncpu() < 3);
     /* an INDEX holds stream offsets: only where the stream starts the file */
     bool at_start = S_ISREG(st.st_mode) && lseek(w->fd, 0, SEEK_CUR) == 0;

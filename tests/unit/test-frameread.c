@@ -387,6 +387,40 @@ static void test_pipe_cut(void)
         dfl_batch_free(&bs[i]);
 }
 
+/* The reader enlarges an input pipe that its producer left at the default 64 KiB (cat, zstdcat)
+ * to pipe-max-size (at most 64 MiB); dfl_pipe_enlarge never shrinks one. */
+static void test_pipe_enlarged(void)
+{
+    dfl_batch bs[NB];
+    make_batches(bs);
+    fc_buf s = {0};
+    make_stream(&s, bs);
+    long max = 1 << 20;
+    FILE *f = fopen("/proc/sys/fs/pipe-max-size", "r");
+    if (f) {
+        if (fscanf(f, "%ld", &max) != 1)
+            max = 1 << 20;
+        fclose(f);
+    }
+    max = max < (64l << 20) ? max : 64l << 20;
+    pid_t pid;
+    int fd = feed(s.p, s.n, 3, &pid);
+    int before = fcntl(fd, F_GETPIPE_SZ);
+    dfl_reader *r;
+    dfl_err e;
+    T_CHECK(dfl_reader_open_fd(&r, fd, "in.dfl", NULL, &e) == 0, "open: %s", e.msg);
+    int after = fcntl(fd, F_GETPIPE_SZ);
+    T_CHECK(after >= max, "pipe of %d bytes before the reader opened it, %d after (want %ld)", before,
+            after, max);
+    T_CHECK(dfl_pipe_enlarge(fd, 4096) == (uint32_t)after && fcntl(fd, F_GETPIPE_SZ) == after, "shrunk");
+    dfl_reader_close(r);
+    close(fd);
+    waitpid(pid, NULL, 0);
+    free(s.p);
+    for (int i = 0; i < NB; i++)
+        dfl_batch_free(&bs[i]);
+}
+
 /* ---- the writer's hash thread ------------------------------------------------------------------- */
 
 /* A child process writes bs into a pipe with the writer options o; the parent reads up to
@@ -480,6 +514,7 @@ int main(int argc, char **argv)
     T_RUN(test_pipe_identical);
     T_RUN(test_pipe_corrupt);
     T_RUN(test_pipe_cut);
+    T_RUN(test_pipe_enlarged);
     T_RUN(test_writer_thread);
     return t_done();
 }
