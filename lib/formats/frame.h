@@ -149,9 +149,10 @@ typedef struct dfl_reader_opts {
                                     1 = always, -1 = never */
 } dfl_reader_opts;
 
-/* Opens path ("-" = stdin; a regular file is mapped, anything else is read; a pipe or FIFO is
- * enlarged to pipe-max-size, as the writer does, for producers that leave it at 64 KiB) and reads
- * and checks the HEADER frame. opts may be NULL. */
+/* Opens path ("-" = stdin; a regular file is mapped, anything else is read) and reads and checks
+ * the HEADER frame. A pipe or FIFO still at 64 KiB or less then (its producer did not size it:
+ * cat, zstdcat) is enlarged to pipe-max-size, as the writer enlarges its output. opts may be
+ * NULL. */
 int dfl_reader_open(dfl_reader **r, const char *path, const dfl_reader_opts *opts, dfl_err *e);
 /* Same on an open descriptor (not closed by the reader); name is used in messages. */
 int dfl_reader_open_fd(dfl_reader **r, int fd, const char *name, const dfl_reader_opts *opts, dfl_err *e);
