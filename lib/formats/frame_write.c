@@ -410,7 +410,7 @@ static int writer_start(dfl_writer **out, dfl_writer *w, const dfl_stream_info *
         w->opts.chunk = S_ISFIFO(st.st_mode) ? WRITE_CHUNK_PIPE : WRITE_CHUNK;
     if (S_ISFIFO(st.st_mode))
         w->pipe_bytes = dfl_pipe_enlarge(w->fd, w->opts.pipe_size);
-    w->hasher_off = !S_ISFIFO(st.st_mode) || w->opts.hash_thread < 0 || (w->opts.hash_thread == 0 && dfl_ncpu() < 3);
+    w->hasher_off = !S_ISFIFO(st.st_mode) || w->opts.hash_thread <= 0;
     /* an INDEX holds stream offsets: only where the stream starts the file */
     bool at_start = S_ISREG(st.st_mode) && lseek(w->fd, 0, SEEK_CUR) == 0;
     w->want_index = at_start && !w->opts.no_index;

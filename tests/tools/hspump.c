@@ -6,7 +6,7 @@
  *
  *   hspump [--batches N] [--tokens T] [--seqs S] [--layers K] [--hidden H] [--slots N]
  *          [--output-mode write|vmsplice|auto] [--vmsplice] [--rewrite] [--pipe-mib M]
- *          [--chunk-kib C] [--hash-thread on|off|auto] [-o FILE]  | hsdrain [--chunk-kib C]
+ *          [--chunk-kib C] [--hash-thread on|off] [-o FILE]  | hsdrain [--chunk-kib C]
  *
  * --output-mode as dfl-target's, but the default here is write (auto and vmsplice: vmsplice into a
  * pipe; --vmsplice = --output-mode vmsplice). A slot is reused as dfl-target reuses its output
@@ -21,7 +21,7 @@
  * Defaults: the dfl-target benchmark's Qwen3-8B batch (16384 tokens in 8 sequences, 5 layers of
  * 4096, bf16: 671 MB a batch), 20 batches, 3 slots. --pipe-mib and --chunk-kib set the
  * writer's pipe_size and chunk (dfl_writer_opts; 0 = the library's default), --hash-thread its
- * hash thread (dfl_writer_opts.hash_thread; default auto). Prints one JSON
+ * hash thread (dfl_writer_opts.hash_thread; default off, as the library's). Prints one JSON
  * line on stderr: bytes, seconds, GB/s, tokens/s, the pipe size in use, the slots and the time
  * spent waiting for a slot to be read out of the pipe, and the CPU time from the first batch on
  * of the process (cpu_s) and of the writing thread alone (writer_cpu_s; the rest is the hash
@@ -96,15 +96,15 @@ int main(int argc, char **argv)
         }
         case 'r': rewrite = true; break;
         case 'T':
-            if (strcmp(optarg, "on") && strcmp(optarg, "off") && strcmp(optarg, "auto"))
-                return dfl_cli_usage_error("--hash-thread: '%s' is not on, off or auto", optarg);
-            hash_thread = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? -1 : 0;
+            if (strcmp(optarg, "on") && strcmp(optarg, "off"))
+                return dfl_cli_usage_error("--hash-thread: '%s' is not on or off", optarg);
+            hash_thread = !strcmp(optarg, "on") ? 1 : -1;
             break;
         case 'o': out = optarg; break;
         case 'h':
             printf("Usage: %s [--batches N] [--tokens T] [--seqs S] [--layers K] [--hidden H] "
                    "[--slots N] [--output-mode write|vmsplice|auto] [--vmsplice] [--rewrite] [--pipe-mib M] "
-                   "[--chunk-kib C] [--hash-thread on|off|auto] [-o FILE]\n", dfl_progname);
+                   "[--chunk-kib C] [--hash-thread on|off] [-o FILE]\n", dfl_progname);
             return 0;
         default: return dfl_cli_usage_error("unknown option");
         }

@@ -302,7 +302,7 @@ static void test_pipe_identical(void)
     result res;
     read_pipe(s.p, s.n, 0, 0, false, bs, &res, "auto");
     T_CHECK(res.rc == 0 && res.batches == NB, "auto: rc %d: %s", res.rc, res.msg);
-    T_CHECK(res.threads_during == base + (dfl_ncpu() >= 3), "auto: %d threads on %d CPUs", res.threads_during,
+    T_CHECK(res.threads_during == base + (dfl_ncpu() >= 8), "auto: %d threads on %d CPUs", res.threads_during,
             dfl_ncpu());
     free(s.p);
     for (int i = 0; i < NB; i++)
