@@ -41,8 +41,12 @@
                                           in all (it hashes from another core's cache): for hosts
                                           with cores to spare */
 #define PIPE_SIZE (64u << 20)          /* an input pipe is enlarged up to this (pipe-max-size) */
-#define READ_CHUNK (256u << 10)        /* default opts.chunk: read(2) and hash pieces that stay in
-                                          the cache while the producer refills the pipe */
+#define READ_CHUNK (1u << 20)          /* default opts.chunk: read(2) and hash pieces that stay in
+                                          the cache while the producer refills the pipe; 1 MiB (a
+                                          whole default pipe) against 256 KiB: hspump | hsdrain
+                                          (vmsplice, 8.06 GB) 213-242k tok/s against 197-242k,
+                                          the better in 6 of 8 alternating runs */
+#define SKIP_CHUNK (256u << 10)        /* pieces of the skippable frames of unknown types */
 
 static bool all_zero(const uint8_t *p, size_t n)
 {
@@ -674,7 +678,7 @@ static int read_body(dfl_reader *r, const uint8_t *h, const fhdr *fh, uint64_t o
 /* Skips the body of a frame on a descriptor without keeping it (unknown skippable types). */
 static int skip_body(dfl_reader *r, const uint8_t *h, const fhdr *fh, uint64_t off, dfl_err *e)
 {
-    if (grow(&r->zbuf, &r->zcap, READ_CHUNK + 128))
+    if (grow(&r->zbuf, &r->zcap, SKIP_CHUNK + 128))
         return sticky(r, dfl_fail(e, DFL_ENOMEM, "%s: out of memory", r->name), e);
     bool verify = !r->opts.no_verify;
     if (verify) {
@@ -683,7 +687,7 @@ static int skip_body(dfl_reader *r, const uint8_t *h, const fhdr *fh, uint64_t o
     }
     uint64_t left = fh->stored, done = 64;
     while (left > 0) {
-        size_t want = left > READ_CHUNK ? READ_CHUNK : (size_t)left, got;
+        size_t want = left > SKIP_CHUNK ? SKIP_CHUNK : (size_t)left, got;
         int rc = read_upto(r, r->zbuf, want, &got, e);
         if (rc)
             return sticky(r, rc, e);

@@ -141,7 +141,7 @@ typedef struct dfl_reader_opts {
     uint32_t chunk;              /* a descriptor (pipe, FIFO, socket) is read and hashed in read(2)
                                     calls of at most this many bytes, each hashed as soon as it
                                     returns, so that the producer refills the pipe meanwhile;
-                                    0 = default (256 KiB) */
+                                    0 = default (1 MiB) */
     int hash_thread;             /* on a descriptor, frames of 4 MiB and more can be hashed by a
                                     thread of the reader while the next pieces are read, instead
                                     of between the reads (the same checks, the same errors):
