@@ -525,3 +525,26 @@ int dfl_ncpu(void)
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 }
+
+/* (fewer wake-ups per batch, and a producer that can run ahead of its consumer) */
+uint32_t dfl_pipe_enlarge(int fd, uint32_t want)
+{
+    int cur = fcntl(fd, F_GETPIPE_SZ);
+    if (cur < 0 || (uint64_t)cur >= want)
+        return cur > 0 ? (uint32_t)cur : 0;
+    int got = want <= INT_MAX ? fcntl(fd, F_SETPIPE_SZ, (int)want) : -1;
+    if (got > 0)
+        return (uint32_t)got;
+    long max = 1 << 20;
+    FILE *f = fopen("/proc/sys/fs/pipe-max-size", "r");
+    if (f) {
+        if (fscanf(f, "%ld", &max) != 1)
+            max = 1 << 20;
+        fclose(f);
+    }
+    if (max > (long)want)
+        max = (long)want;
+    if (cur < max && max <= INT_MAX && (got = fcntl(fd, F_SETPIPE_SZ, (int)max)) > 0)
+        return (uint32_t)got;
+    return (uint32_t)cur;
+}

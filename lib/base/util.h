@@ -83,5 +83,9 @@ char *dfl_path_join(const char *a, const char *b);
 char *dfl_strdup(const char *s);
 /* Number of online CPUs (>= 1). */
 int dfl_ncpu(void);
+/* Enlarges the pipe fd to want bytes where the system lets us (above /proc/sys/fs/pipe-max-size
+ * only with CAP_SYS_RESOURCE), else to pipe-max-size; never shrinks it; failure is harmless.
+ * Returns the pipe's capacity then (0 if unknown). Either end of the pipe may call it. */
+uint32_t dfl_pipe_enlarge(int fd, uint32_t want);
 
 #endif

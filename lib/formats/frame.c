@@ -15,15 +15,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
 #include <zstd.h>
 
 #include "batch_check.h"
 #include "bytes.h"
+#include "frame_hasher.h"
 #include "frame_type.h"
 #include "json.h"
 #include "util.h"
+#include "xxh.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "libdfl uses the little-endian arrays of .dfl streams in place: little-endian hosts only"
@@ -33,8 +33,20 @@
 #define MAX_JSON_FRAME (16ull << 20)   /* HEADER and NOTE payloads */
 #define END_PAYLOAD 64
 #define END_FRAME 192
-#define READ_CHUNK (256u << 10)        /* default opts.chunk: read(2) and hash pieces that stay in
-                                          the cache while the producer refills the pipe */
+#define HASH_THREAD_MIN (4u << 20)    /* frames from this size on are hashed by the hash thread
+                                          (opts.hash_thread) */
+#define HASH_THREAD_CPUS 8            /* ... by default where this many CPUs are online: the thread
+                                          takes the hash (about 10% of the reading thread's time
+                                          with AVX2 XXH3) off the read(2) loop, but costs more CPU
+                                          in all (it hashes from another core's cache): for hosts
+                                          with cores to spare */
+#define PIPE_SIZE (64u << 20)          /* an input pipe is enlarged up to this (pipe-max-size) */
+#define READ_CHUNK (1u << 20)          /* default opts.chunk: read(2) and hash pieces that stay in
+                                          the cache while the producer refills the pipe; 1 MiB (a
+                                          whole default pipe) against 256 KiB: hspump | hsdrain
+                                          (vmsplice, 8.06 GB) 213-242k tok/s against 197-242k,
+                                          the better in 6 of 8 alternating runs */
+#define SKIP_CHUNK (256u << 10)        /* pieces of the skippable frames of unknown types */
 
 static bool all_zero(const uint8_t *p, size_t n)
 {
@@ -186,6 +198,7 @@ struct dfl_reader {
     bool own_fd;
     /* mapped input: the stream is base[0..size) */
     bool mapped;
+    bool pipe;               /* a pipe or FIFO */
     const uint8_t *map;
     size_t map_size;
     const uint8_t *base;
@@ -216,6 +229,8 @@ struct dfl_reader {
     size_t scap;
     ZSTD_DCtx *dctx;
     XXH3_state_t *xx;
+    dfl_hasher *hasher;      /* the hash thread, started at the first frame that uses it */
+    bool hasher_off;         /* not used (opts.hash_thread, or it could not be started) */
     void *spare;             /* a recycled batch block, and its capacity */
     uint64_t spare_cap;
     /* random access */
@@ -599,32 +614,56 @@ static int decode(dfl_reader *r, const fhdr *fh, uint64_t off, const uint8_t *st
     return DFL_OK;
 }
 
+/* The hash thread for a body of n bytes, or NULL where the reader hashes itself: small frames
+ * (a handoff would cost more than it saves), opts.hash_thread off, too few CPUs for auto, or no
+ * thread to be had. */
+static dfl_hasher *body_hasher(dfl_reader *r, uint64_t n)
+{
+    if (r->hasher_off || n < HASH_THREAD_MIN)
+        return NULL;
+    if (!r->hasher && !(r->hasher = dfl_hasher_new()))
+        r->hasher_off = true;
+    return r->hasher;
+}
+
 /* Reads the rest of a frame from the descriptor into dst (stored bytes, padding, trailer), hashing
  * as it goes; the 64 header bytes are in h. Checks the trailer and the padding. */
 static int read_body(dfl_reader *r, const uint8_t *h, const fhdr *fh, uint64_t off, uint8_t *dst, dfl_err *e)
 {
     uint64_t body = fh->stored + fh->pad + 8, done = 0;
     bool verify = !r->opts.no_verify;
+    dfl_hasher *hs = verify ? body_hasher(r, body) : NULL;
     if (verify) {
         XXH3_64bits_reset(r->xx);
         XXH3_64bits_update(r->xx, h, 64);
     }
     /* one read(2) at a time, each piece hashed as soon as it is in (in the cache): on a pipe the
      * producer refills it meanwhile, where gathering a large piece before hashing it would leave
-     * the pipe full (the producer waiting) while we hash, and empty while we gather */
+     * the pipe full (the producer waiting) while we hash, and empty while we gather. With the hash
+     * thread, the piece is handed to it and the next read(2) starts at once: the copy out of the
+     * pipe and the hash run side by side. The frame is returned only after the thread has hashed
+     * every byte (dfl_hasher_finish) and the checks below passed; on a failed or cut read the
+     * job is cancelled before dst can be freed. */
+    if (hs)
+        dfl_hasher_start(hs, r->xx, dst, body - 8);
     while (done < body) {
         size_t want = body - done > r->opts.chunk ? r->opts.chunk : (size_t)(body - done), got;
         int rc = read_some(r, dst + done, want, &got, e);
-        if (rc)
-            return sticky(r, rc, e);
-        if (got == 0)
-            return cut(r, fh->seq, off, 64 + done, fh->total, fh, e);
-        if (verify) {
+        if (rc || got == 0) {
+            if (hs)
+                dfl_hasher_cancel(hs);
+            return rc ? sticky(r, rc, e) : cut(r, fh->seq, off, 64 + done, fh->total, fh, e);
+        }
+        if (hs) {
+            dfl_hasher_avail(hs, done + got);
+        } else if (verify) {
             uint64_t hashable = done < body - 8 ? (body - 8 - done < got ? body - 8 - done : got) : 0;
             XXH3_64bits_update(r->xx, dst + done, hashable);
         }
         done += got;
     }
+    if (hs)
+        dfl_hasher_finish(hs);
     if (verify && XXH3_64bits_digest(r->xx) != dfl_get_le64(dst + body - 8)) {
         rfail(r, DFL_EDATA, fh->seq, off, "checksum mismatch (the %s frame is corrupt)", type_name(fh->type));
         return copy_failed(r, e);
@@ -639,7 +678,7 @@ static int read_body(dfl_reader *r, const uint8_t *h, const fhdr *fh, uint64_t o
 /* Skips the body of a frame on a descriptor without keeping it (unknown skippable types). */
 static int skip_body(dfl_reader *r, const uint8_t *h, const fhdr *fh, uint64_t off, dfl_err *e)
 {
-    if (grow(&r->zbuf, &r->zcap, READ_CHUNK + 128))
+    if (grow(&r->zbuf, &r->zcap, SKIP_CHUNK + 128))
         return sticky(r, dfl_fail(e, DFL_ENOMEM, "%s: out of memory", r->name), e);
     bool verify = !r->opts.no_verify;
     if (verify) {
@@ -648,7 +687,7 @@ static int skip_body(dfl_reader *r, const uint8_t *h, const fhdr *fh, uint64_t o
     }
     uint64_t left = fh->stored, done = 64;
     while (left > 0) {
-        size_t want = left > READ_CHUNK ? READ_CHUNK : (size_t)left, got;
+        size_t want = left > SKIP_CHUNK ? SKIP_CHUNK : (size_t)left, got;
         int rc = read_upto(r, r->zbuf, want, &got, e);
         if (rc)
             return sticky(r, rc, e);
@@ -1102,6 +1141,13 @@ static int reader_setup(dfl_reader *r, dfl_err *e)
     r->header_len = fh.total;
     r->pos = fh.total;
     r->seq = 1;
+    /* a pipe that its producer left at the system's default (cat, zstdcat: 64 KiB) costs a
+     * wake-up per 64 KiB: 1.0 -> 1.45 s of CPU and 20% of the rate for a 3.2 GB stream spliced
+     * in, against 1 MiB. Enlarged once the HEADER is in, so that a producer that sized the pipe
+     * itself (a dfl writer does so before its HEADER) keeps the size it chose, unless that is
+     * 64 KiB or less */
+    if (r->pipe && fcntl(r->fd, F_GETPIPE_SZ) <= 65536)
+        dfl_pipe_enlarge(r->fd, PIPE_SIZE);
     return DFL_OK;
 }
 
@@ -1121,6 +1167,7 @@ static int reader_new(dfl_reader **out, int fd, bool own_fd, const char *name, c
         r->opts.max_frame = DEFAULT_MAX_FRAME;
     if (r->opts.chunk == 0)
         r->opts.chunk = READ_CHUNK;
+    r->hasher_off = r->opts.hash_thread < 0 || (r->opts.hash_thread == 0 && dfl_ncpu() < HASH_THREAD_CPUS);
     if (!r->name || !r->xx) {
         dfl_reader_close(r);
         return dfl_fail(e, DFL_ENOMEM, "%s: out of memory", name);
@@ -1137,6 +1184,7 @@ static int reader_new(dfl_reader **out, int fd, bool own_fd, const char *name, c
         dfl_reader_close(r);
         return DFL_EIO;
     }
+    r->pipe = S_ISFIFO(st.st_mode);
     if (S_ISREG(st.st_mode)) {
         off_t pos = lseek(fd, 0, SEEK_CUR);
         if (pos >= 0 && pos % 64 == 0 && (uint64_t)st.st_size >= (uint64_t)pos) {
@@ -1199,6 +1247,7 @@ void dfl_reader_close(dfl_reader *r)
     free(r->index_seq);
     free(r->spare);
     ZSTD_freeDCtx(r->dctx);
+    dfl_hasher_free(r->hasher);
     if (r->xx)
         XXH3_freeState(r->xx);
     free(r);

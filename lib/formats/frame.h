@@ -141,11 +141,18 @@ typedef struct dfl_reader_opts {
     uint32_t chunk;              /* a descriptor (pipe, FIFO, socket) is read and hashed in read(2)
                                     calls of at most this many bytes, each hashed as soon as it
                                     returns, so that the producer refills the pipe meanwhile;
-                                    0 = default (256 KiB) */
+                                    0 = default (1 MiB) */
+    int hash_thread;             /* on a descriptor, frames of 4 MiB and more can be hashed by a
+                                    thread of the reader while the next pieces are read, instead
+                                    of between the reads (the same checks, the same errors):
+                                    0 = auto (where 8 or more CPUs are online), 1 = always,
+                                    -1 = never */
 } dfl_reader_opts;
 
 /* Opens path ("-" = stdin; a regular file is mapped, anything else is read) and reads and checks
- * the HEADER frame. opts may be NULL. */
+ * the HEADER frame. A pipe or FIFO still at 64 KiB or less then (its producer did not size it:
+ * cat, zstdcat) is enlarged to pipe-max-size, as the writer enlarges its output. opts may be
+ * NULL. */
 int dfl_reader_open(dfl_reader **r, const char *path, const dfl_reader_opts *opts, dfl_err *e);
 /* Same on an open descriptor (not closed by the reader); name is used in messages. */
 int dfl_reader_open_fd(dfl_reader **r, int fd, const char *name, const dfl_reader_opts *opts, dfl_err *e);
@@ -213,6 +220,12 @@ typedef struct dfl_writer_opts {
     uint32_t pipe_size;          /* a pipe is enlarged to this many bytes where the system allows
                                     it (above /proc/sys/fs/pipe-max-size only with
                                     CAP_SYS_RESOURCE), else to pipe-max-size; 0 = default (64 MiB) */
+    int hash_thread;             /* on a pipe, the pieces of 256 KiB and more (the layer arrays)
+                                    of frames of 4 MiB and more can be hashed by a thread of the
+                                    writer while they are written, instead of before: the same
+                                    bytes; 1 = so, 0 or -1 = not (the default: the reading end
+                                    of a pipe is the slower, 0.26 s of CPU a GB against the
+                                    writing end's 0.16 s with vmsplice, hspump | hsdrain) */
 } dfl_writer_opts;
 
 /* --output-mode MODE of the programs that write hidden-state streams: "auto" and "vmsplice" set

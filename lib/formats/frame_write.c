@@ -21,20 +21,24 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
 #include <zstd.h>
 
 #include "batch_check.h"
 #include "bytes.h"
+#include "frame_hasher.h"
 #include "json.h"
 #include "util.h"
+#include "xxh.h"
 
 #define WRITE_CHUNK (4u << 20)       /* default opts.chunk: hash this much, then write it while
                                         it is in the cache */
 #define WRITE_CHUNK_PIPE (256u << 10) /* on a pipe: smaller pieces, so that the consumer drains
                                         the pipe while the next piece is hashed */
 #define PIPE_SIZE (64u << 20)         /* default opts.pipe_size */
+#define HASH_THREAD_MIN (4u << 20)    /* frames from this size on, and their pieces from
+                                         HASH_PIECE_MIN on, are hashed by the hash thread
+                                         (opts.hash_thread) */
+#define HASH_PIECE_MIN (256u << 10)
 #define GROUP_IOV 64
 
 static const uint8_t zeros[64];
@@ -55,7 +59,9 @@ struct dfl_writer {
     dfl_index_entry *entries;
     size_t cap;
     XXH3_state_t *xx;
-    uint32_t pipe_bytes;         /* the pipe's capacity after enlarge_pipe; 0: not a pipe */
+    dfl_hasher *hasher;          /* the hash thread, started at the first frame that uses it */
+    bool hasher_off;             /* not used (opts.hash_thread, not a pipe, or no thread) */
+    uint32_t pipe_bytes;         /* the pipe's capacity after dfl_pipe_enlarge; 0: not a pipe */
     ZSTD_CCtx *cctx;
     uint8_t *raw;     /* gathered (and shuffled) payload, for compression */
     size_t rawcap;
@@ -192,6 +198,16 @@ static int write_frame(dfl_writer *w, uint32_t type, uint32_t flags, const struc
     uint64_t pad = (64 - (stored_len + 8) % 64) % 64;
 
     XXH3_64bits_reset(w->xx);
+    /* the hash thread, for the large pieces of a large frame: it hashes a piece while this thread
+     * writes it (both only read it), so that the writing thread's time goes to write(2) or
+     * vmsplice(2) alone. A piece's job ends (dfl_hasher_finish) before the next piece is hashed,
+     * here or there, so the state sees every byte in order, and before the trailer is made; on
+     * a failed write it is cancelled before returning (the caller may then free the arrays). */
+    dfl_hasher *hs = NULL;
+    if (!w->hasher_off && 64 + stored_len >= HASH_THREAD_MIN && !w->hasher && !(w->hasher = dfl_hasher_new()))
+        w->hasher_off = true;
+    if (!w->hasher_off && 64 + stored_len >= HASH_THREAD_MIN)
+        hs = w->hasher;
     struct iovec g[GROUP_IOV + 1];
     bool gs[GROUP_IOV + 1];
     int gn = 0;
@@ -207,12 +223,20 @@ static int write_frame(dfl_writer *w, uint32_t type, uint32_t flags, const struc
             base = zeros, len = (size_t)pad;
         else
             base = pieces[k].iov_base, len = pieces[k].iov_len;
+        bool threaded = hs && k >= 0 && k < npieces && len >= HASH_PIECE_MIN;
+        if (hs)
+            dfl_hasher_finish(hs); /* the previous piece's job, if any */
+        if (threaded) {
+            dfl_hasher_start(hs, w->xx, base, len);
+            dfl_hasher_avail(hs, len);
+        }
         size_t off = 0;
         while (off < len) {
             size_t take = len - off;
             if (take > w->opts.chunk - gbytes)
                 take = w->opts.chunk - gbytes;
-            XXH3_64bits_update(w->xx, base + off, take);
+            if (!threaded)
+                XXH3_64bits_update(w->xx, base + off, take);
             g[gn].iov_base = (void *)(base + off);
             g[gn].iov_len = take;
             gs[gn] = stable && k >= 0 && k < npieces && stable[k];
@@ -220,8 +244,11 @@ static int write_frame(dfl_writer *w, uint32_t type, uint32_t flags, const struc
             gbytes += take;
             off += take;
             if (gbytes == w->opts.chunk || gn == GROUP_IOV) {
-                if ((rc = write_group(w, g, gs, gn, e)))
+                if ((rc = write_group(w, g, gs, gn, e))) {
+                    if (hs)
+                        dfl_hasher_cancel(hs);
                     return rc;
+                }
                 gn = 0;
                 gbytes = 0;
             }
@@ -348,35 +375,10 @@ static void writer_free(dfl_writer *w)
     ZSTD_freeCCtx(w->cctx);
     if (w->xx)
         XXH3_freeState(w->xx);
+    dfl_hasher_free(w->hasher);
     if (w->mu_init)
         pthread_mutex_destroy(&w->mu);
     free(w);
-}
-
-/* Enlarges a pipe (fewer wake-ups per batch, and a producer that can run ahead of its consumer)
- * to want bytes where the system lets us (above /proc/sys/fs/pipe-max-size only with
- * CAP_SYS_RESOURCE), else to pipe-max-size; failure is harmless. Returns the pipe's capacity
- * then (0 if unknown). */
-static uint32_t enlarge_pipe(int fd, uint32_t want)
-{
-    int cur = fcntl(fd, F_GETPIPE_SZ);
-    if (cur < 0 || (uint64_t)cur >= want)
-        return cur > 0 ? (uint32_t)cur : 0;
-    int got = want <= INT_MAX ? fcntl(fd, F_SETPIPE_SZ, (int)want) : -1;
-    if (got > 0)
-        return (uint32_t)got;
-    long max = 1 << 20;
-    FILE *f = fopen("/proc/sys/fs/pipe-max-size", "r");
-    if (f) {
-        if (fscanf(f, "%ld", &max) != 1)
-            max = 1 << 20;
-        fclose(f);
-    }
-    if (max > (long)want)
-        max = (long)want;
-    if (cur < max && max <= INT_MAX && (got = fcntl(fd, F_SETPIPE_SZ, (int)max)) > 0)
-        return (uint32_t)got;
-    return (uint32_t)cur;
 }
 
 static int writer_start(dfl_writer **out, dfl_writer *w, const dfl_stream_info *info, const dfl_writer_opts *opts,
@@ -407,7 +409,8 @@ static int writer_start(dfl_writer **out, dfl_writer *w, const dfl_stream_info *
     if (w->opts.chunk == 0)
         w->opts.chunk = S_ISFIFO(st.st_mode) ? WRITE_CHUNK_PIPE : WRITE_CHUNK;
     if (S_ISFIFO(st.st_mode))
-        w->pipe_bytes = enlarge_pipe(w->fd, w->opts.pipe_size);
+        w->pipe_bytes = dfl_pipe_enlarge(w->fd, w->opts.pipe_size);
+    w->hasher_off = !S_ISFIFO(st.st_mode) || w->opts.hash_thread <= 0;
     /* an INDEX holds stream offsets: only where the stream starts the file */
     bool at_start = S_ISREG(st.st_mode) && lseek(w->fd, 0, SEEK_CUR) == 0;
     w->want_index = at_start && !w->opts.no_index;

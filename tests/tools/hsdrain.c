@@ -3,23 +3,35 @@
  * dfl-draft would, and prints one JSON line on stdout: batches, tokens, bytes, seconds from the
  * first byte to the end, and the steady rate: tokens per second from the end of batch W-1 to the
  * end of the last batch (W = --warmup, default 2), which leaves out the pipeline's fill.
- * --chunk-kib sets the reader's read(2) size on a pipe (dfl_reader_opts.chunk; 0 = default).
+ * --chunk-kib sets the reader's read(2) size on a pipe (dfl_reader_opts.chunk; 0 = default);
+ * --hash-thread on|off|auto its hash thread (dfl_reader_opts.hash_thread; default auto).
+ * cpu_s is the CPU time of the process, reader_cpu_s that of the reading thread alone (with the
+ * hash thread, the rest is the hashing): where the cores are not shared, the reading thread's
+ * time per byte is the ceiling of the consumer.
  * Exit 2 on a corrupt or cut stream (the library's message on stderr). */
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "cli.h"
 #include "frame.h"
 #include "log.h"
 #include "util.h"
 
+static double cpu_seconds(const struct rusage *u)
+{
+    return (double)(u->ru_utime.tv_sec + u->ru_stime.tv_sec) + 1e-6 * (double)(u->ru_utime.tv_usec + u->ru_stime.tv_usec);
+}
+
 int main(int argc, char **argv)
 {
     dfl_cli_init(argv[0]);
     int64_t warm = 2, chunk_kib = 0;
-    static const struct option lo[] = {{"warmup", 1, 0, 'w'}, {"chunk-kib", 1, 0, 'c'}, {"help", 0, 0, 'h'},
+    int hash_thread = 0;
+    static const struct option lo[] = {{"warmup", 1, 0, 'w'}, {"chunk-kib", 1, 0, 'c'}, {"hash-thread", 1, 0, 't'},
+                                       {"help", 0, 0, 'h'},
                                        {0, 0, 0, 0}};
     dfl_err e = {0};
     int c;
@@ -33,8 +45,13 @@ int main(int argc, char **argv)
             if (dfl_parse_i64(optarg, 0, 1 << 20, &chunk_kib, "--chunk-kib", &e))
                 return dfl_cli_report(&e);
             break;
+        case 't':
+            if (strcmp(optarg, "on") && strcmp(optarg, "off") && strcmp(optarg, "auto"))
+                return dfl_cli_usage_error("--hash-thread: '%s' is not on, off or auto", optarg);
+            hash_thread = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? -1 : 0;
+            break;
         case 'h':
-            printf("Usage: %s [--warmup W] [--chunk-kib C] [FILE]\n", dfl_progname);
+            printf("Usage: %s [--warmup W] [--chunk-kib C] [--hash-thread on|off|auto] [FILE]\n", dfl_progname);
             return 0;
         default: return dfl_cli_usage_error("unknown option");
         }
@@ -42,7 +59,7 @@ int main(int argc, char **argv)
     const char *path = optind < argc ? argv[optind] : "-";
     double t_open = dfl_now();
     dfl_reader *r = NULL;
-    dfl_reader_opts ro = {.chunk = (uint32_t)(chunk_kib << 10)};
+    dfl_reader_opts ro = {.chunk = (uint32_t)(chunk_kib << 10), .hash_thread = hash_thread};
     if (dfl_reader_open(&r, path, &ro, &e))
         return dfl_cli_report(&e);
     double t_first = dfl_now(), t_warm = t_first;
@@ -67,6 +84,9 @@ int main(int argc, char **argv)
         dfl_reader_recycle(r, &b);
     }
     double t_end = dfl_now();
+    struct rusage ru_all, ru_main;
+    getrusage(RUSAGE_SELF, &ru_all);
+    getrusage(RUSAGE_THREAD, &ru_main);
     uint64_t bytes = dfl_reader_offset(r);
     dfl_reader_close(r);
     if (rc)
@@ -75,10 +95,11 @@ int main(int argc, char **argv)
     printf("{\"batches\": %" PRIu64 ", \"tokens\": %" PRIu64 ", \"bytes\": %" PRIu64
            ", \"seconds\": %.4f, \"wait_first_s\": %.4f, \"steady_batches\": %" PRIu64
            ", \"steady_tokens\": %" PRIu64 ", \"steady_seconds\": %.4f, \"steady_tokens_per_s\": %.1f, "
-           "\"gb_per_s\": %.3f, \"touch\": %" PRIu64 "}\n",
+           "\"gb_per_s\": %.3f, \"cpu_s\": %.3f, \"reader_cpu_s\": %.3f, \"touch\": %" PRIu64 "}\n",
            batches, tokens, bytes, t_end - t_first, t_first - t_open,
            batches > (uint64_t)warm ? batches - (uint64_t)warm : 0, steady_tokens, steady_s,
            steady_s > 0 && steady_tokens ? (double)steady_tokens / steady_s : 0.0,
-           t_end > t_first ? (double)bytes / (t_end - t_first) / 1e9 : 0.0, sum % 1000);
+           t_end > t_first ? (double)bytes / (t_end - t_first) / 1e9 : 0.0, cpu_seconds(&ru_all),
+           cpu_seconds(&ru_main), sum % 1000);
     return 0;
 }

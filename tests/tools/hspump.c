@@ -6,7 +6,7 @@
  *
  *   hspump [--batches N] [--tokens T] [--seqs S] [--layers K] [--hidden H] [--slots N]
  *          [--output-mode write|vmsplice|auto] [--vmsplice] [--rewrite] [--pipe-mib M]
- *          [--chunk-kib C] [-o FILE]  | hsdrain [--chunk-kib C]
+ *          [--chunk-kib C] [--hash-thread on|off] [-o FILE]  | hsdrain [--chunk-kib C]
  *
  * --output-mode as dfl-target's, but the default here is write (auto and vmsplice: vmsplice into a
  * pipe; --vmsplice = --output-mode vmsplice). A slot is reused as dfl-target reuses its output
@@ -20,21 +20,33 @@
  *
  * Defaults: the dfl-target benchmark's Qwen3-8B batch (16384 tokens in 8 sequences, 5 layers of
  * 4096, bf16: 671 MB a batch), 20 batches, 3 slots. --pipe-mib and --chunk-kib set the
- * writer's pipe_size and chunk (dfl_writer_opts; 0 = the library's default). Prints one JSON
+ * writer's pipe_size and chunk (dfl_writer_opts; 0 = the library's default), --hash-thread its
+ * hash thread (dfl_writer_opts.hash_thread; default off, as the library's). Prints one JSON
  * line on stderr: bytes, seconds, GB/s, tokens/s, the pipe size in use, the slots and the time
- * spent waiting for a slot to be read out of the pipe. */
+ * spent waiting for a slot to be read out of the pipe, and the CPU time from the first batch on
+ * of the process (cpu_s) and of the writing thread alone (writer_cpu_s; the rest is the hash
+ * thread's). */
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "cli.h"
 #include "frame.h"
 #include "log.h"
 #include "util.h"
+
+/* CPU seconds of the process (self) or of the calling thread. */
+static double cpu_now(int who)
+{
+    struct rusage u;
+    getrusage(who, &u);
+    return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
 
 /* Waits until the consumer has read the stream up to offset `upto` (at once when nothing is
  * spliced), adding the time to *waited. */
@@ -54,11 +66,12 @@ int main(int argc, char **argv)
     dfl_cli_init(argv[0]);
     int64_t batches = 20, T = 16384, S = 8, K = 5, H = 4096, slots = 3, pipe_mib = 0, chunk_kib = 0;
     bool vms = false, rewrite = false;
+    int hash_thread = 0;
     const char *out = "-";
     static const struct option lo[] = {
         {"batches", 1, 0, 'b'}, {"tokens", 1, 0, 't'}, {"seqs", 1, 0, 's'}, {"layers", 1, 0, 'k'},
         {"hidden", 1, 0, 'H'}, {"slots", 1, 0, 'n'}, {"vmsplice", 0, 0, 'v'}, {"output-mode", 1, 0, 'm'}, {"rewrite", 0, 0, 'r'}, {"pipe-mib", 1, 0, 'p'}, {"chunk-kib", 1, 0, 'c'},
-        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"hash-thread", 1, 0, 'T'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     dfl_err e = {0};
     int c;
     while ((c = getopt_long(argc, argv, "o:", lo, NULL)) != -1) {
@@ -82,11 +95,16 @@ int main(int argc, char **argv)
             break;
         }
         case 'r': rewrite = true; break;
+        case 'T':
+            if (strcmp(optarg, "on") && strcmp(optarg, "off"))
+                return dfl_cli_usage_error("--hash-thread: '%s' is not on or off", optarg);
+            hash_thread = !strcmp(optarg, "on") ? 1 : -1;
+            break;
         case 'o': out = optarg; break;
         case 'h':
             printf("Usage: %s [--batches N] [--tokens T] [--seqs S] [--layers K] [--hidden H] "
                    "[--slots N] [--output-mode write|vmsplice|auto] [--vmsplice] [--rewrite] [--pipe-mib M] "
-                   "[--chunk-kib C] [-o FILE]\n", dfl_progname);
+                   "[--chunk-kib C] [--hash-thread on|off] [-o FILE]\n", dfl_progname);
             return 0;
         default: return dfl_cli_usage_error("unknown option");
         }
@@ -129,12 +147,12 @@ int main(int argc, char **argv)
 
     dfl_writer *w;
     dfl_writer_opts wo = {.vmsplice = vms, .pipe_size = (uint32_t)(pipe_mib << 20),
-                          .chunk = (uint32_t)(chunk_kib << 10)};
+                          .chunk = (uint32_t)(chunk_kib << 10), .hash_thread = hash_thread};
     if (dfl_writer_open(&w, out, &info, &wo, &e))
         return dfl_cli_report(&e);
     int pipe_sz = strcmp(out, "-") ? -1 : fcntl(1, F_GETPIPE_SZ);
     uint64_t end_off[64] = {0}; /* stream offset after each slot's last frame */
-    double t0 = dfl_now(), waited = 0;
+    double t0 = dfl_now(), waited = 0, cpu0 = cpu_now(RUSAGE_SELF), wcpu0 = cpu_now(RUSAGE_THREAD);
     for (int64_t b = 0; b < batches; b++) {
         int64_t sl = b % slots;
         /* the slot's last frame must have been read out of the pipe */
@@ -174,11 +192,12 @@ int main(int argc, char **argv)
     }
     if (dfl_writer_close(w, &e))
         return dfl_cli_report(&e);
-    double s = dfl_now() - t0;
+    double s = dfl_now() - t0, cpu = cpu_now(RUSAGE_SELF) - cpu0, wcpu = cpu_now(RUSAGE_THREAD) - wcpu0;
     fprintf(stderr, "{\"bytes\": %" PRIu64 ", \"seconds\": %.4f, \"gb_per_s\": %.3f, \"tokens_per_s\": %.1f, "
-            "\"pipe_bytes\": %d, \"chunk_kib\": %lld, \"vmsplice\": %s, \"slots\": %lld, \"slot_wait_s\": %.4f}\n",
+            "\"pipe_bytes\": %d, \"chunk_kib\": %lld, \"vmsplice\": %s, \"slots\": %lld, \"slot_wait_s\": %.4f, "
+            "\"cpu_s\": %.3f, \"writer_cpu_s\": %.3f}\n",
             bytes, s, s > 0 ? bytes / s / 1e9 : 0.0, s > 0 ? (double)(batches * T) / s : 0.0, pipe_sz,
-            (long long)chunk_kib, vms ? "true" : "false", (long long)slots, waited);
+            (long long)chunk_kib, vms ? "true" : "false", (long long)slots, waited, cpu, wcpu);
     for (int64_t i = 0; i < slots * K; i++)
         free(buf[i]);
     free(buf), free(lens), free(ids), free(mask);
