@@ -559,12 +559,14 @@ static bool gc_workspace(dfl_be *be, const dfl_gated_delta *g, gc_ws *w)
         void *p = be->ops->alloc(be, need, &e);
         if (!p)
             return false;
+        if (be->ops->memset0(be, p, need)) { /* the rows past T are read (as zeros) */
+            be->ops->free(be, p);             /* never recorded unzeroed */
+            return false;
+        }
         if (im->gdn_ws)
             be->ops->free(be, im->gdn_ws);
         im->gdn_ws = p;
         im->gdn_ws_bytes = need;
-        if (be->ops->memset0(be, p, need)) /* the rows past T are read (as zeros) */
-            return false;
     }
     char *p = (char *)im->gdn_ws;
     w->wn = (float *)p;
