@@ -526,7 +526,8 @@ int dfl_ncpu(void)
     return n > 0 ? (int)n : 1;
 }
 
-/* (fewer wake-ups per batch, and a producer that can run ahead of its consumer) */
+/* A larger pipe means fewer wake-ups per batch, and a producer that can run ahead of its
+ * consumer (util.h). */
 uint32_t dfl_pipe_enlarge(int fd, uint32_t want)
 {
     int cur = fcntl(fd, F_GETPIPE_SZ);

@@ -204,10 +204,11 @@ static int write_frame(dfl_writer *w, uint32_t type, uint32_t flags, const struc
      * here or there, so the state sees every byte in order, and before the trailer is made; on
      * a failed write it is cancelled before returning (the caller may then free the arrays). */
     dfl_hasher *hs = NULL;
-    if (!w->hasher_off && 64 + stored_len >= HASH_THREAD_MIN && !w->hasher && !(w->hasher = dfl_hasher_new()))
-        w->hasher_off = true;
-    if (!w->hasher_off && 64 + stored_len >= HASH_THREAD_MIN)
+    if (!w->hasher_off && 64 + stored_len >= HASH_THREAD_MIN) {
+        if (!w->hasher && !(w->hasher = dfl_hasher_new()))
+            w->hasher_off = true;   /* no thread to be had: hash here, from now on */
         hs = w->hasher;
+    }
     struct iovec g[GROUP_IOV + 1];
     bool gs[GROUP_IOV + 1];
     int gn = 0;
