@@ -21,15 +21,27 @@
 
 #define STEP_FMT "step-%07lld"
 
+/* In pieces over the threads (a checkpoint scans the 3 x 1.7e9 values of a 27B-target drafter);
+ * the first non-finite index is the least over the pieces, whatever the threads. */
+#define FINITE_PIECE (1 << 18)
+
 bool dfl_draft_all_finite(const float *x, int64_t n, int64_t *first)
 {
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(x[i])) {
-            if (first)
-                *first = i;
-            return false;
-        }
-    return true;
+    int64_t bad = n;
+#pragma omp parallel for schedule(static) reduction(min : bad) if (n > 4 * FINITE_PIECE)
+    for (int64_t p = 0; p < n; p += FINITE_PIECE) {
+        const int64_t end = n - p < FINITE_PIECE ? n : p + FINITE_PIECE;
+        for (int64_t i = p; i < end; i++)
+            if (!isfinite(x[i])) {
+                bad = bad < i ? bad : i;
+                break;
+            }
+    }
+    if (bad == n)
+        return true;
+    if (first)
+        *first = bad;
+    return false;
 }
 
 /* Test hook, for the fault-injection tests (tests/bats/faults.bats) only. When the environment

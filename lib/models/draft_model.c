@@ -144,18 +144,51 @@ static int push_master(dfl_draft *m, const float *host, dfl_err *e)
     return DFL_OK;
 }
 
+/* Fresh weights, in parallel and the same for any number of threads: each tensor's elements
+ * go in pieces of INIT_PIECE, each piece from its own generator seeded by (seed, tensor,
+ * piece), two normals per Box-Muller pair (cos and sin). One serial generator took ~30-80 ns
+ * an element, a minute or two for the 1.7e9 weights of a Qwen3.6-27B drafter. */
+#define INIT_PIECE (1 << 20)
+
 int dfl_draft_init_random(dfl_draft *m, uint64_t seed, double std, dfl_err *e)
 {
-    float *h = calloc((size_t)m->flat, sizeof *h);
-    if (!h)
+    float *h = calloc((size_t)m->flat, sizeof *h);   /* padding between tensors stays 0 */
+    int64_t *first = malloc(((size_t)m->n_tensors + 1) * sizeof *first);
+    if (!h || !first) {
+        free(h);
+        free(first);
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
-    dfl_rng r;
-    dfl_rng_seed(&r, seed);
-    for (int i = 0; i < m->n_tensors; i++) {
-        const dfl_draft_tensor *t = &m->tensors[i];
-        for (int64_t j = 0; j < t->numel; j++)
-            h[t->offset + j] = t->ndim == 1 ? 1.0f : (float)(std * dfl_rng_normal(&r));
     }
+    /* pieces numbered across tensors: tensor i has pieces first[i] .. first[i+1]-1 */
+    first[0] = 0;
+    for (int i = 0; i < m->n_tensors; i++)
+        first[i + 1] = first[i] + (m->tensors[i].numel + INIT_PIECE - 1) / INIT_PIECE;
+    const int64_t n_pieces = first[m->n_tensors];
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t p = 0; p < n_pieces; p++) {
+        int i = 0;
+        while (first[i + 1] <= p)
+            i++;
+        const dfl_draft_tensor *t = &m->tensors[i];
+        const int64_t j0 = (p - first[i]) * INIT_PIECE;
+        const int64_t n = t->numel - j0 < INIT_PIECE ? t->numel - j0 : INIT_PIECE;
+        float *out = h + t->offset + j0;
+        if (t->ndim == 1) {
+            for (int64_t j = 0; j < n; j++)
+                out[j] = 1.0f;
+            continue;
+        }
+        dfl_rng r;
+        dfl_rng_seed(&r, dfl_hash2(dfl_hash2(seed, (uint64_t)i), (uint64_t)(p - first[i])));
+        for (int64_t j = 0; j < n; j += 2) {
+            double u1 = dfl_rng_double(&r), u2 = dfl_rng_double(&r);
+            double rad = std * sqrt(-2.0 * log(1.0 - u1)), th = 6.283185307179586 * u2;
+            out[j] = (float)(rad * cos(th));
+            if (j + 1 < n)
+                out[j + 1] = (float)(rad * sin(th));
+        }
+    }
+    free(first);
     int rc = push_master(m, h, e);
     free(h);
     return rc;

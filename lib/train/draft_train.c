@@ -211,6 +211,7 @@ static int load_frozen(run *r, dfl_err *e)
 {
     int64_t shape[2] = {r->tc.vocab_size, r->tc.hidden_size};
     const dfl_st_tensor *emb, *lm = NULL;
+    double t0 = dfl_now();
     int rc = dfl_st_model_get(r->tm, r->tc.embed_name, 2, shape, &emb, e);
     if (rc)
         return rc;
@@ -218,7 +219,10 @@ static int load_frozen(run *r, dfl_err *e)
         if ((rc = dfl_st_model_get(r->tm, r->tc.lm_head_name, 2, shape, &lm, e)))
             return rc;
     }
-    return dfl_draft_set_frozen(r->m, emb, lm, e);
+    if ((rc = dfl_draft_set_frozen(r->m, emb, lm, e)))
+        return rc;
+    dfl_verbose("target embedding%s loaded in %.1f s", lm ? " and LM head" : "", dfl_now() - t0);
+    return DFL_OK;
 }
 
 /* ---- trainer state ------------------------------------------------------------------------- */
@@ -412,6 +416,7 @@ static int save_rank0(run *r, dfl_err *e)
 {
     json_t *st = make_state(r);
     char *dir = NULL;
+    double t0 = dfl_now();
     int rc = dfl_draft_ckpt_save(r->m, r->o->run_dir, r->step, st, r->o->save_dtype, &dir, e);
     json_decref(st);
     if (rc == DFL_ENAN)   /* the message says which value and that nothing was written */
@@ -422,7 +427,7 @@ static int save_rank0(run *r, dfl_err *e)
                                   "is intact): ", (long long)r->step, (long long)r->last_saved);
         return dfl_err_prefix(e, "checkpoint of step %lld not written: ", (long long)r->step);
     }
-    dfl_verbose("checkpoint %s", dir);
+    dfl_verbose("checkpoint %s (written in %.1f s)", dir, dfl_now() - t0);
     if (r->o->keep > 0 && (rc = dfl_draft_ckpt_prune(r->o->run_dir, r->o->keep, e)))
         dfl_warn("--keep: %s", e->msg);
     if (r->o->on_save)
@@ -1089,8 +1094,10 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
         if (r->rank > 0)   /* each rank its own anchors; rank 0 (and a single rank) as before */
             anchor_seed = dfl_hash2(anchor_seed, (uint64_t)r->rank);
         dfl_rng_seed(&r->rng, anchor_seed);
+        double t0 = dfl_now();
         if ((rc = dfl_draft_init_random(r->m, dfl_hash2(o->seed, 0x494e4954ull), o->init_std, e)))
             goto out;
+        dfl_verbose("drafter weights initialized in %.1f s", dfl_now() - t0);
     }
     /* schedule */
     if (o->total_steps > 0)

@@ -4,6 +4,7 @@
  * LM head runs on. */
 #include <dirent.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -426,6 +427,93 @@ static void test_lm_head_rows(void)
     dfl_be_close(be);
 }
 
+/* dfl_draft_init_random: the same weights for any number of threads; N(0, std^2) on matrices
+ * (a tensor of more than one generator piece of 2^20 elements included), 1 on norms, 0 in the
+ * padding between tensors; another seed, other weights */
+static void test_init_random(void)
+{
+    dfl_err e = {0};
+    dfl_be *be;
+    dfl_be_cpu_open(&be, 0, &e);
+    dfl_draft_config c = tiny();
+    c.hidden = 1024, c.intermediate = 1100, c.n_layers = 1, c.n_heads = 8, c.n_kv = 4, c.head_dim = 128;
+    dfl_draft *m;
+    T_CHECK(dfl_draft_open(&m, be, &c, &e) == 0, "%s", e.msg);
+    int64_t flat = dfl_draft_flat_len(m);
+    float *a = malloc(flat * 4), *b = malloc(flat * 4);
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    T_CHECK(dfl_draft_init_random(m, 7, 0.02, &e) == 0 && dfl_draft_download(m, DFL_DRAFT_MASTER, a, &e) == 0,
+            "%s", e.msg);
+    omp_set_num_threads(3);
+    T_CHECK(dfl_draft_init_random(m, 7, 0.02, &e) == 0 && dfl_draft_download(m, DFL_DRAFT_MASTER, b, &e) == 0,
+            "%s", e.msg);
+    omp_set_num_threads(threads);
+    T_CHECK(memcmp(a, b, flat * 4) == 0, "1 thread and 3 threads gave other weights");
+    int nt;
+    const dfl_draft_tensor *t = dfl_draft_tensor_list(m, &nt);
+    int64_t covered = 0, big = 0;
+    for (int i = 0; i < nt; i++) {
+        const float *x = a + t[i].offset;
+        covered += t[i].numel;
+        if (t[i].ndim == 1) {
+            for (int64_t j = 0; j < t[i].numel; j++)
+                T_CHECK(x[j] == 1.0f, "norm %s[%lld] = %g, not 1", t[i].name, (long long)j, x[j]);
+            continue;
+        }
+        double s1 = 0, s2 = 0;
+        for (int64_t j = 0; j < t[i].numel; j++)
+            s1 += x[j], s2 += (double)x[j] * x[j];
+        double n = (double)t[i].numel, mean = s1 / n, sd = sqrt(s2 / n - mean * mean);
+        /* 6 standard errors: the mean's 0.02/sqrt(n), the sd's about 0.02/sqrt(2n) */
+        T_CHECK(fabs(mean) <= 6 * 0.02 / sqrt(n), "%s: mean %g over %.0f elements", t[i].name, mean, n);
+        T_CHECK(fabs(sd - 0.02) <= 6 * 0.02 / sqrt(2 * n), "%s: sd %g, not 0.02", t[i].name, sd);
+        if (t[i].numel > (1 << 20)) {
+            big++;   /* the second piece is not the first one again */
+            T_CHECK(memcmp(x, x + (1 << 20), 64 * 4) != 0, "%s: piece 1 repeats piece 0", t[i].name);
+        }
+    }
+    T_CHECK(big > 0, "no tensor spans two pieces: the test shape is too small");
+    int64_t zeros = 0;
+    for (int64_t j = 0; j < flat; j++)
+        zeros += a[j] == 0.0f;
+    T_CHECK(zeros >= flat - covered, "padding: %lld zeros for %lld padding elements", (long long)zeros,
+            (long long)(flat - covered));
+    T_CHECK(dfl_draft_init_random(m, 8, 0.02, &e) == 0 && dfl_draft_download(m, DFL_DRAFT_MASTER, b, &e) == 0,
+            "%s", e.msg);
+    T_CHECK(memcmp(a, b, flat * 4) != 0, "seeds 7 and 8 gave the same weights");
+    free(a);
+    free(b);
+    dfl_draft_close(m);
+    dfl_be_close(be);
+}
+
+/* dfl_draft_all_finite: the first non-finite value, by index, whatever the threads and pieces */
+static void test_all_finite(void)
+{
+    const int64_t n = 3 * (1 << 20) + 77;
+    float *x = calloc(n, sizeof *x);
+    int64_t first = -1;
+    T_CHECK(dfl_draft_all_finite(x, n, &first) && first == -1, "all zero: not finite?");
+    const int64_t at[][2] = {{n - 1, n - 1}, {2500000, 2500000}, {(1 << 18) - 1, (1 << 18) - 1}, {0, 0}};
+    for (int k = 0; k < 4; k++) {   /* each adds one earlier bad value */
+        x[at[k][0]] = k % 2 ? INFINITY : NAN;
+        for (int threads = 1; threads <= 3; threads += 2) {
+            omp_set_num_threads(threads);
+            first = -1;
+            T_CHECK(!dfl_draft_all_finite(x, n, &first) && first == at[k][1],
+                    "bad value at %lld: first %lld (%d threads)", (long long)at[k][0], (long long)first, threads);
+        }
+    }
+    x[0] = 1.0f;
+    first = -1;
+    T_CHECK(!dfl_draft_all_finite(x, n, &first) && first == (1 << 18) - 1, "first %lld", (long long)first);
+    T_CHECK(!dfl_draft_all_finite(x, 1 << 18, &first) && first == (1 << 18) - 1, "short: first %lld",
+            (long long)first);
+    T_CHECK(dfl_draft_all_finite(x, (1 << 18) - 1, NULL), "the finite prefix");
+    free(x);
+}
+
 int main(int argc, char **argv)
 {
     t_init(argv[0]);
@@ -437,5 +525,7 @@ int main(int argc, char **argv)
     T_RUN(test_tensor_table);
     T_RUN(test_checkpoint);
     T_RUN(test_lm_head_rows);
+    T_RUN(test_init_random);
+    T_RUN(test_all_finite);
     return t_done();
 }
