@@ -17,6 +17,7 @@
 #include "be_cuda.cuh"
 #include "dflash_ptx.cuh"
 #include "moe_gemm.cuh"
+#include "moe_wgmma.cuh"
 
 #define MOE_MAX_E 2048        /* experts: 64 per lane of a warp */
 #define MOE_MAX_K 32
@@ -398,6 +399,13 @@ static bool moe_mma_enabled(void)
     return !(v && v[0] == '0' && !v[1]);
 }
 
+/* DFL_CUDA_MOE_WGMMA=1 selects the wgmma kernel (kernels/moe_wgmma.cu) where it fits */
+static bool moe_wgmma_enabled(void)
+{
+    const char *v = getenv("DFL_CUDA_MOE_WGMMA");
+    return v && v[0] == '1' && !v[1];
+}
+
 static int moe_tile_choice(void)
 {
     const char *v = getenv("DFL_CUDA_MOE_TILE");
@@ -448,8 +456,14 @@ int cuda_moe_matmul(dfl_be *be, const dfl_moe_mm *m)
     cudaStream_t s = cuda_of(be)->stream;
     const bool fused = m->rows || m->swiglu;
     dim3 grid((unsigned)(m->cap / GM), (unsigned)((Nc + GN - 1) / GN));
-    if (be->act == DFL_BF16 && moe_mma_enabled() && m->K % MG_BK == 0 && is_aligned(m->A, 16) &&
-        is_aligned(m->W, 16) && m->cap / 64 <= 65535) {
+    if (be->act == DFL_BF16 && moe_wgmma_enabled() &&
+        cuda_moe_wgmma_fits(m, cuda_of(be)->device)) {
+        cudaError_t err = cuda_moe_wgmma(m, s);
+        if (err != cudaSuccess)
+            return cuda_op_fail(be, DFL_EDEVICE, "moe_matmul: shared memory: %s",
+                                cudaGetErrorString(err));
+    } else if (be->act == DFL_BF16 && moe_mma_enabled() && m->K % MG_BK == 0 &&
+               is_aligned(m->A, 16) && is_aligned(m->W, 16) && m->cap / 64 <= 65535) {
         cudaError_t err = cudaSuccess;
         switch (moe_tile_choice()) {
         case 0: err = moe_mma_tile<MgTile0>(m, s); break;
