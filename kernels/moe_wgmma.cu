@@ -21,25 +21,33 @@
 #include "moe_wgmma.h"
 #include "moe_wgmma.cuh"
 
-template <int BN_, int ST_> struct MwCfg {
+/* BN columns, ST stages; WS: warp-specialized (a third warpgroup loads, the two others only
+ * multiply, stages handed over by mbarriers) */
+template <int BN_, int ST_, bool WS_ = false> struct MwCfg {
     static constexpr int BN = BN_, ST = ST_;
-    static constexpr int D = ST - 2;                  /* prefetch distance in stages */
-    static constexpr int NR = BN / 2;                 /* f32 accumulators a thread */
-    static constexpr int AI = MW_BM * 8 / MW_THREADS; /* 16-byte chunks a thread: A */
-    static constexpr int WI = BN * 8 / MW_THREADS;    /* and W */
+    static constexpr bool WS = WS_;
+    static constexpr int THREADS = WS ? MW_THREADS + 128 : MW_THREADS;
+    static constexpr int LT = WS ? 128 : MW_THREADS;   /* loading threads */
+    static constexpr int D = ST - 2;                   /* prefetch distance in stages */
+    static constexpr int NR = BN / 2;                  /* f32 accumulators a thread */
+    static constexpr int AI = MW_BM * 8 / LT;          /* 16-byte chunks a loading thread: A */
+    static constexpr int WI = BN * 8 / LT;             /* and W */
     static constexpr uint32_t AB = MW_BM * MW_ROWB, STB = (MW_BM + BN) * MW_ROWB;
-    static constexpr size_t SMEM = (size_t)ST * STB + 1024; /* + room to align to 1,024 */
+    static constexpr uint32_t BAR = ST * STB;          /* WS: full[ST], empty[ST] after the stages */
+    static constexpr size_t SMEM = (size_t)BAR + (WS ? 16 * ST : 0) + 1024; /* + room to align */
     static_assert(BN == 128 || BN == 256, "wgmma n128 or n256");
     static_assert(ST >= 3, "one stage in flight, one read, one filled");
     static_assert(SMEM <= 227 * 1024, "shared memory of one block");
 };
 
 /* the tile shapes (DFL_CUDA_MOE_WTILE) */
-typedef MwCfg<256, 4> MwTile0; /* 128 x 256, 4 stages: 197,632 bytes */
-typedef MwCfg<128, 6> MwTile1; /* 128 x 128, 6 stages: 197,632 bytes */
-typedef MwCfg<128, 3> MwTile2; /* 128 x 128, 3 stages: 99,328 bytes (two blocks an SM) */
-typedef MwCfg<256, 3> MwTile3; /* 128 x 256, 3 stages: 148,480 bytes */
-#define MW_TILES 4
+typedef MwCfg<256, 4> MwTile0;       /* 128 x 256, 4 stages: 197,632 bytes */
+typedef MwCfg<128, 6> MwTile1;       /* 128 x 128, 6 stages: 197,632 bytes */
+typedef MwCfg<128, 3> MwTile2;       /* 128 x 128, 3 stages: 99,328 bytes (two blocks an SM) */
+typedef MwCfg<256, 3> MwTile3;       /* 128 x 256, 3 stages: 148,480 bytes */
+typedef MwCfg<256, 4, true> MwTile4; /* 128 x 256, 4 stages, warp-specialized: 197,696 bytes */
+typedef MwCfg<128, 6, true> MwTile5; /* 128 x 128, 6 stages, warp-specialized: 197,728 bytes */
+#define MW_TILES 6
 #define MW_TILE_DEFAULT 0
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -143,26 +151,126 @@ template <> __device__ __forceinline__ void mw_mma<256>(float (&d)[128], uint64_
     mw_mma256(d, da, db);
 }
 
-/* cp.async of one K step (columns k0 .. k0 + MW_BK) into the stage at st: this thread's chunks
- * of the A tile (ap: row starts, NULL for rows past the expert: zero) and of the W tile (wp). */
+/* mbarriers (WS) */
+__device__ __forceinline__ void mw_bar_init(uint32_t bar, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mw_bar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* arrives on bar when this thread's earlier cp.async have landed (counted in bar's init) */
+__device__ __forceinline__ void mw_bar_arrive_cp(uint32_t bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+/* waits until the phase of bar with parity par has completed */
+__device__ __forceinline__ void mw_bar_wait(uint32_t bar, uint32_t par)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(par) : "memory");
+    } while (!done);
+}
+
+/* The row starts of loading thread lt_id's chunks: A rows (through rows with GATHER; NULL past
+ * the expert's rows: zero) and W rows (with SWIGLU the BN / 2 gate rows from output c0, then the
+ * matching up rows; NULL past the output width), each already at its 16-byte chunk. */
+template <class CF, bool GATHER, bool SWIGLU>
+__device__ __forceinline__ void mw_rows(const bf16 *(&ap)[CF::AI], const bf16 *(&wp)[CF::WI],
+                                        uint32_t lt_id, const bf16 *A, const int32_t *rows,
+                                        const bf16 *We, int64_t g0, int64_t end, int64_t c0,
+                                        int64_t N, int64_t K)
+{
+    const int64_t Nc = SWIGLU ? N / 2 : N, ch = lt_id % 8;
+#pragma unroll
+    for (int i = 0; i < CF::AI; i++) {
+        const int64_t g = g0 + mw_load_row(lt_id, i, CF::LT);
+        ap[i] = g < end ? A + (GATHER ? (int64_t)rows[g] : g) * K + ch * 8 : nullptr;
+    }
+#pragma unroll
+    for (int i = 0; i < CF::WI; i++) {
+        const int r = (int)mw_load_row(lt_id, i, CF::LT);
+        int64_t n = c0 + r, lim = N;
+        if (SWIGLU) { /* rows [0, BN / 2): gate outputs c0 + r; then the up rows of the same */
+            const int64_t j = c0 + r % (CF::BN / 2);
+            n = (r >= CF::BN / 2 ? Nc : 0) + j;
+            lim = j < Nc ? N : -1;
+        }
+        wp[i] = n < lim ? We + n * K + ch * 8 : nullptr;
+    }
+}
+
+/* cp.async of one K step (columns k0 .. k0 + MW_BK) into the stage at st (off: this thread's
+ * first chunk) of this thread's chunks of the A tile and of the W tile; NULL rows zero. */
 template <class CF>
 __device__ __forceinline__ void mw_load(uint32_t st, uint32_t off, const bf16 *const (&ap)[CF::AI],
                                         const bf16 *const (&wp)[CF::WI], const bf16 *any,
                                         int64_t k0)
 {
+    constexpr uint32_t step = CF::LT / 8 * MW_ROWB;
 #pragma unroll
     for (int i = 0; i < CF::AI; i++)
-        df_cp16(st + off + i * 32 * MW_ROWB, ap[i] ? ap[i] + k0 : any, ap[i] != nullptr);
+        df_cp16(st + off + i * step, ap[i] ? ap[i] + k0 : any, ap[i] != nullptr);
 #pragma unroll
     for (int i = 0; i < CF::WI; i++)
-        df_cp16(st + CF::AB + off + i * 32 * MW_ROWB, wp[i] ? wp[i] + k0 : any, wp[i] != nullptr);
+        df_cp16(st + CF::AB + off + i * step, wp[i] ? wp[i] + k0 : any, wp[i] != nullptr);
+}
+
+/* Warpgroup wg's products of the stage at st, as one wgmma group (committed, not waited). */
+template <class CF>
+__device__ __forceinline__ void mw_stage_mma(float (&acc)[CF::NR], uint32_t st, uint32_t wg)
+{
+    mw_hold(acc);
+    mw_fence();
+#pragma unroll
+    for (int kk = 0; kk < MW_BK / 16; kk++)
+        mw_mma<CF::BN>(acc, mw_desc(st + wg * 64 * MW_ROWB + kk * 32),
+                       mw_desc(st + CF::AB + kk * 32));
+    mw_commit();
+}
+
+/* The epilogue of warpgroup wg (thread t of 128 in it): accumulator i holds row
+ * 64 wg + 16 (t / 32) + (t % 32) / 4 (+8 when i % 4 >= 2), column 8 (i / 4) + 2 (t % 4) + i % 2;
+ * with SWIGLU fragment j < BN / 16 is gate and j + BN / 16 the up of output column
+ * c0 + 8 j + 2 (t % 4). */
+template <class CF, bool SWIGLU>
+__device__ __forceinline__ void mw_epilogue(const float (&acc)[CF::NR], uint32_t wg, uint32_t t,
+                                            bf16 *C, int64_t g0, int64_t end, int64_t c0,
+                                            int64_t Nc, bool pair)
+{
+    constexpr int NJ = CF::BN / 8, NO = SWIGLU ? NJ / 2 : NJ;
+    const uint32_t lane = t & 31;
+    const int64_t cw = c0 + 2 * (lane & 3);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int64_t g = g0 + 64 * wg + 16 * (t / 32) + (lane >> 2) + 8 * h;
+        if (g >= end)
+            continue;
+        bf16 *cr = C + g * Nc;
+#pragma unroll
+        for (int j = 0; j < NO; j++) {
+            float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+            if (SWIGLU) {
+                v0 = mg_swiglu(v0, acc[4 * (j + NO) + 2 * h]);
+                v1 = mg_swiglu(v1, acc[4 * (j + NO) + 2 * h + 1]);
+            }
+            mg_store2(cr, cw + 8 * j, Nc, v0, v1, pair);
+        }
+    }
 }
 #endif
 
 /* Block (x, y): output columns from x BN (x BN / 2 with SWIGLU), grouped rows [y MW_BM, +MW_BM);
- * MW_THREADS threads, CF::SMEM bytes of dynamic shared memory; pair as moe_mm_mma_kernel's. */
+ * CF::THREADS threads, CF::SMEM bytes of dynamic shared memory; pair as moe_mm_mma_kernel's.
+ * Without CF::WS every thread loads (cp.async, ST - 2 stages ahead) and multiplies, a barrier
+ * a step; with CF::WS warpgroup 0 loads (stage s's cp.async arrive on full[s]) and warpgroups
+ * 1 and 2 multiply (each thread arrives on empty[s] once its wgmma of stage s is done). */
 template <class CF, bool GATHER, bool SWIGLU>
-__global__ void __launch_bounds__(MW_THREADS, 1)
+__global__ void __launch_bounds__(CF::THREADS, 1)
     moe_mm_wgmma_kernel(const bf16 *__restrict__ A, const int32_t *__restrict__ rows,
                         const bf16 *__restrict__ W, bf16 *__restrict__ C, const int32_t *counts,
                         const int32_t *offsets, int E, int64_t N, int64_t K, bool pair)
@@ -176,80 +284,76 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
         return;
     const int64_t Nc = SWIGLU ? N / 2 : N;                               /* output width */
     const int64_t c0 = (int64_t)blockIdx.x * (SWIGLU ? CF::BN / 2 : CF::BN); /* first output */
-    const uint32_t tid = threadIdx.x, ch = tid % 8;
+    const uint32_t tid = threadIdx.x, s0 = (df_smem(moe_smem) + 1023u) & ~1023u;
+    const int nk = (int)(K / MW_BK);
     const bf16 *ap[CF::AI], *wp[CF::WI];
-#pragma unroll
-    for (int i = 0; i < CF::AI; i++) {
-        const int64_t g = g0 + mw_load_row(tid, i);
-        ap[i] = g < end ? A + (GATHER ? (int64_t)rows[g] : g) * K + ch * 8 : nullptr;
-    }
-#pragma unroll
-    for (int i = 0; i < CF::WI; i++) {
-        const int r = (int)mw_load_row(tid, i);
-        int64_t n = c0 + r, lim = N;
-        if (SWIGLU) { /* rows [0, BN / 2): gate outputs c0 + r; then the up rows of the same */
-            const int64_t j = c0 + r % (CF::BN / 2);
-            n = (r >= CF::BN / 2 ? Nc : 0) + j;
-            lim = j < Nc ? N : -1;
-        }
-        wp[i] = n < lim ? We + n * K + ch * 8 : nullptr;
-    }
-    const uint32_t s0 = (df_smem(moe_smem) + 1023u) & ~1023u, off = mw_load_off(tid, 0);
-    const uint32_t wg = tid / 128, lane = tid & 31, wq = (tid / 32) % 4;
     float acc[CF::NR];
+    if (!CF::WS) {
+        mw_rows<CF, GATHER, SWIGLU>(ap, wp, tid, A, rows, We, g0, end, c0, N, K);
+        const uint32_t off = mw_load_off(tid, 0, CF::LT), wg = tid / 128;
+#pragma unroll
+        for (int i = 0; i < CF::NR; i++)
+            acc[i] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < CF::D; s++) {
+            if (s < nk)
+                mw_load<CF>(s0 + s * CF::STB, off, ap, wp, W, (int64_t)s * MW_BK);
+            df_commit();
+        }
+        for (int kt = 0; kt < nk; kt++) {
+            df_wait<CF::D - 1>(); /* step kt's group has landed (this thread's part) */
+            mw_proxy_fence();
+            __syncthreads(); /* everyone's part; every warpgroup is done with step kt - 2 */
+            const int pf = kt + CF::D;
+            if (pf < nk)
+                mw_load<CF>(s0 + (uint32_t)(pf % CF::ST) * CF::STB, off, ap, wp, W,
+                            (int64_t)pf * MW_BK);
+            df_commit(); /* possibly empty: keeps one group per step */
+            mw_stage_mma<CF>(acc, s0 + (uint32_t)(kt % CF::ST) * CF::STB, wg);
+            mw_wait<1>(); /* step kt - 1 done (this warpgroup) */
+            mw_hold(acc);
+        }
+        mw_wait<0>();
+        mw_hold(acc);
+        mw_epilogue<CF, SWIGLU>(acc, wg, tid % 128, C, g0, end, c0, Nc, pair);
+        return;
+    }
+    const uint32_t full = s0 + CF::BAR, empty = full + 8 * CF::ST;
+    if (tid == 0)
+        for (int s = 0; s < CF::ST; s++) {
+            mw_bar_init(full + 8 * s, CF::LT);       /* every loading thread's cp.async */
+            mw_bar_init(empty + 8 * s, MW_THREADS);  /* every multiplying thread */
+        }
+    __syncthreads();
+    if (tid < CF::LT) { /* the loads: stage kt into slot kt % ST once its last reads are done */
+        mw_rows<CF, GATHER, SWIGLU>(ap, wp, tid, A, rows, We, g0, end, c0, N, K);
+        const uint32_t off = mw_load_off(tid, 0, CF::LT);
+        for (int kt = 0; kt < nk; kt++) {
+            const uint32_t slot = (uint32_t)(kt % CF::ST), round = (uint32_t)(kt / CF::ST);
+            mw_bar_wait(empty + 8 * slot, (round & 1) ^ 1); /* round 0: passes at once */
+            mw_load<CF>(s0 + slot * CF::STB, off, ap, wp, W, (int64_t)kt * MW_BK);
+            mw_bar_arrive_cp(full + 8 * slot);
+        }
+        df_wait<0>();
+        return;
+    }
+    const uint32_t wg = tid / 128 - 1;
 #pragma unroll
     for (int i = 0; i < CF::NR; i++)
         acc[i] = 0.0f;
-    const int nk = (int)(K / MW_BK);
-#pragma unroll
-    for (int s = 0; s < CF::D; s++) {
-        if (s < nk)
-            mw_load<CF>(s0 + s * CF::STB, off, ap, wp, W, (int64_t)s * MW_BK);
-        df_commit();
-    }
     for (int kt = 0; kt < nk; kt++) {
-        df_wait<CF::D - 1>(); /* step kt's group has landed (this thread's part) */
+        const uint32_t slot = (uint32_t)(kt % CF::ST);
+        mw_bar_wait(full + 8 * slot, (uint32_t)(kt / CF::ST) & 1);
         mw_proxy_fence();
-        __syncthreads(); /* everyone's part; every warpgroup is done with step kt - 2 */
-        const int pf = kt + CF::D;
-        if (pf < nk)
-            mw_load<CF>(s0 + (uint32_t)(pf % CF::ST) * CF::STB, off, ap, wp, W, (int64_t)pf * MW_BK);
-        df_commit(); /* possibly empty: keeps one group per step */
-        const uint32_t st = s0 + (uint32_t)(kt % CF::ST) * CF::STB;
+        mw_stage_mma<CF>(acc, s0 + slot * CF::STB, wg);
+        mw_wait<1>(); /* step kt - 1 done: its slot goes back to the loads */
         mw_hold(acc);
-        mw_fence();
-#pragma unroll
-        for (int kk = 0; kk < MW_BK / 16; kk++)
-            mw_mma<CF::BN>(acc, mw_desc(st + wg * 64 * MW_ROWB + kk * 32),
-                           mw_desc(st + CF::AB + kk * 32));
-        mw_commit();
-        mw_wait<1>(); /* step kt - 1 done (this warpgroup) */
-        mw_hold(acc);
+        if (kt > 0)
+            mw_bar_arrive(empty + 8 * (uint32_t)((kt - 1) % CF::ST));
     }
     mw_wait<0>();
     mw_hold(acc);
-    /* accumulator i: row 64 wg + 16 wq + lane / 4 (+8 when i % 4 >= 2), column 8 (i / 4) +
-     * 2 (lane % 4) + i % 2; with SWIGLU fragment j < BN / 16 is gate and j + BN / 16 the up of
-     * output column c0 + 8 j + 2 (lane % 4) */
-    constexpr int NJ = CF::BN / 8, NO = SWIGLU ? NJ / 2 : NJ;
-    const int64_t cw = c0 + 2 * (lane & 3);
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int64_t g = g0 + 64 * wg + 16 * wq + (lane >> 2) + 8 * h;
-        if (g >= end)
-            continue;
-        bf16 *cr = C + g * Nc;
-#pragma unroll
-        for (int j = 0; j < NO; j++) {
-            const int64_t n = cw + 8 * j;
-            float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-            if (SWIGLU) {
-                v0 = mg_swiglu(v0, acc[4 * (j + NO) + 2 * h]);
-                v1 = mg_swiglu(v1, acc[4 * (j + NO) + 2 * h + 1]);
-            }
-            mg_store2(cr, n, Nc, v0, v1, pair);
-        }
-    }
+    mw_epilogue<CF, SWIGLU>(acc, wg, tid % 128, C, g0, end, c0, Nc, pair);
 #else
     __trap(); /* built without sm_90a: cuda_moe_wgmma never launches it */
 #endif
@@ -265,7 +369,7 @@ static cudaError_t mw_launch(const dfl_moe_mm *m, cudaStream_t s)
     const int64_t Nc = S ? m->N / 2 : m->N, bn = S ? CF::BN / 2 : CF::BN;
     const dim3 grid((unsigned)((Nc + bn - 1) / bn), (unsigned)(m->cap / MW_BM));
     const bool pair = Nc % 2 == 0 && is_aligned(m->C, 4);
-    fn<<<grid, MW_THREADS, CF::SMEM, s>>>((const bf16 *)m->A, m->rows, (const bf16 *)m->W,
+    fn<<<grid, CF::THREADS, CF::SMEM, s>>>((const bf16 *)m->A, m->rows, (const bf16 *)m->W,
                                           (bf16 *)m->C, m->counts, m->offsets, m->E, m->N, m->K,
                                           pair);
     return cudaSuccess; /* a launch error: the caller's cuda_launch_check */
@@ -299,6 +403,8 @@ cudaError_t cuda_moe_wgmma(const dfl_moe_mm *m, cudaStream_t s)
     case 0: return mw_tile<MwTile0>(m, s);
     case 1: return mw_tile<MwTile1>(m, s);
     case 2: return mw_tile<MwTile2>(m, s);
-    default: return mw_tile<MwTile3>(m, s);
+    case 3: return mw_tile<MwTile3>(m, s);
+    case 4: return mw_tile<MwTile4>(m, s);
+    default: return mw_tile<MwTile5>(m, s);
     }
 }

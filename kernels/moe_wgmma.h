@@ -23,7 +23,7 @@
 #define MW_BM 128       /* grouped rows of a tile: two warpgroups of m64 */
 #define MW_BK 64        /* K columns of a stage: one 128-byte row */
 #define MW_ROWB 128     /* bytes of a shared row */
-#define MW_THREADS 256  /* two warpgroups */
+#define MW_THREADS 256  /* two warpgroups (the warp-specialized form: a third loads) */
 #define MW_SBO 1024     /* bytes between 8-row groups */
 
 /* Byte offset, from a 1,024-byte aligned tile, of the 16-byte chunk ch (0..7) of row r. */
@@ -37,22 +37,14 @@ MW_HD uint64_t mw_desc(uint32_t addr)
            (uint64_t)1 << 62;
 }
 
-/* The load split: chunk i (0 .. rows * 8 / MW_THREADS - 1) of thread tid is row tid / 8 + 32 i,
- * 16-byte chunk tid % 8, at shared offset mw_swz(tid / 8, tid % 8) + i 32 MW_ROWB (the row's
- * phase r % 8 is the same for every i). */
-MW_HD uint32_t mw_load_row(uint32_t tid, uint32_t i) { return tid / 8 + 32 * i; }
-MW_HD uint32_t mw_load_off(uint32_t tid, uint32_t i)
+/* The load split among lt loading threads (a multiple of 8): chunk i (0 .. rows * 8 / lt - 1)
+ * of thread tid is row tid / 8 + (lt / 8) i, 16-byte chunk tid % 8, at shared offset
+ * mw_swz(tid / 8, tid % 8) + i (lt / 8) MW_ROWB (the row's phase r % 8 is the same for every i
+ * when lt / 8 is a multiple of 8). */
+MW_HD uint32_t mw_load_row(uint32_t tid, uint32_t i, uint32_t lt) { return tid / 8 + lt / 8 * i; }
+MW_HD uint32_t mw_load_off(uint32_t tid, uint32_t i, uint32_t lt)
 {
-    return mw_swz(tid / 8, tid % 8) + i * 32 * MW_ROWB;
+    return mw_swz(tid / 8, tid % 8) + i * (lt / 8) * MW_ROWB;
 }
-
-#ifdef __CUDACC__
-struct dfl_moe_mm;
-/* Whether the wgmma kernel takes m on device (compute capability 9, K % MW_BK == 0, cap %
- * MW_BM == 0, A and W 16-byte aligned); then cuda_moe_wgmma launches it on s (a launch error is
- * left for cudaGetLastError; the return value is the shared-memory opt-in's). */
-bool cuda_moe_wgmma_fits(const struct dfl_moe_mm *m, int device);
-cudaError_t cuda_moe_wgmma(const struct dfl_moe_mm *m, cudaStream_t s);
-#endif
 
 #endif

@@ -22,7 +22,11 @@
 #include "bench.h"
 
 #define MOE_TILES 5 /* the grouped GEMM's tile shapes, DFL_CUDA_MOE_TILE (kernels/moe_gemm.cuh) */
-#define MOE_WTILES 4 /* the wgmma kernel's, DFL_CUDA_MOE_WTILE (kernels/moe_wgmma.cu) */
+#define MOE_WTILES 6 /* the wgmma kernel's, DFL_CUDA_MOE_WTILE (kernels/moe_wgmma.cu) */
+
+#ifdef DFL_CUDA
+
+static int iters = 20;
 
 /* Puts name = value in the environment, or takes name out when value is NULL. */
 static void env_put(const char *name, const char *value)
@@ -32,10 +36,6 @@ static void env_put(const char *name, const char *value)
     else
         unsetenv(name);
 }
-
-#ifdef DFL_CUDA
-
-static int iters = 20;
 
 /* ---- GEMM ---- */
 

@@ -5,7 +5,8 @@
  * environment, which puts the mma.sync shapes on WMMA; the fused gate|up form with the gather
  * and SwiGLU, against the CPU and bit for bit against gather + moe_matmul + swiglu; every tile
  * shape of DFL_CUDA_MOE_TILE; the wgmma kernel (DFL_CUDA_MOE_WGMMA=1, kernels/moe_wgmma.cu) in
- * every shape of DFL_CUDA_MOE_WTILE, also value for value against mma.sync; moe_combine), each CUDA
+ * every shape of DFL_CUDA_MOE_WTILE, also value for value against mma.sync, the warp-specialized
+ * ones last; moe_combine), each CUDA
  * against the CPU backend on the same inputs, with guard bands around every output and
  * NaN-failing comparisons (moe_combine also with qwen3_5_moe's gated shared expert); then the
  * Qwen3-MoE and Qwen3.5-MoE oracles (../shared/oracle/qwen3moe-tiny-a, qwen35moe-tiny-a) through
@@ -444,10 +445,16 @@ static void test_moe_wgmma(void)
     moe_wgmma_cases("0123", false);
 }
 
-/* two small cases in tile shapes 0 and 2, to run under compute-sanitizer (T_ONLY) */
+/* the warp-specialized tile shapes (mbarrier hand-over) */
+static void test_moe_wgmma_ws(void)
+{
+    moe_wgmma_cases("45", false);
+}
+
+/* two small cases in tile shapes 0, 2 and 4, to run under compute-sanitizer (T_ONLY) */
 static void test_small_wgmma(void)
 {
-    moe_wgmma_cases("02", true);
+    moe_wgmma_cases("024", true);
 }
 
 /* ---- the Qwen3-MoE oracle on CUDA ---- */
@@ -668,6 +675,7 @@ int main(int argc, char **argv)
     T_RUN(test_small_wgmma);
     T_RUN(test_qwen3moe_oracle);
     T_RUN(test_qwen35moe_oracle);
+    T_RUN(test_moe_wgmma_ws);
 #else
     T_RUN(test_gpu_families);
 #endif

@@ -79,24 +79,25 @@ static void test_operand_layout(void)
 
 static void test_load_split(void)
 {
-    const uint32_t rows_of[] = {MW_BM, 128, 256};
-    for (int q = 0; q < 3; q++) {
-        const uint32_t R = rows_of[q], per = R * 8 / MW_THREADS;
-        uint8_t *seen = calloc(R * MW_ROWB / 16, 1);
-        for (uint32_t t = 0; t < MW_THREADS; t++)
-            for (uint32_t i = 0; i < per; i++) {
-                const uint32_t r = mw_load_row(t, i), off = mw_load_off(t, i);
-                T_CHECK(r < R, "row %u of %u", r, R);
-                T_EQ_INT(off, mw_swz(r, t % 8), "the load offset is the swizzled chunk");
-                if (off / 16 < R * MW_ROWB / 16)
-                    seen[off / 16]++;
-            }
-        int64_t wrong = 0;
-        for (uint32_t c = 0; c < R * MW_ROWB / 16; c++)
-            wrong += seen[c] != 1;
-        T_EQ_INT(wrong, 0, "chunks not written exactly once");
-        free(seen);
-    }
+    const uint32_t rows_of[] = {MW_BM, 128, 256}, lts[] = {MW_THREADS, 128};
+    for (int l = 0; l < 2; l++)
+        for (int q = 0; q < 3; q++) {
+            const uint32_t R = rows_of[q], lt = lts[l], per = R * 8 / lt;
+            uint8_t *seen = calloc(R * MW_ROWB / 16, 1);
+            for (uint32_t t = 0; t < lt; t++)
+                for (uint32_t i = 0; i < per; i++) {
+                    const uint32_t r = mw_load_row(t, i, lt), off = mw_load_off(t, i, lt);
+                    T_CHECK(r < R, "row %u of %u", r, R);
+                    T_EQ_INT(off, mw_swz(r, t % 8), "the load offset is the swizzled chunk");
+                    if (off / 16 < R * MW_ROWB / 16)
+                        seen[off / 16]++;
+                }
+            int64_t wrong = 0;
+            for (uint32_t c = 0; c < R * MW_ROWB / 16; c++)
+                wrong += seen[c] != 1;
+            T_EQ_INT(wrong, 0, "chunks not written exactly once");
+            free(seen);
+        }
 }
 
 int main(int argc, char **argv)
