@@ -4,8 +4,11 @@
  * ascending token order: deterministic, no atomics), a row gather (dfl_moe_forward fuses it into
  * the gate|up GEMM instead), one grouped GEMM launch per projection over all experts (each row
  * tile belongs to one expert, found from the device offsets), and the weighted combine (adding qwen3_5_moe's gated shared expert; bf16 rows of a
- * multiple of 8 with 16-byte loads). The grouped GEMM:
- * bf16 with K a multiple of 32 and 16-byte aligned rows, mma.sync tiles with a cp.async pipeline
+ * multiple of 8 with 16-byte loads). The grouped GEMM: bf16 on a compute capability 9 device
+ * with K a multiple of 64 and 16-byte aligned rows, Hopper's wgmma (kernels/moe_wgmma.cu,
+ * DFL_CUDA_MOE_WTILE picks the tile shape; DFL_CUDA_MOE_WGMMA=0 in the environment selects the
+ * next kernel instead), with the same fused forms; other bf16
+ * with K a multiple of 32 and 16-byte aligned rows, mma.sync tiles with a cp.async pipeline
  * (kernels/moe_gemm.cuh; DFL_CUDA_MOE_TILE=0..4 in the environment picks the tile shape), which
  * also takes the fused forms (the gather of A's rows, SwiGLU in the epilogue); other bf16 with
  * K % 8 == 0 (or with DFL_CUDA_MOE_MMA=0), WMMA 64 x 64 tiles for the plain product and f32 SIMT
@@ -399,11 +402,16 @@ static bool moe_mma_enabled(void)
     return !(v && v[0] == '0' && !v[1]);
 }
 
-/* DFL_CUDA_MOE_WGMMA=1 selects the wgmma kernel (kernels/moe_wgmma.cu) where it fits */
+/* The wgmma kernel (kernels/moe_wgmma.cu) is the default where it fits: on the H200 (bench-ops
+ * --quick --moe, the Qwen3-30B-A3B block, 16384 tokens; tile 0) bit for bit the mma.sync
+ * kernel's results in gpu-families (82 comparisons, plain and fused, every tile) and faster: the
+ * fused gate|up 1.551 ms (532 TFLOP/s; mma.sync tile 2: 2.697 ms, 306), down 1.042 ms (396;
+ * 1.524 ms, 271), dfl_moe_forward 3.081 ms against 4.667. DFL_CUDA_MOE_WGMMA=0 selects the
+ * mma.sync kernel (as does DFL_CUDA_MOE_MMA=0, which goes on to the WMMA one). */
 static bool moe_wgmma_enabled(void)
 {
     const char *v = getenv("DFL_CUDA_MOE_WGMMA");
-    return v && v[0] == '1' && !v[1];
+    return !(v && v[0] == '0' && !v[1]) && moe_mma_enabled();
 }
 
 static int moe_tile_choice(void)

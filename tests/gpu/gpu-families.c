@@ -1,12 +1,12 @@
 /* gpu-families.c: the CUDA side of the target families beyond dense default-rope models: the
  * RoPE op with llama3 and yarn scaling and the mixture-of-experts ops (moe_route, moe_gather,
- * moe_matmul: for bf16 mma.sync with K % 32 == 0 (kernels/moe_gemm.cuh), WMMA with K % 8 == 0,
- * SIMT otherwise; the bf16 cases run twice, the second time with DFL_CUDA_MOE_MMA=0 in the
- * environment, which puts the mma.sync shapes on WMMA; the fused gate|up form with the gather
- * and SwiGLU, against the CPU and bit for bit against gather + moe_matmul + swiglu; every tile
- * shape of DFL_CUDA_MOE_TILE; the wgmma kernel (DFL_CUDA_MOE_WGMMA=1, kernels/moe_wgmma.cu) in
- * every shape of DFL_CUDA_MOE_WTILE, also value for value against mma.sync, the warp-specialized
- * ones last; moe_combine), each CUDA
+ * moe_matmul: for bf16 wgmma by default with K % 64 == 0 (kernels/moe_wgmma.cu), else mma.sync
+ * with K % 32 == 0 (kernels/moe_gemm.cuh), WMMA with K % 8 == 0, SIMT otherwise; test_moe_ops
+ * sets DFL_CUDA_MOE_WGMMA=0 and runs the bf16 cases twice, the second time with
+ * DFL_CUDA_MOE_MMA=0 too, which puts the mma.sync shapes on WMMA; the fused gate|up form with
+ * the gather and SwiGLU, against the CPU and bit for bit against gather + moe_matmul + swiglu;
+ * every tile shape of DFL_CUDA_MOE_TILE; the wgmma kernel in every shape of DFL_CUDA_MOE_WTILE,
+ * also value for value against mma.sync, the warp-specialized ones last; moe_combine), each CUDA
  * against the CPU backend on the same inputs, with guard bands around every output and
  * NaN-failing comparisons (moe_combine also with qwen3_5_moe's gated shared expert); then the
  * Qwen3-MoE and Qwen3.5-MoE oracles (../shared/oracle/qwen3moe-tiny-a, qwen35moe-tiny-a) through
@@ -103,7 +103,7 @@ out:
 }
 
 /* With DFL_CUDA_MOE_WGMMA=1 in the environment: the grouped product mg (its result, from the
- * wgmma kernel where it fits, in gC) again on the mma.sync kernel (the variable unset), compared
+ * wgmma kernel where it fits, in gC) again on the mma.sync kernel (the variable 0), compared
  * value for value over the expert rows of off/cnt: the count of values that differ (another f32
  * accumulation order may round differently) and the relative error between the two, which must
  * stay within the CUDA-vs-CPU bound tol. */
@@ -118,7 +118,7 @@ static void moe_vs_mma(dfl_be *gpu, const char *what, const dfl_moe_mm *mg, gbuf
     gb_alloc(&gm, gpu, (size_t)(cap * Nc), gpu->act);
     dfl_moe_mm m = *mg;
     m.C = gm.p;
-    unsetenv("DFL_CUDA_MOE_WGMMA");
+    setenv("DFL_CUDA_MOE_WGMMA", "0", 1);
     T_CHECK(gpu->ops->moe_matmul(gpu, &m) == 0, "%s: mma.sync matmul", what);
     setenv("DFL_CUDA_MOE_WGMMA", "1", 1);
     sync_ok(gpu, "mma.sync matmul");
@@ -228,7 +228,8 @@ static void moe_ops_case(int64_t T, int E, int k, int64_t H, int64_t N, dfl_dtyp
     char what[128];
     const char *tile = getenv("DFL_CUDA_MOE_TILE"), *mv = getenv("DFL_CUDA_MOE_MMA");
     const char *wv = getenv("DFL_CUDA_MOE_WGMMA"), *wt = getenv("DFL_CUDA_MOE_WTILE");
-    const bool mma_on = !(mv && strcmp(mv, "0") == 0), wg = wv && strcmp(wv, "1") == 0;
+    const bool mma_on = !(mv && strcmp(mv, "0") == 0);
+    const bool wg = mma_on && !(wv && strcmp(wv, "0") == 0); /* wgmma by default where it fits */
     snprintf(what, sizeof what, "T %lld E %d k %d H %lld N %lld %s%s%s%s%s%s%s", (long long)T, E,
              k, (long long)H, (long long)N, dfl_dtype_lower(act), shared ? " shared" : "",
              tile ? " tile " : "", tile ? tile : "", mma_on ? "" : " (MMA=0)",
@@ -352,10 +353,23 @@ static void moe_ops_case(int64_t T, int E, int k, int64_t H, int64_t N, dfl_dtyp
     dfl_be_close(gpu);
 }
 
+/* Puts name = value in the environment, or takes name out when value is NULL. */
+static void env_put(const char *name, const char *value)
+{
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+}
+
+/* The moe ops with DFL_CUDA_MOE_WGMMA=0: the mma.sync, WMMA and SIMT kernels. */
 static void test_moe_ops(void)
 {
     if (!dfl_be_cuda_available())
         T_SKIP("no CUDA GPU");
+    char *wg_was = getenv("DFL_CUDA_MOE_WGMMA");
+    wg_was = wg_was ? strdup(wg_was) : NULL;
+    setenv("DFL_CUDA_MOE_WGMMA", "0", 1);
     moe_ops_case(37, 8, 2, 96, 80, DFL_F32, false);
     moe_ops_case(37, 8, 2, 96, 80, DFL_BF16, false);
     moe_ops_case(1000, 128, 8, 256, 192, DFL_BF16, false); /* the Qwen3-30B-A3B routing shape */
@@ -397,15 +411,8 @@ static void test_moe_ops(void)
         setenv("DFL_CUDA_MOE_TILE", tile_was, 1);
     else
         unsetenv("DFL_CUDA_MOE_TILE");
-}
-
-/* Puts name = value in the environment, or takes name out when value is NULL. */
-static void env_put(const char *name, const char *value)
-{
-    if (value)
-        setenv(name, value, 1);
-    else
-        unsetenv(name);
+    env_put("DFL_CUDA_MOE_WGMMA", wg_was);
+    free(wg_was);
 }
 
 /* The moe ops on the wgmma kernel (DFL_CUDA_MOE_WGMMA=1, K % 64 == 0; other shapes keep
@@ -631,8 +638,8 @@ out:
     dfl_st_close(ref);
 }
 
-/* The oracle directory name under DFL_ORACLE, in bf16 and in f32; bf16 again on the wgmma
- * grouped GEMM (DFL_CUDA_MOE_WGMMA=1: the projections with K % 64 == 0). */
+/* The oracle directory name under DFL_ORACLE, in bf16 and in f32 (the wgmma grouped GEMM where
+ * K % 64 == 0); bf16 again on the mma.sync one (DFL_CUDA_MOE_WGMMA=0). */
 static void moe_oracle_case(const char *name)
 {
     if (!dfl_be_cuda_available())
@@ -643,8 +650,8 @@ static void moe_oracle_case(const char *name)
     moe_oracle(dir, name, DFL_F32);
     char *was = getenv("DFL_CUDA_MOE_WGMMA");
     was = was ? strdup(was) : NULL;
-    setenv("DFL_CUDA_MOE_WGMMA", "1", 1);
-    printf("# %s on the wgmma grouped GEMM:\n", name);
+    setenv("DFL_CUDA_MOE_WGMMA", "0", 1);
+    printf("# %s on the mma.sync grouped GEMM:\n", name);
     moe_oracle(dir, name, DFL_BF16);
     env_put("DFL_CUDA_MOE_WGMMA", was);
     free(was);
