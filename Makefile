@@ -80,6 +80,10 @@ ifeq ($(CUDA),1)
   LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl \
             -lcudart_static -ldl -lrt -lstdc++
   CU_OBJS := $(CU_SRCS:%.cu=$(B)/obj/%.o)
+  # kernels/moe_wgmma.cu holds wgmma, which needs sm_90a: its -arch=sm_90 becomes sm_90a (with
+  # another arch its kernel compiles to a trap and moe.cu never launches it)
+  comma := ,
+  $(B)/obj/kernels/moe_wgmma.o: NVCCFLAGS := $(subst -arch=sm_90,-gencode arch=compute_90a$(comma)code=sm_90a,$(NVCCFLAGS))
 else
   CU_OBJS :=
 endif

@@ -4,8 +4,11 @@
  * ascending token order: deterministic, no atomics), a row gather (dfl_moe_forward fuses it into
  * the gate|up GEMM instead), one grouped GEMM launch per projection over all experts (each row
  * tile belongs to one expert, found from the device offsets), and the weighted combine (adding qwen3_5_moe's gated shared expert; bf16 rows of a
- * multiple of 8 with 16-byte loads). The grouped GEMM:
- * bf16 with K a multiple of 32 and 16-byte aligned rows, mma.sync tiles with a cp.async pipeline
+ * multiple of 8 with 16-byte loads). The grouped GEMM: bf16 on a compute capability 9 device
+ * with K a multiple of 64 and 16-byte aligned rows, Hopper's wgmma (kernels/moe_wgmma.cu,
+ * DFL_CUDA_MOE_WTILE picks the tile shape; DFL_CUDA_MOE_WGMMA=0 in the environment selects the
+ * next kernel instead), with the same fused forms; other bf16
+ * with K a multiple of 32 and 16-byte aligned rows, mma.sync tiles with a cp.async pipeline
  * (kernels/moe_gemm.cuh; DFL_CUDA_MOE_TILE=0..4 in the environment picks the tile shape), which
  * also takes the fused forms (the gather of A's rows, SwiGLU in the epilogue); other bf16 with
  * K % 8 == 0 (or with DFL_CUDA_MOE_MMA=0), WMMA 64 x 64 tiles for the plain product and f32 SIMT
@@ -17,6 +20,7 @@
 #include "be_cuda.cuh"
 #include "dflash_ptx.cuh"
 #include "moe_gemm.cuh"
+#include "moe_wgmma.cuh"
 
 #define MOE_MAX_E 2048        /* experts: 64 per lane of a warp */
 #define MOE_MAX_K 32
@@ -398,6 +402,18 @@ static bool moe_mma_enabled(void)
     return !(v && v[0] == '0' && !v[1]);
 }
 
+/* The wgmma kernel (kernels/moe_wgmma.cu) is the default where it fits: on the H200 (bench-ops
+ * --quick --moe, the Qwen3-30B-A3B block, 16384 tokens; tile 0) bit for bit the mma.sync
+ * kernel's results in gpu-families (82 comparisons, plain and fused, every tile) and faster: the
+ * fused gate|up 1.551 ms (532 TFLOP/s; mma.sync tile 2: 2.697 ms, 306), down 1.042 ms (396;
+ * 1.524 ms, 271), dfl_moe_forward 3.081 ms against 4.667. DFL_CUDA_MOE_WGMMA=0 selects the
+ * mma.sync kernel (as does DFL_CUDA_MOE_MMA=0, which goes on to the WMMA one). */
+static bool moe_wgmma_enabled(void)
+{
+    const char *v = getenv("DFL_CUDA_MOE_WGMMA");
+    return !(v && v[0] == '0' && !v[1]) && moe_mma_enabled();
+}
+
 static int moe_tile_choice(void)
 {
     const char *v = getenv("DFL_CUDA_MOE_TILE");
@@ -448,8 +464,14 @@ int cuda_moe_matmul(dfl_be *be, const dfl_moe_mm *m)
     cudaStream_t s = cuda_of(be)->stream;
     const bool fused = m->rows || m->swiglu;
     dim3 grid((unsigned)(m->cap / GM), (unsigned)((Nc + GN - 1) / GN));
-    if (be->act == DFL_BF16 && moe_mma_enabled() && m->K % MG_BK == 0 && is_aligned(m->A, 16) &&
-        is_aligned(m->W, 16) && m->cap / 64 <= 65535) {
+    if (be->act == DFL_BF16 && moe_wgmma_enabled() &&
+        cuda_moe_wgmma_fits(m, cuda_of(be)->device)) {
+        cudaError_t err = cuda_moe_wgmma(m, s);
+        if (err != cudaSuccess)
+            return cuda_op_fail(be, DFL_EDEVICE, "moe_matmul: shared memory: %s",
+                                cudaGetErrorString(err));
+    } else if (be->act == DFL_BF16 && moe_mma_enabled() && m->K % MG_BK == 0 &&
+               is_aligned(m->A, 16) && is_aligned(m->W, 16) && m->cap / 64 <= 65535) {
         cudaError_t err = cudaSuccess;
         switch (moe_tile_choice()) {
         case 0: err = moe_mma_tile<MgTile0>(m, s); break;

@@ -55,6 +55,37 @@ __device__ __forceinline__ int moe_expert_of(const int32_t *offsets, int E, int6
     return lo;
 }
 
+/* The row tile of grouped rows [g0, g0 + BM): false when it holds no row of an expert (past
+ * the last expert's rows, or all padding); else its expert's rows end at *end and *We is that
+ * expert's [N, K] weight. */
+__device__ __forceinline__ bool mg_row_tile(const bf16 *W, const int32_t *counts,
+                                            const int32_t *offsets, int E, int64_t N, int64_t K,
+                                            int64_t g0, int64_t *end, const bf16 **We)
+{
+    if (g0 >= offsets[E])
+        return false;
+    const int e = moe_expert_of(offsets, E, g0);
+    *end = (int64_t)offsets[e] + counts[e];
+    *We = W + (int64_t)e * N * K;
+    return g0 < *end;
+}
+
+/* Output columns n and n + 1 of row cr (width Nc): one 4-byte store when pair (Nc even, C
+ * 4-byte aligned), else the ones below Nc. */
+__device__ __forceinline__ void mg_store2(bf16 *cr, int64_t n, int64_t Nc, float v0, float v1,
+                                          bool pair)
+{
+    if (pair) {
+        if (n < Nc) /* Nc even: n + 1 < Nc too */
+            *(uint32_t *)(cr + n) = df_pack(v0, v1);
+    } else {
+        if (n < Nc)
+            cr[n] = from_f32<bf16>(v0);
+        if (n + 1 < Nc)
+            cr[n + 1] = from_f32<bf16>(v1);
+    }
+}
+
 /* silu(g) * u of act-rounded g and u, the way swiglu (kernels/ops.cu) computes it */
 __device__ __forceinline__ float mg_swiglu(float g, float u)
 {
@@ -92,13 +123,10 @@ __global__ void __launch_bounds__(CF::THREADS)
 {
     DF_DYN_SMEM(moe_smem);
     const int64_t g0 = (int64_t)blockIdx.y * CF::BM;
-    if (g0 >= offsets[E])
+    int64_t end;
+    const bf16 *We;
+    if (!mg_row_tile(W, counts, offsets, E, N, K, g0, &end, &We))
         return;
-    const int e = moe_expert_of(offsets, E, g0);
-    const int64_t end = (int64_t)offsets[e] + counts[e];
-    if (g0 >= end)
-        return;
-    const bf16 *We = W + (int64_t)e * N * K;
     const int64_t Nc = SWIGLU ? N / 2 : N;                                /* output width */
     const int64_t c0 = (int64_t)blockIdx.x * (SWIGLU ? CF::BN / 2 : CF::BN); /* first output */
     const bf16 *ap[CF::AI], *wp[CF::WI];
@@ -191,15 +219,7 @@ __global__ void __launch_bounds__(CF::THREADS)
                     v0 = mg_swiglu(v0, acc[i][j + NO][2 * h]);
                     v1 = mg_swiglu(v1, acc[i][j + NO][2 * h + 1]);
                 }
-                if (pair) {
-                    if (n < Nc) /* Nc even: n + 1 < Nc too */
-                        *(uint32_t *)(cr + n) = df_pack(v0, v1);
-                } else {
-                    if (n < Nc)
-                        cr[n] = from_f32<bf16>(v0);
-                    if (n + 1 < Nc)
-                        cr[n + 1] = from_f32<bf16>(v1);
-                }
+                mg_store2(cr, n, Nc, v0, v1, pair);
             }
         }
 }

@@ -22,10 +22,20 @@
 #include "bench.h"
 
 #define MOE_TILES 5 /* the grouped GEMM's tile shapes, DFL_CUDA_MOE_TILE (kernels/moe_gemm.cuh) */
+#define MOE_WTILES 6 /* the wgmma kernel's, DFL_CUDA_MOE_WTILE (kernels/moe_wgmma.cu) */
 
 #ifdef DFL_CUDA
 
 static int iters = 20;
+
+/* Puts name = value in the environment, or takes name out when value is NULL. */
+static void env_put(const char *name, const char *value)
+{
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+}
 
 /* ---- GEMM ---- */
 
@@ -89,13 +99,19 @@ static void bench_moe(double peak)
         const char *name;
         int64_t N, K;
     } sh[2] = {{"gate_up", 2 * I, H}, {"down", H, I}};
+    const char *wg_was = getenv("DFL_CUDA_MOE_WGMMA");
     for (int i = 0; i < 2; i++) {
         dfl_moe_mm m = {.A = A, .W = W, .C = C, .counts = dcnt, .offsets = doff, .E = E,
                         .N = sh[i].N, .K = sh[i].K, .cap = cap};
-        double t = time_ms(run_moe, &m, iters), tf = 2.0 * rows * sh[i].N * sh[i].K / t / 1e9;
-        printf("moe_matmul %-8s %lld rows (%d experts) x %-5lld x %-5lld %7.3f ms %6.1f TFLOP/s "
-               "(%3.0f%% of peak)\n", sh[i].name, (long long)rows, E, (long long)sh[i].N,
-               (long long)sh[i].K, t, tf, 100 * tf / peak);
+        for (int w = 0; w < 2; w++) { /* mma.sync, then wgmma (DFL_CUDA_MOE_WGMMA) */
+            setenv("DFL_CUDA_MOE_WGMMA", w ? "1" : "0", 1);
+            double t = time_ms(run_moe, &m, iters), tf = 2.0 * rows * sh[i].N * sh[i].K / t / 1e9;
+            printf("moe_matmul %-8s %-8s %lld rows (%d experts) x %-5lld x %-5lld %7.3f ms %6.1f "
+                   "TFLOP/s (%3.0f%% of peak)\n", sh[i].name, w ? "wgmma" : "mma.sync",
+                   (long long)rows, E, (long long)sh[i].N, (long long)sh[i].K, t, tf,
+                   100 * tf / peak);
+        }
+        env_put("DFL_CUDA_MOE_WGMMA", wg_was);
         char name[64];
         snprintf(name, sizeof name, "dense as moe %s", sh[i].name);
         bench_gemm(name, rows, sh[i].N, sh[i].K, peak, A, W, C);
@@ -206,31 +222,34 @@ static void bench_moe_block(double peak)
            "width %lld\n", (long long)T, E, lo, hi, k, (long long)H, (long long)Im);
     const char *names[] = {"router gemm", "route", "gate_up fused", "down", "combine", "gather",
                            "gate_up plain", "swiglu"};
-    const char *was = getenv("DFL_CUDA_MOE_TILE");
-    for (int v = 0; v < MOE_TILES; v++) {
-        char tv[2] = {(char)('0' + v), 0};
-        setenv("DFL_CUDA_MOE_TILE", tv, 1);
+    const char *was = getenv("DFL_CUDA_MOE_TILE"), *wg_was = getenv("DFL_CUDA_MOE_WGMMA");
+    const char *wt_was = getenv("DFL_CUDA_MOE_WTILE");
+    char label[32];
+    for (int v = 0; v < MOE_TILES + MOE_WTILES; v++) { /* the mma.sync tiles, then wgmma's */
+        const bool wg = v >= MOE_TILES;
+        char tv[2] = {(char)('0' + (wg ? v - MOE_TILES : v)), 0};
+        setenv(wg ? "DFL_CUDA_MOE_WTILE" : "DFL_CUDA_MOE_TILE", tv, 1);
+        setenv("DFL_CUDA_MOE_WGMMA", wg ? "1" : "0", 1);
+        snprintf(label, sizeof label, "%stile %s", wg ? "wgmma " : "", tv);
         double ms[8], sum = 0;
         for (int op = 0; op < 8; op++) {
             b.op = op;
             ms[op] = time_ms(run_moe_blk, &b, iters);
         }
-        printf("moe block tile %d:", v);
+        printf("moe block %s:", label);
         for (int op = 0; op < 8; op++)
             printf(" %s %.3f ms%s", names[op], ms[op], op == 4 ? " |" : ";");
         printf("\n");
         for (int op = 0; op < 5; op++)
             sum += ms[op];
-        printf("moe block tile %d: fused block %.3f ms (unfused %.3f ms); gate_up fused %.1f "
-               "TFLOP/s, plain %.1f TFLOP/s; down %.1f TFLOP/s (peak %.1f)\n", v, sum,
+        printf("moe block %s: fused block %.3f ms (unfused %.3f ms); gate_up fused %.1f "
+               "TFLOP/s, plain %.1f TFLOP/s; down %.1f TFLOP/s (peak %.1f)\n", label, sum,
                sum - ms[2] + ms[5] + ms[6] + ms[7], f_up / ms[2] / 1e9, f_up / ms[6] / 1e9,
                f_dn / ms[3] / 1e9, peak);
     }
-    if (was)
-        setenv("DFL_CUDA_MOE_TILE", was, 1);
-    else
-        unsetenv("DFL_CUDA_MOE_TILE");
-    /* dfl_moe_forward whole (default tile) */
+    env_put("DFL_CUDA_MOE_TILE", was);
+    env_put("DFL_CUDA_MOE_WTILE", wt_was);
+    /* dfl_moe_forward whole (default tiles), on mma.sync then on wgmma */
     uint64_t wsb = dfl_moe_ws_bytes(&c, be, T);
     void *blk = be->ops->alloc(be, (size_t)wsb, &e);
     if (!blk)
@@ -241,10 +260,14 @@ static void bench_moe_block(double peak)
     b.ws = &ws;
     b.w = &w;
     b.op = 8;
-    double t = time_ms(run_moe_blk, &b, iters);
-    printf("moe block dfl_moe_forward: %.3f ms per layer per 16384 tokens, %.1f TFLOP/s on the "
-           "expert GEMMs (transformers: ~11.7 ms; goal under ~5.85 ms)\n", t,
-           (f_up + f_dn) / t / 1e9);
+    for (int wg = 0; wg < 2; wg++) {
+        setenv("DFL_CUDA_MOE_WGMMA", wg ? "1" : "0", 1);
+        double t = time_ms(run_moe_blk, &b, iters);
+        printf("moe block dfl_moe_forward %s: %.3f ms per layer per 16384 tokens, %.1f TFLOP/s on "
+               "the expert GEMMs (transformers: ~11.7 ms; goal under ~5.85 ms)\n",
+               wg ? "wgmma" : "mma.sync", t, (f_up + f_dn) / t / 1e9);
+    }
+    env_put("DFL_CUDA_MOE_WGMMA", wg_was);
     void *bufs[] = {b.x, wr, wgu, wd, b.xg, b.gu, b.act, b.y, b.out, logits, wt, idx, slot, cnt,
                     off, rows, blk};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)

@@ -1,10 +1,12 @@
 /* gpu-families.c: the CUDA side of the target families beyond dense default-rope models: the
  * RoPE op with llama3 and yarn scaling and the mixture-of-experts ops (moe_route, moe_gather,
- * moe_matmul: for bf16 mma.sync with K % 32 == 0 (kernels/moe_gemm.cuh), WMMA with K % 8 == 0,
- * SIMT otherwise; the bf16 cases run twice, the second time with DFL_CUDA_MOE_MMA=0 in the
- * environment, which puts the mma.sync shapes on WMMA; the fused gate|up form with the gather
- * and SwiGLU, against the CPU and bit for bit against gather + moe_matmul + swiglu; every tile
- * shape of DFL_CUDA_MOE_TILE; moe_combine), each CUDA
+ * moe_matmul: for bf16 wgmma by default with K % 64 == 0 (kernels/moe_wgmma.cu), else mma.sync
+ * with K % 32 == 0 (kernels/moe_gemm.cuh), WMMA with K % 8 == 0, SIMT otherwise; test_moe_ops
+ * sets DFL_CUDA_MOE_WGMMA=0 and runs the bf16 cases twice, the second time with
+ * DFL_CUDA_MOE_MMA=0 too, which puts the mma.sync shapes on WMMA; the fused gate|up form with
+ * the gather and SwiGLU, against the CPU and bit for bit against gather + moe_matmul + swiglu;
+ * every tile shape of DFL_CUDA_MOE_TILE; the wgmma kernel in every shape of DFL_CUDA_MOE_WTILE,
+ * also value for value against mma.sync, the warp-specialized ones last; moe_combine), each CUDA
  * against the CPU backend on the same inputs, with guard bands around every output and
  * NaN-failing comparisons (moe_combine also with qwen3_5_moe's gated shared expert); then the
  * Qwen3-MoE and Qwen3.5-MoE oracles (../shared/oracle/qwen3moe-tiny-a, qwen35moe-tiny-a) through
@@ -100,6 +102,47 @@ out:
     dfl_be_close(gpu);
 }
 
+/* With DFL_CUDA_MOE_WGMMA=1 in the environment: the grouped product mg (its result, from the
+ * wgmma kernel where it fits, in gC) again on the mma.sync kernel (the variable 0), compared
+ * value for value over the expert rows of off/cnt: the count of values that differ (another f32
+ * accumulation order may round differently) and the relative error between the two, which must
+ * stay within the CUDA-vs-CPU bound tol. */
+static void moe_vs_mma(dfl_be *gpu, const char *what, const dfl_moe_mm *mg, gbuf *gC,
+                       const int32_t *cnt, const int32_t *off, double tol)
+{
+    const char *wv = getenv("DFL_CUDA_MOE_WGMMA");
+    if (!wv || strcmp(wv, "1") != 0)
+        return;
+    const int64_t Nc = mg->swiglu ? mg->N / 2 : mg->N, cap = mg->cap;
+    gbuf gm;
+    gb_alloc(&gm, gpu, (size_t)(cap * Nc), gpu->act);
+    dfl_moe_mm m = *mg;
+    m.C = gm.p;
+    setenv("DFL_CUDA_MOE_WGMMA", "0", 1);
+    T_CHECK(gpu->ops->moe_matmul(gpu, &m) == 0, "%s: mma.sync matmul", what);
+    setenv("DFL_CUDA_MOE_WGMMA", "1", 1);
+    sync_ok(gpu, "mma.sync matmul");
+    float *a = xmalloc(sizeof(float) * cap * Nc), *b = xmalloc(sizeof(float) * cap * Nc);
+    gb_get(gC, a);
+    gb_get(&gm, b);
+    int64_t differ = 0, n = 0;
+    double worst = 0;
+    for (int e = 0; e < mg->E; e++) {
+        const int64_t o = (int64_t)off[e] * Nc, c = (int64_t)cnt[e] * Nc;
+        for (int64_t i = 0; i < c; i++)
+            differ += memcmp(&a[o + i], &b[o + i], sizeof(float)) != 0;
+        n += c;
+        worst = t_worst(worst, rel_err(a + o, b + o, (size_t)c));
+    }
+    T_CHECK(worst <= tol, "%s: wgmma vs mma.sync %.3g", what, worst);
+    printf("# moe wgmma vs mma.sync %s%s: %lld of %lld values differ, relative %.3g\n", what,
+           mg->swiglu ? " (fused gate_up)" : "", (long long)differ, (long long)n, worst);
+    gb_check_guards(&gm, "mma.sync matmul");
+    gb_free(&gm);
+    free(a);
+    free(b);
+}
+
 /* The fused gate|up form of moe_matmul (rows: A's token rows read through the route's rows;
  * swiglu: C [cap, N / 2] = silu(gate) * up) for the shape of the plain products mc (CPU) and mg
  * (CUDA, whose unfused product is in gC): CUDA against the CPU's fused op on the token rows x,
@@ -156,6 +199,8 @@ static void moe_fused_check(dfl_be *cpu, dfl_be *gpu, const char *what, const df
                 "rows", what, (long long)differ);
     printf("# moe fused gate_up %s: vs CPU %.3g, rows unlike the unfused path %lld%s\n", what,
            worst, (long long)differ, same_kernel ? "" : " (another kernel: not compared)");
+    if (b16)
+        moe_vs_mma(gpu, what, &fg, &gf, cnt, off, 1e-2);
     gb_check_guards(&gf, "fused gate_up");
     gb_free(&gf);
     gb_free(&gs);
@@ -182,10 +227,13 @@ static void moe_ops_case(int64_t T, int E, int k, int64_t H, int64_t N, dfl_dtyp
     int64_t cap = dfl_moe_cap(T, E, k), Tk = T * k;
     char what[128];
     const char *tile = getenv("DFL_CUDA_MOE_TILE"), *mv = getenv("DFL_CUDA_MOE_MMA");
+    const char *wv = getenv("DFL_CUDA_MOE_WGMMA"), *wt = getenv("DFL_CUDA_MOE_WTILE");
     const bool mma_on = !(mv && strcmp(mv, "0") == 0);
-    snprintf(what, sizeof what, "T %lld E %d k %d H %lld N %lld %s%s%s%s%s", (long long)T, E, k,
-             (long long)H, (long long)N, dfl_dtype_lower(act), shared ? " shared" : "",
-             tile ? " tile " : "", tile ? tile : "", mma_on ? "" : " (MMA=0)");
+    const bool wg = mma_on && !(wv && strcmp(wv, "0") == 0); /* wgmma by default where it fits */
+    snprintf(what, sizeof what, "T %lld E %d k %d H %lld N %lld %s%s%s%s%s%s%s", (long long)T, E,
+             k, (long long)H, (long long)N, dfl_dtype_lower(act), shared ? " shared" : "",
+             tile ? " tile " : "", tile ? tile : "", mma_on ? "" : " (MMA=0)",
+             wg ? " wgmma tile " : "", wg ? (wt ? wt : "default") : "");
     /* route: same f32 logits on both */
     float *logits = rnd((size_t)(T * E), 2.0f, 0.0f, false);
     int32_t *idx = xmalloc(4 * Tk), *cnt = xmalloc(4 * E), *off = xmalloc(4 * (E + 1));
@@ -285,6 +333,8 @@ static void moe_ops_case(int64_t T, int E, int k, int64_t H, int64_t N, dfl_dtyp
     double eo = rel_err(out2, out, (size_t)(T * N));
     T_CHECK(eo <= tol, "%s: combine %.3g", what, eo);
     printf("# moe ops %s: matmul %.3g, combine %.3g\n", what, worst, eo);
+    if (b16)
+        moe_vs_mma(gpu, what, &mg, &gC, cnt, off, tol);
     if (N % 2 == 0)
         moe_fused_check(cpu, gpu, what, &mc, &mg, x, gx.p, rows, rg.rows, &gC);
     gb_check_guards(&gxg, "gathered");
@@ -303,10 +353,23 @@ static void moe_ops_case(int64_t T, int E, int k, int64_t H, int64_t N, dfl_dtyp
     dfl_be_close(gpu);
 }
 
+/* Puts name = value in the environment, or takes name out when value is NULL. */
+static void env_put(const char *name, const char *value)
+{
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+}
+
+/* The moe ops with DFL_CUDA_MOE_WGMMA=0: the mma.sync, WMMA and SIMT kernels. */
 static void test_moe_ops(void)
 {
     if (!dfl_be_cuda_available())
         T_SKIP("no CUDA GPU");
+    char *wg_was = getenv("DFL_CUDA_MOE_WGMMA");
+    wg_was = wg_was ? strdup(wg_was) : NULL;
+    setenv("DFL_CUDA_MOE_WGMMA", "0", 1);
     moe_ops_case(37, 8, 2, 96, 80, DFL_F32, false);
     moe_ops_case(37, 8, 2, 96, 80, DFL_BF16, false);
     moe_ops_case(1000, 128, 8, 256, 192, DFL_BF16, false); /* the Qwen3-30B-A3B routing shape */
@@ -348,6 +411,57 @@ static void test_moe_ops(void)
         setenv("DFL_CUDA_MOE_TILE", tile_was, 1);
     else
         unsetenv("DFL_CUDA_MOE_TILE");
+    env_put("DFL_CUDA_MOE_WGMMA", wg_was);
+    free(wg_was);
+}
+
+/* The moe ops on the wgmma kernel (DFL_CUDA_MOE_WGMMA=1, K % 64 == 0; other shapes keep
+ * mma.sync) in the tile shapes wtiles (DFL_CUDA_MOE_WTILE), plain and fused, each also value
+ * for value against mma.sync; small: two small shapes (for compute-sanitizer), else all. */
+static void moe_wgmma_cases(const char *wtiles, bool small)
+{
+    if (!dfl_be_cuda_available())
+        T_SKIP("no CUDA GPU");
+    char *wg_was = getenv("DFL_CUDA_MOE_WGMMA"), *wt_was = getenv("DFL_CUDA_MOE_WTILE");
+    wg_was = wg_was ? strdup(wg_was) : NULL;
+    wt_was = wt_was ? strdup(wt_was) : NULL;
+    setenv("DFL_CUDA_MOE_WGMMA", "1", 1);
+    for (const char *v = wtiles; *v; v++) {
+        char tv[2] = {*v, 0};
+        setenv("DFL_CUDA_MOE_WTILE", tv, 1);
+        moe_ops_case(60, 8, 2, 64, 162, DFL_BF16, false); /* N / 2 odd: single stores */
+        moe_ops_case(200, 16, 4, 256, 384, DFL_BF16, false);
+        if (small)
+            continue;
+        moe_ops_case(1000, 128, 8, 256, 192, DFL_BF16, false);
+        moe_ops_case(200, 16, 4, 2048, 72, DFL_BF16, false);
+        moe_ops_case(300, 16, 4, 768, 2048, DFL_BF16, false);
+        moe_ops_case(60, 8, 2, 64, 81, DFL_BF16, false); /* odd N */
+        moe_ops_case(700, 256, 8, 256, 128, DFL_BF16, true);
+    }
+    if (!small)
+        moe_ops_case(37, 8, 2, 96, 80, DFL_BF16, false); /* K % 64 != 0: mma.sync */
+    env_put("DFL_CUDA_MOE_WTILE", wt_was);
+    env_put("DFL_CUDA_MOE_WGMMA", wg_was);
+    free(wg_was);
+    free(wt_was);
+}
+
+static void test_moe_wgmma(void)
+{
+    moe_wgmma_cases("0123", false);
+}
+
+/* the warp-specialized tile shapes (mbarrier hand-over) */
+static void test_moe_wgmma_ws(void)
+{
+    moe_wgmma_cases("45", false);
+}
+
+/* two small cases in tile shapes 0, 2 and 4, to run under compute-sanitizer (T_ONLY) */
+static void test_small_wgmma(void)
+{
+    moe_wgmma_cases("024", true);
 }
 
 /* ---- the Qwen3-MoE oracle on CUDA ---- */
@@ -524,7 +638,8 @@ out:
     dfl_st_close(ref);
 }
 
-/* The oracle directory name under DFL_ORACLE, in bf16 and in f32. */
+/* The oracle directory name under DFL_ORACLE, in bf16 and in f32 (the wgmma grouped GEMM where
+ * K % 64 == 0); bf16 again on the mma.sync one (DFL_CUDA_MOE_WGMMA=0). */
 static void moe_oracle_case(const char *name)
 {
     if (!dfl_be_cuda_available())
@@ -533,6 +648,13 @@ static void moe_oracle_case(const char *name)
     T_NEED_ORACLE(dir, "config.json", "%s", name);
     moe_oracle(dir, name, DFL_BF16);
     moe_oracle(dir, name, DFL_F32);
+    char *was = getenv("DFL_CUDA_MOE_WGMMA");
+    was = was ? strdup(was) : NULL;
+    setenv("DFL_CUDA_MOE_WGMMA", "0", 1);
+    printf("# %s on the mma.sync grouped GEMM:\n", name);
+    moe_oracle(dir, name, DFL_BF16);
+    env_put("DFL_CUDA_MOE_WGMMA", was);
+    free(was);
 }
 
 static void test_qwen3moe_oracle(void)
@@ -556,8 +678,11 @@ int main(int argc, char **argv)
 #ifdef DFL_CUDA
     T_RUN(test_rope_scaled);
     T_RUN(test_moe_ops);
+    T_RUN(test_moe_wgmma);
+    T_RUN(test_small_wgmma);
     T_RUN(test_qwen3moe_oracle);
     T_RUN(test_qwen35moe_oracle);
+    T_RUN(test_moe_wgmma_ws);
 #else
     T_RUN(test_gpu_families);
 #endif
