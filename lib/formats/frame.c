@@ -50,8 +50,18 @@
 #define SKIP_CHUNK (256u << 10)        /* pieces of the skippable frames of unknown types */
 #define BOUNCE_MIN (4u << 20)          /* frames from this size on go through a bounce buffer
                                           (opts.bounce) */
-#define DEFAULT_BOUNCE (-1)            /* opts.bounce = 0 means this */
 #define BOUNCE_SLOTS 4                 /* default opts.bounce_slots */
+/* opts.bounce = 0 (auto) is the bounce thread (2) where HASH_THREAD_CPUS CPUs are online, and off
+ * (-1) elsewhere. On the H200 machine (16-core Xeon VM, 2 MiB L2 a core, pipe-max-size 1 MiB),
+ * hspump --batches 16 --tokens 16384 --seqs 8 --layers 5 --hidden 2048 --slots 4 --output-mode
+ * vmsplice | hsdrain --warmup 2, 7 alternating rounds: the bounce thread (1 MiB pieces, 4
+ * buffers) 277-299k tokens/s (5.25-5.64 GB/s) against 208-240k (4.14-4.82 GB/s) for read_body
+ * with its hash thread, faster in every round (1.25-1.38x); the reading thread's CPU 0.82-0.87 s
+ * against 1.05-1.25 s, the process's 2.63-2.98 s against 2.52-2.72 s. In the reading thread (1)
+ * it was no faster than read_body (200-256k, 0.91-1.07x; 2.02-2.30 s of CPU without the hash
+ * thread), so it is there for hosts that measure it better; on a host with few CPUs the bounce
+ * thread takes a core from the producer, as the hash thread does. */
+#define AUTO_BOUNCE_CPUS HASH_THREAD_CPUS
 
 static bool all_zero(const uint8_t *p, size_t n)
 {
@@ -1245,7 +1255,7 @@ static int reader_new(dfl_reader **out, int fd, bool own_fd, const char *name, c
     if (r->opts.chunk == 0)
         r->opts.chunk = READ_CHUNK;
     r->hasher_off = r->opts.hash_thread < 0 || (r->opts.hash_thread == 0 && dfl_ncpu() < HASH_THREAD_CPUS);
-    r->bounce = r->opts.bounce ? r->opts.bounce : DEFAULT_BOUNCE;
+    r->bounce = r->opts.bounce ? r->opts.bounce : dfl_ncpu() >= AUTO_BOUNCE_CPUS ? 2 : -1;
     if (r->opts.bounce_slots == 0)
         r->opts.bounce_slots = BOUNCE_SLOTS;
     if (r->opts.bounce < -1 || r->opts.bounce > 2 || r->opts.bounce_slots < 2 || r->opts.bounce_slots > 64) {

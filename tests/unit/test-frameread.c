@@ -137,12 +137,14 @@ static const uint32_t tokens_of[NB] = {40, 700, 3, 520, 96}; /* 11.5 MB and 8.5 
 #define HID 4096
 #define LAYERS 2
 
-static void make_batches(dfl_batch *bs)
+/* bs[0..nb) of tokens[i] tokens in seqs[i] sequences (3, or fewer where there are fewer tokens,
+ * when seqs is NULL), random contents from seed. */
+static void make_batches_of(dfl_batch *bs, int nb, const uint32_t *tokens, const uint32_t *seqs, uint64_t seed)
 {
-    uint64_t s = 7;
+    uint64_t s = seed;
     dfl_err e;
-    for (int i = 0; i < NB; i++) {
-        uint32_t T = tokens_of[i], S = T < 3 ? T : 3;
+    for (int i = 0; i < nb; i++) {
+        uint32_t T = tokens[i], S = seqs ? seqs[i] : T < 3 ? T : 3;
         if (dfl_batch_alloc(&bs[i], T, S, LAYERS, HID, DFL_BF16, &e)) {
             fprintf(stderr, "%s\n", e.msg);
             abort();
@@ -162,6 +164,8 @@ static void make_batches(dfl_batch *bs)
     }
 }
 
+static void make_batches(dfl_batch *bs) { make_batches_of(bs, NB, tokens_of, NULL, 7); }
+
 static void stream_info(dfl_stream_info *in)
 {
     *in = (dfl_stream_info){.kind = DFL_KIND_HIDDEN, .vocab_size = 1000, .hidden_size = HID, .n_layers = LAYERS,
@@ -170,8 +174,8 @@ static void stream_info(dfl_stream_info *in)
     snprintf(in->fingerprint, sizeof in->fingerprint, "0123456789abcdef0123456789abcdef");
 }
 
-/* The stream of make_batches as bytes (written to a file, then read back). */
-static void make_stream(fc_buf *out, dfl_batch *bs)
+/* The stream of bs[0..nb) as bytes (written to a file, then read back). */
+static void make_stream_of(fc_buf *out, dfl_batch *bs, int nb)
 {
     dfl_stream_info in;
     stream_info(&in);
@@ -182,7 +186,7 @@ static void make_stream(fc_buf *out, dfl_batch *bs)
     char *data;
     size_t n;
     int rc = dfl_writer_open(&w, path, &in, NULL, &e);
-    for (int i = 0; !rc && i < NB; i++)
+    for (int i = 0; !rc && i < nb; i++)
         rc = dfl_writer_batch(w, &bs[i], &e);
     if (rc || dfl_writer_close(w, &e) || dfl_read_file(path, 1u << 30, &data, &n, &e)) {
         fprintf(stderr, "make_stream: %s\n", e.msg);
@@ -193,6 +197,8 @@ static void make_stream(fc_buf *out, dfl_batch *bs)
     free(data);
     unlink(path);
 }
+
+static void make_stream(fc_buf *out, dfl_batch *bs) { make_stream_of(out, bs, NB); }
 
 /* A child process writes s[0..n) into a pipe in pieces of random sizes (so that reads return
  * short); returns the read end. */
@@ -632,6 +638,14 @@ static void test_pipe_bounce(void)
         }
     }
     dfl_copy_stream_set(true);
+    /* auto: the bounce thread where 8 CPUs are online (then no hash thread), else read_body */
+    dfl_reader_opts ao = {.hash_thread = 1};
+    result res;
+    read_pipe_opts(s.p, s.n, &ao, bs, NB, &res, "bounce auto");
+    bool many = dfl_ncpu() >= 8;
+    T_CHECK(res.rc == 0 && res.batches == NB && res.bouncers_during == many && res.threads_during == base + !many,
+            "bounce auto on %d CPUs: rc %d after %d batches (%s), %d bounce and %d hash threads", dfl_ncpu(), res.rc,
+            res.batches, res.msg, res.bouncers_during, res.threads_during);
     /* bad options */
     static const struct {
         int bounce;
@@ -660,37 +674,15 @@ static void test_pipe_bounce_many(void)
 {
     enum { MANY = 24 };
     dfl_batch *bs = calloc(MANY, sizeof *bs);
+    uint32_t tokens[MANY], seqs[MANY];
     uint64_t s = 99;
-    dfl_err e;
-    dfl_stream_info in;
-    stream_info(&in);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/many.dfl", t_tmpdir());
-    dfl_writer *w;
-    int rc = dfl_writer_open(&w, path, &in, NULL, &e);
-    for (int i = 0; !rc && i < MANY; i++) {
-        uint32_t T = 260 + (uint32_t)(mix(&s) % 500), S = 1 + (uint32_t)(mix(&s) % 7);
-        if ((rc = dfl_batch_alloc(&bs[i], T, S, LAYERS, HID, DFL_BF16, &e)))
-            break;
-        uint32_t *lens = (uint32_t *)bs[i].seq_lens;
-        for (uint32_t k = 0; k < S; k++)
-            lens[k] = T / S + (k < T % S);
-        for (uint32_t t = 0; t < T; t++)
-            ((int32_t *)bs[i].input_ids)[t] = (int32_t)(mix(&s) % 1000);
-        for (uint32_t k = 0; k < LAYERS; k++) {
-            uint64_t *p = (uint64_t *)bs[i].layers[k];
-            for (size_t j = 0; j < (size_t)T * HID * 2 / 8; j++)
-                p[j] = mix(&s) & 0x3f7f3f7f3f7f3f7full;
-        }
-        rc = dfl_writer_batch(w, &bs[i], &e);
+    for (int i = 0; i < MANY; i++) {
+        tokens[i] = 260 + (uint32_t)(mix(&s) % 500); /* frames of 4.3 to 12.4 MB */
+        seqs[i] = 1 + (uint32_t)(mix(&s) % 7);
     }
-    char *data = NULL;
-    size_t n = 0;
-    if (rc || dfl_writer_close(w, &e) || dfl_read_file(path, 1u << 30, &data, &n, &e)) {
-        fprintf(stderr, "many: %s\n", e.msg);
-        abort();
-    }
-    unlink(path);
+    make_batches_of(bs, MANY, tokens, seqs, 99);
+    fc_buf d = {0};
+    make_stream_of(&d, bs, MANY);
     for (size_t k = 0; k < N_BOUNCE_WAYS; k++) {
         dfl_reader_opts o = {.bounce = bounce_ways[k].bounce, .chunk = bounce_ways[k].chunk,
                              .bounce_slots = bounce_ways[k].slots};
@@ -698,11 +690,11 @@ static void test_pipe_bounce_many(void)
         snprintf(what, sizeof what, "%d frames, bounce %d, chunk %u, %u slots", MANY, o.bounce, o.chunk,
                  o.bounce_slots);
         result res;
-        read_pipe_opts((const uint8_t *)data, n, &o, bs, MANY, &res, what);
+        read_pipe_opts(d.p, d.n, &o, bs, MANY, &res, what);
         T_CHECK(res.rc == 0 && res.batches == MANY, "%s: rc %d after %d batches: %s", what, res.rc, res.batches,
                 res.msg);
     }
-    free(data);
+    free(d.p);
     for (int i = 0; i < MANY; i++)
         dfl_batch_free(&bs[i]);
     free(bs);
