@@ -214,6 +214,8 @@ struct dfl_reader {
     /* mapped input: the stream is base[0..size) */
     bool mapped;
     bool pipe;               /* a pipe or FIFO */
+    bool regular;            /* a regular file (mapped, or read where its position is not
+                                64-aligned) */
     const uint8_t *map;
     size_t map_size;
     const uint8_t *base;
@@ -878,7 +880,7 @@ static int read_frame(dfl_reader *r, uint64_t off, uint64_t want_seq, bool first
             return sticky(r, dfl_fail(e, DFL_ENOMEM, "%s: frame %llu: out of memory for %llu bytes", r->name,
                                       (unsigned long long)n, (unsigned long long)body), e);
         dfl_bouncer *bt;
-        if (r->bounce > 0 && body >= BOUNCE_MIN && bounce_ready(r, &bt))
+        if (r->bounce > 0 && !r->regular && body >= BOUNCE_MIN && bounce_ready(r, &bt))
             rc = read_body_bounce(r, h, fh, off, dst, bt, e);
         else
             rc = read_body(r, h, fh, off, dst, e);
@@ -1281,6 +1283,7 @@ static int reader_new(dfl_reader **out, int fd, bool own_fd, const char *name, c
         return DFL_EIO;
     }
     r->pipe = S_ISFIFO(st.st_mode);
+    r->regular = S_ISREG(st.st_mode);
     if (S_ISREG(st.st_mode)) {
         off_t pos = lseek(fd, 0, SEEK_CUR);
         if (pos >= 0 && pos % 64 == 0 && (uint64_t)st.st_size >= (uint64_t)pos) {

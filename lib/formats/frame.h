@@ -147,9 +147,10 @@ typedef struct dfl_reader_opts {
                                     of between the reads (the same checks, the same errors):
                                     0 = auto (where 8 or more CPUs are online), 1 = always,
                                     -1 = never */
-    int bounce;                  /* on a descriptor, frames of 4 MiB and more can be read(2) in
-                                    pieces of `chunk` bytes into a bounce buffer that stays in
-                                    the cache, hashed there and moved into the frame with
+    int bounce;                  /* on a descriptor that is not a file (pipe, FIFO, socket),
+                                    frames of 4 MiB and more can be read(2) in pieces of
+                                    `chunk` bytes into a bounce buffer that stays in the
+                                    cache, hashed there and moved into the frame with
                                     streaming stores (frame_bounce.h; the same checks, the same
                                     errors; the hash thread is then not used): 0 = auto (2 where
                                     8 or more CPUs are online, else -1), -1 = never, 1 = in the

@@ -646,6 +646,36 @@ static void test_pipe_bounce(void)
     T_CHECK(res.rc == 0 && res.batches == NB && res.bouncers_during == many && res.threads_during == base + !many,
             "bounce auto on %d CPUs: rc %d after %d batches (%s), %d bounce and %d hash threads", dfl_ncpu(), res.rc,
             res.batches, res.msg, res.bouncers_during, res.threads_during);
+    /* a file keeps read_body, also where it is read and not mapped (a stream that starts at an
+     * offset that is not a multiple of 64) */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/at1.dfl", t_tmpdir());
+    FILE *f = fopen(path, "wb");
+    bool wrote = f && fputc('x', f) != EOF && fwrite(s.p, 1, s.n, f) == s.n;
+    if (f)
+        fclose(f);
+    int ffd = open(path, O_RDONLY);
+    T_CHECK(wrote && ffd >= 0 && lseek(ffd, 1, SEEK_SET) == 1, "%s", path);
+    dfl_reader_opts fo = {.bounce = 2};
+    dfl_reader *fr = NULL;
+    dfl_err fe = {0};
+    int frc = dfl_reader_open_fd(&fr, ffd, "at1.dfl", &fo, &fe);
+    int fb = 0, nfb = 0;
+    for (bool eos = false; !frc && !eos;) {
+        dfl_batch b;
+        frc = dfl_reader_next(fr, &b, &eos, &fe);
+        if (!frc && !eos) {
+            nfb++;
+            fb += n_named("dfl-bounce");
+            dfl_reader_recycle(fr, &b);
+        }
+    }
+    T_CHECK(frc == 0 && nfb == NB && fb == 0, "a file read at offset 1: rc %d after %d batches, %d bounce threads: %s",
+            frc, nfb, fb, fe.msg);
+    dfl_reader_close(fr);
+    if (ffd >= 0)
+        close(ffd);
+    unlink(path);
     /* bad options */
     static const struct {
         int bounce;
