@@ -147,6 +147,16 @@ typedef struct dfl_reader_opts {
                                     of between the reads (the same checks, the same errors):
                                     0 = auto (where 8 or more CPUs are online), 1 = always,
                                     -1 = never */
+    int bounce;                  /* on a descriptor that is not a file (pipe, FIFO, socket),
+                                    frames of 4 MiB and more can be read(2) in pieces of
+                                    `chunk` bytes into a bounce buffer that stays in the
+                                    cache, hashed there and moved into the frame with
+                                    streaming stores (frame_bounce.h; the same checks, the same
+                                    errors; the hash thread is then not used): 0 = auto (2 where
+                                    8 or more CPUs are online, else -1), -1 = never, 1 = in the
+                                    reading thread, 2 = by a thread of the reader (hash and
+                                    copy) while the next piece is read */
+    uint32_t bounce_slots;       /* bounce = 2: buffers in its ring (2 to 64; 0 = default 4) */
 } dfl_reader_opts;
 
 /* Opens path ("-" = stdin; a regular file is mapped, anything else is read) and reads and checks

@@ -56,6 +56,18 @@ static void *hasher_main(void *arg)
     return NULL;
 }
 
+int dfl_reader_thread_start(pthread_t *t, void *(*fn)(void *), void *arg, const char *name)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    int rc = pthread_create(t, NULL, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (!rc)
+        pthread_setname_np(*t, name); /* in top, perf and /proc/PID/task/TID/comm */
+    return rc;
+}
+
 dfl_hasher *dfl_hasher_new(void)
 {
     dfl_hasher *h = calloc(1, sizeof *h);
@@ -67,14 +79,7 @@ dfl_hasher *dfl_hasher_new(void)
     }
     pthread_cond_init(&h->work, NULL);
     pthread_cond_init(&h->idle, NULL);
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old);
-    int rc = pthread_create(&h->thread, NULL, hasher_main, h);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (!rc)
-        pthread_setname_np(h->thread, "dfl-hash"); /* in top, perf and /proc/PID/task/TID/comm */
-    if (rc) {
+    if (dfl_reader_thread_start(&h->thread, hasher_main, h, "dfl-hash")) {
         pthread_cond_destroy(&h->work);
         pthread_cond_destroy(&h->idle);
         pthread_mutex_destroy(&h->mu);

@@ -12,11 +12,17 @@
 #ifndef DFL_FRAME_HASHER_H
 #define DFL_FRAME_HASHER_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "xxh.h"
 
 typedef struct dfl_hasher dfl_hasher;
+
+/* Starts fn(arg) on a thread named `name` (at most 15 characters) with every signal blocked in
+ * it, so that the program's handlers still run on, and interrupt, its own threads: the reader's
+ * helper threads (this one, and the bounce thread of frame_bounce.h). pthread_create's result. */
+int dfl_reader_thread_start(pthread_t *t, void *(*fn)(void *), void *arg, const char *name);
 
 /* Starts the thread, named "dfl-hash", with every signal blocked in it (so that the program's
  * handlers still run on, and interrupt, its own threads). NULL when it cannot (the reader then

@@ -146,6 +146,33 @@ run_bench() {
     [[ "$output" == *"--output-mode: 'splice' is not auto, vmsplice or write"* ]]
 }
 
+# The reader's bounce path (dfl_reader_opts.bounce) on frames of 8 MiB through a pipe: each way
+# reads every frame of a pump that refills its slots, a stream cut inside a large frame is
+# reported as the old path reports it (exit 2), and bad values are refused (exit 1).
+@test "hspump | hsdrain --bounce off|inline|thread|auto: every frame verifies; a cut frame is the same error" {
+    local pump="'$DFL_TOOLS/hspump' --batches 6 --tokens 2048 --seqs 2 --layers 2 --hidden 1024 --slots 4"
+    for b in off inline thread auto; do
+        run bash -c "$pump --output-mode vmsplice --rewrite 2>/dev/null | '$DFL_TOOLS/hsdrain' --bounce $b"
+        echo "$b: $output"
+        [ "$status" -eq 0 ]
+        [[ "$output" == *'"batches": 6,'* ]]
+    done
+    bash -c "$pump --output-mode write -o '$T/s.dfl'" 2>/dev/null
+    local want=
+    for b in off inline thread; do
+        run bash -c "head -c 20000000 '$T/s.dfl' | '$DFL_TOOLS/hsdrain' --bounce $b --bounce-slots 3 --chunk-kib 300"
+        echo "$b: $output"
+        [ "$status" -eq 2 ]
+        [[ "$output" == *"stdin: truncated inside frame 3 (HIDDEN) at offset"* ]]
+        [ -z "$want" ] || [ "$output" = "$want" ]
+        want=$output
+    done
+    run -1 "$DFL_TOOLS/hsdrain" --bounce sideways
+    [[ "$output" == *"--bounce: 'sideways' is not off, inline, thread or auto"* ]]
+    run -1 bash -c "'$DFL_TOOLS/hsdrain' --bounce thread --bounce-slots 1 < '$T/s.dfl'"
+    [[ "$output" == *"reader options: bounce 2 (-1, 0, 1 or 2), bounce_slots 1 (2 to 64)"* ]]
+}
+
 @test "mktarget --no-layers: the config of all layers, only the embedding, norm and LM head" {
     "$DFL_TOOLS/mktarget" -o "$T/m" --layers 6 --no-layers
     grep -q '"num_hidden_layers": 6' "$T/m/config.json"

@@ -4,7 +4,12 @@
  * first byte to the end, and the steady rate: tokens per second from the end of batch W-1 to the
  * end of the last batch (W = --warmup, default 2), which leaves out the pipeline's fill.
  * --chunk-kib sets the reader's read(2) size on a pipe (dfl_reader_opts.chunk; 0 = default);
- * --hash-thread on|off|auto its hash thread (dfl_reader_opts.hash_thread; default auto).
+ * --hash-thread on|off|auto its hash thread (dfl_reader_opts.hash_thread; default auto);
+ * --bounce off|inline|thread|auto its bounce path for large frames (dfl_reader_opts.bounce: off -1,
+ * inline 1: read(2) into a cache-resident buffer, hashed there and streamed into the frame by the
+ * reading thread; thread 2: hashed and streamed by a thread of the reader; default auto) and
+ * --bounce-slots N the ring of the thread (dfl_reader_opts.bounce_slots; 0 = default), so that
+ * one build compares the paths.
  * cpu_s is the CPU time of the process, reader_cpu_s that of the reading thread alone (with the
  * hash thread, the rest is the hashing): where the cores are not shared, the reading thread's
  * time per byte is the ceiling of the consumer.
@@ -29,9 +34,10 @@ int main(int argc, char **argv)
 {
     dfl_cli_init(argv[0]);
     int64_t warm = 2, chunk_kib = 0;
-    int hash_thread = 0;
+    int64_t bounce_slots = 0;
+    int hash_thread = 0, bounce = 0;
     static const struct option lo[] = {{"warmup", 1, 0, 'w'}, {"chunk-kib", 1, 0, 'c'}, {"hash-thread", 1, 0, 't'},
-                                       {"help", 0, 0, 'h'},
+                                       {"bounce", 1, 0, 'b'}, {"bounce-slots", 1, 0, 's'}, {"help", 0, 0, 'h'},
                                        {0, 0, 0, 0}};
     dfl_err e = {0};
     int c;
@@ -50,8 +56,25 @@ int main(int argc, char **argv)
                 return dfl_cli_usage_error("--hash-thread: '%s' is not on, off or auto", optarg);
             hash_thread = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? -1 : 0;
             break;
+        case 'b':
+            if (!strcmp(optarg, "off"))
+                bounce = -1;
+            else if (!strcmp(optarg, "inline"))
+                bounce = 1;
+            else if (!strcmp(optarg, "thread"))
+                bounce = 2;
+            else if (!strcmp(optarg, "auto"))
+                bounce = 0;
+            else
+                return dfl_cli_usage_error("--bounce: '%s' is not off, inline, thread or auto", optarg);
+            break;
+        case 's':
+            if (dfl_parse_i64(optarg, 0, 64, &bounce_slots, "--bounce-slots", &e))
+                return dfl_cli_report(&e);
+            break;
         case 'h':
-            printf("Usage: %s [--warmup W] [--chunk-kib C] [--hash-thread on|off|auto] [FILE]\n", dfl_progname);
+            printf("Usage: %s [--warmup W] [--chunk-kib C] [--hash-thread on|off|auto] [--bounce off|inline|thread|auto]\n"
+                   "       [--bounce-slots N] [FILE]\n", dfl_progname);
             return 0;
         default: return dfl_cli_usage_error("unknown option");
         }
@@ -59,7 +82,8 @@ int main(int argc, char **argv)
     const char *path = optind < argc ? argv[optind] : "-";
     double t_open = dfl_now();
     dfl_reader *r = NULL;
-    dfl_reader_opts ro = {.chunk = (uint32_t)(chunk_kib << 10), .hash_thread = hash_thread};
+    dfl_reader_opts ro = {.chunk = (uint32_t)(chunk_kib << 10), .hash_thread = hash_thread, .bounce = bounce,
+                          .bounce_slots = (uint32_t)bounce_slots};
     if (dfl_reader_open(&r, path, &ro, &e))
         return dfl_cli_report(&e);
     double t_first = dfl_now(), t_warm = t_first;

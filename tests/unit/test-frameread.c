@@ -4,7 +4,11 @@
  * the same batches byte for byte, a corrupt byte anywhere in a large frame caught with the same
  * message, a stream cut inside a large frame reported the same way, and the error sticky; and the
  * writer's hash thread (dfl_writer_opts.hash_thread): the same bytes with it and without, in
- * both output modes, and a reader that goes away. */
+ * both output modes, and a reader that goes away; and the bounce path (dfl_reader_opts.bounce,
+ * frame_bounce.h): the streaming copy against memcpy at every alignment and length, the bounce
+ * thread on its own, and the stream tests above through it, in the reading thread and in its
+ * thread, with pieces and buffers of sizes that are not multiples of 32 bytes, and many frames
+ * through one recycled block. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -13,6 +17,7 @@
 #include <unistd.h>
 
 #include "frame.h"
+#include "frame_bounce.h"
 #include "frame_hasher.h"
 #include "util.h"
 #include "t.h"
@@ -26,8 +31,8 @@ static uint64_t mix(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-/* Hash threads of this process (threads named dfl-hash in /proc/self/task). */
-static int n_threads(void)
+/* Threads of this process named `comm` in /proc/self/task. */
+static int n_named(const char *comm)
 {
     DIR *d = opendir("/proc/self/task");
     int n = 0;
@@ -38,13 +43,16 @@ static int n_threads(void)
         snprintf(path, sizeof path, "/proc/self/task/%s/comm", de->d_name);
         FILE *f = de->d_name[0] != '.' ? fopen(path, "r") : NULL;
         if (f) {
-            n += fgets(name, sizeof name, f) && strcmp(name, "dfl-hash\n") == 0;
+            n += fgets(name, sizeof name, f) && strncmp(name, comm, strlen(comm)) == 0 && name[strlen(comm)] == '\n';
             fclose(f);
         }
     }
     closedir(d);
     return n;
 }
+
+/* Hash threads of this process. */
+static int n_threads(void) { return n_named("dfl-hash"); }
 
 /* n_threads once it equals want, or after a second: a thread that pthread_join has seen end can
  * stay listed a little longer. */
@@ -129,12 +137,14 @@ static const uint32_t tokens_of[NB] = {40, 700, 3, 520, 96}; /* 11.5 MB and 8.5 
 #define HID 4096
 #define LAYERS 2
 
-static void make_batches(dfl_batch *bs)
+/* bs[0..nb) of tokens[i] tokens in seqs[i] sequences (3, or fewer where there are fewer tokens,
+ * when seqs is NULL), random contents from seed. */
+static void make_batches_of(dfl_batch *bs, int nb, const uint32_t *tokens, const uint32_t *seqs, uint64_t seed)
 {
-    uint64_t s = 7;
+    uint64_t s = seed;
     dfl_err e;
-    for (int i = 0; i < NB; i++) {
-        uint32_t T = tokens_of[i], S = T < 3 ? T : 3;
+    for (int i = 0; i < nb; i++) {
+        uint32_t T = tokens[i], S = seqs ? seqs[i] : T < 3 ? T : 3;
         if (dfl_batch_alloc(&bs[i], T, S, LAYERS, HID, DFL_BF16, &e)) {
             fprintf(stderr, "%s\n", e.msg);
             abort();
@@ -154,6 +164,8 @@ static void make_batches(dfl_batch *bs)
     }
 }
 
+static void make_batches(dfl_batch *bs) { make_batches_of(bs, NB, tokens_of, NULL, 7); }
+
 static void stream_info(dfl_stream_info *in)
 {
     *in = (dfl_stream_info){.kind = DFL_KIND_HIDDEN, .vocab_size = 1000, .hidden_size = HID, .n_layers = LAYERS,
@@ -162,8 +174,8 @@ static void stream_info(dfl_stream_info *in)
     snprintf(in->fingerprint, sizeof in->fingerprint, "0123456789abcdef0123456789abcdef");
 }
 
-/* The stream of make_batches as bytes (written to a file, then read back). */
-static void make_stream(fc_buf *out, dfl_batch *bs)
+/* The stream of bs[0..nb) as bytes (written to a file, then read back). */
+static void make_stream_of(fc_buf *out, dfl_batch *bs, int nb)
 {
     dfl_stream_info in;
     stream_info(&in);
@@ -174,7 +186,7 @@ static void make_stream(fc_buf *out, dfl_batch *bs)
     char *data;
     size_t n;
     int rc = dfl_writer_open(&w, path, &in, NULL, &e);
-    for (int i = 0; !rc && i < NB; i++)
+    for (int i = 0; !rc && i < nb; i++)
         rc = dfl_writer_batch(w, &bs[i], &e);
     if (rc || dfl_writer_close(w, &e) || dfl_read_file(path, 1u << 30, &data, &n, &e)) {
         fprintf(stderr, "make_stream: %s\n", e.msg);
@@ -185,6 +197,8 @@ static void make_stream(fc_buf *out, dfl_batch *bs)
     free(data);
     unlink(path);
 }
+
+static void make_stream(fc_buf *out, dfl_batch *bs) { make_stream_of(out, bs, NB); }
 
 /* A child process writes s[0..n) into a pipe in pieces of random sizes (so that reads return
  * short); returns the read end. */
@@ -217,34 +231,35 @@ typedef struct result {
     char msg[1024], again_msg[1024];
     int batches;              /* batches that came out before the end or the error */
     bool truncated;
-    int threads_during;       /* threads of the process while the stream was read */
+    int threads_during;       /* hash threads of the process while the stream was read */
+    int bouncers_during;      /* bounce threads */
 } result;
 
-/* Reads s[0..n) through a pipe with the hash thread on (1) or off (-1), checking every batch
- * that comes out against bs. */
-static void read_pipe(const uint8_t *s, size_t n, int hash_thread, uint32_t chunk, bool allow_truncated,
-                      const dfl_batch *bs, result *res, const char *what)
+/* Reads s[0..n) through a pipe with the reader options o, checking every batch that comes out
+ * against bs[0..nb). */
+static void read_pipe_opts(const uint8_t *s, size_t n, const dfl_reader_opts *o, const dfl_batch *bs, int nb,
+                           result *res, const char *what)
 {
     memset(res, 0, sizeof *res);
     pid_t pid;
-    int fd = feed(s, n, (uint64_t)n * 31 + (uint64_t)hash_thread, &pid);
-    dfl_reader_opts o = {.hash_thread = hash_thread, .chunk = chunk, .allow_truncated = allow_truncated};
+    int fd = feed(s, n, (uint64_t)n * 31 + (uint64_t)o->hash_thread * 7 + (uint64_t)o->bounce, &pid);
     dfl_reader *r;
     dfl_err e = {0};
-    res->rc = dfl_reader_open_fd(&r, fd, "in.dfl", &o, &e);
+    res->rc = dfl_reader_open_fd(&r, fd, "in.dfl", o, &e);
     if (res->rc == 0) {
         for (;;) {
             dfl_batch b;
             bool eos;
             res->rc = dfl_reader_next(r, &b, &eos, &e);
-            int th = n_threads();
+            int th = n_threads(), tb = n_named("dfl-bounce");
             res->threads_during = th > res->threads_during ? th : res->threads_during;
+            res->bouncers_during = tb > res->bouncers_during ? tb : res->bouncers_during;
             if (res->rc || eos)
                 break;
             int i = res->batches++;
-            T_CHECK(i < NB && b.n_tokens == bs[i].n_tokens, "%s: batch %d of %llu tokens", what, i,
+            T_CHECK(i < nb && b.n_tokens == bs[i].n_tokens, "%s: batch %d of %llu tokens", what, i,
                     (unsigned long long)b.n_tokens);
-            if (i < NB && b.n_tokens == bs[i].n_tokens) {
+            if (i < nb && b.n_tokens == bs[i].n_tokens) {
                 T_CHECK(memcmp(b.seq_lens, bs[i].seq_lens, 4ull * b.n_seqs) == 0 &&
                             memcmp(b.input_ids, bs[i].input_ids, 4 * b.n_tokens) == 0 &&
                             memcmp(b.loss_mask, bs[i].loss_mask, b.n_tokens) == 0,
@@ -270,6 +285,15 @@ static void read_pipe(const uint8_t *s, size_t n, int hash_thread, uint32_t chun
     close(fd);
     int st;
     waitpid(pid, &st, 0);
+}
+
+/* read_pipe_opts of the NB batches with the hash thread on (1) or off (-1), without the bounce
+ * path. */
+static void read_pipe(const uint8_t *s, size_t n, int hash_thread, uint32_t chunk, bool allow_truncated,
+                      const dfl_batch *bs, result *res, const char *what)
+{
+    dfl_reader_opts o = {.hash_thread = hash_thread, .chunk = chunk, .allow_truncated = allow_truncated, .bounce = -1};
+    read_pipe_opts(s, n, &o, bs, NB, res, what);
 }
 
 /* Offsets of the frames of s. */
@@ -309,16 +333,38 @@ static void test_pipe_identical(void)
         dfl_batch_free(&bs[i]);
 }
 
-/* Both ways give the same outcome and message; returns the one with the thread. */
+/* The bounce ways of reading (dfl_reader_opts.bounce, chunk, bounce_slots): in the reading
+ * thread and in the bounce thread, with buffers of sizes that are and are not multiples of 32
+ * bytes. */
+static const struct {
+    int bounce;
+    uint32_t chunk, slots;
+} bounce_ways[] = {{1, 64u << 10, 0}, {1, 100003, 0}, {2, 64u << 10, 2}, {2, 1000037, 3}, {2, 0, 0}};
+#define N_BOUNCE_WAYS (sizeof bounce_ways / sizeof *bounce_ways)
+
+/* Every way gives the same outcome and message: the hash thread on and off, and each bounce way;
+ * returns the one with the hash thread. */
 static void same_both_ways(const fc_buf *d, bool allow_truncated, const dfl_batch *bs, result *on, const char *what)
 {
     result off;
     read_pipe(d->p, d->n, 1, 64u << 10, allow_truncated, bs, on, what);
-    read_pipe(d->p, d->n, -1, 64u << 10, allow_truncated, bs, &off, what);
-    T_CHECK(on->rc == off.rc && strcmp(on->msg, off.msg) == 0 && on->batches == off.batches &&
-                on->truncated == off.truncated,
-            "%s: with the thread rc %d after %d batches (%s), without rc %d after %d (%s)", what, on->rc, on->batches,
-            on->msg, off.rc, off.batches, off.msg);
+    for (size_t w = 0; w <= N_BOUNCE_WAYS; w++) {
+        char how[64] = "without";
+        if (w == 0) {
+            read_pipe(d->p, d->n, -1, 64u << 10, allow_truncated, bs, &off, what);
+        } else {
+            dfl_reader_opts o = {.allow_truncated = allow_truncated, .bounce = bounce_ways[w - 1].bounce,
+                                 .chunk = bounce_ways[w - 1].chunk, .bounce_slots = bounce_ways[w - 1].slots};
+            snprintf(how, sizeof how, "bounce %d, chunk %u, %u slots", o.bounce, o.chunk, o.bounce_slots);
+            read_pipe_opts(d->p, d->n, &o, bs, NB, &off, what);
+            T_CHECK(off.again_rc == off.rc && strcmp(off.again_msg, off.msg) == 0, "%s, %s: not sticky: %d %s", what,
+                    how, off.again_rc, off.again_msg);
+        }
+        T_CHECK(on->rc == off.rc && strcmp(on->msg, off.msg) == 0 && on->batches == off.batches &&
+                    on->truncated == off.truncated,
+                "%s: with the thread rc %d after %d batches (%s), %s rc %d after %d (%s)", what, on->rc, on->batches,
+                on->msg, how, off.rc, off.batches, off.msg);
+    }
     T_CHECK(on->again_rc == on->rc && strcmp(on->again_msg, on->msg) == 0, "%s: not sticky: %d %s", what,
             on->again_rc, on->again_msg);
 }
@@ -430,6 +476,260 @@ static void test_pipe_enlarged(void)
         dfl_batch_free(&bs[i]);
 }
 
+/* ---- the bounce path ------------------------------------------------------------------------- */
+
+/* dfl_copy_stream equals memcpy for every length up to 600 and every alignment of both ends, and
+ * for long copies of lengths that are not multiples of 32 bytes, and writes nothing outside
+ * dst[0..n): streaming where the CPU can, and with memcpy. */
+static void test_copy_stream(void)
+{
+    size_t cap = (3u << 20) + 4096;
+    uint8_t *src = malloc(cap), *dst = malloc(cap);
+    uint64_t s = 11;
+    for (size_t i = 0; i < cap; i++)
+        src[i] = (uint8_t)mix(&s);
+    bool nt = dfl_copy_stream_nt();
+    for (int pass = 0; pass < 2; pass++) {
+        dfl_copy_stream_set(pass == 0);
+        const char *how = pass == 0 ? (nt ? "streaming" : "memcpy (no AVX2)") : "memcpy";
+        int bad = 0;
+        for (size_t n = 0; n <= 600 && bad < 5; n++)
+            for (size_t da = 0; da < 64 && bad < 5; da += (n < 200 ? 1 : 7))
+                for (size_t sa = 0; sa < 64; sa += 13) {
+                    memset(dst, 0xa5, n + 256);
+                    dfl_copy_stream(dst + 64 + da, src + sa, n);
+                    bool ok = memcmp(dst + 64 + da, src + sa, n) == 0;
+                    for (size_t i = 0; i < 64 + da; i++)
+                        ok = ok && dst[i] == 0xa5;
+                    for (size_t i = 64 + da + n; i < n + 256; i++)
+                        ok = ok && dst[i] == 0xa5;
+                    if (!ok && bad++ < 5)
+                        T_CHECK(ok, "%s: %zu bytes to offset %zu from offset %zu", how, n, da, sa);
+                }
+        static const size_t longs[] = {1u << 20, (1u << 20) + 1, (3u << 20) - 33, 1000037, 262144 + 31};
+        for (size_t k = 0; k < sizeof longs / sizeof *longs; k++)
+            for (size_t da = 0; da < 64; da += 21) {
+                size_t n = longs[k];
+                memset(dst, 0xa5, cap);
+                dfl_copy_stream(dst + da, src + 3, n);
+                bool ok = memcmp(dst + da, src + 3, n) == 0;
+                for (size_t i = 0; i < da; i++)
+                    ok = ok && dst[i] == 0xa5;
+                for (size_t i = da + n; i < da + n + 64 && i < cap; i++)
+                    ok = ok && dst[i] == 0xa5;
+                T_CHECK(ok, "%s: %zu bytes to offset %zu", how, n, da);
+            }
+    }
+    dfl_copy_stream_set(true);
+    T_CHECK(dfl_copy_stream_nt() == nt, "dfl_copy_stream_set(true) gives %d, the CPU %d", dfl_copy_stream_nt(), nt);
+    free(src);
+    free(dst);
+}
+
+/* The bounce thread on its own: pieces of every size up to the buffer put through rings of 2 and 5
+ * buffers give one-shot XXH3 digests and copies; a cancel drops what was queued and leaves it
+ * ready; freed with pieces queued. */
+static void test_bouncer(void)
+{
+    size_t n = 9u << 20, piece = 300007;
+    uint8_t *src = malloc(n), *dst = malloc(n + 64);
+    uint64_t s = 5;
+    for (size_t i = 0; i < n; i++)
+        src[i] = (uint8_t)mix(&s);
+    XXH3_state_t *st = XXH3_createState();
+    for (unsigned slots = 2; slots <= 5; slots += 3) {
+        dfl_bouncer *b = dfl_bouncer_new(piece, slots);
+        T_CHECK(b != NULL, "dfl_bouncer_new(%zu, %u)", piece, slots);
+        if (!b)
+            continue;
+        T_CHECK(n_named("dfl-bounce") == 1, "%d bounce threads", n_named("dfl-bounce"));
+        for (int round = 0; round < 3; round++) {
+            /* the last 8 bytes are copied, not hashed (a frame's trailer) */
+            XXH3_64bits_reset(st);
+            memset(dst, 0, n + 64);
+            size_t at = 0;
+            while (at < n) {
+                size_t k = round == 0 ? 1 + mix(&s) % 4096 : round == 1 ? piece : 1 + mix(&s) % piece;
+                k = k > n - at ? n - at : k;
+                uint8_t *buf = dfl_bouncer_take(b);
+                memcpy(buf, src + at, k);
+                size_t h = at >= n - 8 ? 0 : n - 8 - at < k ? n - 8 - at : k;
+                dfl_bouncer_put(b, st, h, dst + 1 + at, k);
+                at += k;
+            }
+            dfl_bouncer_finish(b);
+            T_CHECK(XXH3_64bits_digest(st) == XXH3_64bits(src, n - 8), "%u slots, round %d: digest", slots, round);
+            T_CHECK(memcmp(dst + 1, src, n) == 0 && dst[0] == 0 && dst[n + 1] == 0, "%u slots, round %d: copy", slots,
+                    round);
+        }
+        /* cancelled: nothing more is written once cancel returns, and the next job is whole */
+        XXH3_64bits_reset(st);
+        memset(dst, 0, n + 64);
+        for (size_t at = 0; at < 6 * piece; at += piece) {
+            uint8_t *buf = dfl_bouncer_take(b);
+            memcpy(buf, src + at, piece);
+            dfl_bouncer_put(b, st, piece, dst + at, piece);
+        }
+        dfl_bouncer_cancel(b);
+        uint64_t d1 = XXH3_64bits_digest(st);
+        uint64_t sum1 = XXH3_64bits(dst, 6 * piece);
+        usleep(20000);
+        T_CHECK(XXH3_64bits_digest(st) == d1 && XXH3_64bits(dst, 6 * piece) == sum1, "%u slots: changed after cancel",
+                slots);
+        dfl_bouncer_cancel(b); /* nothing queued: returns at once */
+        XXH3_64bits_reset(st);
+        uint8_t *buf = dfl_bouncer_take(b);
+        memcpy(buf, src + 5, piece);
+        dfl_bouncer_put(b, st, piece, dst + 7, piece);
+        dfl_bouncer_finish(b);
+        T_CHECK(XXH3_64bits_digest(st) == XXH3_64bits(src + 5, piece) && memcmp(dst + 7, src + 5, piece) == 0,
+                "%u slots: the piece after a cancel", slots);
+        /* freed with pieces queued */
+        for (unsigned k = 0; k < slots; k++) {
+            buf = dfl_bouncer_take(b);
+            memcpy(buf, src, piece);
+            dfl_bouncer_put(b, st, piece, dst, piece);
+        }
+        dfl_bouncer_free(b);
+        int left = n_named("dfl-bounce");
+        for (int i = 0; i < 200 && left; i++) {
+            usleep(5000);
+            left = n_named("dfl-bounce");
+        }
+        T_CHECK(left == 0, "%d bounce threads after free", left);
+    }
+    T_CHECK(dfl_bouncer_new(0, 4) == NULL && dfl_bouncer_new(4096, 1) == NULL, "bad rings accepted");
+    XXH3_freeState(st);
+    free(src);
+    free(dst);
+}
+
+/* Each bounce way reads the stream of test_pipe_identical byte for byte (the hash thread not
+ * used; the bounce thread only where asked, and gone after close), with streaming stores and
+ * with memcpy; and bad options are refused. */
+static void test_pipe_bounce(void)
+{
+    dfl_batch bs[NB];
+    make_batches(bs);
+    fc_buf s = {0};
+    make_stream(&s, bs);
+    int base = n_threads_settled(0);
+    for (int nt = 1; nt >= 0; nt--) {
+        dfl_copy_stream_set(nt);
+        for (size_t w = 0; w < N_BOUNCE_WAYS; w++) {
+            dfl_reader_opts o = {.bounce = bounce_ways[w].bounce, .chunk = bounce_ways[w].chunk,
+                                 .bounce_slots = bounce_ways[w].slots, .hash_thread = 1};
+            char what[96];
+            snprintf(what, sizeof what, "bounce %d, chunk %u, %u slots, %s", o.bounce, o.chunk, o.bounce_slots,
+                     nt ? "streaming" : "memcpy");
+            result res;
+            read_pipe_opts(s.p, s.n, &o, bs, NB, &res, what);
+            T_CHECK(res.rc == 0 && res.batches == NB, "%s: rc %d after %d batches: %s", what, res.rc, res.batches,
+                    res.msg);
+            T_CHECK(res.threads_during == base && res.bouncers_during == (o.bounce == 2),
+                    "%s: %d hash threads (%d before), %d bounce threads while reading", what, res.threads_during,
+                    base, res.bouncers_during);
+            int left = n_named("dfl-bounce");
+            for (int i = 0; i < 200 && left; i++) {
+                usleep(5000);
+                left = n_named("dfl-bounce");
+            }
+            T_CHECK(left == 0, "%s: %d bounce threads after close", what, left);
+        }
+    }
+    dfl_copy_stream_set(true);
+    /* auto: the bounce thread where 8 CPUs are online (then no hash thread), else read_body */
+    dfl_reader_opts ao = {.hash_thread = 1};
+    result res;
+    read_pipe_opts(s.p, s.n, &ao, bs, NB, &res, "bounce auto");
+    bool many = dfl_ncpu() >= 8;
+    T_CHECK(res.rc == 0 && res.batches == NB && res.bouncers_during == many && res.threads_during == base + !many,
+            "bounce auto on %d CPUs: rc %d after %d batches (%s), %d bounce and %d hash threads", dfl_ncpu(), res.rc,
+            res.batches, res.msg, res.bouncers_during, res.threads_during);
+    /* a file keeps read_body, also where it is read and not mapped (a stream that starts at an
+     * offset that is not a multiple of 64) */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/at1.dfl", t_tmpdir());
+    FILE *f = fopen(path, "wb");
+    bool wrote = f && fputc('x', f) != EOF && fwrite(s.p, 1, s.n, f) == s.n;
+    if (f)
+        fclose(f);
+    int ffd = open(path, O_RDONLY);
+    T_CHECK(wrote && ffd >= 0 && lseek(ffd, 1, SEEK_SET) == 1, "%s", path);
+    dfl_reader_opts fo = {.bounce = 2};
+    dfl_reader *fr = NULL;
+    dfl_err fe = {0};
+    int frc = dfl_reader_open_fd(&fr, ffd, "at1.dfl", &fo, &fe);
+    int fb = 0, nfb = 0;
+    for (bool eos = false; !frc && !eos;) {
+        dfl_batch b;
+        frc = dfl_reader_next(fr, &b, &eos, &fe);
+        if (!frc && !eos) {
+            nfb++;
+            fb += n_named("dfl-bounce");
+            dfl_reader_recycle(fr, &b);
+        }
+    }
+    T_CHECK(frc == 0 && nfb == NB && fb == 0, "a file read at offset 1: rc %d after %d batches, %d bounce threads: %s",
+            frc, nfb, fb, fe.msg);
+    dfl_reader_close(fr);
+    if (ffd >= 0)
+        close(ffd);
+    unlink(path);
+    /* bad options */
+    static const struct {
+        int bounce;
+        uint32_t slots;
+    } bad[] = {{3, 0}, {-2, 0}, {2, 1}, {2, 65}};
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        pid_t pid;
+        int fd = feed(s.p, s.n, 9, &pid);
+        dfl_reader_opts o = {.bounce = bad[k].bounce, .bounce_slots = bad[k].slots};
+        dfl_reader *r = NULL;
+        dfl_err e = {0};
+        int rc = dfl_reader_open_fd(&r, fd, "in.dfl", &o, &e);
+        T_CHECK(rc == DFL_EUSAGE && r == NULL && strstr(e.msg, "in.dfl: reader options: bounce"),
+                "bounce %d, %u slots: rc %d: %s", bad[k].bounce, bad[k].slots, rc, e.msg);
+        close(fd);
+        waitpid(pid, NULL, 0);
+    }
+    free(s.p);
+    for (int i = 0; i < NB; i++)
+        dfl_batch_free(&bs[i]);
+}
+
+/* Many large frames of sizes that differ (none a multiple of the buffer), read through one
+ * recycled block by each way: every batch byte for byte, as without the bounce path. */
+static void test_pipe_bounce_many(void)
+{
+    enum { MANY = 24 };
+    dfl_batch *bs = calloc(MANY, sizeof *bs);
+    uint32_t tokens[MANY], seqs[MANY];
+    uint64_t s = 99;
+    for (int i = 0; i < MANY; i++) {
+        tokens[i] = 260 + (uint32_t)(mix(&s) % 500); /* frames of 4.3 to 12.4 MB */
+        seqs[i] = 1 + (uint32_t)(mix(&s) % 7);
+    }
+    make_batches_of(bs, MANY, tokens, seqs, 99);
+    fc_buf d = {0};
+    make_stream_of(&d, bs, MANY);
+    for (size_t k = 0; k < N_BOUNCE_WAYS; k++) {
+        dfl_reader_opts o = {.bounce = bounce_ways[k].bounce, .chunk = bounce_ways[k].chunk,
+                             .bounce_slots = bounce_ways[k].slots};
+        char what[96];
+        snprintf(what, sizeof what, "%d frames, bounce %d, chunk %u, %u slots", MANY, o.bounce, o.chunk,
+                 o.bounce_slots);
+        result res;
+        read_pipe_opts(d.p, d.n, &o, bs, MANY, &res, what);
+        T_CHECK(res.rc == 0 && res.batches == MANY, "%s: rc %d after %d batches: %s", what, res.rc, res.batches,
+                res.msg);
+    }
+    free(d.p);
+    for (int i = 0; i < MANY; i++)
+        dfl_batch_free(&bs[i]);
+    free(bs);
+}
+
 /* ---- the writer's hash thread ------------------------------------------------------------------- */
 
 /* A child process writes bs into a pipe with the writer options o; the parent reads up to
@@ -525,5 +825,9 @@ int main(int argc, char **argv)
     T_RUN(test_pipe_cut);
     T_RUN(test_pipe_enlarged);
     T_RUN(test_writer_thread);
+    T_RUN(test_copy_stream);
+    T_RUN(test_bouncer);
+    T_RUN(test_pipe_bounce);
+    T_RUN(test_pipe_bounce_many);
     return t_done();
 }
