@@ -130,6 +130,22 @@ int cuda_qknorm_rope_partial(dfl_be *be, void *x, int64_t ld, const void *w, con
     return cuda_launch_check(be, "qknorm_rope_partial");
 }
 
+/* Whether the 8-channel norms (hybrid_ew.cuh) take heads of d bf16 in rows of stride ld at p:
+ * d 32, 64, 128 or 256, 16-byte aligned rows. */
+static bool norm_v8(dfl_be *be, const void *p, int64_t ld, int d)
+{
+    return be->act == DFL_BF16 && (d == 32 || d == 64 || d == 128 || d == 256) && is_aligned(p, 16) && ld % 8 == 0;
+}
+
+/* Blocks of an 8-channel norm over items (row, head) pairs of d channels: one group of d / 8
+ * lanes an item, at most 32 blocks an SM (the warps loop). */
+static unsigned norm_v8_blocks(dfl_be *be, int64_t items, int d)
+{
+    const int64_t per = (EW_THREADS / 32) * (32 / (d / 8)), cap = (int64_t)cuda_of(be)->sm_count * 32;
+    int64_t nb = (items + per - 1) / per;
+    return (unsigned)(nb < cap ? nb : cap);
+}
+
 /* x = x / sqrt(sum x^2 + eps) * scale per head */
 template <typename T>
 __global__ void l2norm_kernel(T *x, int64_t ld, int64_t R, int heads, int d, float scale, float eps)
@@ -157,6 +173,16 @@ int cuda_l2norm(dfl_be *be, void *x, int64_t ld, int64_t R, int heads, int d, fl
     if (rc)
         return rc;
     cudaStream_t s = cuda_of(be)->stream;
+    if (norm_v8(be, x, ld, d)) {
+        unsigned nb = norm_v8_blocks(be, R * heads, d);
+        switch (d) {
+        case 32: l2norm_v8_kernel<4><<<nb, EW_THREADS, 0, s>>>((bf16 *)x, ld, R, heads, scale, eps); break;
+        case 64: l2norm_v8_kernel<8><<<nb, EW_THREADS, 0, s>>>((bf16 *)x, ld, R, heads, scale, eps); break;
+        case 128: l2norm_v8_kernel<16><<<nb, EW_THREADS, 0, s>>>((bf16 *)x, ld, R, heads, scale, eps); break;
+        default: l2norm_v8_kernel<32><<<nb, EW_THREADS, 0, s>>>((bf16 *)x, ld, R, heads, scale, eps); break;
+        }
+        return cuda_launch_check(be, "l2norm");
+    }
     unsigned nb = warp_blocks(R * heads);
     if (be->act == DFL_BF16)
         l2norm_kernel<bf16><<<nb, HY_THREADS, 0, s>>>((bf16 *)x, ld, R, heads, d, scale, eps);
@@ -196,6 +222,18 @@ int cuda_gated_rmsnorm(dfl_be *be, void *x, int64_t ldx, const void *z, int64_t 
     if (rc)
         return rc;
     cudaStream_t s = cuda_of(be)->stream;
+    if (norm_v8(be, x, ldx, d) && norm_v8(be, z, ldz, d) && is_aligned(w, 16)) {
+        unsigned nb = norm_v8_blocks(be, R * heads, d);
+        bf16 *xb = (bf16 *)x;
+        const bf16 *zb = (const bf16 *)z, *wb = (const bf16 *)w;
+        switch (d) {
+        case 32: gated_rmsnorm_v8_kernel<4><<<nb, EW_THREADS, 0, s>>>(xb, ldx, zb, ldz, wb, R, heads, eps); break;
+        case 64: gated_rmsnorm_v8_kernel<8><<<nb, EW_THREADS, 0, s>>>(xb, ldx, zb, ldz, wb, R, heads, eps); break;
+        case 128: gated_rmsnorm_v8_kernel<16><<<nb, EW_THREADS, 0, s>>>(xb, ldx, zb, ldz, wb, R, heads, eps); break;
+        default: gated_rmsnorm_v8_kernel<32><<<nb, EW_THREADS, 0, s>>>(xb, ldx, zb, ldz, wb, R, heads, eps); break;
+        }
+        return cuda_launch_check(be, "gated_rmsnorm");
+    }
     unsigned nb = warp_blocks(R * heads);
     if (be->act == DFL_BF16)
         gated_rmsnorm_kernel<bf16><<<nb, HY_THREADS, 0, s>>>((bf16 *)x, ldx, (const bf16 *)z, ldz,

@@ -219,6 +219,52 @@ static void ew_case(dfl_be *cpu, int64_t C, int64_t ld, unsigned slots)
     failures += !ok;
 }
 
+/* The 8-channel per-head norms of hybrid_ew.cuh (l2norm_v8_kernel, gated_rmsnorm_v8_kernel: G =
+ * d / 8 lanes a head) against the CPU ops on the same bf16 inputs: R rows of `heads` heads of d
+ * in rows of stride ld (the columns past the heads must stay as they were), on `blocks` blocks
+ * (the warps loop over the items; R * heads not a multiple of the items a warp takes, so that
+ * some groups idle through the last step). */
+template <int G>
+static void norm_case(dfl_be *cpu, int64_t R, int heads, int64_t ld, unsigned blocks)
+{
+    const int d = 8 * G;
+    const int64_t n = (int64_t)heads * d;
+    std::vector<float> x((size_t)(R * ld)), z((size_t)(R * ld)), w((size_t)d);
+    for (auto &v : x)
+        v = bfr(rnorm());
+    for (auto &v : z)
+        v = bfr(2.0f * rnorm());
+    for (auto &v : w)
+        v = bfr(1.0f + 0.5f * rnorm());
+    std::vector<float> wl = x, wg = x;
+    cpu->ops->l2norm(cpu, wl.data(), ld, R, heads, d, 0.17f, 1e-6f);
+    cpu->ops->gated_rmsnorm(cpu, wg.data(), ld, z.data(), ld, w.data(), R, heads, d, 1e-6f);
+    const float sentinel = 776.0f;
+    std::vector<bf16> bl((size_t)(R * ld)), bz((size_t)(R * ld)), bw((size_t)d);
+    for (size_t i = 0; i < bl.size(); i++) {
+        bl[i] = __float2bfloat16_rn((int64_t)(i % (size_t)ld) < n ? x[i] : sentinel);
+        bz[i] = __float2bfloat16_rn(z[i]);
+    }
+    for (size_t i = 0; i < bw.size(); i++)
+        bw[i] = __float2bfloat16_rn(w[i]);
+    std::vector<bf16> bg = bl;
+    emu::launch(dim3(blocks), dim3(EW_THREADS), 0, [&] { l2norm_v8_kernel<G>(bl.data(), ld, R, heads, 0.17f, 1e-6f); });
+    emu::launch(dim3(blocks), dim3(EW_THREADS), 0, [&] {
+        gated_rmsnorm_v8_kernel<G>(bg.data(), ld, bz.data(), ld, bw.data(), R, heads, 1e-6f);
+    });
+    int64_t touched = 0;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c = n; c < ld; c++)
+            touched += !(__bfloat162float(bl[(size_t)(r * ld + c)]) == sentinel) +
+                       !(__bfloat162float(bg[(size_t)(r * ld + c)]) == sentinel);
+    double el = rows_rel(bl.data(), ld, wl.data(), ld, R, n), eg = rows_rel(bg.data(), ld, wg.data(), ld, R, n);
+    bool ok = el <= 5e-3 && eg <= 5e-3 && touched == 0;
+    printf("%s l2norm / gated_rmsnorm, 8 channels a lane: %lld rows of %d heads of %d, stride %lld, %u blocks: "
+           "max row rel err %.3g / %.3g, %lld pad columns touched\n", ok ? "ok  " : "FAIL", (long long)R, heads, d,
+           (long long)ld, blocks, el, eg, (long long)touched);
+    failures += !ok;
+}
+
 int main()
 {
     setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -238,6 +284,10 @@ int main()
     gdn_case<64>(cpu, {65, 130}, 1, 3, 128, 0);
     ew_case(cpu, 1096, 1112, 5);   /* two column blocks, the second partly idle */
     ew_case(cpu, 64, 72, 43);      /* a slot per row */
+    norm_case<4>(cpu, 37, 3, 104, 2);   /* d 32: 8 heads a warp, 111 items */
+    norm_case<16>(cpu, 37, 3, 392, 3);  /* d 128: 2 heads a warp */
+    norm_case<32>(cpu, 5, 2, 520, 1);   /* d 256: a warp a head */
+    norm_case<8>(cpu, 9, 5, 328, 64);   /* d 64, more warps than items */
     printf(failures ? "FAILED: %d checks\n" : "all checks passed\n", failures);
     dfl_be_close(cpu);
     return failures ? 1 : 0;

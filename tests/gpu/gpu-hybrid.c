@@ -2,7 +2,8 @@
  * (lib/backends/be_cpu_hybrid.c), with bf16 and f32 activations, on inputs rounded to the
  * activation type (so both sides see the same numbers): zero-centred RMSNorm, q/k norm with
  * partial RoPE, the sigmoid gate, the per-sequence conv1d + SiLU (both on rows the 8-channel
- * kernels take and on rows they do not), L2 norm, gated RMSNorm; and the
+ * kernels take and on rows they do not), L2 norm, gated RMSNorm (on heads of 128 in 16-byte rows,
+ * which the 8-channel kernels take, and of 32 in rows they do not); and the
  * chunked gated delta rule against the CPU's token-by-token recurrence on packed sequences of
  * 1, 63, 64, 65 and 5000 tokens, key/value head dims 64 and 128 and several head ratios (bf16
  * with key head dim 64 or 128 and value head dim a multiple of 64 runs on tensor cores, the
@@ -125,26 +126,29 @@ static void test_small_ops(dfl_dtype act)
         gb_free(&gx); gb_free(&gw); gb_free(&gp);
         free(x); free(w); free(y); free(pos);
     }
-    /* sigmoid_mul, l2norm, gated_rmsnorm on strided rows */
-    {
-        float *x = vals((size_t)(R * ld), 1.0f, 0.0f, act), *g = vals((size_t)(R * ld), 3.0f, 0.0f, act);
-        float *w = vals((size_t)32, 0.5f, 1.0f, act);
-        float *y1 = fdup(x, (size_t)(R * ld)), *y2 = fdup(x, (size_t)(R * ld)), *y3 = fdup(x, (size_t)(R * ld));
-        cpu_be->ops->sigmoid_mul(cpu_be, y1, ld, g, ld, R, n);
-        cpu_be->ops->l2norm(cpu_be, y2, ld, R, 3, 32, 0.17f, 1e-6f);
-        cpu_be->ops->gated_rmsnorm(cpu_be, y3, ld, g, ld, w, R, 3, 32, 1e-6f);
+    /* sigmoid_mul, l2norm, gated_rmsnorm on strided rows: 3 heads of 32 in rows of stride 100, and
+     * (bf16: the 8-channel kernels of hybrid_ew.cuh) of 128 in rows of stride 392 */
+    for (int lay = 0; lay < 2; lay++) {
+        const int d = lay ? 128 : 32;
+        const int64_t ldl = lay ? 392 : ld, nl = 3 * (int64_t)d;
+        float *x = vals((size_t)(R * ldl), 1.0f, 0.0f, act), *g = vals((size_t)(R * ldl), 3.0f, 0.0f, act);
+        float *w = vals((size_t)d, 0.5f, 1.0f, act);
+        float *y1 = fdup(x, (size_t)(R * ldl)), *y2 = fdup(x, (size_t)(R * ldl)), *y3 = fdup(x, (size_t)(R * ldl));
+        cpu_be->ops->sigmoid_mul(cpu_be, y1, ldl, g, ldl, R, nl);
+        cpu_be->ops->l2norm(cpu_be, y2, ldl, R, 3, d, 0.17f, 1e-6f);
+        cpu_be->ops->gated_rmsnorm(cpu_be, y3, ldl, g, ldl, w, R, 3, d, 1e-6f);
         gbuf g1, g2, g3, gg, gw;
-        if (dev(&g1, x, (size_t)(R * ld), act) && dev(&g2, x, (size_t)(R * ld), act) &&
-            dev(&g3, x, (size_t)(R * ld), act) && dev(&gg, g, (size_t)(R * ld), act) &&
-            dev(&gw, w, 32, act)) {
-            T_CHECK(gpu_be->ops->sigmoid_mul(gpu_be, g1.p, ld, gg.p, ld, R, n) == 0, "launch");
-            T_CHECK(gpu_be->ops->l2norm(gpu_be, g2.p, ld, R, 3, 32, 0.17f, 1e-6f) == 0, "launch");
-            T_CHECK(gpu_be->ops->gated_rmsnorm(gpu_be, g3.p, ld, gg.p, ld, gw.p, R, 3, 32, 1e-6f) == 0,
+        if (dev(&g1, x, (size_t)(R * ldl), act) && dev(&g2, x, (size_t)(R * ldl), act) &&
+            dev(&g3, x, (size_t)(R * ldl), act) && dev(&gg, g, (size_t)(R * ldl), act) &&
+            dev(&gw, w, (size_t)d, act)) {
+            T_CHECK(gpu_be->ops->sigmoid_mul(gpu_be, g1.p, ldl, gg.p, ldl, R, nl) == 0, "launch");
+            T_CHECK(gpu_be->ops->l2norm(gpu_be, g2.p, ldl, R, 3, d, 0.17f, 1e-6f) == 0, "launch");
+            T_CHECK(gpu_be->ops->gated_rmsnorm(gpu_be, g3.p, ldl, gg.p, ldl, gw.p, R, 3, d, 1e-6f) == 0,
                     "launch");
             sync_ok(gpu_be, "gate ops");
-            check_out(&g1, y1, R, ld, ld, act, "sigmoid_mul");
-            check_out(&g2, y2, R, ld, ld, act, "l2norm");
-            check_out(&g3, y3, R, ld, ld, act, "gated_rmsnorm");
+            check_out(&g1, y1, R, ldl, ldl, act, "sigmoid_mul");
+            check_out(&g2, y2, R, ldl, ldl, act, "l2norm");
+            check_out(&g3, y3, R, ldl, ldl, act, "gated_rmsnorm");
         }
         gb_free(&g1); gb_free(&g2); gb_free(&g3); gb_free(&gg); gb_free(&gw);
         free(x); free(g); free(w); free(y1); free(y2); free(y3);
