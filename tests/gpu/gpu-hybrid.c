@@ -305,6 +305,12 @@ static void test_delta(dfl_dtype act)
             "message: %s", e.msg);
 }
 
+/* Why a speed test is skipped (no GPU, or DFL_GPU_QUICK), or NULL */
+static const char *speed_skip(void)
+{
+    return !dfl_be_cuda_available() ? "no CUDA GPU" : getenv("DFL_GPU_QUICK") ? "DFL_GPU_QUICK" : NULL;
+}
+
 /* Time per call of one gated delta rule launcher (warm-up, then the mean of reps calls). */
 static double delta_time(int (*run)(dfl_be *, const dfl_gated_delta *), const dfl_gated_delta *d,
                          int reps)
@@ -333,10 +339,9 @@ static int delta_state_pass(dfl_be *be, const dfl_gated_delta *d) { return dfl_c
  * value columns is not counted. */
 static void test_delta_speed_27b(void)
 {
-    if (!dfl_be_cuda_available())
-        T_SKIP("no CUDA GPU");
-    if (getenv("DFL_GPU_QUICK"))
-        T_SKIP("DFL_GPU_QUICK");
+    const char *why = speed_skip();
+    if (why)
+        T_SKIP("%s", why);
     if (!open_gpu(DFL_BF16))
         return;
     const int Hk = 16, Hv = 48, dk = 128, dv = 128, S = 8, Ls = 2048, L = 64;
@@ -400,6 +405,56 @@ static void test_delta_speed_27b(void)
     free(x); free(ab); free(A_log); free(dtb);
 }
 
+/* Time per call of a norm at the Qwen3.5-27B shape (warm-up, then the mean of 20): lay 0 the
+ * gated RMSNorm (x [T, 48 x 128] times silu(z)), 1 the L2 norm of 16 heads of 128 (q or k). */
+static double norm_time(int lay, gbuf *x, int64_t ldx, gbuf *z, int64_t ldz, gbuf *w, int64_t T)
+{
+    double t0 = 0;
+    for (int i = 0; i < 21; i++) {
+        if (i == 1) {
+            sync_ok(gpu_be, "warm-up");
+            t0 = dfl_now();
+        }
+        int rc = lay ? gpu_be->ops->l2norm(gpu_be, x->p, ldx, T, 16, 128, 1.0f, 1e-6f)
+                     : gpu_be->ops->gated_rmsnorm(gpu_be, x->p, ldx, z->p, ldz, w->p, T, 48, 128, 1e-6f);
+        T_CHECK(rc == 0, "norm launch");
+    }
+    sync_ok(gpu_be, "timed");
+    return (dfl_now() - t0) / 20;
+}
+
+/* The gated RMSNorm and the L2 norm at the Qwen3.5-27B shape (8 x 2048 tokens, bf16): rows of
+ * 16-byte stride (the 8-channel kernels) against rows 4 columns wider (the one-warp kernels),
+ * the same values. */
+static void test_norm_speed_27b(void)
+{
+    const char *why = speed_skip();
+    if (why)
+        T_SKIP("%s", why);
+    if (!open_gpu(DFL_BF16))
+        return;
+    const int64_t T = 16384, n = 48 * 128;
+    gbuf x8, z8, xs, zs, w;
+    float *wv = vals(128, 0.5f, 1.0f, DFL_BF16);
+    if (dev(&x8, NULL, (size_t)(T * n), DFL_BF16) && dev(&z8, NULL, (size_t)(T * n), DFL_BF16) &&
+        dev(&xs, NULL, (size_t)(T * (n + 4)), DFL_BF16) && dev(&zs, NULL, (size_t)(T * (n + 4)), DFL_BF16) &&
+        dev(&w, wv, 128, DFL_BF16)) {
+        T_CHECK(gpu_be->ops->memset0(gpu_be, x8.p, x8.bytes) == 0 && gpu_be->ops->memset0(gpu_be, z8.p, z8.bytes) == 0 &&
+                gpu_be->ops->memset0(gpu_be, xs.p, xs.bytes) == 0 && gpu_be->ops->memset0(gpu_be, zs.p, zs.bytes) == 0,
+                "zeroing");
+        double g8 = norm_time(0, &x8, n, &z8, n, &w, T), gs = norm_time(0, &xs, n + 4, &zs, n + 4, &w, T);
+        double l8 = norm_time(1, &x8, n, NULL, 0, NULL, T), ls = norm_time(1, &xs, n + 4, NULL, 0, NULL, T);
+        double gbytes = 3.0 * T * n * 2 / 1e9;
+        printf("# gated RMSNorm, Qwen3.5-27B shape (16384 x 48 heads of 128, bf16): 8 channels a lane %.3f ms "
+               "(%.0f GB/s of x, z read and x written), one warp a head %.3f ms (%.2fx)\n", g8 * 1e3,
+               gbytes / g8, gs * 1e3, gs / g8);
+        printf("# L2 norm, 16384 rows of 16 heads of 128 (bf16, one of the layer's two): 8 channels a lane %.3f ms, one warp a head "
+               "%.3f ms (%.2fx)\n", l8 * 1e3, ls * 1e3, ls / l8);
+    }
+    gb_free(&x8); gb_free(&z8); gb_free(&xs); gb_free(&zs); gb_free(&w);
+    free(wv);
+}
+
 static void test_delta_bf16(void) { if (!dfl_be_cuda_available()) T_SKIP("no CUDA GPU"); test_delta(DFL_BF16); }
 static void test_delta_f32(void) { if (!dfl_be_cuda_available()) T_SKIP("no CUDA GPU"); test_delta(DFL_F32); }
 #else
@@ -417,6 +472,7 @@ int main(int argc, char **argv)
     T_RUN(test_delta_f32);
     T_RUN(test_delta_bf16);
     T_RUN(test_delta_speed_27b);
+    T_RUN(test_norm_speed_27b);
     dfl_be_close(gpu_be);
     dfl_be_close(cpu_be);
 #else
