@@ -21,11 +21,17 @@
  *  - backward, pass Q (same CTAs): delta = rowsum(dout * o) first (written for pass KV), then per
  *    key tile S = Q K^T, dP = dO V^T, P = exp(S - lse), dS = P (dP - delta), dQ += dS K; on the
  *    block-key tiles P and dS also go to shared memory and the CTA computes dV_blk = P^T dO and
- *    dK_blk = dS^T Q for those keys (complete: every row of the block is in the CTA).
+ *    dK_blk = dS^T Q for those keys (complete: every row of the block is in the CTA). The K/V
+ *    tiles stream through a ring of ST stages (ST - 1 tiles in flight; 3 in the d128 default).
  *  - backward, pass KV: one CTA per (context key tile of BNK rows, kv head), FA2 style: the
  *    tile's K and V stay in shared memory; the query rows of the blocks that see the tile stream
  *    by in chunks of QC rows (Q, dO, lse, delta, each row's visible context range); each warp
- *    owns 16 keys: S^T = K Q^T, dP^T = V dO^T, P^T, dS^T, dV += P^T dO, dK += dS^T Q. Every
+ *    owns 16 keys: S^T = K Q^T, dP^T = V dO^T, P^T, dS^T, dV += P^T dO, dK += dS^T Q. Variants
+ *    "rows prefetched" fetch each chunk's row tables (cs, an, lse, delta) by cp.async a chunk
+ *    ahead instead of loading them between chunks; "P via smem" (the d128 default, 8 warps, 128
+ *    keys) also splits the work differently: each warp computes S^T, dP^T for 32 keys x 32 rows,
+ *    P^T and dS^T go through shared memory, then each warp accumulates dV, dK for 32 keys x d/2
+ *    (fewer ldmatrix per mma than 16 keys x all rows and x all of d). Every
  *    context row is written by exactly one CTA (0 where no block sees it): no atomics, no
  *    accumulation across CTAs, so the result is deterministic. A one-CTA scheduling kernel first
  *    counts, per key tile, the blocks that see it (and their range) and orders the tiles
@@ -92,12 +98,15 @@ struct DfVariant {
 #define FWD_V(NAME, D, MT, NW, BN, QREG)                                                        \
     { NAME, df_fwd_kernel<D, MT, NW, BN, QREG>, FwdCfg<D, MT, NW, BN, QREG>::MMAX,               \
       FwdCfg<D, MT, NW, BN, QREG>::THREADS, FwdCfg<D, MT, NW, BN, QREG>::SMEM, BN }
-#define BWDQ_V(NAME, D, NW, BN, QREG)                                                          \
-    { NAME, df_bwd_q_kernel<D, NW, BN, QREG>, BwdQCfg<D, NW, BN, QREG>::MMAX,                      \
-      BwdQCfg<D, NW, BN, QREG>::THREADS, BwdQCfg<D, NW, BN, QREG>::SMEM, BN }
-#define BWDKV_V(NAME, D, NW, QC)                                                               \
-    { NAME, df_bwd_kv_kernel<D, NW, QC>, BwdKVCfg<D, NW, QC>::BNK, BwdKVCfg<D, NW, QC>::THREADS,  \
-      BwdKVCfg<D, NW, QC>::SMEM, 0 }
+#define BWDQ_VS(NAME, D, NW, BN, QREG, ST)                                                     \
+    { NAME, df_bwd_q_kernel<D, NW, BN, QREG, ST>, BwdQCfg<D, NW, BN, QREG, ST>::MMAX,              \
+      BwdQCfg<D, NW, BN, QREG, ST>::THREADS, BwdQCfg<D, NW, BN, QREG, ST>::SMEM, BN }
+#define BWDQ_V(NAME, D, NW, BN, QREG) BWDQ_VS(NAME, D, NW, BN, QREG, 2)
+#define BWDKV_VS(NAME, D, NW, QC, PIPE, SP)                                                    \
+    { NAME, df_bwd_kv_kernel<D, NW, QC, PIPE, SP>, BwdKVCfg<D, NW, QC, PIPE, SP>::BNK,          \
+      BwdKVCfg<D, NW, QC, PIPE, SP>::THREADS, BwdKVCfg<D, NW, QC, PIPE, SP>::SMEM, 0 }
+#define BWDKV_VP(NAME, D, NW, QC, PIPE) BWDKV_VS(NAME, D, NW, QC, PIPE, false)
+#define BWDKV_V(NAME, D, NW, QC) BWDKV_VP(NAME, D, NW, QC, false)
 
 static const DfVariant fwd32[] = {
     FWD_V("fwd d32 128 rows (4 warps x 32) BN64 Q regs", 32, 2, 4, 64, true),
@@ -122,10 +131,16 @@ static const DfVariant bq64[] = {
     BWDQ_V("bwd-q d64 128 rows (8 warps) BN32 Q/dO smem", 64, 8, 32, false),
     BWDQ_V("bwd-q d64 64 rows (4 warps) BN32 Q/dO regs", 64, 4, 32, true),
 };
+/* d128 defaults (index 0) from bench-train-ops on the H200 (8B drafter attention, 4 x 3072 tokens,
+ * 512 anchors): pass Q 6.034 ms against 6.540 for the 128-row variant (the default before) and
+ * 6.127 with two stages; pass KV 8.459 ms against 8.593. Shapes of more than 64 rows per block
+ * take the 128-row variant (df_pick). */
 static const DfVariant bq128[] = {
+    BWDQ_VS("bwd-q d128 64 rows (4 warps) BN32 Q/dO regs 3 stages", 128, 4, 32, true, 3),
     BWDQ_V("bwd-q d128 128 rows (8 warps) BN32 Q/dO regs", 128, 8, 32, true),
     BWDQ_V("bwd-q d128 128 rows (8 warps) BN32 Q/dO smem", 128, 8, 32, false),
     BWDQ_V("bwd-q d128 64 rows (4 warps) BN32 Q/dO regs", 128, 4, 32, true),
+    BWDQ_VS("bwd-q d128 128 rows (8 warps) BN32 Q/dO regs 3 stages", 128, 8, 32, true, 3),
 };
 static const DfVariant bkv32[] = {
     BWDKV_V("bwd-kv d32 64 keys (4 warps) QC64", 32, 4, 64),
@@ -136,9 +151,14 @@ static const DfVariant bkv64[] = {
     BWDKV_V("bwd-kv d64 128 keys (8 warps) QC64", 64, 8, 64),
 };
 static const DfVariant bkv128[] = {
+    BWDKV_VS("bwd-kv d128 128 keys (8 warps) QC64 rows prefetched, P via smem", 128, 8, 64, true, true),
     BWDKV_V("bwd-kv d128 64 keys (4 warps) QC64", 128, 4, 64),
     BWDKV_V("bwd-kv d128 128 keys (8 warps) QC64", 128, 8, 64),
     BWDKV_V("bwd-kv d128 64 keys (4 warps) QC32", 128, 4, 32),
+    BWDKV_VP("bwd-kv d128 64 keys (4 warps) QC64 rows prefetched", 128, 4, 64, true),
+    BWDKV_VP("bwd-kv d128 128 keys (8 warps) QC64 rows prefetched", 128, 8, 64, true),
+    BWDKV_VP("bwd-kv d128 64 keys (4 warps) QC32 rows prefetched", 128, 4, 32, true),
+    BWDKV_VS("bwd-kv d128 64 keys (4 warps) QC64 rows prefetched, P via smem", 128, 4, 64, true, true),
 };
 
 #define NV(a) ((int)(sizeof a / sizeof a[0]))
@@ -271,7 +291,9 @@ static DfP df_params(const dfl_dflash_attn *a)
     return p;
 }
 
-/* The tiled variant for kernel k, or NULL when the shape or the buffers do not fit it. */
+/* The tiled variant for kernel k: the chosen one, or where it does not take the shape (more
+ * query rows per block than its CTA holds, more shared memory than the device has) the first in
+ * table order that does; NULL when none does or the buffers are not aligned. */
 static const DfVariant *df_pick(dfl_be *be, const dfl_dflash_attn *a, int k, bool bwd)
 {
     if (be->act != DFL_BF16 || df_force_simple)
@@ -280,11 +302,13 @@ static const DfVariant *df_pick(dfl_be *be, const dfl_dflash_attn *a, int k, boo
     if (di < 0)
         return NULL;
     const DfVariant *t = df_table(k, a->d, &n);
-    const DfVariant *v = &t[df_choice[k][di]];
-    if (v->smem > cuda_of(be)->smem_optin)
-        return NULL;
     const int rb = (a->n_heads / a->n_kv) * a->bs;
-    if (k != DFL_DFLASH_BWD_KV && rb > v->mmax)
+    const size_t optin = cuda_of(be)->smem_optin;
+    auto fits = [&](const DfVariant *x) { return x->smem <= optin && (k == DFL_DFLASH_BWD_KV || rb <= x->mmax); };
+    const DfVariant *v = &t[df_choice[k][di]];
+    for (int i = 0; i < n && !fits(v); i++)
+        v = &t[i];
+    if (!fits(v))
         return NULL;
     const void *ptrs[] = {a->q, a->k_ctx, a->v_ctx, a->k_blk, a->v_blk, a->o,
                           bwd ? a->dout : NULL, bwd ? a->dq : NULL, bwd ? a->dk_ctx : NULL,

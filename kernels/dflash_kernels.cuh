@@ -41,6 +41,18 @@ __device__ __forceinline__ uint32_t lane_a(int lane, int rowb) { return (uint32_
 __device__ __forceinline__ uint32_t lane_b(int lane, int rowb) { return (uint32_t)(((lane & 7) + ((lane >> 4) << 3)) * rowb + ((lane >> 3) & 1) * 16); }
 __device__ __forceinline__ uint32_t lane_bt(int lane, int rowb) { return (uint32_t)(((lane & 7) + (((lane >> 3) & 1) << 3)) * rowb + (lane >> 4) * 16); }
 
+/* A fragments of two m16 tiles (rows 16 apart) of each of two row-major sources, at byte column
+ * col (sa, sb: this lane's lane_a address of the first tile) */
+__device__ __forceinline__ void ldm_a2(uint32_t (&a)[2][4], uint32_t (&b)[2][4], uint32_t sa, uint32_t sb, int rowb,
+                                       uint32_t col)
+{
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++) {
+        df_ldm(a[mi], sa + mi * 16 * rowb + col);
+        df_ldm(b[mi], sb + mi * 16 * rowb + col);
+    }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* query-stationary CTAs (forward, backward pass Q): metadata in shared memory */
 
@@ -371,29 +383,30 @@ df_fwd_kernel(const DfP p)
 /* ------------------------------------------------------------------------------------------ */
 /* backward pass Q (bf16): one warp per 16 query rows */
 
-template <int D, int NW, int BN, bool QREG>
+/* ST: K/V tiles in flight (a ring of ST stages; ST - 1 tiles loading while one is computed) */
+template <int D, int NW, int BN, bool QREG, int ST = 2>
 struct BwdQCfg {
     static constexpr int MMAX = 16 * NW;
     static constexpr int THREADS = 32 * NW;
     static constexpr int ROWB = D * 2 + 16;
     static constexpr int ROWP = BN * 2 + 16;
-    static constexpr size_t SMEM = (size_t)(2 * MMAX + 4 * BN) * ROWB + (size_t)2 * MMAX * ROWP;
+    static constexpr size_t SMEM = (size_t)(2 * MMAX + 2 * ST * BN) * ROWB + (size_t)2 * MMAX * ROWP;
 };
 
-template <int D, int NW, int BN, bool QREG>
+template <int D, int NW, int BN, bool QREG, int ST = 2>
 __global__ void __launch_bounds__(32 * NW)
 df_bwd_q_kernel(const DfP p)
 {
-    typedef BwdQCfg<D, NW, BN, QREG> C;
+    typedef BwdQCfg<D, NW, BN, QREG, ST> C;
     constexpr int MMAX = C::MMAX, THREADS = C::THREADS, ROWB = C::ROWB, ROWP = C::ROWP;
     constexpr int CH = D / 8, NT = BN / 8, KD = D / 16, DT = D / 8, KB = BN / 16;
-    static_assert(D % 32 == 0 && BN % 16 == 0, "tile shape");
+    static_assert(D % 32 == 0 && BN % 16 == 0 && ST >= 2, "tile shape");
 
     DF_DYN_SMEM(smem);
     __shared__ QsMeta<MMAX> mt;
     __shared__ float sLse2[MMAX], sDelta[MMAX];
     const uint32_t sQ = df_smem(smem), sDO = sQ + MMAX * ROWB, sK0 = sDO + MMAX * ROWB;
-    const uint32_t sV0 = sK0 + 2 * BN * ROWB, sP = sV0 + 2 * BN * ROWB, sDS = sP + MMAX * ROWP;
+    const uint32_t sV0 = sK0 + ST * BN * ROWB, sP = sV0 + ST * BN * ROWB, sDS = sP + MMAX * ROWP;
     unsigned char *pP = smem + (sP - sQ), *pDS = smem + (sDS - sQ), *pDO = smem + (sDO - sQ);
     const int g_kv = (int)(blockIdx.x % (unsigned)p.nkv);
     const int bg = p.n_bg - 1 - (int)(blockIdx.x / (unsigned)p.nkv);
@@ -406,12 +419,18 @@ df_bwd_q_kernel(const DfP p)
     load_rows<D, MMAX, THREADS>(mt, (const bf16 *)p.dout, sDO);
     df_commit();
     const int ntiles = mt.ntiles;
-    {
-        DfTile t0 = tile_at<MMAX>(mt, p, 0, b0, g_kv, BN);
-        load_kv_tile<D, BN, THREADS>(t0, p.ldk, sK0, sV0);
-    }
-    df_commit();
-    df_wait<1>();
+    /* K/V tiles 0 .. ST-2, a commit group each (empty past the last tile) */
+    auto load_tile = [&](int it) {
+        if (it < ntiles) {
+            DfTile tn = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
+            const int st = it % ST;
+            load_kv_tile<D, BN, THREADS>(tn, p.ldk, sK0 + st * BN * ROWB, sV0 + st * BN * ROWB);
+        }
+        df_commit();
+    };
+    for (int it = 0; it < ST - 1; it++)
+        load_tile(it);
+    df_wait<ST - 1>();   /* Q and dO */
     __syncthreads();
 
     /* delta = rowsum(dout * o) of the warp's 16 rows: LPR lanes per row */
@@ -482,16 +501,11 @@ df_bwd_q_kernel(const DfP p)
     }
 
     for (int it = 0; it < ntiles; it++) {
-        const int stage = it & 1;
+        const int stage = it % ST;
         const DfTile t = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
-        if (it + 1 < ntiles) {
-            DfTile tn = tile_at<MMAX>(mt, p, it + 1, b0, g_kv, BN);
-            load_kv_tile<D, BN, THREADS>(tn, p.ldk, sK0 + (stage ^ 1) * BN * ROWB, sV0 + (stage ^ 1) * BN * ROWB);
-            df_commit();
-            df_wait<1>();
-        } else {
-            df_wait<0>();
-        }
+        /* the stage of tile it + ST - 1 was last read in iteration it - 1 (barrier at its end) */
+        load_tile(it + ST - 1);
+        df_wait<ST - 1>();   /* tile it */
         __syncthreads();
         if (t.seg != cur_seg) {
             phase_ranges<MMAX, 1>(mt, t.seg, p.bs, p.window, rlb, rj, lo, hi);
@@ -637,12 +651,18 @@ df_bwd_q_kernel(const DfP p)
 /* ------------------------------------------------------------------------------------------ */
 /* backward pass KV (bf16): key-stationary, one warp per 16 context keys */
 
-template <int D, int NW, int QC>
+/* PIPE: the rows' cs, an, lse, delta fetched a chunk ahead (two stages of 4 x QC words).
+ * SP (with PIPE): P^T and dS^T of a chunk go through shared memory ([BNK keys][QC rows] each), so
+ * that each warp computes S^T, dP^T for 32 keys x 32 rows and then dV, dK for 32 keys x D/2
+ * (instead of 16 keys x all rows, then 16 keys x D): fewer shared-memory fragment loads a FLOP */
+template <int D, int NW, int QC, bool PIPE = false, bool SP = false>
 struct BwdKVCfg {
     static constexpr int BNK = 16 * NW;
     static constexpr int THREADS = 32 * NW;
     static constexpr int ROWB = D * 2 + 16;
-    static constexpr size_t SMEM = (size_t)(2 * BNK + 4 * QC) * ROWB;
+    static constexpr int ROWP = QC * 2 + 16;
+    static constexpr size_t SMEM = (size_t)(2 * BNK + 4 * QC) * ROWB + (PIPE ? 2 * 4 * QC * 4 : 0) +
+                                   (SP ? (size_t)2 * BNK * ROWP : 0);
 };
 
 __device__ __forceinline__ int df_upper(const int32_t *a, int n, int64_t x)   /* first i: a[i] > x */
@@ -726,19 +746,21 @@ static __global__ void __launch_bounds__(1024) df_sched_kernel(const DfP p, int 
     }
 }
 
-template <int D, int NW, int QC>
+template <int D, int NW, int QC, bool PIPE = false, bool SP = false>
 __global__ void __launch_bounds__(32 * NW)
 df_bwd_kv_kernel(const DfP p)
 {
-    typedef BwdKVCfg<D, NW, QC> C;
-    constexpr int BNK = C::BNK, THREADS = C::THREADS, ROWB = C::ROWB;
+    typedef BwdKVCfg<D, NW, QC, PIPE, SP> C;
+    constexpr int BNK = C::BNK, THREADS = C::THREADS, ROWB = C::ROWB, ROWP = C::ROWP;
     constexpr int CH = D / 8, KD = D / 16, DT = D / 8, NSC = QC / 32;
     static_assert(D % 32 == 0 && QC % 32 == 0 && QC <= THREADS, "tile shape");
+    static_assert(!SP || (PIPE && QC == 64 && NW % 2 == 0), "SP: 2 x NW/2 warps over 64 rows x BNK keys");
 
     DF_DYN_SMEM(smem);
-    __shared__ long long sOff[2][QC];
-    __shared__ float sL2[2][QC], sDl[2][QC];
-    __shared__ int sLo[2][QC], sHi[2][QC];
+    constexpr int MS = PIPE ? 3 : 2;   /* stages of the row tables */
+    __shared__ long long sOff[MS][QC];
+    __shared__ float sL2[MS][QC], sDl[MS][QC];
+    __shared__ int sLo[MS][QC], sHi[MS][QC];
     const uint32_t sK = df_smem(smem), sV = sK + BNK * ROWB, sQ0 = sV + BNK * ROWB;
     const uint32_t sDO0 = sQ0 + 2 * QC * ROWB;
     const int g_kv = (int)(blockIdx.x % (unsigned)p.nkv);
@@ -760,7 +782,8 @@ df_bwd_kv_kernel(const DfP p)
             df_cp16(sK + r * ROWB + ch * 16, kg + off, ok);
             df_cp16(sV + r * ROWB + ch * 16, vg + off, ok);
         }
-        df_commit();
+        if (!PIPE)
+            df_commit();
     }
 
     /* Find the first chunk >= ci with a row whose block sees the tile; fill the stage's row
@@ -806,12 +829,67 @@ df_bwd_kv_kernel(const DfP p)
         }
         return nch;
     };
-    auto load_chunk = [&](int st) {
+    /* PIPE: the row tables of chunk ci come from cs, an, lse and delta fetched by cp.async one
+     * chunk ahead (thread t < QC: row t, into raw stage rs; it alone reads them back), so no
+     * global load is waited on between chunks; chunks no row of which sees the tile are loaded
+     * but not computed (the schedule's block range rarely holds any) */
+    const uint32_t sRaw = sDO0 + 2 * QC * ROWB;   /* [stage][cs, an, lse, delta][QC] */
+    const unsigned char *pRaw = smem + (2 * BNK + 4 * QC) * ROWB;
+    auto raw_i = [&](int rs, int k) { return reinterpret_cast<const int *>(pRaw)[(rs * 4 + k) * QC + tid]; };
+    auto raw_f = [&](int rs, int k) { return reinterpret_cast<const float *>(pRaw)[(rs * 4 + k) * QC + tid]; };
+    auto fetch = [&](int ci, int rs) {
+        if (tid < QC) {
+            const int64_t r = rbeg + (int64_t)ci * QC + tid;
+            const bool ok = ci < nch && r < rend;
+            const int b = ok ? (int)(r / p.rb) : 0, rem = ok ? (int)(r - (int64_t)b * p.rb) : 0;
+            const int64_t idx = ((int64_t)b * p.bs + rem % p.bs) * p.nh + g_kv * p.group + rem / p.bs;
+            const uint32_t dst = sRaw + (uint32_t)(rs * 4 * QC + tid) * 4;
+            df_cp4(dst, p.cs + b, ok);
+            df_cp4(dst + QC * 4, p.an + b, ok);
+            df_cp4(dst + 2 * QC * 4, p.lse + (ok ? idx : 0), ok);
+            df_cp4(dst + 3 * QC * 4, p.delta + (ok ? idx : 0), ok);
+        }
+    };
+    /* the row tables of chunk ci (raw stage rs, complete) into stage ms; *any: a row sees the
+     * tile; returns whether no row needs the per-key mask. Uniform; two barriers. */
+    auto finish = [&](int ci, int rs, int ms, bool *any) -> bool {
+        bool sees = false, fullt = true;
+        if (tid < QC) {
+            long long off = -1;
+            float l2 = INFINITY, dl = 0.0f;
+            int lo = 0, hi = 0;
+            const int64_t r = rbeg + (int64_t)ci * QC + tid;
+            if (ci < nch && r < rend) {
+                const int b = (int)(r / p.rb), rem = (int)(r - (int64_t)b * p.rb);
+                const int hl = rem / p.bs, j = rem - hl * p.bs;
+                const int csb = raw_i(rs, 0), anb = raw_i(rs, 1);
+                lo = csb + df_ctx_lo(p.window, anb, j);
+                hi = csb + anb;
+                sees = anb > 0 && hi > c0 && lo < c1 && lo < hi;
+                if (sees) {
+                    const int64_t grow = (int64_t)b * p.bs + j;
+                    off = grow * p.ldq + (int64_t)(g_kv * p.group + hl) * D;
+                    l2 = raw_f(rs, 2) * DF_LOG2E;
+                    dl = raw_f(rs, 3);
+                    fullt = lo <= c0 && hi >= c1;
+                }
+            }
+            sOff[ms][tid] = off;
+            sL2[ms][tid] = l2;
+            sDl[ms][tid] = dl;
+            sLo[ms][tid] = lo;
+            sHi[ms][tid] = hi;
+        }
+        *any = __syncthreads_or(sees);
+        return __syncthreads_and(fullt);
+    };
+
+    auto load_chunk = [&](int st, int ms) {
         const bf16 *qg = (const bf16 *)p.q, *dg = (const bf16 *)p.dout;
         const uint32_t dq_ = sQ0 + st * QC * ROWB, dd_ = sDO0 + st * QC * ROWB;
         for (int c = tid; c < QC * CH; c += THREADS) {
             int r = c / CH, ch = c % CH;
-            long long off = sOff[st][r];
+            long long off = sOff[ms][r];
             bool ok = off >= 0;
             df_cp16(dq_ + r * ROWB + ch * 16, ok ? qg + off + ch * 8 : qg, ok);
             df_cp16(dd_ + r * ROWB + ch * 16, ok ? dg + off + ch * 8 : dg, ok);
@@ -831,23 +909,9 @@ df_bwd_kv_kernel(const DfP p)
     const float sl2 = p.sl2;
     const int64_t key_r0 = c0 + warp * 16 + g;   /* this thread's key rows: key_r0, key_r0 + 8 */
 
-    bool full_cur = false, full_next = false;
-    int cur = prep(0, 0, &full_cur);
-    if (cur < nch)
-        load_chunk(0);
-    df_commit();
-    int stage = 0;
-    while (cur < nch) {
-        int nxt = prep(cur + 1, stage ^ 1, &full_next);
-        if (nxt < nch) {
-            load_chunk(stage ^ 1);
-            df_commit();
-            df_wait<1>();
-        } else {
-            df_wait<0>();
-        }
-        __syncthreads();
-        const uint32_t qst = sQ0 + stage * QC * ROWB, dost = sDO0 + stage * QC * ROWB;
+    /* one chunk: S^T = K Q^T, dP^T = V dO^T, P^T, dS^T, dV += P^T dO, dK += dS^T Q; Q, dO at qst,
+     * dost; the row tables of stage ms; full: no row needs the per-key mask */
+    auto compute = [&](uint32_t qst, uint32_t dost, int ms, bool full) {
 #pragma unroll 1
         for (int sc = 0; sc < NSC; sc++) {
             float s[4][4], dp[4][4];
@@ -878,10 +942,10 @@ df_bwd_kv_kernel(const DfP p)
                 for (int e = 0; e < 4; e++) {
                     const int qi = sc * 32 + nt * 8 + 2 * t4 + (e & 1);
                     const int64_t key = key_r0 + 8 * (e >> 1);
-                    const bool ok = full_cur || (key >= sLo[stage][qi] && key < sHi[stage][qi]);
-                    const float pv = ok ? df_exp2(fmaf(s[nt][e], sl2, -sL2[stage][qi])) : 0.0f;
+                    const bool ok = full || (key >= sLo[ms][qi] && key < sHi[ms][qi]);
+                    const float pv = ok ? df_exp2(fmaf(s[nt][e], sl2, -sL2[ms][qi])) : 0.0f;
                     s[nt][e] = pv;
-                    dp[nt][e] = pv * (dp[nt][e] - sDl[stage][qi]);
+                    dp[nt][e] = pv * (dp[nt][e] - sDl[ms][qi]);
                 }
 #pragma unroll
             for (int kb = 0; kb < 2; kb++) {
@@ -906,28 +970,162 @@ df_bwd_kv_kernel(const DfP p)
                 }
             }
         }
-        cur = nxt;
-        full_cur = full_next;
-        stage ^= 1;
+    };
+    /* SP: phase 1, warp (wk, wq) = (warp / 2, warp % 2): S^T, dP^T of keys [32 wk, +32) x rows
+     * [32 wq, +32); P^T, dS^T to shared memory; barrier; phase 2, warp (kg, dsl) = (warp / 2,
+     * warp % 2): dV, dK of keys [32 kg, +32) x d [dsl D/2, +D/2) (dk, dv [mi * DT/2 + n8 tile]) */
+    const uint32_t sPT = sRaw + 2 * 4 * QC * 4, sDST = sPT + BNK * ROWP;
+    auto compute_sp = [&](uint32_t qst, uint32_t dost, int ms, bool full) {
+        const int wk = warp >> 1, wq = warp & 1;
+        float s[2][4][4], dp[2][4][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[mi][nt][e] = dp[mi][nt][e] = 0.0f;
+        const uint32_t ka = sK + wk * 32 * ROWB + lane_a(lane, ROWB), va = ka + BNK * ROWB;
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++) {
+            uint32_t a[2][4], av[2][4];
+            ldm_a2(a, av, ka, va, ROWB, kk * 32);
+#pragma unroll
+            for (int np = 0; np < 2; np++) {
+                uint32_t b[4];
+                df_ldm(b, qst + (wq * 32 + np * 16) * ROWB + b_lane + kk * 32);
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) {
+                    df_mma(s[mi][2 * np], a[mi], b[0], b[1]);
+                    df_mma(s[mi][2 * np + 1], a[mi], b[2], b[3]);
+                }
+                df_ldm(b, dost + (wq * 32 + np * 16) * ROWB + b_lane + kk * 32);
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) {
+                    df_mma(dp[mi][2 * np], av[mi], b[0], b[1]);
+                    df_mma(dp[mi][2 * np + 1], av[mi], b[2], b[3]);
+                }
+            }
+        }
+        unsigned char *pPT = smem + (sPT - sK), *pDST = smem + (sDST - sK);
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int qi = wq * 32 + nt * 8 + 2 * t4 + (e & 1);
+                    const int64_t key = c0 + wk * 32 + mi * 16 + g + 8 * (e >> 1);
+                    const bool ok = full || (key >= sLo[ms][qi] && key < sHi[ms][qi]);
+                    const float pv = ok ? df_exp2(fmaf(s[mi][nt][e], sl2, -sL2[ms][qi])) : 0.0f;
+                    s[mi][nt][e] = pv;
+                    dp[mi][nt][e] = pv * (dp[mi][nt][e] - sDl[ms][qi]);
+                }
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int off = (wk * 32 + mi * 16 + g + 8 * hh) * ROWP + (wq * 32 + nt * 8 + 2 * t4) * 2;
+                    *reinterpret_cast<uint32_t *>(pPT + off) = df_pack(s[mi][nt][2 * hh], s[mi][nt][2 * hh + 1]);
+                    *reinterpret_cast<uint32_t *>(pDST + off) = df_pack(dp[mi][nt][2 * hh], dp[mi][nt][2 * hh + 1]);
+                }
+            }
+        __syncthreads();
+        const int kg = warp >> 1, dsl = warp & 1;
+        const uint32_t pa = sPT + kg * 32 * ROWP + lane_a(lane, ROWP), da = pa + BNK * ROWP;
+#pragma unroll
+        for (int kb = 0; kb < QC / 16; kb++) {
+            uint32_t ap[2][4], ad[2][4];
+            ldm_a2(ap, ad, pa, da, ROWP, kb * 32);
+#pragma unroll
+            for (int d2 = 0; d2 < DT / 4; d2++) {
+                const uint32_t col = (uint32_t)(dsl * D / 2 + d2 * 16) * 2;
+                uint32_t b[4];
+                df_ldm_t(b, dost + kb * 16 * ROWB + bt_lane + col);
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) {
+                    df_mma(dv[mi * (DT / 2) + 2 * d2], ap[mi], b[0], b[1]);
+                    df_mma(dv[mi * (DT / 2) + 2 * d2 + 1], ap[mi], b[2], b[3]);
+                }
+                df_ldm_t(b, qst + kb * 16 * ROWB + bt_lane + col);
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) {
+                    df_mma(dk[mi * (DT / 2) + 2 * d2], ad[mi], b[0], b[1]);
+                    df_mma(dk[mi * (DT / 2) + 2 * d2 + 1], ad[mi], b[2], b[3]);
+                }
+            }
+        }
+    };
+    if constexpr (PIPE) {
+        /* iteration ci: wait for chunk ci's Q/dO and chunk ci+1's raw rows (one group), build
+         * chunk ci+1's tables, start chunk ci+1's Q/dO and chunk ci+2's raw rows, compute ci.
+         * Stages: Q/dO ci & 1 (refilled after the barriers of the next iteration), tables ci % 3
+         * (chunk ci+1's are written while slower warps may still read ci's), raw ci % 2. */
+        fetch(0, 0);
+        fetch(1, 1);
+        df_commit();
+        df_wait<0>();
+        bool any_cur, any_next;
+        bool full_cur = finish(0, 0, 0, &any_cur);
+        load_chunk(0, 0);
+        df_commit();
+        for (int ci = 0; ci < nch; ci++) {
+            df_wait<0>();
+            const bool full_next = finish(ci + 1, (ci + 1) & 1, (ci + 1) % 3, &any_next);
+            if (ci + 1 < nch)
+                load_chunk((ci + 1) & 1, (ci + 1) % 3);
+            fetch(ci + 2, ci & 1);
+            df_commit();
+            if (any_cur) {
+                /* (SP: P^T, dS^T are rewritten only after the next iteration's barriers) */
+                if constexpr (SP)
+                    compute_sp(sQ0 + (ci & 1) * QC * ROWB, sDO0 + (ci & 1) * QC * ROWB, ci % 3, full_cur);
+                else
+                    compute(sQ0 + (ci & 1) * QC * ROWB, sDO0 + (ci & 1) * QC * ROWB, ci % 3, full_cur);
+            }
+            any_cur = any_next;
+            full_cur = full_next;
+        }
+    } else {
+        bool full_cur = false, full_next = false;
+        int cur = prep(0, 0, &full_cur);
+        if (cur < nch)
+            load_chunk(0, 0);
+        df_commit();
+        int stage = 0;
+        while (cur < nch) {
+            int nxt = prep(cur + 1, stage ^ 1, &full_next);
+            if (nxt < nch) {
+                load_chunk(stage ^ 1, stage ^ 1);
+                df_commit();
+                df_wait<1>();
+            } else {
+                df_wait<0>();
+            }
+            __syncthreads();
+            compute(sQ0 + stage * QC * ROWB, sDO0 + stage * QC * ROWB, stage, full_cur);
+            cur = nxt;
+            full_cur = full_next;
+            stage ^= 1;
+        }
     }
     df_wait<0>();
     __syncthreads();   /* K/V loads done (no chunk case) and every warp past its last read */
 
-    /* dK * scale and dV through the warp's own K / V rows, then 16-byte stores */
+    /* dK * scale and dV through the K / V rows (each thread the elements of its accumulators:
+     * 16 keys x D, or with SP 32 keys x D/2), then 16-byte stores */
 #pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        const int r = warp * 16 + g + 8 * hh;
-        unsigned char *kp = smem + r * ROWB + 4 * t4, *vp = smem + (BNK + r) * ROWB + 4 * t4;
+    for (int i = 0; i < DT; i++)
 #pragma unroll
-        for (int dt = 0; dt < DT; dt++) {
-            *reinterpret_cast<uint32_t *>(kp + dt * 16) = df_pack(dk[dt][2 * hh] * p.scale, dk[dt][2 * hh + 1] * p.scale);
-            *reinterpret_cast<uint32_t *>(vp + dt * 16) = df_pack(dv[dt][2 * hh], dv[dt][2 * hh + 1]);
+        for (int hh = 0; hh < 2; hh++) {
+            const int r = SP ? (warp >> 1) * 32 + (i / (DT / 2)) * 16 + g + 8 * hh : warp * 16 + g + 8 * hh;
+            const int col = SP ? (warp & 1) * D + (i % (DT / 2)) * 16 : i * 16;
+            unsigned char *kp = smem + r * ROWB + col + 4 * t4, *vp = kp + BNK * ROWB;
+            *reinterpret_cast<uint32_t *>(kp) = df_pack(dk[i][2 * hh] * p.scale, dk[i][2 * hh + 1] * p.scale);
+            *reinterpret_cast<uint32_t *>(vp) = df_pack(dv[i][2 * hh], dv[i][2 * hh + 1]);
         }
-    }
-    __syncwarp();
+    __syncthreads();
     bf16 *dkg = (bf16 *)p.dkc + (int64_t)g_kv * D, *dvg = (bf16 *)p.dvc + (int64_t)g_kv * D;
-    for (int c = lane; c < 16 * CH; c += 32) {
-        const int r = warp * 16 + c / CH, ch = c % CH;
+    for (int c = tid; c < BNK * CH; c += THREADS) {
+        const int r = c / CH, ch = c % CH;
         const int64_t row = c0 + r;
         if (row < c1) {
             *reinterpret_cast<uint4 *>(dkg + row * p.ldk + ch * 8) = *reinterpret_cast<const uint4 *>(smem + r * ROWB + ch * 16);

@@ -17,6 +17,12 @@ __device__ __forceinline__ void df_cp16(uint32_t dst, const void *src, bool ok)
     int n = ok ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
 }
+/* 4 bytes (zero-filled when !ok) */
+__device__ __forceinline__ void df_cp4(uint32_t dst, const void *src, bool ok)
+{
+    int n = ok ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
 __device__ __forceinline__ void df_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void df_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 

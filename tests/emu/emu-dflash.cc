@@ -205,19 +205,19 @@ static void run_fwd(DfP p)
     emu::launch(dim3((unsigned)(p.n_bg * p.nkv)), dim3(C::THREADS), C::SMEM, [&] { df_fwd_kernel<D, MT, NW, BN, QREG>(p); });
 }
 
-template <int D, int NW, int BN, bool QREG>
+template <int D, int NW, int BN, bool QREG, int ST = 2>
 static void run_bwd_q(DfP p)
 {
-    typedef BwdQCfg<D, NW, BN, QREG> C;
+    typedef BwdQCfg<D, NW, BN, QREG, ST> C;
     p.nb = std::max(1, std::min(DF_NBMAX, C::MMAX / p.rb));
     p.n_bg = (p.n_blocks + p.nb - 1) / p.nb;
-    emu::launch(dim3((unsigned)(p.n_bg * p.nkv)), dim3(C::THREADS), C::SMEM, [&] { df_bwd_q_kernel<D, NW, BN, QREG>(p); });
+    emu::launch(dim3((unsigned)(p.n_bg * p.nkv)), dim3(C::THREADS), C::SMEM, [&] { df_bwd_q_kernel<D, NW, BN, QREG, ST>(p); });
 }
 
-template <int D, int NW, int QC>
+template <int D, int NW, int QC, bool PIPE = false, bool SP = false>
 static void run_bwd_kv(DfP p)
 {
-    typedef BwdKVCfg<D, NW, QC> C;
+    typedef BwdKVCfg<D, NW, QC, PIPE, SP> C;
     p.n_kt = (int)((p.T_ctx + C::BNK - 1) / C::BNK);
     std::vector<int> sched((size_t)p.n_kt * 3);
     p.sched = sched.data();
@@ -230,7 +230,7 @@ static void run_bwd_kv(DfP p)
             failures++;
             return;
         }
-    emu::launch(dim3((unsigned)(p.n_kt * p.nkv)), dim3(C::THREADS), C::SMEM, [&] { df_bwd_kv_kernel<D, NW, QC>(p); });
+    emu::launch(dim3((unsigned)(p.n_kt * p.nkv)), dim3(C::THREADS), C::SMEM, [&] { df_bwd_kv_kernel<D, NW, QC, PIPE, SP>(p); });
 }
 
 struct Variant {
@@ -267,12 +267,19 @@ template <> struct Vars<128> {
     static std::vector<Variant> bq()
     {
         return {{"bwd-q 8w BN32 regs", run_bwd_q<128, 8, 32, true>, 16 * 8}, {"bwd-q 8w BN32 smem", run_bwd_q<128, 8, 32, false>, 16 * 8},
-                {"bwd-q 4w BN32 regs", run_bwd_q<128, 4, 32, true>, 16 * 4}};
+                {"bwd-q 4w BN32 regs", run_bwd_q<128, 4, 32, true>, 16 * 4},
+                {"bwd-q 4w BN32 regs 3 stages", run_bwd_q<128, 4, 32, true, 3>, 16 * 4},
+                {"bwd-q 8w BN32 regs 3 stages", run_bwd_q<128, 8, 32, true, 3>, 16 * 8}};
     }
     static std::vector<Variant> bkv()
     {
         return {{"bwd-kv 4w QC64", run_bwd_kv<128, 4, 64>, 1 << 30}, {"bwd-kv 8w QC64", run_bwd_kv<128, 8, 64>, 1 << 30},
-                {"bwd-kv 4w QC32", run_bwd_kv<128, 4, 32>, 1 << 30}};
+                {"bwd-kv 4w QC32", run_bwd_kv<128, 4, 32>, 1 << 30},
+                {"bwd-kv 4w QC64 rows prefetched", run_bwd_kv<128, 4, 64, true>, 1 << 30},
+                {"bwd-kv 8w QC64 rows prefetched", run_bwd_kv<128, 8, 64, true>, 1 << 30},
+                {"bwd-kv 4w QC32 rows prefetched", run_bwd_kv<128, 4, 32, true>, 1 << 30},
+                {"bwd-kv 8w QC64 rows prefetched, P via smem", run_bwd_kv<128, 8, 64, true, true>, 1 << 30},
+                {"bwd-kv 4w QC64 rows prefetched, P via smem", run_bwd_kv<128, 4, 64, true, true>, 1 << 30}};
     }
 };
 

@@ -369,19 +369,22 @@ inline uint32_t df_smem(const void *p)
     return (uint32_t)(q - b);
 }
 
-inline void df_cp16(uint32_t dst, const void *src, bool ok)
+/* cp.async of n bytes (16 or 4): destination and source n-byte aligned; zero-filled when !ok */
+inline void emu_cp(uint32_t dst, const void *src, bool ok, unsigned n)
 {
-    unsigned char *d = emu::smem_at(dst, 16);
-    if (dst % 16)
-        emu::die("cp.async destination not 16-byte aligned");
+    unsigned char *d = emu::smem_at(dst, n);
+    if (dst % n)
+        emu::die("cp.async destination not aligned to its size");
     if (ok) {
-        if ((uintptr_t)src % 16)
-            emu::die("cp.async source not 16-byte aligned");
-        memcpy(d, src, 16);
+        if ((uintptr_t)src % n)
+            emu::die("cp.async source not aligned to its size");
+        memcpy(d, src, n);
     } else {
-        memset(d, 0, 16);
+        memset(d, 0, n);
     }
 }
+inline void df_cp16(uint32_t dst, const void *src, bool ok) { emu_cp(dst, src, ok, 16); }
+inline void df_cp4(uint32_t dst, const void *src, bool ok) { emu_cp(dst, src, ok, 4); }
 inline void df_commit() {}
 template <int N> inline void df_wait() {}
 

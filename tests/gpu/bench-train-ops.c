@@ -12,7 +12,9 @@
  * --window: the attention only, at the Qwen3.6-27B drafter's shape (4 sequences of 4096 tokens,
  * 512 anchors each, block 16, 32/8 heads of 128) with full attention and with its sliding window
  * of 2048: the time each takes, and the TFLOP/s counting only the keys the window leaves.
- * Not a test: run by hand on a GPU machine (build/tests/bench-train-ops [--quick] [--window]);
+ * --attention: the 8B drafter's attention only (no lmce, no bandwidth-bound ops).
+ * Not a test: run by hand on a GPU machine (build/tests/bench-train-ops [--quick] [--window |
+ * --attention]);
  * exits 77 without a GPU. Needs about 30 GB of device memory. */
 #include <math.h>
 #include <stdint.h>
@@ -352,12 +354,14 @@ static void bench_bandwidth(double copy_gbs)
 
 int main(int argc, char **argv)
 {
-    bool window_only = false;
+    bool window_only = false, attention_only = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0)
             iters = 3;
         else if (strcmp(argv[i], "--window") == 0)
             window_only = true;
+        else if (strcmp(argv[i], "--attention") == 0)
+            attention_only = true;
     }
     dfl_cuda_props pr;
     if (!bench_open(&pr))
@@ -394,8 +398,10 @@ int main(int argc, char **argv)
                "(forward + backward): the window saves %.0f%%\n", full, win, 100 * (1 - win / full));
     } else {
         bench_attention(peak, 3072, 0);
-        bench_lmce(peak);
-        bench_bandwidth(copy_gbs);
+        if (!attention_only) {
+            bench_lmce(peak);
+            bench_bandwidth(copy_gbs);
+        }
     }
 
     bench_close();
