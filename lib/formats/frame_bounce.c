@@ -6,7 +6,10 @@
  * it waits for the queue to drain. */
 #include "frame_bounce.h"
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#define HAVE_X86 1
+#endif
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +19,7 @@
 
 /* ---- the streaming copy ----------------------------------------------------------------------- */
 
+#ifdef HAVE_X86
 __attribute__((target("avx2"))) static void copy_nt_avx2(uint8_t *d, const uint8_t *s, size_t n)
 {
     size_t head = (size_t)(-(uintptr_t)d & 63); /* plain stores up to the first whole line */
@@ -50,6 +54,10 @@ static bool cpu_has_avx2(void)
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2");
 }
+#else /* not x86: plain memcpy */
+static void copy_nt_avx2(uint8_t *d, const uint8_t *s, size_t n) { memcpy(d, s, n); }
+static bool cpu_has_avx2(void) { return false; }
+#endif
 
 bool dfl_copy_stream_nt(void)
 {
