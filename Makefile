@@ -80,10 +80,11 @@ ifeq ($(CUDA),1)
   LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl \
             -lcudart_static -ldl -lrt -lstdc++
   CU_OBJS := $(CU_SRCS:%.cu=$(B)/obj/%.o)
-  # kernels/moe_wgmma.cu holds wgmma, which needs sm_90a: its -arch=sm_90 becomes sm_90a (with
-  # another arch its kernel compiles to a trap and moe.cu never launches it)
+  # kernels/moe_wgmma.cu holds wgmma, which needs sm_90a: it is always built for sm_90a (its
+  # -arch=sm_90 dropped; any other arch of NVCCFLAGS kept, where its kernel compiles to a trap),
+  # so that a Hopper GPU, which moe.cu sends to it, always finds the sm_90a code
   comma := ,
-  $(B)/obj/kernels/moe_wgmma.o: NVCCFLAGS := $(subst -arch=sm_90,-gencode arch=compute_90a$(comma)code=sm_90a,$(NVCCFLAGS))
+  $(B)/obj/kernels/moe_wgmma.o: NVCCFLAGS := $(filter-out -arch=sm_90,$(NVCCFLAGS)) -gencode arch=compute_90a$(comma)code=sm_90a
 else
   CU_OBJS :=
 endif
