@@ -84,7 +84,7 @@ ifeq ($(CUDA),1)
   # -arch=sm_90 dropped; any other arch of NVCCFLAGS kept, where its kernel compiles to a trap),
   # so that a Hopper GPU, which moe.cu sends to it, always finds the sm_90a code
   comma := ,
-  $(B)/obj/kernels/moe_wgmma.o: NVCCFLAGS := $(filter-out -arch=sm_90,$(NVCCFLAGS)) -gencode arch=compute_90a$(comma)code=sm_90a
+  $(B)/obj/kernels/moe_wgmma.o: override NVCCFLAGS := $(filter-out -arch=sm_90,$(NVCCFLAGS)) -gencode arch=compute_90a$(comma)code=sm_90a
 else
   CU_OBJS :=
 endif
