@@ -10,6 +10,7 @@
  * reading thread; thread 2: hashed and streamed by a thread of the reader; default auto) and
  * --bounce-slots N the ring of the thread (dfl_reader_opts.bounce_slots; 0 = default), so that
  * one build compares the paths.
+ * tail_s is the time from the last batch to the end of the stream (the producer's close).
  * cpu_s is the CPU time of the process, reader_cpu_s that of the reading thread alone (with the
  * hash thread, the rest is the hashing): where the cores are not shared, the reading thread's
  * time per byte is the ceiling of the consumer.
@@ -122,11 +123,11 @@ int main(int argc, char **argv)
     printf("{\"batches\": %" PRIu64 ", \"tokens\": %" PRIu64 ", \"bytes\": %" PRIu64
            ", \"seconds\": %.4f, \"wait_first_s\": %.4f, \"steady_batches\": %" PRIu64
            ", \"steady_tokens\": %" PRIu64 ", \"steady_seconds\": %.4f, \"steady_tokens_per_s\": %.1f, "
-           "\"gb_per_s\": %.3f, \"cpu_s\": %.3f, \"reader_cpu_s\": %.3f, \"touch\": %" PRIu64 "}\n",
+           "\"gb_per_s\": %.3f, \"cpu_s\": %.3f, \"reader_cpu_s\": %.3f, \"tail_s\": %.4f, \"touch\": %" PRIu64 "}\n",
            batches, tokens, bytes, t_end - t_first, t_first - t_open,
            batches > (uint64_t)warm ? batches - (uint64_t)warm : 0, steady_tokens, steady_s,
            steady_s > 0 && steady_tokens ? (double)steady_tokens / steady_s : 0.0,
            t_end > t_first ? (double)bytes / (t_end - t_first) / 1e9 : 0.0, cpu_seconds(&ru_all),
-           cpu_seconds(&ru_main), sum % 1000);
+           cpu_seconds(&ru_main), t_end - t_last, sum % 1000);
     return 0;
 }
