@@ -2,6 +2,7 @@
 #include "draft_rng.h"
 
 #include <math.h>
+#include <stddef.h>
 
 uint64_t dfl_splitmix64(uint64_t *x)
 {
@@ -49,10 +50,20 @@ uint64_t dfl_rng_below(dfl_rng *r, uint64_t n)
 
 double dfl_rng_double(dfl_rng *r) { return (double)(dfl_rng_next(r) >> 11) * 0x1.0p-53; }
 
-double dfl_rng_normal(dfl_rng *r)
+void dfl_rng_normal2(dfl_rng *r, double *a, double *b)
 {
     double u1 = dfl_rng_double(r), u2 = dfl_rng_double(r);
-    return sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2);
+    double rad = sqrt(-2.0 * log(1.0 - u1)), th = 6.283185307179586 * u2;
+    *a = rad * cos(th);
+    if (b)
+        *b = rad * sin(th);
+}
+
+double dfl_rng_normal(dfl_rng *r)
+{
+    double a;
+    dfl_rng_normal2(r, &a, NULL);
+    return a;
 }
 
 uint64_t dfl_hash2(uint64_t a, uint64_t b)

@@ -22,6 +22,9 @@ uint64_t dfl_rng_below(dfl_rng *r, uint64_t n);
 double dfl_rng_double(dfl_rng *r);
 /* Standard normal (Box-Muller, two uniforms per value, the cosine branch). */
 double dfl_rng_normal(dfl_rng *r);
+/* Both normals of one Box-Muller pair (cos into *a, sin into *b unless b is NULL); the generator
+ * advances as for one dfl_rng_normal, whose value is *a. */
+void dfl_rng_normal2(dfl_rng *r, double *a, double *b);
 /* A 64-bit value derived from (a, b) without touching any generator (per-step seeds). */
 uint64_t dfl_hash2(uint64_t a, uint64_t b);
 

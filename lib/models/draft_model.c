@@ -181,11 +181,11 @@ int dfl_draft_init_random(dfl_draft *m, uint64_t seed, double std, dfl_err *e)
         dfl_rng r;
         dfl_rng_seed(&r, dfl_hash2(dfl_hash2(seed, (uint64_t)i), (uint64_t)(p - first[i])));
         for (int64_t j = 0; j < n; j += 2) {
-            double u1 = dfl_rng_double(&r), u2 = dfl_rng_double(&r);
-            double rad = std * sqrt(-2.0 * log(1.0 - u1)), th = 6.283185307179586 * u2;
-            out[j] = (float)(rad * cos(th));
+            double a, b;
+            dfl_rng_normal2(&r, &a, &b);
+            out[j] = (float)(std * a);
             if (j + 1 < n)
-                out[j + 1] = (float)(rad * sin(th));
+                out[j + 1] = (float)(std * b);
         }
     }
     free(first);

@@ -117,8 +117,8 @@ int main(int argc, char **argv)
     dfl_reader_close(r);
     if (rc)
         return dfl_cli_report(&e);
-    /* the steady window ends with the last batch, not with the END frame: the producer's
-     * teardown before its END (freeing the device, closing the output) is not throughput */
+    /* the steady window ends with the last batch, not with the END frame: what the producer
+     * does between its last batch and its END is not throughput (tail_s shows it) */
     double steady_s = t_last - t_warm;
     printf("{\"batches\": %" PRIu64 ", \"tokens\": %" PRIu64 ", \"bytes\": %" PRIu64
            ", \"seconds\": %.4f, \"wait_first_s\": %.4f, \"steady_batches\": %" PRIu64
