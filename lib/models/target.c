@@ -713,7 +713,7 @@ int dfl_target_fwd_linear(const dfl_target_fwd *f, void *C, const void *A, const
 {
     int span = dfl_tp_begin(f, DFL_TP_GEMM);
     int rc = dfl_target_linear(f->t->be, C, A, W, bias, f->T, N, K, false);
-    dfl_tp_end(f, span, 2.0 * (double)f->T * (double)N * (double)K);
+    dfl_tp_end_gemm(f, span, N, K, false);
     return rc;
 }
 
@@ -725,7 +725,7 @@ int dfl_target_residual_linear(const dfl_target_fwd *f, const void *A, const voi
     int span = dfl_tp_begin(f, DFL_TP_GEMM);
     void *out = f->t->fuse_residual ? f->ws->h : f->ws->delta;
     int rc = dfl_target_linear(be, out, A, W, bias, f->T, H, K, f->t->fuse_residual);
-    dfl_tp_end(f, span, 2.0 * (double)f->T * (double)H * (double)K);
+    dfl_tp_end_gemm(f, span, H, K, f->t->fuse_residual);
     if (rc || f->t->fuse_residual)
         return rc;
     return be->ops->add(be, f->ws->h, f->ws->delta, f->T * H);

@@ -53,6 +53,8 @@ static inline dfl_gdn_dims dfl_gdn_dims_of(const dfl_hf_config *c)
  * span's handle (-1 when the timing is off or failed), end closes it with its model FLOPs. */
 int dfl_tp_begin(const dfl_target_fwd *f, int kind);
 void dfl_tp_end(const dfl_target_fwd *f, int span, double flops);
+/* end of a GEMM's span: 2 T N K FLOPs, counted under its shape too */
+void dfl_tp_end_gemm(const dfl_target_fwd *f, int span, int64_t N, int64_t K, bool acc);
 void dfl_target_prof_free(dfl_target *t);
 
 /* gdn.c: a Gated DeltaNet layer's mixer over ws->x, added to ws->h. */

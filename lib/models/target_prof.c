@@ -22,6 +22,7 @@ typedef struct dfl_target_prof {
     dfl_be_event ev[2 * RING];
     int kind[RING];
     double flops[RING];
+    int shape[RING];           /* GEMMs: the index in sum.gemm, else -1 */
     bool pending[RING];        /* recorded, not yet added to the sums */
     double host_t0[RING];      /* CPU: the span's start */
     uint64_t next;
@@ -64,11 +65,33 @@ void dfl_target_prof_free(dfl_target *t)
     t->prof = NULL;
 }
 
-static void add(dfl_target_prof *p, int kind, double seconds, double flops)
+static void add(dfl_target_prof *p, int kind, int shape, double seconds, double flops)
 {
     p->sum.seconds[kind] += seconds;
     p->sum.flops[kind] += flops;
     p->sum.calls[kind]++;
+    if (shape >= 0) {
+        p->sum.gemm[shape].seconds += seconds;
+        p->sum.gemm[shape].flops += flops;
+        p->sum.gemm[shape].calls++;
+    }
+}
+
+/* The index in sum.gemm of shape N x K (acc), added when new; the last entry takes the rest. */
+static int shape_of(dfl_target_prof_sum *s, int64_t n, int64_t k, bool acc)
+{
+    for (int i = 0; i < s->n_gemm; i++)
+        if (s->gemm[i].n == n && s->gemm[i].k == k && s->gemm[i].acc == acc)
+            return i;
+    if (s->n_gemm == DFL_TP_SHAPES) {
+        s->gemm[DFL_TP_SHAPES - 1].n = s->gemm[DFL_TP_SHAPES - 1].k = 0;
+        return DFL_TP_SHAPES - 1;
+    }
+    int i = s->n_gemm++;
+    s->gemm[i].n = n;
+    s->gemm[i].k = k;
+    s->gemm[i].acc = acc;
+    return i;
 }
 
 /* Adds span i (recorded) to the sums, waiting for its end event. */
@@ -83,7 +106,7 @@ static void harvest(dfl_be *be, dfl_target_prof *p, int i)
         p->off = true;
         return;
     }
-    add(p, p->kind[i], ms / 1e3, p->flops[i]);
+    add(p, p->kind[i], p->shape[i], ms / 1e3, p->flops[i]);
 }
 
 int dfl_tp_begin(const dfl_target_fwd *f, int kind)
@@ -97,6 +120,7 @@ int dfl_tp_begin(const dfl_target_fwd *f, int kind)
         harvest(be, p, i);
     p->kind[i] = kind;
     p->flops[i] = 0;
+    p->shape[i] = -1;
     if (!p->async) {
         p->host_t0[i] = dfl_now();
         return i;
@@ -118,7 +142,7 @@ void dfl_tp_end(const dfl_target_fwd *f, int span, double flops)
     dfl_be *be = f->t->be;
     p->flops[span] = flops;
     if (!p->async) {
-        add(p, p->kind[span], dfl_now() - p->host_t0[span], flops);
+        add(p, p->kind[span], p->shape[span], dfl_now() - p->host_t0[span], flops);
         return;
     }
     dfl_err e = {0};
@@ -128,6 +152,14 @@ void dfl_tp_end(const dfl_target_fwd *f, int span, double flops)
         return;
     }
     p->pending[span] = true;
+}
+
+void dfl_tp_end_gemm(const dfl_target_fwd *f, int span, int64_t N, int64_t K, bool acc)
+{
+    dfl_target_prof *p = f->t->prof;
+    if (p && span >= 0 && !p->off)
+        p->shape[span] = shape_of(&p->sum, N, K, acc);
+    dfl_tp_end(f, span, 2.0 * (double)f->T * (double)N * (double)K);
 }
 
 void dfl_target_prof_read(dfl_target *t, dfl_target_prof_sum *out)

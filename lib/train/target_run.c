@@ -502,12 +502,23 @@ static void prof_print(const pipeline *p, const char *what, const prof *f, doubl
 
 /* --profile's closing line: the forward's time by kind of work (dfl_target_prof_read), as shares
  * of the forward's measured time; what no span covers is the rest. */
+/* ", R TFLOP/s" (or GFLOP/s) into buf; nothing when no FLOPs or no time. Returns the length. */
+static size_t rate_str(char *buf, size_t size, double flops, double seconds)
+{
+    double rate = seconds > 0 ? flops / seconds : 0;
+    if (!(rate > 0))
+        return 0;
+    int n = snprintf(buf, size, rate >= 1e12 ? ", %.1f TFLOP/s" : ", %.2f GFLOP/s",
+                     rate / (rate >= 1e12 ? 1e12 : 1e9));
+    return n < 0 ? 0 : (size_t)n;
+}
+
 static void prof_kinds(const pipeline *p, dfl_target *t)
 {
     dfl_target_prof_sum s;
     dfl_target_prof_read(t, &s);
     double fwd = p->total.forward, known = 0;
-    char line[640];
+    char line[1024];
     size_t n = 0;
     line[0] = 0;
     for (int k = 0; k < DFL_TP_N && n < sizeof line; k++) {
@@ -517,10 +528,8 @@ static void prof_kinds(const pipeline *p, dfl_target *t)
         n += (size_t)snprintf(line + n, sizeof line - n, "%s%s %.3f s (%.1f%%", n ? "; " : "",
                               dfl_target_prof_kind[k], s.seconds[k],
                               fwd > 0 ? 100 * s.seconds[k] / fwd : 0.0);
-        double rate = s.seconds[k] > 0 ? s.flops[k] / s.seconds[k] : 0;
-        if (n < sizeof line && rate > 0)
-            n += (size_t)snprintf(line + n, sizeof line - n, rate >= 1e12 ? ", %.1f TFLOP/s" :
-                                  ", %.2f GFLOP/s", rate / (rate >= 1e12 ? 1e12 : 1e9));
+        if (n < sizeof line)
+            n += rate_str(line + n, sizeof line - n, s.flops[k], s.seconds[k]);
         if (n < sizeof line)
             n += (size_t)snprintf(line + n, sizeof line - n, ")");
     }
@@ -528,6 +537,34 @@ static void prof_kinds(const pipeline *p, dfl_target *t)
     dfl_info("profile: the forward's %.3f s by kind: %s; the rest (norms, RoPE, conv, element-wise "
              "ops, captures) %.3f s (%.1f%%)%s", fwd, line, rest, fwd > 0 ? 100 * rest / fwd : 0.0,
              s.incomplete ? "; incomplete: a timing event failed" : "");
+    /* the GEMMs by shape, longest first */
+    int order[DFL_TP_SHAPES];
+    for (int i = 0; i < s.n_gemm; i++) {
+        int j = i;
+        for (; j > 0 && s.gemm[order[j - 1]].seconds < s.gemm[i].seconds; j--)
+            order[j] = order[j - 1];
+        order[j] = i;
+    }
+    n = 0;
+    line[0] = 0;
+    for (int o = 0; o < s.n_gemm && n < sizeof line; o++) {
+        int i = order[o];
+        char shape[48];
+        if (s.gemm[i].n)
+            snprintf(shape, sizeof shape, "%lldx%lld%s", (long long)s.gemm[i].n,
+                     (long long)s.gemm[i].k, s.gemm[i].acc ? "+h" : "");
+        else
+            snprintf(shape, sizeof shape, "other shapes");
+        n += (size_t)snprintf(line + n, sizeof line - n, "%s%s %.3f s (%.1f%%", n ? "; " : "",
+                              shape, s.gemm[i].seconds, fwd > 0 ? 100 * s.gemm[i].seconds / fwd : 0.0);
+        if (n < sizeof line)
+            n += rate_str(line + n, sizeof line - n, s.gemm[i].flops, s.gemm[i].seconds);
+        if (n < sizeof line)
+            n += (size_t)snprintf(line + n, sizeof line - n, ")");
+    }
+    if (s.n_gemm)
+        dfl_info("profile: the GEMMs by weight shape N x K (+h: the residual added in the "
+                 "epilogue): %s", line);
 }
 
 /* Makes sure a registered mapping's pages are dirty after the GPU wrote them by DMA (a write

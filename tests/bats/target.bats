@@ -578,6 +578,13 @@ signal_stops() { # signal, output mode (stdout|file)
     # (gate_up, down) = 32 GEMM spans a batch, 2 attention and 6 delta-rule spans
     grep -Eq 'by kind: GEMMs [0-9.]+ s \([0-9.]+%, [0-9.]+ [GT]FLOP/s\); attention [0-9.]+ s \([0-9.]+%\); chunked delta rule [0-9.]+ s \([0-9.]+%, [0-9.]+ [GT]FLOP/s\); the rest \(norms, RoPE, conv, element-wise ops, captures\) [0-9.]+ s' <<<"$line"
     [[ "$line" != *incomplete* ]]
+    # the GEMMs by weight shape: MLP gate_up 128x32 and down 32x64, the attention's and the Gated
+    # DeltaNet's in and out projections; their seconds add up to the GEMMs' (to the rounding)
+    shapes=$(grep "profile: the GEMMs by weight shape" <<<"$stderr")
+    [[ "$shapes" == *"128x32 "* && "$shapes" == *"32x64 "* ]]
+    gemm_s=$(sed -E 's/.*by kind: GEMMs ([0-9.]+) s.*/\1/' <<<"$line")
+    grep -oE '[0-9.]+ s \(' <<<"${shapes#*epilogue): }" | awk -v want="$gemm_s" '{ s += $1; n++ }
+        END { if (n < 5 || s < want - 0.0005 * n || s > want + 0.0005 * n) { print n " shapes, " s " s, want " want; exit 1 } }'
     # a dense model has no delta-rule part; the output is the same with and without --profile
     run --separate-stderr dfl-target -m "$D/m4" --profile=2 -o "$BATS_TEST_TMPDIR/p.dfl" "$D/big.dfl"
     line=$(grep "profile: the forward's" <<<"$stderr")
