@@ -352,6 +352,7 @@ typedef struct outq {
     dfl_err err;
     bool may_hang;             /* the output is a pipe or device: a write can block for good */
     uint64_t end_off[MAX_INFLIGHT]; /* stream offset after each slot's frame (for vmsplice) */
+    double t_written, t_released; /* when the last batch so far was written, its slot given back */
 } outq;
 
 typedef struct pipeline {
@@ -672,8 +673,10 @@ static uint64_t release_drained(pipeline *p)
         q->released++;
         any = true;
     }
-    if (any)
+    if (any) {
+        q->t_released = dfl_now();
         pthread_cond_broadcast(&q->cv);
+    }
     return q->released < q->written ? q->end_off[q->released % (uint64_t)p->n_slots] - upto : 0;
 }
 
@@ -700,6 +703,7 @@ static void *writer_main(void *arg)
             }
             q->end_off[j % (uint64_t)p->n_slots] = dfl_writer_bytes(p->w);
             q->written++;
+            q->t_written = dfl_now();
             pthread_cond_broadcast(&q->cv);
             continue;
         }
@@ -1315,7 +1319,7 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
 
     if (o->profile && (rc = dfl_target_prof_on(t, e)))
         goto done;
-    double t0 = dfl_now(), last_report = t0;
+    double t0 = dfl_now(), last_report = t0, t_submit = t0;
     double report_every = isatty(2) ? 1.0 : 10.0;
     st->setup_seconds = t0 - t_setup;
     p->t0 = p->win_t0 = t0;
@@ -1368,6 +1372,7 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
         out_submit(&p->oq);
         i++;
         double now = dfl_now();
+        t_submit = now;
         st->seconds = now - t0;
         if (!o->profile && now - last_report >= report_every) {
             last_report = now;
@@ -1381,6 +1386,7 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
             q = NULL; /* the thread frees it */
         reader_started = false;
     }
+    double t_inputs = dfl_now();
     {
         dfl_err we = {0};
         int wrc = out_finish(p, wth, rc == DFL_OK, st->batches, &left, &we);
@@ -1398,6 +1404,12 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
         rc = dfl_writer_close(p->w, e);
         p->w = NULL;
     }
+    if (!rc && st->batches)
+        dfl_verbose("the end, after the last batch was enqueued: the inputs closed at %+.3f s, its "
+                    "frame written at %+.3f s, its slot given back at %+.3f s, the writer done at "
+                    "%+.3f s, the end frame written at %+.3f s", t_inputs - t_submit,
+                    p->oq.t_written - t_submit, p->oq.t_released - t_submit, t_end - t_submit,
+                    dfl_now() - t_submit);
     if (!rc && o->profile && p->win.tokens)
         prof_print(p, "last batches", &p->win, t_end - p->win_t0);
     if (!rc && o->profile && st->batches) {
