@@ -3,7 +3,12 @@
  * (cuBLASLt's first choice and the best of its candidates, each the median of several timed
  * rounds), the device-to-device copy bandwidth, and the device-to-host copy bandwidth into
  * pinned memory. Prints one line per figure and a last JSON line. Not a test: exits 77 without a
- * GPU.   bench-ceiling [--quick] */
+ * GPU.
+ *   bench-ceiling [--quick] [--sustained S] [--shapes M,N,K[,acc][;...]]
+ * --sustained runs the 8192^3 GEMM back to back for S seconds and prints its rate in each quarter
+ * second's slice (the rate of a long run, after the clocks settle, against the short ceiling);
+ * --shapes times other GEMMs (C [M, N] = A [M, K] B^T, B as a [N, K] weight, acc: C added to, as
+ * dfl-target's residual epilogue does) with cuBLASLt's first choice. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,9 +82,90 @@ static void run_copy(void *arg)
     }
 }
 
+/* The 8192^3 GEMM m back to back for `seconds`, timed in slices of ~0.25 s. */
+static void sustained(dfl_mm *m, double flop, double seconds)
+{
+    dfl_err e = {0};
+    dfl_cuda_stream s = dfl_cuda_compute_stream(be);
+    double per = median_ms(run_mm_or_die, m, 10, 3);
+    int iters = (int)(250.0 / per) + 1, slices = (int)(seconds * 4) + 1;
+    double lo = 1e30, hi = 0, first = 0, last = 0, t = 0;
+    printf("sustained gemm 8192^3 bf16, slices of %d calls:", iters);
+    for (int k = 0; k < slices; k++) {
+        float ms = 0;
+        if (dfl_cuda_event_record(be, ev0, s, &e))
+            die("event", &e);
+        for (int i = 0; i < iters; i++)
+            run_mm_or_die(m);
+        if (dfl_cuda_event_record(be, ev1, s, &e) || dfl_cuda_event_sync(be, ev1, &e) ||
+            dfl_cuda_event_elapsed(be, ev0, ev1, &ms, &e))
+            die("event", &e);
+        double r = flop * iters / ms / 1e9;
+        t += ms / 1e3;
+        lo = r < lo ? r : lo;
+        hi = r > hi ? r : hi;
+        first = k ? first : r;
+        last = r;
+        printf(" %.0f", r);
+    }
+    printf(" TFLOP/s\nsustained: %.1f s of GEMMs: first slice %.1f, last %.1f, lowest %.1f, highest %.1f TFLOP/s\n",
+           t, first, last, lo, hi);
+}
+
+/* Each shape of spec ("M,N,K[,acc];...") with cuBLASLt's first choice, median of rounds. */
+static void shapes(const char *spec, int rounds)
+{
+    const char *p = spec;
+    while (*p) {
+        long long M = 0, N = 0, K = 0;
+        int used = 0;
+        if (sscanf(p, "%lld,%lld,%lld%n", &M, &N, &K, &used) != 3 || M < 1 || N < 1 || K < 1 ||
+            M * K > (1LL << 31) || N * K > (1LL << 31) || M * N > (1LL << 31)) {
+            fprintf(stderr, "bench-ceiling: --shapes: cannot read a shape M,N,K at '%s'\n", p);
+            exit(2);
+        }
+        p += used;
+        bool acc = strncmp(p, ",acc", 4) == 0;
+        if (acc)
+            p += 4;
+        if (*p == ';')
+            p++;
+        else if (*p) {
+            fprintf(stderr, "bench-ceiling: --shapes: unexpected '%s'\n", p);
+            exit(2);
+        }
+        void *a = dalloc((size_t)(M * K) * 2), *b = dalloc((size_t)(N * K) * 2), *c = dalloc((size_t)(M * N) * 2);
+        fill_bf16(a, (size_t)(M * K), 1, 1);
+        fill_bf16(b, (size_t)(N * K), 1, 2);
+        fill_bf16(c, (size_t)(M * N), 1, 3);
+        dfl_mm m = {.M = M, .N = N, .K = K, .A = a, .adt = DFL_BF16, .lda = K, .B = b, .bdt = DFL_BF16,
+                    .ldb = K, .tb = true, .C = c, .cdt = DFL_BF16, .ldc = N, .alpha = 1, .beta = acc ? 1.0f : 0.0f};
+        double t = median_ms(run_mm_or_die, &m, 10, rounds);
+        printf("gemm %lldx%lldx%lld%s bf16: %.3f ms, %.1f TFLOP/s\n", M, N, K, acc ? " +C" : "", t,
+               2.0 * M * N * K / t / 1e9);
+        be->ops->free(be, a);
+        be->ops->free(be, b);
+        be->ops->free(be, c);
+    }
+}
+
 int main(int argc, char **argv)
 {
-    bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    bool quick = false;
+    double sus = 0;
+    const char *shape_spec = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick"))
+            quick = true;
+        else if (!strcmp(argv[i], "--sustained") && i + 1 < argc)
+            sus = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--shapes") && i + 1 < argc)
+            shape_spec = argv[++i];
+        else {
+            fprintf(stderr, "usage: bench-ceiling [--quick] [--sustained S] [--shapes M,N,K[,acc][;...]]\n");
+            return 2;
+        }
+    }
     int rounds = quick ? 3 : 7;
     dfl_cuda_props pr;
     if (!bench_open(&pr))
@@ -103,6 +189,10 @@ int main(int argc, char **argv)
     printf("gemm 8192^3 bf16: first choice %.3f ms (%.1f TFLOP/s), tuned %.3f ms (%.1f TFLOP/s)\n", t_h,
            flop / t_h / 1e9, t_t, flop / t_t / 1e9);
     printf("ceiling: cuBLAS bf16 GEMM %.1f TFLOP/s\n", gemm);
+    if (sus > 0)
+        sustained(&m, flop, sus);
+    if (shape_spec)
+        shapes(shape_spec, rounds);
     be->ops->free(be, a);
     be->ops->free(be, b);
     be->ops->free(be, c);
