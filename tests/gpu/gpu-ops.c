@@ -974,6 +974,9 @@ static void test_attn_varlen(void)
         {4, 4, 128, 0, 30, 1, {257}},               /* large scores */
         {8, 2, 256, 1, 2, 3, {129, 64, 191}},
         {2, 2, 64, 0, 1, 5, {16, 17, 15, 0, 33}},  /* an empty sequence */
+        /* around the wgmma kernel's 128-row tiles (its warpgroups' 64-row halves) */
+        {16, 8, 128, 1, 2, 7, {384, 257, 1, 640, 191, 64, 65}},
+        {32, 4, 128, 0, 30, 2, {700, 63}},          /* GQA 8, large scores */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_attn_case(&cases[i]);
