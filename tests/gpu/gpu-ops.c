@@ -974,9 +974,19 @@ static void test_attn_varlen(void)
         {4, 4, 128, 0, 30, 1, {257}},               /* large scores */
         {8, 2, 256, 1, 2, 3, {129, 64, 191}},
         {2, 2, 64, 0, 1, 5, {16, 17, 15, 0, 33}},  /* an empty sequence */
-        /* around the wgmma kernel's 128-row tiles (its warpgroups' 64-row halves) */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_attn_case(&cases[i]);
+}
+
+/* d128 around the wgmma kernel's 128-row tiles and its warpgroups' 64-row halves (small enough
+ * for compute-sanitizer: T_ONLY=test_attn_tiles128) */
+static void test_attn_tiles128(void)
+{
+    NEED_GPU();
+    static const struct at_case cases[] = {
         {16, 8, 128, 1, 2, 7, {384, 257, 1, 640, 191, 64, 65}},
-        {32, 4, 128, 0, 30, 2, {700, 63}},          /* GQA 8, large scores */
+        {32, 4, 128, 0, 30, 2, {700, 63}},   /* GQA 8, large scores */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_attn_case(&cases[i]);
@@ -1008,6 +1018,7 @@ int main(int argc, char **argv)
     T_RUN(test_swiglu);
     T_RUN(test_add);
     T_RUN(test_attn_varlen);
+    T_RUN(test_attn_tiles128);
     gpu_close_backends();
 #else
     T_RUN(test_gpu_ops);
