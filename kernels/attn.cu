@@ -12,6 +12,10 @@
  * are free of bank conflicts. CTAs are ordered heaviest first (last query tile of each sequence
  * first), with all heads of a sequence adjacent so that GQA groups share K/V in L2.
  *
+ * On Hopper (sm_90) the d128 default is kernels/attn_wgmma.cu's wgmma kernel instead (variants 4
+ * and 5 below; DFL_CUDA_ATTN_WGMMA=0 keeps the mma.sync one); other GPUs given a wgmma variant
+ * run variant 0.
+ *
  * f32 path (and bf16 inputs the tiled kernel cannot take: other head dims, unaligned strides):
  * one warp per (row, head), online softmax over the keys one at a time, f32 throughout. Slow,
  * exact, for tests and odd shapes. */
@@ -60,9 +64,16 @@ static const AttnVariant variants128[] = {
     {"d128 wgmma BM128 BN128 2 warpgroups, plain (sm_90)", NULL, AW_BM, AW_THREADS, AW_SMEM, 1},
 };
 #define ATTN_WGMMA_VARIANT 4   /* the first wgmma entry of variants128 */
-/* Whether the wgmma kernel is the d128 default on sm_90 (DFL_CUDA_ATTN_WGMMA=0 or 1 in the
- * environment at open overrides it) */
-#define ATTN_WGMMA_DEFAULT 0
+/* Whether the wgmma kernel (overlapped schedule) is the d128 default on sm_90; DFL_CUDA_ATTN_WGMMA=0
+ * (or 1) in the environment at open overrides it, dfl_cuda_attn_set_variant after. Measured on
+ * the H200 (bench-ops --quick --attn, causal TFLOP/s, d128 8 x 2048; variant 0, the mma.sync
+ * default before, in brackets): heads 32/8 358.0 (279.8), 16/8 354.3 (275.7), 32/4 355.7
+ * (279.7); mixed lengths 1..4096, 32/8, 350.6 (274.7); 1 x 16384 410.1 (310.9); the plain
+ * schedule (variant 5) 2-4% behind the overlapped one. gpu-ops' attention cases within their
+ * bounds for both, compute-sanitizer memcheck clean on test_attn_tiles128. In the Qwen3-1.7B
+ * shape's forward (bench/target --quick, 10 batches) attention took 15.1% of the GPU's forward
+ * time (0.125 s of 0.826 s) against 18.7% with the mma.sync kernel. */
+#define ATTN_WGMMA_DEFAULT 1
 static const AttnVariant variants256[] = {
     VARIANT("d256 BM64 BN32 4 warps x 16 rows, Q smem", 256, 1, 4, 32, false, 0),
     VARIANT("d256 BM128 BN32 8 warps x 16 rows, Q smem", 256, 1, 8, 32, false, 0),
