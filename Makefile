@@ -85,6 +85,8 @@ ifeq ($(CUDA),1)
   # so that a Hopper GPU, which moe.cu sends to it, always finds the sm_90a code
   comma := ,
   $(B)/obj/kernels/moe_wgmma.o: override NVCCFLAGS := $(filter-out -arch=sm_90,$(NVCCFLAGS)) -gencode arch=compute_90a$(comma)code=sm_90a
+  # kernels/attn_wgmma.cu likewise (attn.cu sends a Hopper GPU's d128 attention to it)
+  $(B)/obj/kernels/attn_wgmma.o: override NVCCFLAGS := $(filter-out -arch=sm_90,$(NVCCFLAGS)) -gencode arch=compute_90a$(comma)code=sm_90a
 else
   CU_OBJS :=
 endif

@@ -12,6 +12,10 @@
  * are free of bank conflicts. CTAs are ordered heaviest first (last query tile of each sequence
  * first), with all heads of a sequence adjacent so that GQA groups share K/V in L2.
  *
+ * On Hopper (sm_90) the d128 default is kernels/attn_wgmma.cu's wgmma kernel instead (variants 4
+ * and 5 below; DFL_CUDA_ATTN_WGMMA=0 keeps the mma.sync one); other GPUs given a wgmma variant
+ * run variant 0.
+ *
  * f32 path (and bf16 inputs the tiled kernel cannot take: other head dims, unaligned strides):
  * one warp per (row, head), online softmax over the keys one at a time, f32 throughout. Slow,
  * exact, for tests and odd shapes. */
@@ -22,6 +26,8 @@
 #include "dflash_ptx.cuh"
 #include "warp_sum.cuh"
 #include "attn_tiled.cuh"
+#include "attn_wgmma.h"
+#include "attn_wgmma.cuh"
 
 /* ------------------------------------------------------------------------------------------ */
 /* variants */
@@ -33,12 +39,13 @@ struct AttnVariant {
     attn_kernel_fn kernel;
     int bm, threads;
     size_t smem;
+    int wg;   /* >= 0: kernels/attn_wgmma.cu's kernel wg (kernel NULL), on sm_90 only */
 };
 
 #define VARIANT(NAME, D, MT, NW, BN, QREG, MINB)                                              \
     { NAME, attn_fwd_bf16_kernel<D, MT, NW, BN, QREG, MINB>,                                   \
       AttnCfg<D, MT, NW, BN, QREG, MINB>::BM, AttnCfg<D, MT, NW, BN, QREG, MINB>::THREADS,      \
-      AttnCfg<D, MT, NW, BN, QREG, MINB>::SMEM }
+      AttnCfg<D, MT, NW, BN, QREG, MINB>::SMEM, -1 }
 
 /* Variant 0 of each head dimension is the default. "Q regs": Q fragments held in registers for
  * the whole CTA; "Q smem": re-read from shared memory every key tile (frees registers for 32
@@ -53,7 +60,20 @@ static const AttnVariant variants128[] = {
     VARIANT("d128 BM64 BN64 4 warps x 16 rows, Q regs", 128, 1, 4, 64, true, 0),
     VARIANT("d128 BM128 BN64 8 warps x 16 rows, Q regs", 128, 1, 8, 64, true, 0),
     VARIANT("d128 BM64 BN32 4 warps x 16 rows, Q regs, 3 CTAs/SM", 128, 1, 4, 32, true, 3),
+    {"d128 wgmma BM128 BN128 2 warpgroups, P V overlapped (sm_90)", NULL, AW_BM, AW_THREADS, AW_SMEM, 0},
+    {"d128 wgmma BM128 BN128 2 warpgroups, plain (sm_90)", NULL, AW_BM, AW_THREADS, AW_SMEM, 1},
 };
+#define ATTN_WGMMA_VARIANT 4   /* the first wgmma entry of variants128 */
+/* Whether the wgmma kernel (overlapped schedule) is the d128 default on sm_90; DFL_CUDA_ATTN_WGMMA=0
+ * (or 1) in the environment at open overrides it, dfl_cuda_attn_set_variant after. Measured on
+ * the H200 (bench-ops --quick --attn, causal TFLOP/s, d128 8 x 2048; variant 0, the mma.sync
+ * default before, in brackets): heads 32/8 358.0 (279.8), 16/8 354.3 (275.7), 32/4 355.7
+ * (279.7); mixed lengths 1..4096, 32/8, 350.6 (274.7); 1 x 16384 410.1 (310.9); the plain
+ * schedule (variant 5) 2-4% behind the overlapped one. gpu-ops' attention cases within their
+ * bounds for both, compute-sanitizer memcheck clean on test_attn_tiles128. In the Qwen3-1.7B
+ * shape's forward (bench/target --quick, 10 batches) attention took 15.1% of the GPU's forward
+ * time (0.125 s of 0.826 s) against 18.7% with the mma.sync kernel. */
+#define ATTN_WGMMA_DEFAULT 1
 static const AttnVariant variants256[] = {
     VARIANT("d256 BM64 BN32 4 warps x 16 rows, Q smem", 256, 1, 4, 32, false, 0),
     VARIANT("d256 BM128 BN32 8 warps x 16 rows, Q smem", 256, 1, 8, 32, false, 0),
@@ -96,7 +116,9 @@ int cuda_attn_init(dfl_be *be, dfl_err *e)
         for (int v = 0; v < n; v++) {
             if (t[v].smem > im->smem_optin)
                 continue;   /* not on this device; attn_set_variant / launch reports it */
-            cudaError_t err = cuda_allow_smem(t[v].kernel, t[v].smem);
+            if (t[v].wg >= 0 && !cuda_attn_wgmma_fits(im->device))
+                continue;   /* not Hopper: the launch takes variant 0 instead */
+            cudaError_t err = t[v].wg >= 0 ? cuda_attn_wgmma_init(t[v].wg) : cuda_allow_smem(t[v].kernel, t[v].smem);
             if (err != cudaSuccess) {
                 cudaGetLastError();
                 return dfl_fail(e, DFL_EDEVICE, "%s: attention kernel (%s) setup: %s", be->name,
@@ -105,6 +127,10 @@ int cuda_attn_init(dfl_be *be, dfl_err *e)
         }
         im->attn_variant[di] = 0;
     }
+    const char *wv = getenv("DFL_CUDA_ATTN_WGMMA");
+    bool wgmma = wv && (wv[0] == '0' || wv[0] == '1') && !wv[1] ? wv[0] == '1' : ATTN_WGMMA_DEFAULT;
+    if (wgmma && cuda_attn_wgmma_fits(im->device) && variants128[ATTN_WGMMA_VARIANT].smem <= im->smem_optin)
+        im->attn_variant[cuda_attn_dim_index(128)] = ATTN_WGMMA_VARIANT;
     return 0;
 }
 
@@ -229,13 +255,18 @@ int cuda_attn_varlen(dfl_be *be, const dfl_attn_varlen *a)
                  a->ldo % 8 == 0 && a->max_len > 0;
     if (tiled) {
         const AttnVariant *v = &tab[im->attn_variant[cuda_attn_dim_index(a->d)]];
+        if (v->wg >= 0 && !cuda_attn_wgmma_fits(im->device))
+            v = &tab[0];   /* the wgmma kernel is Hopper's alone */
         if (v->smem > im->smem_optin)
             return cuda_op_fail(be, DFL_EUNSUP, "attn_varlen: kernel %s needs %zu bytes of shared "
                                 "memory, this device allows %zu", v->name, v->smem, im->smem_optin);
         int64_t gx = (int64_t)a->n_seqs * a->n_heads;
         int64_t gy = ((int64_t)a->max_len + v->bm - 1) / v->bm;
         if (gx <= INT32_MAX && gy <= 65535) {
-            v->kernel<<<dim3((unsigned)gx, (unsigned)gy), v->threads, v->smem, s>>>(p);
+            if (v->wg >= 0)
+                cuda_attn_wgmma(p, v->wg, dim3((unsigned)gx, (unsigned)gy), s);
+            else
+                v->kernel<<<dim3((unsigned)gx, (unsigned)gy), v->threads, v->smem, s>>>(p);
             return cuda_launch_check(be, "attn_varlen");
         }
     }

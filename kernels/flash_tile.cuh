@@ -43,12 +43,14 @@ __device__ __forceinline__ void ft_mma_x4(float (&c)[MT][N][4], const uint32_t (
 
 /* Online softmax over one key tile of S (masked scores -inf): the four threads of a row (t4 =
  * 0..3) combine their maxima through shuffles; the max is kept on raw scores and exponents are
- * taken in base 2 as s * sl2 - max * sl2 (one FFMA; sl2 = scale * log2 e). S becomes P, O and this
- * thread's share of the row sum are rescaled by exp2((old max - new max) sl2). A row fully masked
- * so far has max -inf: 0 stands in for it, so that there is no inf - inf. */
-template <int MT, int NT, int DT>
-__device__ __forceinline__ void ft_online_softmax(float (&s)[MT][NT][4], float (&mrow)[MT][2], float (&lrow)[MT][2],
-                                                  float (&o)[MT][DT][4], float sl2)
+ * taken in base 2 as s * sl2 - max * sl2 (one FFMA; sl2 = scale * log2 e). S becomes P and this
+ * thread's share of the row sum is rescaled by alpha = exp2((old max - new max) sl2), which is
+ * left in alpha for the caller to rescale O with (ft_rescale_o): a kernel whose O is still being
+ * accumulated asynchronously (kernels/attn_wgmma.cu) rescales it later. A row fully masked so
+ * far has max -inf: 0 stands in for it, so that there is no inf - inf. */
+template <int MT, int NT>
+__device__ __forceinline__ void ft_softmax_p(float (&s)[MT][NT][4], float (&mrow)[MT][2], float (&lrow)[MT][2],
+                                             float (&alpha)[MT][2], float sl2)
 {
 #pragma unroll
     for (int i = 0; i < MT; i++)
@@ -62,7 +64,7 @@ __device__ __forceinline__ void ft_online_softmax(float (&s)[MT][NT][4], float (
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             float mnew = fmaxf(mrow[i][hh], mx);
             float mscaled = mnew == -INFINITY ? 0.0f : mnew * sl2;
-            float alpha = df_exp2(mrow[i][hh] * sl2 - mscaled);
+            alpha[i][hh] = df_exp2(mrow[i][hh] * sl2 - mscaled);
             mrow[i][hh] = mnew;
             float rs = 0.0f;
 #pragma unroll
@@ -73,13 +75,33 @@ __device__ __forceinline__ void ft_online_softmax(float (&s)[MT][NT][4], float (
                     s[i][nt][e] = pv;
                     rs += pv;
                 }
-            lrow[i][hh] = lrow[i][hh] * alpha + rs;
+            lrow[i][hh] = lrow[i][hh] * alpha[i][hh] + rs;
+        }
+}
+
+/* O rows g (hh = 0) and g + 8 (hh = 1) of each m16 tile times alpha */
+template <int MT, int DT>
+__device__ __forceinline__ void ft_rescale_o(float (&o)[MT][DT][4], const float (&alpha)[MT][2])
+{
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
 #pragma unroll
             for (int dt = 0; dt < DT; dt++) {
-                o[i][dt][2 * hh] *= alpha;
-                o[i][dt][2 * hh + 1] *= alpha;
+                o[i][dt][2 * hh] *= alpha[i][hh];
+                o[i][dt][2 * hh + 1] *= alpha[i][hh];
             }
-        }
+}
+
+/* Both: the online softmax of one key tile, O rescaled at once */
+template <int MT, int NT, int DT>
+__device__ __forceinline__ void ft_online_softmax(float (&s)[MT][NT][4], float (&mrow)[MT][2], float (&lrow)[MT][2],
+                                                  float (&o)[MT][DT][4], float sl2)
+{
+    float alpha[MT][2];
+    ft_softmax_p(s, mrow, lrow, alpha, sl2);
+    ft_rescale_o(o, alpha);
 }
 
 /* The A fragments of k16 step kb of P V: the P accumulators of n8 tiles 2kb and 2kb + 1, as bf16 */

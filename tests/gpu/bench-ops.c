@@ -6,7 +6,8 @@
  * a Qwen3-30B-A3B layer beside cuBLAS on the dense GEMM of as many rows, and that layer's whole
  * MoE block op by op for every grouped-GEMM tile shape. Not a test: run by hand on a GPU machine
  * (build/tests/bench-ops); exits 77 without a GPU.
- *   bench-ops [--quick] [--moe]   (--quick: fewer iterations; --moe: the MoE parts only) */
+ *   bench-ops [--quick] [--moe] [--attn]   (--quick: fewer iterations; --moe: the MoE parts only;
+ *   --attn: the attention parts only, with the 16/8 and 32/4 head shapes too) */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -336,6 +337,37 @@ static double bench_attn(int d, int nh, int nkv, const int *lens, int nseq, cons
     return best;
 }
 
+/* the attention benchmarks: d128 32/8 heads on 8 x 2048 (returned: the best variant's ms), mixed
+ * lengths and 1 x 16384; d64 and d256; with gqa also d128 16/8 and 32/4 heads on 8 x 2048 (the
+ * Qwen3-1.7B and Qwen3-30B-A3B shapes) */
+static double bench_attn_set(bool gqa)
+{
+    int lens8[8], lensmix[64];
+    for (int i = 0; i < 8; i++)
+        lens8[i] = 2048;
+    int nmix = 0, tot = 0;
+    uint64_t r = 12345;
+    while (tot < 16384 - 64 && nmix < 64) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        int L = 1 + (int)((r >> 33) % 4096);
+        if (tot + L > 16384)
+            L = 16384 - tot;
+        lensmix[nmix++] = L;
+        tot += L;
+    }
+    double t_attn = bench_attn(128, 32, 8, lens8, 8, "8 x 2048");
+    if (gqa) {
+        bench_attn(128, 16, 8, lens8, 8, "8 x 2048");
+        bench_attn(128, 32, 4, lens8, 8, "8 x 2048");
+    }
+    bench_attn(128, 32, 8, lensmix, nmix, "mixed 1..4096");
+    int lens1[1] = {16384};
+    bench_attn(128, 32, 8, lens1, 1, "1 x 16384");
+    bench_attn(64, 32, 8, lens8, 8, "8 x 2048");
+    bench_attn(256, 16, 4, lens8, 8, "8 x 2048");
+    return t_attn;
+}
+
 /* ---- elementwise ---- */
 
 struct ew {
@@ -385,14 +417,16 @@ static double bench_ew(const char *name, struct ew *x, double bytes, double copy
 
 int main(int argc, char **argv)
 {
-    bool moe_only = false;
+    bool moe_only = false, attn_only = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0)
             iters = 5;
         else if (strcmp(argv[i], "--moe") == 0)
             moe_only = true;
+        else if (strcmp(argv[i], "--attn") == 0)
+            attn_only = true;
         else {
-            fprintf(stderr, "bench-ops: unknown option '%s' (--quick, --moe)\n", argv[i]);
+            fprintf(stderr, "bench-ops: unknown option '%s' (--quick, --moe, --attn)\n", argv[i]);
             return 1;
         }
     }
@@ -413,6 +447,11 @@ int main(int argc, char **argv)
     be->ops->free(be, pa);
     be->ops->free(be, pb);
     be->ops->free(be, pc);
+    if (attn_only) {
+        bench_attn_set(true);
+        bench_close();
+        return 0;
+    }
     if (moe_only) {
         bench_moe(peak);
         bench_moe_block(peak);
@@ -475,26 +514,7 @@ int main(int argc, char **argv)
     be->ops->free(be, w);
     be->ops->free(be, emb);
 
-    /* attention */
-    int lens8[8], lensmix[64];
-    for (int i = 0; i < 8; i++)
-        lens8[i] = 2048;
-    int nmix = 0, tot = 0;
-    uint64_t r = 12345;
-    while (tot < 16384 - 64 && nmix < 64) {
-        r = r * 6364136223846793005ull + 1442695040888963407ull;
-        int L = 1 + (int)((r >> 33) % 4096);
-        if (tot + L > 16384)
-            L = 16384 - tot;
-        lensmix[nmix++] = L;
-        tot += L;
-    }
-    double t_attn = bench_attn(128, 32, 8, lens8, 8, "8 x 2048");
-    bench_attn(128, 32, 8, lensmix, nmix, "mixed 1..4096");
-    int lens1[1] = {16384};
-    bench_attn(128, 32, 8, lens1, 1, "1 x 16384");
-    bench_attn(64, 32, 8, lens8, 8, "8 x 2048");
-    bench_attn(256, 16, 4, lens8, 8, "8 x 2048");
+    double t_attn = bench_attn_set(false);
 
     /* projection: 36 layers of the measured pieces (per layer: 4 GEMMs, attention, two
      * add_rmsnorm, qknorm_rope of q and k, swiglu) */

@@ -979,6 +979,19 @@ static void test_attn_varlen(void)
         run_attn_case(&cases[i]);
 }
 
+/* d128 around the wgmma kernel's 128-row tiles and its warpgroups' 64-row halves (small enough
+ * for compute-sanitizer: T_ONLY=test_attn_tiles128) */
+static void test_attn_tiles128(void)
+{
+    NEED_GPU();
+    static const struct at_case cases[] = {
+        {16, 8, 128, 1, 2, 7, {384, 257, 1, 640, 191, 64, 65}},
+        {32, 4, 128, 0, 30, 2, {700, 63}},   /* GQA 8, large scores */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_attn_case(&cases[i]);
+}
+
 #else /* no CUDA in this build */
 
 static void test_gpu_ops(void) { T_SKIP("no CUDA GPU (this build has no CUDA support)"); }
@@ -1005,6 +1018,7 @@ int main(int argc, char **argv)
     T_RUN(test_swiglu);
     T_RUN(test_add);
     T_RUN(test_attn_varlen);
+    T_RUN(test_attn_tiles128);
     gpu_close_backends();
 #else
     T_RUN(test_gpu_ops);
