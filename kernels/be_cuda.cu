@@ -1057,6 +1057,12 @@ extern "C" int dfl_cuda_attn_set_variant(dfl_be *be, int d, int v, dfl_err *e)
     return 0;
 }
 
+extern "C" int dfl_cuda_attn_get_variant(dfl_be *be, int d)
+{
+    int di = cuda_attn_dim_index(d);
+    return di < 0 ? -1 : cuda_of(be)->attn_variant[di];
+}
+
 /* ---- cuBLAS loaded at run time (cublas_dl.cuh) ---------------------------------------------- */
 
 dfl_cublas_api dfl_cublas;

@@ -152,6 +152,8 @@ int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, int iters, 
  * v for head dimension d (NULL when v is out of range), and choose the one attn_varlen uses. */
 const char *dfl_cuda_attn_variant_name(int d, int v);
 int dfl_cuda_attn_set_variant(dfl_be *be, int d, int v, dfl_err *e);
+/* The variant attn_varlen uses now for head dimension d (-1 when d has no tiled kernel). */
+int dfl_cuda_attn_get_variant(dfl_be *be, int d);
 
 #ifdef __cplusplus
 }

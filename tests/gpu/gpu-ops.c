@@ -894,7 +894,7 @@ static void run_attn_case(const struct at_case *c)
             memset(oimg, 0xFF, go.bytes);
             for (int64_t t = 0; t < T; t++)
                 memset(oimg + ((size_t)t * ldo + qw) * es, 0x77, (size_t)(ldo - qw) * es);
-            int nvar = 1;
+            int nvar = 1, v_default = dfl_cuda_attn_get_variant(be, d);
             if (md[k].bf16 && dfl_cuda_attn_variant_name(d, 0))
                 while (dfl_cuda_attn_variant_name(d, nvar))
                     nvar++;
@@ -934,9 +934,9 @@ static void run_attn_case(const struct at_case *c)
                 if (!tiled)
                     break;
             }
-            if (md[k].bf16 && dfl_cuda_attn_variant_name(d, 0)) {
-                dfl_err e = {0};
-                dfl_cuda_attn_set_variant(be, d, 0, &e);
+            if (md[k].bf16 && dfl_cuda_attn_variant_name(d, 0) && v_default >= 0) {
+                dfl_err e = {0};   /* back to the backend's default (wgmma at d128 on Hopper) */
+                dfl_cuda_attn_set_variant(be, d, v_default, &e);
             }
             free(qimg);
             free(qafter);
