@@ -580,6 +580,15 @@ static bool gd_split_enabled(void)
     return !(v && v[0] == '0' && !v[1]);
 }
 
+/* The two-pass form's state pass on bf16 mma.sync (gm_state_kernel) is the default;
+ * DFL_CUDA_GDN_MMA=0 selects the TF32 WMMA one (gc_state_kernel, whose key-side pass also writes
+ * Qe and Kd). Read at every call, so that a test or a benchmark can run both. */
+static bool gd_mma_enabled(void)
+{
+    const char *v = getenv("DFL_CUDA_GDN_MMA");
+    return !(v && v[0] == '0' && !v[1]);
+}
+
 /* The two-pass form's workspace for this call (gdn_chunk.cuh, gc_ws: T + 64 rows a value head),
  * grown through be_alloc and zeroed when it grows; false (nothing recorded) where it cannot be
  * had: the allocation frozen or the memory short. */
@@ -629,10 +638,12 @@ static int gd_split(dfl_be *be, const dfl_gated_delta *g, int passes = 3)
     gc_ws w;
     if (!gc_workspace<DK>(be, g, &w))
         return 1;
-    size_t sp = gc_prep_smem<DK>(), ss = gc_state_smem<DK>();
+    const bool mma = gd_mma_enabled() && gm_state_smem<DK>() <= cuda_of(be)->smem_optin;
+    size_t sp = gc_prep_smem<DK>(), ss = mma ? gm_state_smem<DK>() : gc_state_smem<DK>();
     cudaError_t err = cudaFuncSetAttribute(gc_prep_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sp);
     if (err == cudaSuccess)
-        err = cudaFuncSetAttribute(gc_state_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss);
+        err = mma ? cudaFuncSetAttribute(gm_state_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss)
+                  : cudaFuncSetAttribute(gc_state_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss);
     if (err != cudaSuccess)
         return cuda_op_fail(be, DFL_EDEVICE, "gated delta rule: %s", cudaGetErrorString(err));
     cudaStream_t st = cuda_of(be)->stream;
@@ -641,15 +652,20 @@ static int gd_split(dfl_be *be, const dfl_gated_delta *g, int passes = 3)
         gc_prep_kernel<DK><<<gp, GT_THREADS, sp, st>>>(
             (const bf16 *)g->q, (const bf16 *)g->k, g->ldqk, (const bf16 *)g->v, g->ldv,
             (const bf16 *)g->a, (const bf16 *)g->b, g->ldab, g->A_log, g->dt_bias, g->cu_seqlens,
-            g->Hv / g->Hk, g->dv, w);
+            g->Hv / g->Hk, g->dv, w, mma ? 0 : 1);
         int rc = cuda_launch_check(be, "gated delta rule (key-side pass)");
         if (rc)
             return rc;
     }
     if (!(passes & 2))
         return 0;
-    gc_state_kernel<DK><<<(unsigned)(g->n_seqs * g->Hv * nsl), GT_THREADS, ss, st>>>(
-        w, g->cu_seqlens, (bf16 *)g->o, g->ldo, g->Hv, g->dv);
+    const unsigned blocks = (unsigned)(g->n_seqs * g->Hv * nsl);
+    if (mma)
+        gm_state_kernel<DK><<<blocks, GT_THREADS, ss, st>>>(w, (const bf16 *)g->q, (const bf16 *)g->k, g->ldqk,
+                                                            g->cu_seqlens, (bf16 *)g->o, g->ldo, g->Hv,
+                                                            g->Hv / g->Hk, g->dv);
+    else
+        gc_state_kernel<DK><<<blocks, GT_THREADS, ss, st>>>(w, g->cu_seqlens, (bf16 *)g->o, g->ldo, g->Hv, g->dv);
     return cuda_launch_check(be, "gated delta rule (state pass)");
 }
 
