@@ -503,7 +503,7 @@ template <int DK>
 __global__ void __launch_bounds__(GT_THREADS, 2)
 gc_prep_kernel(const bf16 *q, const bf16 *k, int64_t ldqk, const bf16 *v, int64_t ldv,
                const bf16 *a, const bf16 *b, int64_t ldab, const float *A_log, const float *dt_bias,
-               const int32_t *cu, int ratio, int dv, gc_ws w, int wqk)
+               const int32_t *cu, int ratio, int dv, gc_ws w)
 {
     constexpr int LK = DK + 4, LC = GT_LC;
     DF_DYN_SMEM(gc_raw);
@@ -547,7 +547,7 @@ gc_prep_kernel(const bf16 *q, const bf16 *k, int64_t ldqk, const bf16 *v, int64_
             int i = e / (DK / 4), x = (e % (DK / 4)) * 4;
             float4 kx = *(const float4 *)(Ks + i * LK + x), qx = *(const float4 *)(Qs + i * LK + x);
             float dc = dec[i], ec = ecg[i], wb = -beta[i] * ecg[i];
-            if (wqk && i < L) {
+            if (i < L) {
                 *(float4 *)(w.kd + (prow + i) * DK + x) = make_float4(dc * kx.x, dc * kx.y, dc * kx.z, dc * kx.w);
                 *(float4 *)(w.qe + (prow + i) * DK + x) = make_float4(ec * qx.x, ec * qx.y, ec * qx.z, ec * qx.w);
             }
@@ -758,13 +758,20 @@ __device__ __forceinline__ void gm_split(float x0, float x1, uint32_t &hi, uint3
     lo = df_pack(x0 - df_bf_lo(hi), x1 - df_bf_hi(hi));
 }
 
-/* The A fragment (16 x 16) of f32 rows at p (row stride ld), split into hi and lo */
-__device__ __forceinline__ void gm_a_f32(uint32_t (&hi)[4], uint32_t (&lo)[4], const float *p, int ld, int lane)
+/* The A fragment (16 x 16) of f32 rows at p (row stride ld), split into hi and lo; with cs, each
+ * column k times cs[k] first */
+__device__ __forceinline__ void gm_a_f32(uint32_t (&hi)[4], uint32_t (&lo)[4], const float *p, int ld, int lane,
+                                         const float *cs = nullptr)
 {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int r = 0; r < 4; r++) {
-        float2 x = *(const float2 *)(p + (g + (r & 1) * 8) * ld + 2 * t + (r >> 1) * 8);
+        const int c = 2 * t + (r >> 1) * 8;
+        float2 x = *(const float2 *)(p + (g + (r & 1) * 8) * ld + c);
+        if (cs) {
+            x.x *= cs[c];
+            x.y *= cs[c + 1];
+        }
         gm_split(x.x, x.y, hi[r], lo[r]);
     }
 }
@@ -1016,6 +1023,186 @@ gm_state_kernel(gc_ws w, const bf16 *q, const bf16 *k, int64_t ldqk, const int32
                 Sh[at] = h;
                 Sl[at] = __float2bfloat16_rn(x - __bfloat162float(h));
             }
+        }
+    }
+}
+
+/* B fragments of two 8-column tiles n0, n0 + 8 of a bf16 tile stored [k][n] (rows k0), by
+ * ldmatrix .trans */
+__device__ __forceinline__ uint32_t gm_at_bt(const bf16 *p, int ld, int n0, int k0, int lane)
+{
+    return df_smem(p + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n0 + (lane >> 4) * 8);
+}
+
+/* acc[NT] += (T diag(cs)) X for the 16-row strip wr of T (f32 [C][GT_LC], lower: the k-tiles up
+ * to the diagonal; split into hi + lo) and NT 8-column tiles of X (bf16 [C][ld], exact) from
+ * column n0 */
+template <int NT>
+__device__ __forceinline__ void gm_tmul(float (&acc)[NT][4], const float *Tm, const float *cs, const bf16 *X, int ld,
+                                        int n0, int wr, int lane)
+{
+    for (int kk = 0; kk <= wr; kk++) {
+        uint32_t ah[4], al[4];
+        gm_a_f32(ah, al, Tm + 16 * wr * GT_LC + 16 * kk, GT_LC, lane, cs + 16 * kk);
+#pragma unroll
+        for (int p = 0; p < NT / 2; p++) {
+            uint32_t fb[4];
+            df_ldm_t(fb, gm_at_bt(X, ld, n0 + 16 * p, 16 * kk, lane));
+            df_mma(acc[2 * p], ah, fb[0], fb[1]);
+            df_mma(acc[2 * p], al, fb[0], fb[1]);
+            df_mma(acc[2 * p + 1], ah, fb[2], fb[3]);
+            df_mma(acc[2 * p + 1], al, fb[2], fb[3]);
+        }
+    }
+}
+
+/* The rows < rows of a 16-row strip of NT accumulator tiles to dst (f32, row stride ld) */
+template <int NT>
+__device__ __forceinline__ void gm_out_rows(float *dst, int64_t ld, const float (&acc)[NT][4], int rows, int lane)
+{
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+        float *p = dst + g * ld + 8 * i + 2 * t;
+        if (g < rows)
+            *(float2 *)p = make_float2(acc[i][0], acc[i][1]);
+        if (g + 8 < rows)
+            *(float2 *)(p + 8 * ld) = make_float2(acc[i][2], acc[i][3]);
+    }
+}
+
+/* ---- the key-side pass on bf16 mma.sync (gm_prep_kernel, with gm_state_kernel) ----
+ * gc_prep_kernel's work with the products regrouped around the bf16 values K, Q and V (exact
+ * operands, loaded by cp.async and ldmatrix, never converted): K K^T and Q K^T (the 10 lower
+ * 16 x 16 tiles each, exact products), their decay masks applied in registers (A to shared
+ * memory for the solve, Aqk to the workspace), T = (I + A)^-1 as gt_solve, then
+ * Wn = (T diag(-beta exp(cg))) K and U = (T diag(beta)) V with the scaled T split into hi + lo
+ * bf16 (two terms). Writes Wn, U, Aqk (its lower 16 x 16 tiles: the state pass reads no other)
+ * and cg for the rows of its chunk's tokens; not Qe and Kd. Shared memory: K, Q (then V, 64
+ * columns at a time) in bf16, A and T in f32: 73.7 KB at DK 128, three blocks an SM. */
+template <int DK>
+static size_t gm_prep_smem(void)
+{
+    return 2 * (size_t)2 * GT_C * (DK + 8) + sizeof(float) * (2 * (size_t)GT_C * GT_LC + 3 * 256 + 4 * GT_C);
+}
+
+template <int DK>
+__global__ void __launch_bounds__(GT_THREADS, 3)
+gm_prep_kernel(const bf16 *q, const bf16 *k, int64_t ldqk, const bf16 *v, int64_t ldv, const bf16 *a,
+               const bf16 *b, int64_t ldab, const float *A_log, const float *dt_bias, const int32_t *cu, int ratio,
+               int dv, gc_ws w)
+{
+    constexpr int LQ = DK + 8, LV = GT_DVB + 8, LC = GT_LC;
+    DF_DYN_SMEM(gm_raw);
+    bf16 *Ks = (bf16 *)gm_raw;  /* [C][LQ] */
+    bf16 *Qs = Ks + GT_C * LQ;  /* [C][LQ]: Q, then V, 64 columns at a time ([C][LV]) */
+    float *A = (float *)(Qs + GT_C * LQ); /* [C][LC]: A */
+    float *Tm = A + GT_C * LC;  /* [C][LC]: (I + A)^-1 */
+    float *X = Tm + GT_C * LC;  /* [3][256] */
+    float *cg = X + 3 * 256, *beta = cg + GT_C, *dec = beta + GT_C, *ecg = dec + GT_C; /* [C] each */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int s = blockIdx.y, j = blockIdx.z, kh = j / ratio;
+    const int64_t t0 = cu[s], n = cu[s + 1] - t0;
+    const float Alog = A_log[j], dtb = dt_bias[j];
+    const int wr = warp >> 1; /* the warp's 16-row strip of Wn and U */
+    for (int64_t c = blockIdx.x; c * GT_C < n; c += gridDim.x) {
+        const int64_t base = t0 + c * GT_C;
+        const int L = (int)(n - c * GT_C < GT_C ? n - c * GT_C : GT_C);
+        const int64_t prow = (int64_t)j * w.rows + base;
+        /* a: K, Q rows (zero past L), g (raw, in dec until the scan) and beta */
+        for (int i = tid; i < GT_C * (DK / 8); i += GT_THREADS) {
+            int r = i / (DK / 8), x = (i % (DK / 8)) * 8;
+            int64_t at = r < L ? (base + r) * ldqk + (int64_t)kh * DK + x : 0;
+            df_cp16(df_smem(Ks + r * LQ + x), k + at, r < L);
+            df_cp16(df_smem(Qs + r * LQ + x), q + at, r < L);
+        }
+        df_commit();
+        if (tid < GT_C) {
+            int64_t row = (base + tid) * ldab + j;
+            dec[tid] = tid < L ? -expf(Alog) * hy_softplus(to_f32(a[row]) + dtb) : 0.0f;
+            beta[tid] = tid < L ? hy_sigmoid(to_f32(b[row])) : 0.0f;
+        }
+        df_wait<0>();
+        __syncthreads();
+        if (warp == 0)
+            gt_scan(cg, dec, ecg, lane);
+        __syncthreads();
+        if (tid < L)
+            w.cg[prow + tid] = cg[tid];
+        /* b: K K^T and Q K^T, the lower 16 x 16 tiles (20 over the warps), masked and decayed in
+         * registers: A = strict-lower(beta_i kk exp(cg_i - cg_m)) to shared memory,
+         * Aqk = lower(qk exp(cg_i - cg_m)) (rows < L) to the workspace */
+        for (int job = warp; job < 20; job += GT_WARPS) {
+            int ti, tj;
+            gt_lower(job % 10, &ti, &tj);
+            const bool kk = job < 10;
+            float acc[2][4] = {};
+#pragma unroll 4
+            for (int k0 = 0; k0 < DK; k0 += 16) {
+                uint32_t fa[4], fb[4];
+                df_ldm(fa, gm_at_a(kk ? Ks : Qs, LQ, 16 * ti, k0, lane));
+                df_ldm(fb, gm_at_b(Ks, LQ, 16 * tj, k0, lane));
+                df_mma(acc[0], fa, fb[0], fb[1]);
+                df_mma(acc[1], fa, fb[2], fb[3]);
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int i = 16 * ti + g + (e >> 1) * 8, m = 16 * tj + 8 * h + 2 * t;
+                    float y0 = 0.0f, y1 = 0.0f;
+                    if (kk) {
+                        if (m < i)
+                            y0 = beta[i] * acc[h][e] * expf(cg[i] - cg[m]);
+                        if (m + 1 < i)
+                            y1 = beta[i] * acc[h][e + 1] * expf(cg[i] - cg[m + 1]);
+                        *(float2 *)(A + i * LC + m) = make_float2(y0, y1);
+                    } else if (i < L) {
+                        if (m <= i)
+                            y0 = acc[h][e] * expf(cg[i] - cg[m]);
+                        if (m + 1 <= i)
+                            y1 = acc[h][e + 1] * expf(cg[i] - cg[m + 1]);
+                        *(float2 *)(w.aqk + (prow + i) * GT_C + m) = make_float2(y0, y1);
+                    }
+                }
+        }
+        __syncthreads();
+        /* Q is done with: V's first 64 columns on their way during the solve */
+        for (int i = tid; i < GT_C * (GT_DVB / 8); i += GT_THREADS) {
+            int r = i / (GT_DVB / 8), x = (i % (GT_DVB / 8)) * 8;
+            df_cp16(df_smem(Qs + r * LV + x), v + (r < L ? (base + r) * ldv + (int64_t)j * dv + x : 0), r < L);
+        }
+        df_commit();
+        if (tid < GT_C)
+            dec[tid] = -beta[tid] * ecg[tid]; /* the column scale of T for Wn */
+        /* c: T = (I + A)^-1 (its barriers publish dec too) */
+        gt_solve(A, Tm, X);
+        /* d: Wn = (T diag(-beta exp(cg))) K: the warp's strip wr, DK / 2 columns; T lower: the
+         * k-tiles up to the diagonal */
+        {
+            constexpr int NT = DK / 16; /* 8-column tiles a warp */
+            const int n0 = (warp & 1) * (DK / 2);
+            float acc[NT][4] = {};
+            gm_tmul<NT>(acc, Tm, dec, Ks, LQ, n0, wr, lane);
+            gm_out_rows<NT>(w.wn + (prow + 16 * wr) * DK + n0, DK, acc, L - 16 * wr, lane);
+        }
+        /* e: U = (T diag(beta)) V, 64 value columns at a time: the warp's strip wr, 32 columns */
+        for (int c0 = 0; c0 < dv; c0 += GT_DVB) {
+            df_wait<0>();
+            __syncthreads();
+            const int n0 = (warp & 1) * (GT_DVB / 2);
+            float acc[4][4] = {};
+            gm_tmul<4>(acc, Tm, beta, Qs, LV, n0, wr, lane);
+            __syncthreads(); /* V read by every warp: the next 64 columns may come in */
+            if (c0 + GT_DVB < dv) {
+                for (int i = tid; i < GT_C * (GT_DVB / 8); i += GT_THREADS) {
+                    int r = i / (GT_DVB / 8), x = (i % (GT_DVB / 8)) * 8;
+                    df_cp16(df_smem(Qs + r * LV + x),
+                            v + (r < L ? (base + r) * ldv + (int64_t)j * dv + c0 + GT_DVB + x : 0), r < L);
+                }
+                df_commit();
+            }
+            gm_out_rows<4>(w.u + (prow + 16 * wr) * dv + c0 + n0, dv, acc, L - 16 * wr, lane);
         }
     }
 }

@@ -580,13 +580,16 @@ static bool gd_split_enabled(void)
     return !(v && v[0] == '0' && !v[1]);
 }
 
-/* The two-pass form's state pass on bf16 mma.sync (gm_state_kernel) is the default;
- * DFL_CUDA_GDN_MMA=0 selects the TF32 WMMA one (gc_state_kernel, whose key-side pass also writes
- * Qe and Kd). Read at every call, so that a test or a benchmark can run both. */
-static bool gd_mma_enabled(void)
+/* The two-pass form's passes on bf16 mma.sync (gm_prep_kernel, gm_state_kernel) are the default;
+ * DFL_CUDA_GDN_MMA=0 selects the TF32 WMMA ones (gc_prep_kernel, gc_state_kernel), =2 the TF32
+ * key-side pass with the mma.sync state pass (for timing each). Read at every call, so that a
+ * test or a benchmark can run them all. Returns 0, 1 or 2 as the variable does. */
+static int gd_mma_mode(void)
 {
     const char *v = getenv("DFL_CUDA_GDN_MMA");
-    return !(v && v[0] == '0' && !v[1]);
+    if (v && (v[0] == '0' || v[0] == '2') && !v[1])
+        return v[0] - '0';
+    return 1;
 }
 
 /* The two-pass form's workspace for this call (gdn_chunk.cuh, gc_ws: T + 64 rows a value head),
@@ -638,9 +641,11 @@ static int gd_split(dfl_be *be, const dfl_gated_delta *g, int passes = 3)
     gc_ws w;
     if (!gc_workspace<DK>(be, g, &w))
         return 1;
-    const bool mma = gd_mma_enabled() && gm_state_smem<DK>() <= cuda_of(be)->smem_optin;
-    size_t sp = gc_prep_smem<DK>(), ss = mma ? gm_state_smem<DK>() : gc_state_smem<DK>();
-    cudaError_t err = cudaFuncSetAttribute(gc_prep_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sp);
+    const int mode = gm_state_smem<DK>() <= cuda_of(be)->smem_optin ? gd_mma_mode() : 0;
+    const bool mma = mode != 0, mprep = mode == 1;
+    size_t sp = mprep ? gm_prep_smem<DK>() : gc_prep_smem<DK>(), ss = mma ? gm_state_smem<DK>() : gc_state_smem<DK>();
+    cudaError_t err = mprep ? cudaFuncSetAttribute(gm_prep_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sp)
+                            : cudaFuncSetAttribute(gc_prep_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sp);
     if (err == cudaSuccess)
         err = mma ? cudaFuncSetAttribute(gm_state_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss)
                   : cudaFuncSetAttribute(gc_state_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss);
@@ -649,10 +654,16 @@ static int gd_split(dfl_be *be, const dfl_gated_delta *g, int passes = 3)
     cudaStream_t st = cuda_of(be)->stream;
     dim3 gp((unsigned)(chunks < 65535 ? chunks : 65535), (unsigned)g->n_seqs, (unsigned)g->Hv);
     if (passes & 1) {
-        gc_prep_kernel<DK><<<gp, GT_THREADS, sp, st>>>(
-            (const bf16 *)g->q, (const bf16 *)g->k, g->ldqk, (const bf16 *)g->v, g->ldv,
-            (const bf16 *)g->a, (const bf16 *)g->b, g->ldab, g->A_log, g->dt_bias, g->cu_seqlens,
-            g->Hv / g->Hk, g->dv, w, mma ? 0 : 1);
+        if (mprep)
+            gm_prep_kernel<DK><<<gp, GT_THREADS, sp, st>>>(
+                (const bf16 *)g->q, (const bf16 *)g->k, g->ldqk, (const bf16 *)g->v, g->ldv,
+                (const bf16 *)g->a, (const bf16 *)g->b, g->ldab, g->A_log, g->dt_bias, g->cu_seqlens,
+                g->Hv / g->Hk, g->dv, w);
+        else
+            gc_prep_kernel<DK><<<gp, GT_THREADS, sp, st>>>(
+                (const bf16 *)g->q, (const bf16 *)g->k, g->ldqk, (const bf16 *)g->v, g->ldv,
+                (const bf16 *)g->a, (const bf16 *)g->b, g->ldab, g->A_log, g->dt_bias, g->cu_seqlens,
+                g->Hv / g->Hk, g->dv, w);
         int rc = cuda_launch_check(be, "gated delta rule (key-side pass)");
         if (rc)
             return rc;

@@ -1,6 +1,7 @@
 /* emu-gdn.cc: runs the two-pass chunked gated delta rule of kernels/gdn_chunk.cuh (gc_prep_kernel,
  * then gc_state_kernel: the bf16 tensor-core path of the CUDA backend's gated_delta), and the
- * one-kernel form beside it (gated_delta_tc_kernel), in the SIMT
+ * one-kernel form beside it (gated_delta_tc_kernel), and the bf16 mma.sync passes
+ * (gm_prep_kernel, gm_state_kernel: the default of the two-pass form), in the SIMT
  * emulator (simt.h, with the WMMA of wmma.h) and compares it with the CPU backend's token-by-token
  * recurrence (chunk 0) on the same bf16-rounded inputs: packed sequences of 1, 63, 64, 65 and 200
  * tokens (around the chunk of 64), key head dims 64 and 128, value head dims 64, 128 and 192, head
@@ -46,7 +47,7 @@ static double rows_rel(const bf16 *got, int64_t ldg, const float *want, int64_t 
 }
 
 /* grid_x > 0: the two-pass form, its key-side grid grid_x chunks wide, with the bf16 mma.sync
- * state pass (gm_state_kernel) when mma, else the TF32 one; 0: the one-kernel form */
+ * passes (gm_prep_kernel, gm_state_kernel) when mma, else the TF32 ones; 0: the one-kernel form */
 template <int DK>
 static void gdn_case(dfl_be *cpu, const std::vector<int32_t> &lens, int Hk, int Hv, int dv, int grid_x,
                      bool mma = true)
@@ -125,9 +126,12 @@ static void gdn_case(dfl_be *cpu, const std::vector<int32_t> &lens, int Hk, int 
     const bf16 *b = xab.data(), *a = b + Hv;
     const int ratio = Hv / Hk;
     if (grid_x > 0) {
-        emu::launch(dim3((unsigned)grid_x, (unsigned)S, (unsigned)Hv), dim3(GT_THREADS), gc_prep_smem<DK>(), [&] {
-            gc_prep_kernel<DK>(q, k, ldqk, v, ldqk, a, b, ldab, A_log.data(), dtb.data(), cu.data(), ratio, dv, w,
-                               mma ? 0 : 1);
+        emu::launch(dim3((unsigned)grid_x, (unsigned)S, (unsigned)Hv), dim3(GT_THREADS),
+                    mma ? gm_prep_smem<DK>() : gc_prep_smem<DK>(), [&] {
+            if (mma)
+                gm_prep_kernel<DK>(q, k, ldqk, v, ldqk, a, b, ldab, A_log.data(), dtb.data(), cu.data(), ratio, dv, w);
+            else
+                gc_prep_kernel<DK>(q, k, ldqk, v, ldqk, a, b, ldab, A_log.data(), dtb.data(), cu.data(), ratio, dv, w);
         });
         /* the key-side pass writes its tokens' rows only: the 64 past T stay NaN in every head */
         int64_t tail = 0;
@@ -176,7 +180,7 @@ static void gdn_case(dfl_be *cpu, const std::vector<int32_t> &lens, int Hk, int 
     bool ok = worst <= 5e-3 && touched == 0; /* the bf16 rounding of the output is ~2e-3 */
     char form[64];
     if (grid_x > 0)
-        snprintf(form, sizeof form, "two-pass (%s state pass), key-side grid %d", mma ? "bf16 mma.sync" : "TF32",
+        snprintf(form, sizeof form, "two-pass (%s passes), key-side grid %d", mma ? "bf16 mma.sync" : "TF32",
                  grid_x);
     else
         snprintf(form, sizeof form, "one-kernel");

@@ -7,8 +7,9 @@
  * chunked gated delta rule against the CPU's token-by-token recurrence on packed sequences of
  * 1, 63, 64, 65 and 5000 tokens, key/value head dims 64 and 128 and several head ratios (bf16
  * with key head dim 64 or 128 and value head dim a multiple of 64 runs on tensor cores, the
- * two-pass form with the bf16 mma.sync state pass, and those cases run the one-kernel form and the
- * two-pass form with the TF32 state pass (DFL_CUDA_GDN_MMA=0) too; the rest the SIMT kernel), with
+ * two-pass form with the bf16 mma.sync passes, and those cases run the one-kernel form, the
+ * two-pass form with the TF32 passes (DFL_CUDA_GDN_MMA=0) and with the TF32 key-side pass and the
+ * mma.sync state pass (=2) too; the rest the SIMT kernel), with
  * the random gates' fast decays and with slow ones, and at the Qwen3.5-27B shape the three
  * timed and compared. Every
  * device buffer has guard bands checked after the op, outputs start as NaN bytes, and every
@@ -256,11 +257,11 @@ static void delta_case(dfl_dtype act, const int32_t *lens, int S, int Hk, int Hv
         d.o = go.p;
         d.cu_seqlens = (const int32_t *)gcu.p;
         d.chunk = 64;
-        static const char *const form[3] = {"op", "one-kernel form", "op, TF32 state pass"};
-        for (int f = 0; f < (act == DFL_BF16 ? 3 : 1); f++) {
+        static const char *const form[4] = {"op", "one-kernel form", "op, TF32 passes", "op, TF32 key-side pass"};
+        for (int f = 0; f < (act == DFL_BF16 ? 4 : 1); f++) {
             nan_fill(&go);
-            if (f == 2)
-                setenv("DFL_CUDA_GDN_MMA", "0", 1);
+            if (f >= 2)
+                setenv("DFL_CUDA_GDN_MMA", f == 2 ? "0" : "2", 1);
             T_CHECK((f == 1 ? dfl_cuda_gated_delta_fused(gpu_be, &d) : gpu_be->ops->gated_delta(gpu_be, &d)) == 0,
                     "launch");
             unsetenv("DFL_CUDA_GDN_MMA");
@@ -371,9 +372,13 @@ static void test_delta_speed_27b(void)
         };
         double sec_key = delta_time(delta_key_pass, &d, 10), sec_state = delta_time(delta_state_pass, &d, 10);
         double sec = delta_time(delta_op, &d, 10);
-        /* the TF32 state pass (DFL_CUDA_GDN_MMA=0; its key-side pass also writes Qe and Kd) */
+        /* the TF32 passes (DFL_CUDA_GDN_MMA=0; the key-side pass also writes Qe and Kd), and the
+         * TF32 key-side pass with the mma.sync state pass (=2) */
         dfl_gated_delta dt = d;
         dt.o = gt.p;
+        setenv("DFL_CUDA_GDN_MMA", "2", 1);
+        double t2_key = delta_time(delta_key_pass, &dt, 10), t2_state = delta_time(delta_state_pass, &dt, 10);
+        double sec_2 = delta_time(delta_op, &dt, 10);
         setenv("DFL_CUDA_GDN_MMA", "0", 1);
         double tk_key = delta_time(delta_key_pass, &dt, 10), tk_state = delta_time(delta_state_pass, &dt, 10);
         double sec_tf = delta_time(delta_op, &dt, 10);
@@ -413,10 +418,13 @@ static void test_delta_speed_27b(void)
                sec_fused / sec, err, err_f);
         printf("# gated delta rule, two-pass form's passes alone: key-side %.3f ms, state %.3f ms\n",
                sec_key * 1e3, sec_state * 1e3);
-        printf("# gated delta rule, two-pass form with the TF32 state pass (DFL_CUDA_GDN_MMA=0): %.3f ms, %.1f "
-               "TFLOP/s (key-side %.3f ms, state %.3f ms); the bf16 mma.sync state pass %.2fx it; max row rel "
+        printf("# gated delta rule, two-pass form with the TF32 passes (DFL_CUDA_GDN_MMA=0): %.3f ms, %.1f "
+               "TFLOP/s (key-side %.3f ms, state %.3f ms); the bf16 mma.sync passes %.2fx it; max row rel "
                "difference from SIMT %.3g\n", sec_tf * 1e3, flops / sec_tf / 1e12, tk_key * 1e3, tk_state * 1e3,
                sec_tf / sec, err_t);
+        printf("# gated delta rule, two-pass form with the TF32 key-side pass and the mma.sync state pass "
+               "(DFL_CUDA_GDN_MMA=2): %.3f ms (key-side %.3f ms, state %.3f ms)\n", sec_2 * 1e3, t2_key * 1e3,
+               t2_state * 1e3);
         free(tf);
         free(got);
         free(fused);
