@@ -1,7 +1,8 @@
 /* gdn_chunk.cuh: the chunked gated delta rule on tensor cores (bf16 activations; launched by
  * kernels/hybrid.cu): TF32 WMMA helpers over f32 tiles, the chunk's decay scan, K K^T / Q K^T,
  * the block triangular solve (I + A)^-1 and the state update, shared by the one-kernel form
- * (gated_delta_tc_kernel) and the two-pass form (gc_prep_kernel, then gc_state_kernel). Included
+ * (gated_delta_tc_kernel) and the two-pass form (gc_prep_kernel, then gc_state_kernel); and the
+ * two-pass form on bf16 mma.sync (gm_prep_kernel, then gm_state_kernel: the default). Included
  * by hybrid.cu and by the SIMT emulator's check tests/emu/emu-gdn.cc (which supplies a WMMA of
  * its own, tests/emu/wmma.h). */
 #ifndef DFL_GDN_CHUNK_CUH
@@ -724,14 +725,14 @@ gc_state_kernel(gc_ws w, const int32_t *cu, bf16 *o, int64_t ldo, int Hv, int dv
  * bf16 value exactly (S, Wn, Aqk, Vn, dec Vn) is split into two bf16, x = hi + lo (hi = bf16(x),
  * lo = bf16(x - hi): 16 bits of mantissa, against TF32's 11), and the product takes the terms
  * hi*hi + hi*lo + lo*hi (one operand exact: two terms); so every product is at least as exact as
- * the TF32 one it replaces. One block per (sequence, value head, 64 value columns), 8 warps, the
- * chunks in order; S [DK, 64] lives in the warps' accumulators (warp w: 16 rows of S, 64 / (128 /
- * DK) columns) and as hi/lo bf16 copies of S^T in shared memory (the B operand of Q S and Wn S,
- * by ldmatrix). A chunk's operands are staged by cp.async into shared memory, zero past its L
+ * the TF32 one it replaces. One block per (sequence, value head, 64 value columns), NW warps (16
+ * by default, 8 with DFL_CUDA_GDN_STATE_WARPS=8), the chunks in order; S [DK, 64] lives in the
+ * warps' accumulators (each warp 16 rows of S, 64 DK / (8 NW) columns) and as hi/lo bf16 copies
+ * of S^T in shared memory (the B operand of Q S and Wn S, by ldmatrix). A chunk's operands are staged by cp.async into shared memory, zero past its L
  * tokens (so nothing past them, another sequence's rows or the unwritten rows of the workspace,
  * is read): Wn and U for the next chunk as soon as step 1 is done with them, Q, K, Aqk and cg as
  * soon as step 2 is. Per chunk:
- *   1. Vn = U + Wn S: warp w the 16-row strip w / 2, 32 columns; Vn^T to shared memory (f32)
+ *   1. Vn = U + Wn S: each warp 8 VN columns of a 16-row strip; Vn^T to shared memory (f32)
  *   2. (barrier) O, the same tiles: Q S, times exp(cg_i), + Aqk Vn (the k-tiles up to the
  *      diagonal), rows < L to the output (bf16, one rounding); then the warp's S tiles:
  *      S = exp(cg_last) S + K^T (dec Vn), K^T by ldmatrix .trans
@@ -805,34 +806,34 @@ __device__ __forceinline__ uint32_t gm_at_b(const bf16 *p, int ld, int n0, int k
 }
 
 /* The block stages Wn and the U slice of a chunk (rows at wn, u; L tokens, zero past them) */
-template <int DK>
+template <int DK, int NTH>
 __device__ __forceinline__ void gm_stage_wu(float *Wn, float *U, const float *wn, const float *u, int dv, int L)
 {
     constexpr int LW = gm_lay<DK>::LW, LV = gm_lay<DK>::LV;
-    for (int i = threadIdx.x; i < GT_C * (DK / 4); i += GT_THREADS) {
+    for (int i = threadIdx.x; i < GT_C * (DK / 4); i += NTH) {
         int r = i / (DK / 4), x = (i % (DK / 4)) * 4;
         df_cp16(df_smem(Wn + r * LW + x), wn + (r < L ? (int64_t)r * DK + x : 0), r < L);
     }
-    for (int i = threadIdx.x; i < GT_C * (GT_DVB / 4); i += GT_THREADS) {
+    for (int i = threadIdx.x; i < GT_C * (GT_DVB / 4); i += NTH) {
         int r = i / (GT_DVB / 4), x = (i % (GT_DVB / 4)) * 4;
         df_cp16(df_smem(U + r * LV + x), u + (r < L ? (int64_t)r * dv + x : 0), r < L);
     }
 }
 
 /* The block stages Q and K rows (at q, k, row stride ldqk), Aqk and cg of a chunk (zero past L) */
-template <int DK>
+template <int DK, int NTH>
 __device__ __forceinline__ void gm_stage_qk(bf16 *Qs, bf16 *Ks, float *Aq, float *cgs, const bf16 *q,
                                             const bf16 *k, int64_t ldqk, const float *aqk, const float *cg,
                                             int L)
 {
     constexpr int LQ = gm_lay<DK>::LQ, LV = gm_lay<DK>::LV;
-    for (int i = threadIdx.x; i < GT_C * (DK / 8); i += GT_THREADS) {
+    for (int i = threadIdx.x; i < GT_C * (DK / 8); i += NTH) {
         int r = i / (DK / 8), x = (i % (DK / 8)) * 8;
         int64_t at = r < L ? (int64_t)r * ldqk + x : 0;
         df_cp16(df_smem(Qs + r * LQ + x), q + at, r < L);
         df_cp16(df_smem(Ks + r * LQ + x), k + at, r < L);
     }
-    for (int i = threadIdx.x; i < GT_C * (GT_C / 4); i += GT_THREADS) {
+    for (int i = threadIdx.x; i < GT_C * (GT_C / 4); i += NTH) {
         int r = i / (GT_C / 4), x = (i % (GT_C / 4)) * 4;
         df_cp16(df_smem(Aq + r * LV + x), aqk + (r < L ? (int64_t)r * GT_C + x : 0), r < L);
     }
@@ -841,17 +842,20 @@ __device__ __forceinline__ void gm_stage_qk(bf16 *Qs, bf16 *Ks, float *Aq, float
         df_cp4(df_smem(cgs + tx), cg + (tx < L ? tx : 0), tx < L);
 }
 
-/* grid: sequences x value heads x dv / 64 slices, the slice fastest (as gc_state_kernel) */
-template <int DK>
-__global__ void __launch_bounds__(GT_THREADS, 1)
+/* grid: sequences x value heads x dv / 64 slices, the slice fastest (as gc_state_kernel); NW warps
+ * (8 or 16) */
+template <int DK, int NW>
+__global__ void __launch_bounds__(NW * 32, 1)
 gm_state_kernel(gc_ws w, const bf16 *q, const bf16 *k, int64_t ldqk, const int32_t *cu, bf16 *o, int64_t ldo,
                 int Hv, int ratio, int dv)
 {
     using Y = gm_lay<DK>;
     constexpr int LQ = Y::LQ, LW = Y::LW, LV = Y::LV;
-    constexpr int WPS = GT_WARPS / (DK / 16); /* warps per 16-row strip of S: 1 (DK 128) or 2 (DK 64) */
-    constexpr int SN = (GT_DVB / 8) / WPS;    /* 8-column tiles of S per warp */
-    static_assert(WPS * (DK / 16) == GT_WARPS && SN % 2 == 0, "state tiles per warp");
+    constexpr int NTH = NW * 32;
+    constexpr int WPS = NW / (DK / 16);    /* warps per 16-row strip of S */
+    constexpr int SN = (GT_DVB / 8) / WPS; /* 8-column tiles of S per warp */
+    constexpr int VN = 32 / NW;            /* 8-column tiles of Vn and O per warp (4 strips of 8) */
+    static_assert(WPS * (DK / 16) == NW && SN >= 1 && VN % 2 == 0, "tiles per warp");
     DF_DYN_SMEM(gm_raw);
     bf16 *Qs = (bf16 *)(gm_raw + Y::q), *Ks = (bf16 *)(gm_raw + Y::k);
     bf16 *Sh = (bf16 *)(gm_raw + Y::sh), *Sl = (bf16 *)(gm_raw + Y::sl); /* S^T [64][LQ] hi, lo */
@@ -862,7 +866,7 @@ gm_state_kernel(gc_ws w, const bf16 *q, const bf16 *k, int64_t ldqk, const int32
     const int s = blockIdx.x / (nsl * Hv), col0 = sl * GT_DVB, kh = j / ratio;
     const int64_t t0 = cu[s], n = cu[s + 1] - t0;
     const int sr = warp / WPS, sn0 = (warp % WPS) * SN; /* the warp's S tiles: rows 16 sr, columns 8 (sn0 + i) */
-    const int vr = warp >> 1, vn0 = (warp & 1) * 4;     /* its Vn and O tiles: rows 16 vr, columns 8 (vn0 + i) */
+    const int vr = warp / (8 / VN), vn0 = (warp % (8 / VN)) * VN; /* its Vn, O tiles: rows 16 vr, columns 8 (vn0 + i) */
     const bf16 *qh = q + (int64_t)kh * DK, *kh_ = k + (int64_t)kh * DK;
     if (n <= 0)
         return;
@@ -870,14 +874,14 @@ gm_state_kernel(gc_ws w, const bf16 *q, const bf16 *k, int64_t ldqk, const int32
 #pragma unroll
     for (int i = 0; i < SN; i++)
         Sa[i][0] = Sa[i][1] = Sa[i][2] = Sa[i][3] = 0.0f;
-    for (int i = tid; i < GT_DVB * LQ; i += GT_THREADS)
+    for (int i = tid; i < GT_DVB * LQ; i += NTH)
         Sh[i] = Sl[i] = __float2bfloat16_rn(0.0f);
     {
         const int L0 = (int)(n < GT_C ? n : GT_C);
         const int64_t prow = (int64_t)j * w.rows + t0;
-        gm_stage_wu<DK>(Wn, U, w.wn + prow * DK, w.u + prow * dv + col0, dv, L0);
+        gm_stage_wu<DK, NTH>(Wn, U, w.wn + prow * DK, w.u + prow * dv + col0, dv, L0);
         df_commit();
-        gm_stage_qk<DK>(Qs, Ks, Aq, cgs, qh + t0 * ldqk, kh_ + t0 * ldqk, ldqk, w.aqk + prow * GT_C, w.cg + prow, L0);
+        gm_stage_qk<DK, NTH>(Qs, Ks, Aq, cgs, qh + t0 * ldqk, kh_ + t0 * ldqk, ldqk, w.aqk + prow * GT_C, w.cg + prow, L0);
         df_commit();
     }
     const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
@@ -890,9 +894,9 @@ gm_state_kernel(gc_ws w, const bf16 *q, const bf16 *k, int64_t ldqk, const int32
         df_wait<1>();
         __syncthreads(); /* Wn, U of this chunk in; S^T of the last one written */
         /* 1: Vn = U + Wn S */
-        float acc[4][4];
+        float acc[VN][4];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < VN; i++) {
             const float *up = U + (16 * vr + g) * LV + 8 * (vn0 + i) + 2 * t;
             float2 u0 = *(const float2 *)up, u1 = *(const float2 *)(up + 8 * LV);
             acc[i][0] = u0.x;
@@ -905,7 +909,7 @@ gm_state_kernel(gc_ws w, const bf16 *q, const bf16 *k, int64_t ldqk, const int32
             uint32_t ah[4], al[4];
             gm_a_f32(ah, al, Wn + 16 * vr * LW + k0, LW, lane);
 #pragma unroll
-            for (int p = 0; p < 2; p++) {
+            for (int p = 0; p < VN / 2; p++) {
                 uint32_t bh[4], bl[4];
                 df_ldm(bh, gm_at_b(Sh, LQ, 8 * (vn0 + 2 * p), k0, lane));
                 df_ldm(bl, gm_at_b(Sl, LQ, 8 * (vn0 + 2 * p), k0, lane));
@@ -918,7 +922,7 @@ gm_state_kernel(gc_ws w, const bf16 *q, const bf16 *k, int64_t ldqk, const int32
             }
         }
 #pragma unroll
-        for (int i = 0; i < 4; i++) { /* Vn^T: column 8 (vn0 + i) + 2t (+1), token 16 vr + g (+8) */
+        for (int i = 0; i < VN; i++) { /* Vn^T: column 8 (vn0 + i) + 2t (+1), token 16 vr + g (+8) */
             float *vp = Vt + (8 * (vn0 + i) + 2 * t) * LV + 16 * vr + g;
             vp[0] = acc[i][0];
             vp[LV] = acc[i][1];
@@ -928,19 +932,19 @@ gm_state_kernel(gc_ws w, const bf16 *q, const bf16 *k, int64_t ldqk, const int32
         df_wait<0>();
         __syncthreads(); /* Vn in; Q, K, Aqk, cg of this chunk in; Wn, U free */
         if (more) {
-            gm_stage_wu<DK>(Wn, U, w.wn + nprow * DK, w.u + nprow * dv + col0, dv, nL);
+            gm_stage_wu<DK, NTH>(Wn, U, w.wn + nprow * DK, w.u + nprow * dv + col0, dv, nL);
             df_commit();
         }
         /* 2: O = exp(cg) (Q S) + Aqk Vn */
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < VN; i++)
             acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 #pragma unroll 2
         for (int k0 = 0; k0 < DK; k0 += 16) {
             uint32_t a[4];
             df_ldm(a, gm_at_a(Qs, LQ, 16 * vr, k0, lane));
 #pragma unroll
-            for (int p = 0; p < 2; p++) {
+            for (int p = 0; p < VN / 2; p++) {
                 uint32_t bh[4], bl[4];
                 df_ldm(bh, gm_at_b(Sh, LQ, 8 * (vn0 + 2 * p), k0, lane));
                 df_ldm(bl, gm_at_b(Sl, LQ, 8 * (vn0 + 2 * p), k0, lane));
@@ -954,7 +958,7 @@ gm_state_kernel(gc_ws w, const bf16 *q, const bf16 *k, int64_t ldqk, const int32
         {
             const float e0 = expf(cgs[16 * vr + g]), e1 = expf(cgs[16 * vr + g + 8]);
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
+            for (int i = 0; i < VN; i++) {
                 acc[i][0] *= e0;
                 acc[i][1] *= e0;
                 acc[i][2] *= e1;
@@ -965,7 +969,7 @@ gm_state_kernel(gc_ws w, const bf16 *q, const bf16 *k, int64_t ldqk, const int32
             uint32_t ah[4], al[4];
             gm_a_f32(ah, al, Aq + 16 * vr * LV + 16 * kk, LV, lane);
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
+            for (int i = 0; i < VN; i++) {
                 uint32_t bh[2], bl[2];
                 gm_b_f32(bh, bl, Vt + 8 * (vn0 + i) * LV + 16 * kk, LV, lane, one);
                 df_mma(acc[i], ah, bh[0], bh[1]);
@@ -977,7 +981,7 @@ gm_state_kernel(gc_ws w, const bf16 *q, const bf16 *k, int64_t ldqk, const int32
             const int r0 = 16 * vr + g;
             bf16 *op = o + (base + r0) * ldo + (int64_t)j * dv + col0 + 8 * vn0 + 2 * t;
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
+            for (int i = 0; i < VN; i++) {
                 if (r0 < L)
                     *(__nv_bfloat162 *)(op + 8 * i) = __floats2bfloat162_rn(acc[i][0], acc[i][1]);
                 if (r0 + 8 < L)
@@ -1007,7 +1011,7 @@ gm_state_kernel(gc_ws w, const bf16 *q, const bf16 *k, int64_t ldqk, const int32
         }
         __syncthreads(); /* S^T, Q, K, Aqk, cg read by every warp */
         if (more) {
-            gm_stage_qk<DK>(Qs, Ks, Aq, cgs, qh + nb * ldqk, kh_ + nb * ldqk, ldqk, w.aqk + nprow * GT_C,
+            gm_stage_qk<DK, NTH>(Qs, Ks, Aq, cgs, qh + nb * ldqk, kh_ + nb * ldqk, ldqk, w.aqk + nprow * GT_C,
                             w.cg + nprow, nL);
             df_commit();
         }

@@ -592,6 +592,13 @@ static int gd_mma_mode(void)
     return 1;
 }
 
+/* The mma.sync state pass's warps a block: 16, or 8 with DFL_CUDA_GDN_STATE_WARPS=8 (for timing) */
+static int gd_state_warps(void)
+{
+    const char *v = getenv("DFL_CUDA_GDN_STATE_WARPS");
+    return v && v[0] == '8' && !v[1] ? 8 : 16;
+}
+
 /* The two-pass form's workspace for this call (gdn_chunk.cuh, gc_ws: T + 64 rows a value head),
  * grown through be_alloc and zeroed when it grows; false (nothing recorded) where it cannot be
  * had: the allocation frozen or the memory short. */
@@ -643,12 +650,14 @@ static int gd_split(dfl_be *be, const dfl_gated_delta *g, int passes = 3)
         return 1;
     const int mode = gm_state_smem<DK>() <= cuda_of(be)->smem_optin ? gd_mma_mode() : 0;
     const bool mma = mode != 0, mprep = mode == 1;
+    const int nw = gd_state_warps();
     size_t sp = mprep ? gm_prep_smem<DK>() : gc_prep_smem<DK>(), ss = mma ? gm_state_smem<DK>() : gc_state_smem<DK>();
     cudaError_t err = mprep ? cudaFuncSetAttribute(gm_prep_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sp)
                             : cudaFuncSetAttribute(gc_prep_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sp);
     if (err == cudaSuccess)
-        err = mma ? cudaFuncSetAttribute(gm_state_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss)
-                  : cudaFuncSetAttribute(gc_state_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss);
+        err = !mma ? cudaFuncSetAttribute(gc_state_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss)
+              : nw == 8 ? cudaFuncSetAttribute(gm_state_kernel<DK, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss)
+                        : cudaFuncSetAttribute(gm_state_kernel<DK, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss);
     if (err != cudaSuccess)
         return cuda_op_fail(be, DFL_EDEVICE, "gated delta rule: %s", cudaGetErrorString(err));
     cudaStream_t st = cuda_of(be)->stream;
@@ -671,10 +680,14 @@ static int gd_split(dfl_be *be, const dfl_gated_delta *g, int passes = 3)
     if (!(passes & 2))
         return 0;
     const unsigned blocks = (unsigned)(g->n_seqs * g->Hv * nsl);
-    if (mma)
-        gm_state_kernel<DK><<<blocks, GT_THREADS, ss, st>>>(w, (const bf16 *)g->q, (const bf16 *)g->k, g->ldqk,
-                                                            g->cu_seqlens, (bf16 *)g->o, g->ldo, g->Hv,
-                                                            g->Hv / g->Hk, g->dv);
+    if (mma && nw == 8)
+        gm_state_kernel<DK, 8><<<blocks, 256, ss, st>>>(w, (const bf16 *)g->q, (const bf16 *)g->k, g->ldqk,
+                                                        g->cu_seqlens, (bf16 *)g->o, g->ldo, g->Hv,
+                                                        g->Hv / g->Hk, g->dv);
+    else if (mma)
+        gm_state_kernel<DK, 16><<<blocks, 512, ss, st>>>(w, (const bf16 *)g->q, (const bf16 *)g->k, g->ldqk,
+                                                         g->cu_seqlens, (bf16 *)g->o, g->ldo, g->Hv,
+                                                         g->Hv / g->Hk, g->dv);
     else
         gc_state_kernel<DK><<<blocks, GT_THREADS, ss, st>>>(w, g->cu_seqlens, (bf16 *)g->o, g->ldo, g->Hv, g->dv);
     return cuda_launch_check(be, "gated delta rule (state pass)");

@@ -47,10 +47,11 @@ static double rows_rel(const bf16 *got, int64_t ldg, const float *want, int64_t 
 }
 
 /* grid_x > 0: the two-pass form, its key-side grid grid_x chunks wide, with the bf16 mma.sync
- * passes (gm_prep_kernel, gm_state_kernel) when mma, else the TF32 ones; 0: the one-kernel form */
+ * passes (gm_prep_kernel, gm_state_kernel of state_warps warps) when mma, else the TF32 ones; 0:
+ * the one-kernel form */
 template <int DK>
 static void gdn_case(dfl_be *cpu, const std::vector<int32_t> &lens, int Hk, int Hv, int dv, int grid_x,
-                     bool mma = true)
+                     bool mma = true, int state_warps = 16)
 {
     const int S = (int)lens.size();
     std::vector<int32_t> cu((size_t)S + 1, 0);
@@ -158,9 +159,13 @@ static void gdn_case(dfl_be *cpu, const std::vector<int32_t> &lens, int Hk, int 
             printf("FAIL gdn two-pass DK %d dv %d: %lld values of Qe, Kd written\n", DK, dv, (long long)qk);
             failures++;
         }
-        if (mma)
-            emu::launch(dim3((unsigned)(S * Hv * (dv / GT_DVB))), dim3(GT_THREADS), gm_state_smem<DK>(), [&] {
-                gm_state_kernel<DK>(w, q, k, ldqk, cu.data(), o.data(), ldo, Hv, ratio, dv);
+        if (mma && state_warps == 8)
+            emu::launch(dim3((unsigned)(S * Hv * (dv / GT_DVB))), dim3(256), gm_state_smem<DK>(), [&] {
+                gm_state_kernel<DK, 8>(w, q, k, ldqk, cu.data(), o.data(), ldo, Hv, ratio, dv);
+            });
+        else if (mma)
+            emu::launch(dim3((unsigned)(S * Hv * (dv / GT_DVB))), dim3(512), gm_state_smem<DK>(), [&] {
+                gm_state_kernel<DK, 16>(w, q, k, ldqk, cu.data(), o.data(), ldo, Hv, ratio, dv);
             });
         else
             emu::launch(dim3((unsigned)(S * Hv * (dv / GT_DVB))), dim3(GT_THREADS), gc_state_smem<DK>(), [&] {
@@ -180,8 +185,8 @@ static void gdn_case(dfl_be *cpu, const std::vector<int32_t> &lens, int Hk, int 
     bool ok = worst <= 5e-3 && touched == 0; /* the bf16 rounding of the output is ~2e-3 */
     char form[64];
     if (grid_x > 0)
-        snprintf(form, sizeof form, "two-pass (%s passes), key-side grid %d", mma ? "bf16 mma.sync" : "TF32",
-                 grid_x);
+        snprintf(form, sizeof form, "two-pass (%s passes%s), key-side grid %d", mma ? "bf16 mma.sync" : "TF32",
+                 mma ? (state_warps == 8 ? ", 8-warp state" : ", 16-warp state") : "", grid_x);
     else
         snprintf(form, sizeof form, "one-kernel");
     printf("%s gdn %s, DK %d dv %d Hk %d Hv %d, %d sequences (T %lld): max row rel err %.3g, %lld pad "
@@ -304,7 +309,9 @@ int main()
     gdn_case<64>(cpu, lens, 2, 4, 64, 4);
     gdn_case<64>(cpu, {100, 7}, 1, 3, 128, 2);
     gdn_case<128>(cpu, {70, 1}, 1, 2, 192, 2);
-    gdn_case<128>(cpu, lens, 1, 1, 128, 4, false); /* the TF32 state pass (DFL_CUDA_GDN_MMA=0) */
+    gdn_case<128>(cpu, {65, 130}, 2, 6, 128, 1, true, 8); /* the 8-warp state pass */
+    gdn_case<64>(cpu, lens, 2, 4, 64, 4, true, 8);
+    gdn_case<128>(cpu, lens, 1, 1, 128, 4, false); /* the TF32 passes (DFL_CUDA_GDN_MMA=0) */
     gdn_case<64>(cpu, {65, 130}, 1, 3, 128, 2, false);
     gdn_case<128>(cpu, lens, 2, 6, 128, 0); /* the one-kernel form, on the same helpers */
     gdn_case<64>(cpu, {65, 130}, 1, 3, 128, 0);
