@@ -51,7 +51,7 @@ static double rows_rel(const bf16 *got, int64_t ldg, const float *want, int64_t 
  * the one-kernel form */
 template <int DK>
 static void gdn_case(dfl_be *cpu, const std::vector<int32_t> &lens, int Hk, int Hv, int dv, int grid_x,
-                     bool mma = true, int state_warps = 16)
+                     bool mma = true, int state_warps = 8)
 {
     const int S = (int)lens.size();
     std::vector<int32_t> cu((size_t)S + 1, 0);
@@ -309,8 +309,8 @@ int main()
     gdn_case<64>(cpu, lens, 2, 4, 64, 4);
     gdn_case<64>(cpu, {100, 7}, 1, 3, 128, 2);
     gdn_case<128>(cpu, {70, 1}, 1, 2, 192, 2);
-    gdn_case<128>(cpu, {65, 130}, 2, 6, 128, 1, true, 8); /* the 8-warp state pass */
-    gdn_case<64>(cpu, lens, 2, 4, 64, 4, true, 8);
+    gdn_case<128>(cpu, {65, 130}, 2, 6, 128, 1, true, 16); /* the 16-warp state pass */
+    gdn_case<64>(cpu, lens, 2, 4, 64, 4, true, 16);
     gdn_case<128>(cpu, lens, 1, 1, 128, 4, false); /* the TF32 passes (DFL_CUDA_GDN_MMA=0) */
     gdn_case<64>(cpu, {65, 130}, 1, 3, 128, 2, false);
     gdn_case<128>(cpu, lens, 2, 6, 128, 0); /* the one-kernel form, on the same helpers */

@@ -9,7 +9,7 @@
  * with key head dim 64 or 128 and value head dim a multiple of 64 runs on tensor cores, the
  * two-pass form with the bf16 mma.sync passes, and those cases run the one-kernel form, the
  * two-pass form with the TF32 passes (DFL_CUDA_GDN_MMA=0) and with the TF32 key-side pass and the
- * mma.sync state pass (=2), and with the state pass on 8 warps a block (DFL_CUDA_GDN_STATE_WARPS=8)
+ * mma.sync state pass (=2), and with the state pass on 16 warps a block (DFL_CUDA_GDN_STATE_WARPS=16)
  * too; the rest the SIMT kernel), with
  * the random gates' fast decays and with slow ones, and at the Qwen3.5-27B shape the three
  * timed and compared. Every
@@ -259,13 +259,13 @@ static void delta_case(dfl_dtype act, const int32_t *lens, int S, int Hk, int Hv
         d.cu_seqlens = (const int32_t *)gcu.p;
         d.chunk = 64;
         static const char *const form[5] = {"op", "one-kernel form", "op, TF32 passes", "op, TF32 key-side pass",
-                                            "op, 8-warp state pass"};
+                                            "op, 16-warp state pass"};
         for (int f = 0; f < (act == DFL_BF16 ? 5 : 1); f++) {
             nan_fill(&go);
             if (f == 2 || f == 3)
                 setenv("DFL_CUDA_GDN_MMA", f == 2 ? "0" : "2", 1);
             if (f == 4)
-                setenv("DFL_CUDA_GDN_STATE_WARPS", "8", 1);
+                setenv("DFL_CUDA_GDN_STATE_WARPS", "16", 1);
             T_CHECK((f == 1 ? dfl_cuda_gated_delta_fused(gpu_be, &d) : gpu_be->ops->gated_delta(gpu_be, &d)) == 0,
                     "launch");
             unsetenv("DFL_CUDA_GDN_MMA");
@@ -385,8 +385,8 @@ static void test_delta_speed_27b(void)
         double t2_key = delta_time(delta_key_pass, &dt, 10), t2_state = delta_time(delta_state_pass, &dt, 10);
         double sec_2 = delta_time(delta_op, &dt, 10);
         unsetenv("DFL_CUDA_GDN_MMA");
-        setenv("DFL_CUDA_GDN_STATE_WARPS", "8", 1);
-        double t8_state = delta_time(delta_state_pass, &dt, 10), sec_8 = delta_time(delta_op, &dt, 10);
+        setenv("DFL_CUDA_GDN_STATE_WARPS", "16", 1);
+        double t16_state = delta_time(delta_state_pass, &dt, 10), sec_16 = delta_time(delta_op, &dt, 10);
         unsetenv("DFL_CUDA_GDN_STATE_WARPS");
         setenv("DFL_CUDA_GDN_MMA", "0", 1);
         double tk_key = delta_time(delta_key_pass, &dt, 10), tk_state = delta_time(delta_state_pass, &dt, 10);
@@ -434,8 +434,8 @@ static void test_delta_speed_27b(void)
         printf("# gated delta rule, two-pass form with the TF32 key-side pass and the mma.sync state pass "
                "(DFL_CUDA_GDN_MMA=2): %.3f ms (key-side %.3f ms, state %.3f ms)\n", sec_2 * 1e3, t2_key * 1e3,
                t2_state * 1e3);
-        printf("# gated delta rule, two-pass form with the mma.sync passes, the state pass on 8 warps a block "
-               "(DFL_CUDA_GDN_STATE_WARPS=8): %.3f ms (state %.3f ms)\n", sec_8 * 1e3, t8_state * 1e3);
+        printf("# gated delta rule, two-pass form with the mma.sync passes, the state pass on 16 warps a block "
+               "(DFL_CUDA_GDN_STATE_WARPS=16): %.3f ms (state %.3f ms)\n", sec_16 * 1e3, t16_state * 1e3);
         free(tf);
         free(got);
         free(fused);
