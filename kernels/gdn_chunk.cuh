@@ -1,7 +1,8 @@
 /* gdn_chunk.cuh: the chunked gated delta rule on tensor cores (bf16 activations; launched by
  * kernels/hybrid.cu): TF32 WMMA helpers over f32 tiles, the chunk's decay scan, K K^T / Q K^T,
  * the block triangular solve (I + A)^-1 and the state update, shared by the one-kernel form
- * (gated_delta_tc_kernel) and the two-pass form (gc_prep_kernel, then gc_state_kernel). Included
+ * (gated_delta_tc_kernel) and the two-pass form (gc_prep_kernel, then gc_state_kernel); and the
+ * two-pass form on bf16 mma.sync (gm_prep_kernel, then gm_state_kernel: the default). Included
  * by hybrid.cu and by the SIMT emulator's check tests/emu/emu-gdn.cc (which supplies a WMMA of
  * its own, tests/emu/wmma.h). */
 #ifndef DFL_GDN_CHUNK_CUH
@@ -9,6 +10,8 @@
 
 #ifndef DFL_SIMT_H
 #include <mma.h>
+
+#include "dflash_ptx.cuh"
 #endif
 #ifndef DF_DYN_SMEM
 #define DF_DYN_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
@@ -710,6 +713,505 @@ gc_state_kernel(gc_ws w, const int32_t *cu, bf16 *o, int64_t ldo, int Hv, int dv
         __syncthreads();
         /* 3: O rows < L out, 8 columns per 16-byte store */
         gt_store_rows(o + base * ldo + (int64_t)j * dv + col0, ldo, O, L);
+    }
+}
+
+/* ---- the state pass on bf16 mma.sync (gm_state_kernel, the default) ----
+ * The same chunk algebra as gc_state_kernel, with the decays applied to rows around the
+ * products instead of to stored operands, so that Q and K come straight from the activations
+ * (bf16, exact) and the key-side pass writes neither Qe nor Kd:
+ *   Vn = U + Wn S;  O = diag(exp(cg)) (Q S) + Aqk Vn;  S = exp(cg_last) S + K^T (diag(dec) Vn)
+ * Products on mma.sync m16n8k16 (bf16 operands, f32 accumulation). An operand that is not a
+ * bf16 value exactly (S, Wn, Aqk, Vn, dec Vn) is split into two bf16, x = hi + lo (hi = bf16(x),
+ * lo = bf16(x - hi): 16 bits of mantissa, against TF32's 11), and the product takes the terms
+ * hi*hi + hi*lo + lo*hi (one operand exact: two terms); so every product is at least as exact as
+ * the TF32 one it replaces. One block per (sequence, value head, 64 value columns), NW warps (8
+ * by default, 16 with DFL_CUDA_GDN_STATE_WARPS=16), the chunks in order; S [DK, 64] lives in the
+ * warps' accumulators (each warp 16 rows of S, 64 DK / (8 NW) columns) and as hi/lo bf16 copies
+ * of S^T in shared memory (the B operand of Q S and Wn S, by ldmatrix). A chunk's operands are staged by cp.async into shared memory, zero past its L
+ * tokens (so nothing past them, another sequence's rows or the unwritten rows of the workspace,
+ * is read): Wn and U for the next chunk as soon as step 1 is done with them, Q, K, Aqk and cg as
+ * soon as step 2 is. On the H200 at the Qwen3.5-27B shape (tests/gpu/gpu-hybrid, 48 value heads
+ * of 128, 8 x 2048 tokens): the two passes 2.140 ms with the state pass on 8 warps (2.276 ms on
+ * 16: key-side 0.917 ms, state 1.358 ms; 8 warps: state 1.222 ms) against the TF32 passes'
+ * 3.972 ms (key-side 1.933, state 2.043) in the same run; max row difference from the SIMT
+ * kernel 0.000777 against 0.00187. Per chunk:
+ *   1. Vn = U + Wn S: each warp 8 VN columns of a 16-row strip; Vn^T to shared memory (f32)
+ *   2. (barrier) O, the same tiles: Q S, times exp(cg_i), + Aqk Vn (the k-tiles up to the
+ *      diagonal), rows < L to the output (bf16, one rounding); then the warp's S tiles:
+ *      S = exp(cg_last) S + K^T (dec Vn), K^T by ldmatrix .trans
+ *   3. (barrier) S^T hi/lo to shared memory */
+template <int DK> struct gm_lay {
+    static constexpr int LQ = DK + 8;   /* bf16 row stride of Q, K, S^T hi / lo (elements) */
+    static constexpr int LW = DK + 8;   /* f32 row stride of Wn */
+    static constexpr int LV = GT_C + 8; /* f32 row stride of U, Aqk, Vn^T */
+    static constexpr size_t q = 0, k = q + 2 * GT_C * LQ, wn = k + 2 * GT_C * LQ, u = wn + 4 * GT_C * LW;
+    static constexpr size_t aqk = u + 4 * GT_C * LV, vt = aqk + 4 * GT_C * LV, sh = vt + 4 * GT_DVB * LV;
+    static constexpr size_t sl = sh + 2 * GT_DVB * LQ, cg = sl + 2 * GT_DVB * LQ, bytes = cg + 4 * GT_C;
+};
+
+template <int DK>
+static size_t gm_state_smem(void)
+{
+    return gm_lay<DK>::bytes;
+}
+
+/* x0, x1 as bf16 pairs hi (bf16(x)) and lo (bf16(x - hi)) */
+__device__ __forceinline__ void gm_split(float x0, float x1, uint32_t &hi, uint32_t &lo)
+{
+    hi = df_pack(x0, x1);
+    lo = df_pack(x0 - df_bf_lo(hi), x1 - df_bf_hi(hi));
+}
+
+/* The A fragment (16 x 16) of f32 rows at p (row stride ld), split into hi and lo; with cs, each
+ * column k times cs[k] first */
+__device__ __forceinline__ void gm_a_f32(uint32_t (&hi)[4], uint32_t (&lo)[4], const float *p, int ld, int lane,
+                                         const float *cs = nullptr)
+{
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const int c = 2 * t + (r >> 1) * 8;
+        float2 x = *(const float2 *)(p + (g + (r & 1) * 8) * ld + c);
+        if (cs) {
+            x.x *= cs[c];
+            x.y *= cs[c + 1];
+        }
+        gm_split(x.x, x.y, hi[r], lo[r]);
+    }
+}
+
+/* The B fragment (16 x 8) of a tile stored transposed in f32 (p: its column n0 = row n0 of the
+ * storage, k along the row; row stride ld), each k scaled by d[] (k = 2t, 2t + 1, 2t + 8,
+ * 2t + 9), split into hi and lo */
+__device__ __forceinline__ void gm_b_f32(uint32_t (&hi)[2], uint32_t (&lo)[2], const float *p, int ld, int lane,
+                                         const float (&d)[4])
+{
+    const int g = lane >> 2, t = lane & 3;
+    float2 x0 = *(const float2 *)(p + g * ld + 2 * t), x1 = *(const float2 *)(p + g * ld + 2 * t + 8);
+    gm_split(x0.x * d[0], x0.y * d[1], hi[0], lo[0]);
+    gm_split(x1.x * d[2], x1.y * d[3], hi[1], lo[1]);
+}
+
+/* ldmatrix addresses: the A fragment of rows m0, columns k0 of a bf16 row-major tile; the same of
+ * its transpose (A = X^T, X [k][m] stored: rows k0, columns m0); the B fragments of two 8-column
+ * tiles n0, n0 + 8 of a tile stored transposed ([n][k]: rows n0, columns k0) */
+__device__ __forceinline__ uint32_t gm_at_a(const bf16 *p, int ld, int m0, int k0, int lane)
+{
+    return df_smem(p + (m0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + k0 + (lane >> 4) * 8);
+}
+__device__ __forceinline__ uint32_t gm_at_at(const bf16 *p, int ld, int m0, int k0, int lane)
+{
+    return df_smem(p + (k0 + (lane & 7) + (lane >> 4) * 8) * ld + m0 + ((lane >> 3) & 1) * 8);
+}
+__device__ __forceinline__ uint32_t gm_at_b(const bf16 *p, int ld, int n0, int k0, int lane)
+{
+    return df_smem(p + (n0 + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8);
+}
+
+/* The block stages Wn and the U slice of a chunk (rows at wn, u; L tokens, zero past them) */
+template <int DK, int NTH>
+__device__ __forceinline__ void gm_stage_wu(float *Wn, float *U, const float *wn, const float *u, int dv, int L)
+{
+    constexpr int LW = gm_lay<DK>::LW, LV = gm_lay<DK>::LV;
+    for (int i = threadIdx.x; i < GT_C * (DK / 4); i += NTH) {
+        int r = i / (DK / 4), x = (i % (DK / 4)) * 4;
+        df_cp16(df_smem(Wn + r * LW + x), wn + (r < L ? (int64_t)r * DK + x : 0), r < L);
+    }
+    for (int i = threadIdx.x; i < GT_C * (GT_DVB / 4); i += NTH) {
+        int r = i / (GT_DVB / 4), x = (i % (GT_DVB / 4)) * 4;
+        df_cp16(df_smem(U + r * LV + x), u + (r < L ? (int64_t)r * dv + x : 0), r < L);
+    }
+}
+
+/* The block stages Q and K rows (at q, k, row stride ldqk), Aqk and cg of a chunk (zero past L) */
+template <int DK, int NTH>
+__device__ __forceinline__ void gm_stage_qk(bf16 *Qs, bf16 *Ks, float *Aq, float *cgs, const bf16 *q,
+                                            const bf16 *k, int64_t ldqk, const float *aqk, const float *cg,
+                                            int L)
+{
+    constexpr int LQ = gm_lay<DK>::LQ, LV = gm_lay<DK>::LV;
+    for (int i = threadIdx.x; i < GT_C * (DK / 8); i += NTH) {
+        int r = i / (DK / 8), x = (i % (DK / 8)) * 8;
+        int64_t at = r < L ? (int64_t)r * ldqk + x : 0;
+        df_cp16(df_smem(Qs + r * LQ + x), q + at, r < L);
+        df_cp16(df_smem(Ks + r * LQ + x), k + at, r < L);
+    }
+    for (int i = threadIdx.x; i < GT_C * (GT_C / 4); i += NTH) {
+        int r = i / (GT_C / 4), x = (i % (GT_C / 4)) * 4;
+        df_cp16(df_smem(Aq + r * LV + x), aqk + (r < L ? (int64_t)r * GT_C + x : 0), r < L);
+    }
+    const int tx = (int)threadIdx.x;
+    if (tx < GT_C)
+        df_cp4(df_smem(cgs + tx), cg + (tx < L ? tx : 0), tx < L);
+}
+
+/* grid: sequences x value heads x dv / 64 slices, the slice fastest (as gc_state_kernel); NW warps
+ * (8 or 16) */
+template <int DK, int NW>
+__global__ void __launch_bounds__(NW * 32, 1)
+gm_state_kernel(gc_ws w, const bf16 *q, const bf16 *k, int64_t ldqk, const int32_t *cu, bf16 *o, int64_t ldo,
+                int Hv, int ratio, int dv)
+{
+    using Y = gm_lay<DK>;
+    constexpr int LQ = Y::LQ, LW = Y::LW, LV = Y::LV;
+    constexpr int NTH = NW * 32;
+    constexpr int WPS = NW / (DK / 16);    /* warps per 16-row strip of S */
+    constexpr int SN = (GT_DVB / 8) / WPS; /* 8-column tiles of S per warp */
+    constexpr int VN = 32 / NW;            /* 8-column tiles of Vn and O per warp (4 strips of 8) */
+    static_assert(WPS * (DK / 16) == NW && SN >= 1 && VN % 2 == 0, "tiles per warp");
+    DF_DYN_SMEM(gm_raw);
+    bf16 *Qs = (bf16 *)(gm_raw + Y::q), *Ks = (bf16 *)(gm_raw + Y::k);
+    bf16 *Sh = (bf16 *)(gm_raw + Y::sh), *Sl = (bf16 *)(gm_raw + Y::sl); /* S^T [64][LQ] hi, lo */
+    float *Wn = (float *)(gm_raw + Y::wn), *U = (float *)(gm_raw + Y::u), *Aq = (float *)(gm_raw + Y::aqk);
+    float *Vt = (float *)(gm_raw + Y::vt), *cgs = (float *)(gm_raw + Y::cg); /* Vn^T [64][LV] */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int nsl = dv / GT_DVB, sl = blockIdx.x % nsl, j = (blockIdx.x / nsl) % Hv;
+    const int s = blockIdx.x / (nsl * Hv), col0 = sl * GT_DVB, kh = j / ratio;
+    const int64_t t0 = cu[s], n = cu[s + 1] - t0;
+    const int sr = warp / WPS, sn0 = (warp % WPS) * SN; /* the warp's S tiles: rows 16 sr, columns 8 (sn0 + i) */
+    const int vr = warp / (8 / VN), vn0 = (warp % (8 / VN)) * VN; /* its Vn, O tiles: rows 16 vr, columns 8 (vn0 + i) */
+    const bf16 *qh = q + (int64_t)kh * DK, *kh_ = k + (int64_t)kh * DK;
+    if (n <= 0)
+        return;
+    float Sa[SN][4];
+#pragma unroll
+    for (int i = 0; i < SN; i++)
+        Sa[i][0] = Sa[i][1] = Sa[i][2] = Sa[i][3] = 0.0f;
+    for (int i = tid; i < GT_DVB * LQ; i += NTH)
+        Sh[i] = Sl[i] = __float2bfloat16_rn(0.0f);
+    {
+        const int L0 = (int)(n < GT_C ? n : GT_C);
+        const int64_t prow = (int64_t)j * w.rows + t0;
+        gm_stage_wu<DK, NTH>(Wn, U, w.wn + prow * DK, w.u + prow * dv + col0, dv, L0);
+        df_commit();
+        gm_stage_qk<DK, NTH>(Qs, Ks, Aq, cgs, qh + t0 * ldqk, kh_ + t0 * ldqk, ldqk, w.aqk + prow * GT_C, w.cg + prow, L0);
+        df_commit();
+    }
+    const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    for (int64_t c = 0; c * GT_C < n; c++) {
+        const int64_t base = t0 + c * GT_C;
+        const int L = (int)(n - c * GT_C < GT_C ? n - c * GT_C : GT_C);
+        const bool more = (c + 1) * GT_C < n;
+        const int64_t nb = base + GT_C, nprow = (int64_t)j * w.rows + nb;
+        const int nL = more ? (int)(n - (c + 1) * GT_C < GT_C ? n - (c + 1) * GT_C : GT_C) : 0;
+        df_wait<1>();
+        __syncthreads(); /* Wn, U of this chunk in; S^T of the last one written */
+        /* 1: Vn = U + Wn S */
+        float acc[VN][4];
+#pragma unroll
+        for (int i = 0; i < VN; i++) {
+            const float *up = U + (16 * vr + g) * LV + 8 * (vn0 + i) + 2 * t;
+            float2 u0 = *(const float2 *)up, u1 = *(const float2 *)(up + 8 * LV);
+            acc[i][0] = u0.x;
+            acc[i][1] = u0.y;
+            acc[i][2] = u1.x;
+            acc[i][3] = u1.y;
+        }
+#pragma unroll 2
+        for (int k0 = 0; k0 < DK; k0 += 16) {
+            uint32_t ah[4], al[4];
+            gm_a_f32(ah, al, Wn + 16 * vr * LW + k0, LW, lane);
+#pragma unroll
+            for (int p = 0; p < VN / 2; p++) {
+                uint32_t bh[4], bl[4];
+                df_ldm(bh, gm_at_b(Sh, LQ, 8 * (vn0 + 2 * p), k0, lane));
+                df_ldm(bl, gm_at_b(Sl, LQ, 8 * (vn0 + 2 * p), k0, lane));
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    df_mma(acc[2 * p + h], ah, bh[2 * h], bh[2 * h + 1]);
+                    df_mma(acc[2 * p + h], ah, bl[2 * h], bl[2 * h + 1]);
+                    df_mma(acc[2 * p + h], al, bh[2 * h], bh[2 * h + 1]);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < VN; i++) { /* Vn^T: column 8 (vn0 + i) + 2t (+1), token 16 vr + g (+8) */
+            float *vp = Vt + (8 * (vn0 + i) + 2 * t) * LV + 16 * vr + g;
+            vp[0] = acc[i][0];
+            vp[LV] = acc[i][1];
+            vp[8] = acc[i][2];
+            vp[LV + 8] = acc[i][3];
+        }
+        df_wait<0>();
+        __syncthreads(); /* Vn in; Q, K, Aqk, cg of this chunk in; Wn, U free */
+        if (more) {
+            gm_stage_wu<DK, NTH>(Wn, U, w.wn + nprow * DK, w.u + nprow * dv + col0, dv, nL);
+            df_commit();
+        }
+        /* 2: O = exp(cg) (Q S) + Aqk Vn */
+#pragma unroll
+        for (int i = 0; i < VN; i++)
+            acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+#pragma unroll 2
+        for (int k0 = 0; k0 < DK; k0 += 16) {
+            uint32_t a[4];
+            df_ldm(a, gm_at_a(Qs, LQ, 16 * vr, k0, lane));
+#pragma unroll
+            for (int p = 0; p < VN / 2; p++) {
+                uint32_t bh[4], bl[4];
+                df_ldm(bh, gm_at_b(Sh, LQ, 8 * (vn0 + 2 * p), k0, lane));
+                df_ldm(bl, gm_at_b(Sl, LQ, 8 * (vn0 + 2 * p), k0, lane));
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    df_mma(acc[2 * p + h], a, bh[2 * h], bh[2 * h + 1]);
+                    df_mma(acc[2 * p + h], a, bl[2 * h], bl[2 * h + 1]);
+                }
+            }
+        }
+        {
+            const float e0 = expf(cgs[16 * vr + g]), e1 = expf(cgs[16 * vr + g + 8]);
+#pragma unroll
+            for (int i = 0; i < VN; i++) {
+                acc[i][0] *= e0;
+                acc[i][1] *= e0;
+                acc[i][2] *= e1;
+                acc[i][3] *= e1;
+            }
+        }
+        for (int kk = 0; kk <= vr; kk++) {
+            uint32_t ah[4], al[4];
+            gm_a_f32(ah, al, Aq + 16 * vr * LV + 16 * kk, LV, lane);
+#pragma unroll
+            for (int i = 0; i < VN; i++) {
+                uint32_t bh[2], bl[2];
+                gm_b_f32(bh, bl, Vt + 8 * (vn0 + i) * LV + 16 * kk, LV, lane, one);
+                df_mma(acc[i], ah, bh[0], bh[1]);
+                df_mma(acc[i], ah, bl[0], bl[1]);
+                df_mma(acc[i], al, bh[0], bh[1]);
+            }
+        }
+        {
+            const int r0 = 16 * vr + g;
+            bf16 *op = o + (base + r0) * ldo + (int64_t)j * dv + col0 + 8 * vn0 + 2 * t;
+#pragma unroll
+            for (int i = 0; i < VN; i++) {
+                if (r0 < L)
+                    *(__nv_bfloat162 *)(op + 8 * i) = __floats2bfloat162_rn(acc[i][0], acc[i][1]);
+                if (r0 + 8 < L)
+                    *(__nv_bfloat162 *)(op + 8 * ldo + 8 * i) = __floats2bfloat162_rn(acc[i][2], acc[i][3]);
+            }
+        }
+        /* S = exp(cg_last) S + K^T (dec Vn) */
+        {
+            const float cl = cgs[L - 1], eL = expf(cl);
+#pragma unroll
+            for (int i = 0; i < SN; i++)
+                Sa[i][0] *= eL, Sa[i][1] *= eL, Sa[i][2] *= eL, Sa[i][3] *= eL;
+#pragma unroll
+            for (int k0 = 0; k0 < GT_C; k0 += 16) {
+                const float d[4] = {expf(cl - cgs[k0 + 2 * t]), expf(cl - cgs[k0 + 2 * t + 1]),
+                                    expf(cl - cgs[k0 + 2 * t + 8]), expf(cl - cgs[k0 + 2 * t + 9])};
+                uint32_t a[4];
+                df_ldm_t(a, gm_at_at(Ks, LQ, 16 * sr, k0, lane));
+#pragma unroll
+                for (int i = 0; i < SN; i++) {
+                    uint32_t bh[2], bl[2];
+                    gm_b_f32(bh, bl, Vt + 8 * (sn0 + i) * LV + k0, LV, lane, d);
+                    df_mma(Sa[i], a, bh[0], bh[1]);
+                    df_mma(Sa[i], a, bl[0], bl[1]);
+                }
+            }
+        }
+        __syncthreads(); /* S^T, Q, K, Aqk, cg read by every warp */
+        if (more) {
+            gm_stage_qk<DK, NTH>(Qs, Ks, Aq, cgs, qh + nb * ldqk, kh_ + nb * ldqk, ldqk, w.aqk + nprow * GT_C,
+                            w.cg + nprow, nL);
+            df_commit();
+        }
+        /* 3: S^T hi / lo: S (16 sr + g (+8), 8 (sn0 + i) + 2t (+1)) */
+#pragma unroll
+        for (int i = 0; i < SN; i++) {
+            const int r = 16 * sr + g, cc = 8 * (sn0 + i) + 2 * t;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int at = (cc + (e & 1)) * LQ + r + (e >> 1) * 8;
+                const float x = Sa[i][e];
+                const bf16 h = __float2bfloat16_rn(x);
+                Sh[at] = h;
+                Sl[at] = __float2bfloat16_rn(x - __bfloat162float(h));
+            }
+        }
+    }
+}
+
+/* B fragments of two 8-column tiles n0, n0 + 8 of a bf16 tile stored [k][n] (rows k0), by
+ * ldmatrix .trans */
+__device__ __forceinline__ uint32_t gm_at_bt(const bf16 *p, int ld, int n0, int k0, int lane)
+{
+    return df_smem(p + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n0 + (lane >> 4) * 8);
+}
+
+/* acc[NT] += (T diag(cs)) X for the 16-row strip wr of T (f32 [C][GT_LC], lower: the k-tiles up
+ * to the diagonal; split into hi + lo) and NT 8-column tiles of X (bf16 [C][ld], exact) from
+ * column n0 */
+template <int NT>
+__device__ __forceinline__ void gm_tmul(float (&acc)[NT][4], const float *Tm, const float *cs, const bf16 *X, int ld,
+                                        int n0, int wr, int lane)
+{
+    for (int kk = 0; kk <= wr; kk++) {
+        uint32_t ah[4], al[4];
+        gm_a_f32(ah, al, Tm + 16 * wr * GT_LC + 16 * kk, GT_LC, lane, cs + 16 * kk);
+#pragma unroll
+        for (int p = 0; p < NT / 2; p++) {
+            uint32_t fb[4];
+            df_ldm_t(fb, gm_at_bt(X, ld, n0 + 16 * p, 16 * kk, lane));
+            df_mma(acc[2 * p], ah, fb[0], fb[1]);
+            df_mma(acc[2 * p], al, fb[0], fb[1]);
+            df_mma(acc[2 * p + 1], ah, fb[2], fb[3]);
+            df_mma(acc[2 * p + 1], al, fb[2], fb[3]);
+        }
+    }
+}
+
+/* The rows < rows of a 16-row strip of NT accumulator tiles to dst (f32, row stride ld) */
+template <int NT>
+__device__ __forceinline__ void gm_out_rows(float *dst, int64_t ld, const float (&acc)[NT][4], int rows, int lane)
+{
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+        float *p = dst + g * ld + 8 * i + 2 * t;
+        if (g < rows)
+            *(float2 *)p = make_float2(acc[i][0], acc[i][1]);
+        if (g + 8 < rows)
+            *(float2 *)(p + 8 * ld) = make_float2(acc[i][2], acc[i][3]);
+    }
+}
+
+/* ---- the key-side pass on bf16 mma.sync (gm_prep_kernel, with gm_state_kernel) ----
+ * gc_prep_kernel's work with the products regrouped around the bf16 values K, Q and V (exact
+ * operands, loaded by cp.async and ldmatrix, never converted): K K^T and Q K^T (the 10 lower
+ * 16 x 16 tiles each, exact products), their decay masks applied in registers (A to shared
+ * memory for the solve, Aqk to the workspace), T = (I + A)^-1 as gt_solve, then
+ * Wn = (T diag(-beta exp(cg))) K and U = (T diag(beta)) V with the scaled T split into hi + lo
+ * bf16 (two terms). Writes Wn, U, Aqk (its lower 16 x 16 tiles: the state pass reads no other)
+ * and cg for the rows of its chunk's tokens; not Qe and Kd. Shared memory: K, Q (then V, 64
+ * columns at a time) in bf16, A and T in f32: 73.7 KB at DK 128, three blocks an SM. */
+template <int DK>
+static size_t gm_prep_smem(void)
+{
+    return 2 * (size_t)2 * GT_C * (DK + 8) + sizeof(float) * (2 * (size_t)GT_C * GT_LC + 3 * 256 + 4 * GT_C);
+}
+
+template <int DK>
+__global__ void __launch_bounds__(GT_THREADS, 3)
+gm_prep_kernel(const bf16 *q, const bf16 *k, int64_t ldqk, const bf16 *v, int64_t ldv, const bf16 *a,
+               const bf16 *b, int64_t ldab, const float *A_log, const float *dt_bias, const int32_t *cu, int ratio,
+               int dv, gc_ws w)
+{
+    constexpr int LQ = DK + 8, LV = GT_DVB + 8, LC = GT_LC;
+    DF_DYN_SMEM(gm_raw);
+    bf16 *Ks = (bf16 *)gm_raw;  /* [C][LQ] */
+    bf16 *Qs = Ks + GT_C * LQ;  /* [C][LQ]: Q, then V, 64 columns at a time ([C][LV]) */
+    float *A = (float *)(Qs + GT_C * LQ); /* [C][LC]: A */
+    float *Tm = A + GT_C * LC;  /* [C][LC]: (I + A)^-1 */
+    float *X = Tm + GT_C * LC;  /* [3][256] */
+    float *cg = X + 3 * 256, *beta = cg + GT_C, *dec = beta + GT_C, *ecg = dec + GT_C; /* [C] each */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int s = blockIdx.y, j = blockIdx.z, kh = j / ratio;
+    const int64_t t0 = cu[s], n = cu[s + 1] - t0;
+    const float Alog = A_log[j], dtb = dt_bias[j];
+    const int wr = warp >> 1; /* the warp's 16-row strip of Wn and U */
+    for (int64_t c = blockIdx.x; c * GT_C < n; c += gridDim.x) {
+        const int64_t base = t0 + c * GT_C;
+        const int L = (int)(n - c * GT_C < GT_C ? n - c * GT_C : GT_C);
+        const int64_t prow = (int64_t)j * w.rows + base;
+        /* a: K, Q rows (zero past L), g (raw, in dec until the scan) and beta */
+        for (int i = tid; i < GT_C * (DK / 8); i += GT_THREADS) {
+            int r = i / (DK / 8), x = (i % (DK / 8)) * 8;
+            int64_t at = r < L ? (base + r) * ldqk + (int64_t)kh * DK + x : 0;
+            df_cp16(df_smem(Ks + r * LQ + x), k + at, r < L);
+            df_cp16(df_smem(Qs + r * LQ + x), q + at, r < L);
+        }
+        df_commit();
+        if (tid < GT_C) {
+            int64_t row = (base + tid) * ldab + j;
+            dec[tid] = tid < L ? -expf(Alog) * hy_softplus(to_f32(a[row]) + dtb) : 0.0f;
+            beta[tid] = tid < L ? hy_sigmoid(to_f32(b[row])) : 0.0f;
+        }
+        df_wait<0>();
+        __syncthreads();
+        if (warp == 0)
+            gt_scan(cg, dec, ecg, lane);
+        __syncthreads();
+        if (tid < L)
+            w.cg[prow + tid] = cg[tid];
+        /* b: K K^T and Q K^T, the lower 16 x 16 tiles (20 over the warps), masked and decayed in
+         * registers: A = strict-lower(beta_i kk exp(cg_i - cg_m)) to shared memory,
+         * Aqk = lower(qk exp(cg_i - cg_m)) (rows < L) to the workspace */
+        for (int job = warp; job < 20; job += GT_WARPS) {
+            int ti, tj;
+            gt_lower(job % 10, &ti, &tj);
+            const bool kk = job < 10;
+            float acc[2][4] = {};
+#pragma unroll 4
+            for (int k0 = 0; k0 < DK; k0 += 16) {
+                uint32_t fa[4], fb[4];
+                df_ldm(fa, gm_at_a(kk ? Ks : Qs, LQ, 16 * ti, k0, lane));
+                df_ldm(fb, gm_at_b(Ks, LQ, 16 * tj, k0, lane));
+                df_mma(acc[0], fa, fb[0], fb[1]);
+                df_mma(acc[1], fa, fb[2], fb[3]);
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int i = 16 * ti + g + (e >> 1) * 8, m = 16 * tj + 8 * h + 2 * t;
+                    float y0 = 0.0f, y1 = 0.0f;
+                    if (kk) {
+                        if (m < i)
+                            y0 = beta[i] * acc[h][e] * expf(cg[i] - cg[m]);
+                        if (m + 1 < i)
+                            y1 = beta[i] * acc[h][e + 1] * expf(cg[i] - cg[m + 1]);
+                        *(float2 *)(A + i * LC + m) = make_float2(y0, y1);
+                    } else if (i < L) {
+                        if (m <= i)
+                            y0 = acc[h][e] * expf(cg[i] - cg[m]);
+                        if (m + 1 <= i)
+                            y1 = acc[h][e + 1] * expf(cg[i] - cg[m + 1]);
+                        *(float2 *)(w.aqk + (prow + i) * GT_C + m) = make_float2(y0, y1);
+                    }
+                }
+        }
+        __syncthreads();
+        /* Q is done with: V's first 64 columns on their way during the solve */
+        for (int i = tid; i < GT_C * (GT_DVB / 8); i += GT_THREADS) {
+            int r = i / (GT_DVB / 8), x = (i % (GT_DVB / 8)) * 8;
+            df_cp16(df_smem(Qs + r * LV + x), v + (r < L ? (base + r) * ldv + (int64_t)j * dv + x : 0), r < L);
+        }
+        df_commit();
+        if (tid < GT_C)
+            dec[tid] = -beta[tid] * ecg[tid]; /* the column scale of T for Wn */
+        /* c: T = (I + A)^-1 (its barriers publish dec too) */
+        gt_solve(A, Tm, X);
+        /* d: Wn = (T diag(-beta exp(cg))) K: the warp's strip wr, DK / 2 columns; T lower: the
+         * k-tiles up to the diagonal */
+        {
+            constexpr int NT = DK / 16; /* 8-column tiles a warp */
+            const int n0 = (warp & 1) * (DK / 2);
+            float acc[NT][4] = {};
+            gm_tmul<NT>(acc, Tm, dec, Ks, LQ, n0, wr, lane);
+            gm_out_rows<NT>(w.wn + (prow + 16 * wr) * DK + n0, DK, acc, L - 16 * wr, lane);
+        }
+        /* e: U = (T diag(beta)) V, 64 value columns at a time: the warp's strip wr, 32 columns */
+        for (int c0 = 0; c0 < dv; c0 += GT_DVB) {
+            df_wait<0>();
+            __syncthreads();
+            const int n0 = (warp & 1) * (GT_DVB / 2);
+            float acc[4][4] = {};
+            gm_tmul<4>(acc, Tm, beta, Qs, LV, n0, wr, lane);
+            __syncthreads(); /* V read by every warp: the next 64 columns may come in */
+            if (c0 + GT_DVB < dv) {
+                for (int i = tid; i < GT_C * (GT_DVB / 8); i += GT_THREADS) {
+                    int r = i / (GT_DVB / 8), x = (i % (GT_DVB / 8)) * 8;
+                    df_cp16(df_smem(Qs + r * LV + x),
+                            v + (r < L ? (base + r) * ldv + (int64_t)j * dv + c0 + GT_DVB + x : 0), r < L);
+                }
+                df_commit();
+            }
+            gm_out_rows<4>(w.u + (prow + 16 * wr) * dv + c0 + n0, dv, acc, L - 16 * wr, lane);
+        }
     }
 }
 

@@ -5,6 +5,7 @@
  * per output, as the CPU reference (lib/backends/be_cpu_hybrid.c). */
 #include <math.h>
 #include <mma.h>
+#include <string.h>
 
 #include "be_cuda.cuh"
 #include "gdn_chunk.cuh"
@@ -580,6 +581,26 @@ static bool gd_split_enabled(void)
     return !(v && v[0] == '0' && !v[1]);
 }
 
+/* The two-pass form's passes on bf16 mma.sync (gm_prep_kernel, gm_state_kernel) are the default;
+ * DFL_CUDA_GDN_MMA=0 selects the TF32 WMMA ones (gc_prep_kernel, gc_state_kernel), =2 the TF32
+ * key-side pass with the mma.sync state pass (for timing each). Read at every call, so that a
+ * test or a benchmark can run them all. Returns 0, 1 or 2 as the variable does. */
+static int gd_mma_mode(void)
+{
+    const char *v = getenv("DFL_CUDA_GDN_MMA");
+    if (v && (v[0] == '0' || v[0] == '2') && !v[1])
+        return v[0] - '0';
+    return 1;
+}
+
+/* The mma.sync state pass's warps a block: 8, or 16 with DFL_CUDA_GDN_STATE_WARPS=16 (for timing;
+ * on the H200 at the Qwen3.5-27B shape the op took 2.140 ms with 8, 2.276 ms with 16) */
+static int gd_state_warps(void)
+{
+    const char *v = getenv("DFL_CUDA_GDN_STATE_WARPS");
+    return v && !strcmp(v, "16") ? 16 : 8;
+}
+
 /* The two-pass form's workspace for this call (gdn_chunk.cuh, gc_ws: T + 64 rows a value head),
  * grown through be_alloc and zeroed when it grows; false (nothing recorded) where it cannot be
  * had: the allocation frozen or the memory short. */
@@ -629,27 +650,48 @@ static int gd_split(dfl_be *be, const dfl_gated_delta *g, int passes = 3)
     gc_ws w;
     if (!gc_workspace<DK>(be, g, &w))
         return 1;
-    size_t sp = gc_prep_smem<DK>(), ss = gc_state_smem<DK>();
-    cudaError_t err = cudaFuncSetAttribute(gc_prep_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sp);
+    const int mode = gm_state_smem<DK>() <= cuda_of(be)->smem_optin ? gd_mma_mode() : 0;
+    const bool mma = mode != 0, mprep = mode == 1;
+    const int nw = gd_state_warps();
+    size_t sp = mprep ? gm_prep_smem<DK>() : gc_prep_smem<DK>(), ss = mma ? gm_state_smem<DK>() : gc_state_smem<DK>();
+    cudaError_t err = mprep ? cudaFuncSetAttribute(gm_prep_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sp)
+                            : cudaFuncSetAttribute(gc_prep_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sp);
     if (err == cudaSuccess)
-        err = cudaFuncSetAttribute(gc_state_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss);
+        err = !mma ? cudaFuncSetAttribute(gc_state_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss)
+              : nw == 8 ? cudaFuncSetAttribute(gm_state_kernel<DK, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss)
+                        : cudaFuncSetAttribute(gm_state_kernel<DK, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss);
     if (err != cudaSuccess)
         return cuda_op_fail(be, DFL_EDEVICE, "gated delta rule: %s", cudaGetErrorString(err));
     cudaStream_t st = cuda_of(be)->stream;
     dim3 gp((unsigned)(chunks < 65535 ? chunks : 65535), (unsigned)g->n_seqs, (unsigned)g->Hv);
     if (passes & 1) {
-        gc_prep_kernel<DK><<<gp, GT_THREADS, sp, st>>>(
-            (const bf16 *)g->q, (const bf16 *)g->k, g->ldqk, (const bf16 *)g->v, g->ldv,
-            (const bf16 *)g->a, (const bf16 *)g->b, g->ldab, g->A_log, g->dt_bias, g->cu_seqlens,
-            g->Hv / g->Hk, g->dv, w);
+        if (mprep)
+            gm_prep_kernel<DK><<<gp, GT_THREADS, sp, st>>>(
+                (const bf16 *)g->q, (const bf16 *)g->k, g->ldqk, (const bf16 *)g->v, g->ldv,
+                (const bf16 *)g->a, (const bf16 *)g->b, g->ldab, g->A_log, g->dt_bias, g->cu_seqlens,
+                g->Hv / g->Hk, g->dv, w);
+        else
+            gc_prep_kernel<DK><<<gp, GT_THREADS, sp, st>>>(
+                (const bf16 *)g->q, (const bf16 *)g->k, g->ldqk, (const bf16 *)g->v, g->ldv,
+                (const bf16 *)g->a, (const bf16 *)g->b, g->ldab, g->A_log, g->dt_bias, g->cu_seqlens,
+                g->Hv / g->Hk, g->dv, w);
         int rc = cuda_launch_check(be, "gated delta rule (key-side pass)");
         if (rc)
             return rc;
     }
     if (!(passes & 2))
         return 0;
-    gc_state_kernel<DK><<<(unsigned)(g->n_seqs * g->Hv * nsl), GT_THREADS, ss, st>>>(
-        w, g->cu_seqlens, (bf16 *)g->o, g->ldo, g->Hv, g->dv);
+    const unsigned blocks = (unsigned)(g->n_seqs * g->Hv * nsl);
+    if (mma && nw == 8)
+        gm_state_kernel<DK, 8><<<blocks, 256, ss, st>>>(w, (const bf16 *)g->q, (const bf16 *)g->k, g->ldqk,
+                                                        g->cu_seqlens, (bf16 *)g->o, g->ldo, g->Hv,
+                                                        g->Hv / g->Hk, g->dv);
+    else if (mma)
+        gm_state_kernel<DK, 16><<<blocks, 512, ss, st>>>(w, (const bf16 *)g->q, (const bf16 *)g->k, g->ldqk,
+                                                         g->cu_seqlens, (bf16 *)g->o, g->ldo, g->Hv,
+                                                         g->Hv / g->Hk, g->dv);
+    else
+        gc_state_kernel<DK><<<blocks, GT_THREADS, ss, st>>>(w, g->cu_seqlens, (bf16 *)g->o, g->ldo, g->Hv, g->dv);
     return cuda_launch_check(be, "gated delta rule (state pass)");
 }
 

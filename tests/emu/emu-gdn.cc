@@ -1,6 +1,7 @@
 /* emu-gdn.cc: runs the two-pass chunked gated delta rule of kernels/gdn_chunk.cuh (gc_prep_kernel,
  * then gc_state_kernel: the bf16 tensor-core path of the CUDA backend's gated_delta), and the
- * one-kernel form beside it (gated_delta_tc_kernel), in the SIMT
+ * one-kernel form beside it (gated_delta_tc_kernel), and the bf16 mma.sync passes
+ * (gm_prep_kernel, gm_state_kernel: the default of the two-pass form), in the SIMT
  * emulator (simt.h, with the WMMA of wmma.h) and compares it with the CPU backend's token-by-token
  * recurrence (chunk 0) on the same bf16-rounded inputs: packed sequences of 1, 63, 64, 65 and 200
  * tokens (around the chunk of 64), key head dims 64 and 128, value head dims 64, 128 and 192, head
@@ -45,9 +46,12 @@ static double rows_rel(const bf16 *got, int64_t ldg, const float *want, int64_t 
     return worst;
 }
 
-/* grid_x > 0: the two-pass form, its key-side grid grid_x chunks wide; 0: the one-kernel form */
+/* grid_x > 0: the two-pass form, its key-side grid grid_x chunks wide, with the bf16 mma.sync
+ * passes (gm_prep_kernel, gm_state_kernel of state_warps warps) when mma, else the TF32 ones; 0:
+ * the one-kernel form */
 template <int DK>
-static void gdn_case(dfl_be *cpu, const std::vector<int32_t> &lens, int Hk, int Hv, int dv, int grid_x)
+static void gdn_case(dfl_be *cpu, const std::vector<int32_t> &lens, int Hk, int Hv, int dv, int grid_x,
+                     bool mma = true, int state_warps = 8)
 {
     const int S = (int)lens.size();
     std::vector<int32_t> cu((size_t)S + 1, 0);
@@ -123,8 +127,12 @@ static void gdn_case(dfl_be *cpu, const std::vector<int32_t> &lens, int Hk, int 
     const bf16 *b = xab.data(), *a = b + Hv;
     const int ratio = Hv / Hk;
     if (grid_x > 0) {
-        emu::launch(dim3((unsigned)grid_x, (unsigned)S, (unsigned)Hv), dim3(GT_THREADS), gc_prep_smem<DK>(), [&] {
-            gc_prep_kernel<DK>(q, k, ldqk, v, ldqk, a, b, ldab, A_log.data(), dtb.data(), cu.data(), ratio, dv, w);
+        emu::launch(dim3((unsigned)grid_x, (unsigned)S, (unsigned)Hv), dim3(GT_THREADS),
+                    mma ? gm_prep_smem<DK>() : gc_prep_smem<DK>(), [&] {
+            if (mma)
+                gm_prep_kernel<DK>(q, k, ldqk, v, ldqk, a, b, ldab, A_log.data(), dtb.data(), cu.data(), ratio, dv, w);
+            else
+                gc_prep_kernel<DK>(q, k, ldqk, v, ldqk, a, b, ldab, A_log.data(), dtb.data(), cu.data(), ratio, dv, w);
         });
         /* the key-side pass writes its tokens' rows only: the 64 past T stay NaN in every head */
         int64_t tail = 0;
@@ -143,9 +151,26 @@ static void gdn_case(dfl_be *cpu, const std::vector<int32_t> &lens, int Hk, int 
             printf("FAIL gdn two-pass DK %d dv %d: %lld values written past the tokens' rows\n", DK, dv, (long long)tail);
             failures++;
         }
-        emu::launch(dim3((unsigned)(S * Hv * (dv / GT_DVB))), dim3(GT_THREADS), gc_state_smem<DK>(), [&] {
-            gc_state_kernel<DK>(w, cu.data(), o.data(), ldo, Hv, dv);
-        });
+        /* with the mma state pass, Qe and Kd are not written at all */
+        int64_t qk = 0;
+        for (size_t i = 0; mma && i < qe.size(); i++)
+            qk += !std::isnan(qe[i]) + !std::isnan(kd[i]);
+        if (qk) {
+            printf("FAIL gdn two-pass DK %d dv %d: %lld values of Qe, Kd written\n", DK, dv, (long long)qk);
+            failures++;
+        }
+        if (mma && state_warps == 8)
+            emu::launch(dim3((unsigned)(S * Hv * (dv / GT_DVB))), dim3(256), gm_state_smem<DK>(), [&] {
+                gm_state_kernel<DK, 8>(w, q, k, ldqk, cu.data(), o.data(), ldo, Hv, ratio, dv);
+            });
+        else if (mma)
+            emu::launch(dim3((unsigned)(S * Hv * (dv / GT_DVB))), dim3(512), gm_state_smem<DK>(), [&] {
+                gm_state_kernel<DK, 16>(w, q, k, ldqk, cu.data(), o.data(), ldo, Hv, ratio, dv);
+            });
+        else
+            emu::launch(dim3((unsigned)(S * Hv * (dv / GT_DVB))), dim3(GT_THREADS), gc_state_smem<DK>(), [&] {
+                gc_state_kernel<DK>(w, cu.data(), o.data(), ldo, Hv, dv);
+            });
     } else {
         emu::launch(dim3((unsigned)(S * Hv), (unsigned)(dv / GT_DVB)), dim3(GT_THREADS), gt_smem<DK>(), [&] {
             gated_delta_tc_kernel<DK>(q, k, ldqk, v, ldqk, a, b, ldab, A_log.data(), dtb.data(), o.data(), ldo,
@@ -159,7 +184,11 @@ static void gdn_case(dfl_be *cpu, const std::vector<int32_t> &lens, int Hk, int 
             touched += !(__bfloat162float(o[(size_t)(t * ldo + c)]) == sentinel);
     bool ok = worst <= 5e-3 && touched == 0; /* the bf16 rounding of the output is ~2e-3 */
     char form[64];
-    snprintf(form, sizeof form, grid_x > 0 ? "two-pass, key-side grid %d" : "one-kernel", grid_x);
+    if (grid_x > 0)
+        snprintf(form, sizeof form, "two-pass (%s passes%s), key-side grid %d", mma ? "bf16 mma.sync" : "TF32",
+                 mma ? (state_warps == 8 ? ", 8-warp state" : ", 16-warp state") : "", grid_x);
+    else
+        snprintf(form, sizeof form, "one-kernel");
     printf("%s gdn %s, DK %d dv %d Hk %d Hv %d, %d sequences (T %lld): max row rel err %.3g, %lld pad "
            "columns touched\n", ok ? "ok  " : "FAIL", form, DK, dv, Hk, Hv, S, (long long)T, worst,
            (long long)touched);
@@ -280,6 +309,10 @@ int main()
     gdn_case<64>(cpu, lens, 2, 4, 64, 4);
     gdn_case<64>(cpu, {100, 7}, 1, 3, 128, 2);
     gdn_case<128>(cpu, {70, 1}, 1, 2, 192, 2);
+    gdn_case<128>(cpu, {65, 130}, 2, 6, 128, 1, true, 16); /* the 16-warp state pass */
+    gdn_case<64>(cpu, lens, 2, 4, 64, 4, true, 16);
+    gdn_case<128>(cpu, lens, 1, 1, 128, 4, false); /* the TF32 passes (DFL_CUDA_GDN_MMA=0) */
+    gdn_case<64>(cpu, {65, 130}, 1, 3, 128, 2, false);
     gdn_case<128>(cpu, lens, 2, 6, 128, 0); /* the one-kernel form, on the same helpers */
     gdn_case<64>(cpu, {65, 130}, 1, 3, 128, 0);
     ew_case(cpu, 1096, 1112, 5);   /* two column blocks, the second partly idle */

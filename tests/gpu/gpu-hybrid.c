@@ -7,7 +7,10 @@
  * chunked gated delta rule against the CPU's token-by-token recurrence on packed sequences of
  * 1, 63, 64, 65 and 5000 tokens, key/value head dims 64 and 128 and several head ratios (bf16
  * with key head dim 64 or 128 and value head dim a multiple of 64 runs on tensor cores, the
- * two-pass form, and those cases run the one-kernel form too; the rest the SIMT kernel), with
+ * two-pass form with the bf16 mma.sync passes, and those cases run the one-kernel form, the
+ * two-pass form with the TF32 passes (DFL_CUDA_GDN_MMA=0) and with the TF32 key-side pass and the
+ * mma.sync state pass (=2), and with the state pass on 16 warps a block (DFL_CUDA_GDN_STATE_WARPS=16)
+ * too; the rest the SIMT kernel), with
  * the random gates' fast decays and with slow ones, and at the Qwen3.5-27B shape the three
  * timed and compared. Every
  * device buffer has guard bands checked after the op, outputs start as NaN bytes, and every
@@ -255,11 +258,18 @@ static void delta_case(dfl_dtype act, const int32_t *lens, int S, int Hk, int Hv
         d.o = go.p;
         d.cu_seqlens = (const int32_t *)gcu.p;
         d.chunk = 64;
-        static const char *const form[2] = {"op", "one-kernel form"};
-        for (int f = 0; f < (act == DFL_BF16 ? 2 : 1); f++) {
+        static const char *const form[5] = {"op", "one-kernel form", "op, TF32 passes", "op, TF32 key-side pass",
+                                            "op, 16-warp state pass"};
+        for (int f = 0; f < (act == DFL_BF16 ? 5 : 1); f++) {
             nan_fill(&go);
-            T_CHECK((f ? dfl_cuda_gated_delta_fused(gpu_be, &d) : gpu_be->ops->gated_delta(gpu_be, &d)) == 0,
+            if (f == 2 || f == 3)
+                setenv("DFL_CUDA_GDN_MMA", f == 2 ? "0" : "2", 1);
+            if (f == 4)
+                setenv("DFL_CUDA_GDN_STATE_WARPS", "16", 1);
+            T_CHECK((f == 1 ? dfl_cuda_gated_delta_fused(gpu_be, &d) : gpu_be->ops->gated_delta(gpu_be, &d)) == 0,
                     "launch");
+            unsetenv("DFL_CUDA_GDN_MMA");
+            unsetenv("DFL_CUDA_GDN_STATE_WARPS");
             sync_ok(gpu_be, "gated delta");
             float *got = xmalloc((size_t)(T * ldo) * 4);
             gb_get(&go, got);
@@ -351,11 +361,12 @@ static void test_delta_speed_27b(void)
         cu[s] = s * Ls;
     float *x = vals((size_t)(T * ldqk), 0.05f, 0.0f, DFL_BF16), *ab = vals((size_t)(T * ldab), 1.0f, 0.0f, DFL_BF16);
     float *A_log = vals((size_t)Hv, 0.5f, 0.0f, DFL_F32), *dtb = vals((size_t)Hv, 0.5f, 0.0f, DFL_F32);
-    gbuf gq, gab, gA, gd, go, gf, gs, gcu;
+    gbuf gq, gab, gA, gd, go, gf, gs, gt, gcu;
     if (dev(&gq, x, (size_t)(T * ldqk), DFL_BF16) && dev(&gab, ab, (size_t)(T * ldab), DFL_BF16) &&
         dev(&gA, A_log, (size_t)Hv, DFL_F32) && dev(&gd, dtb, (size_t)Hv, DFL_F32) &&
         dev(&go, NULL, (size_t)(T * ldo), DFL_BF16) && dev(&gf, NULL, (size_t)(T * ldo), DFL_BF16) &&
-        dev(&gs, NULL, (size_t)(T * ldo), DFL_BF16) && gb_alloc(&gcu, gpu_be, 9, DFL_I32)) {
+        dev(&gs, NULL, (size_t)(T * ldo), DFL_BF16) && dev(&gt, NULL, (size_t)(T * ldo), DFL_BF16) &&
+        gb_alloc(&gcu, gpu_be, 9, DFL_I32)) {
         gb_set_raw(&gcu, cu);
         dfl_gated_delta d = {
             .q = gq.p, .k = gq.p + (size_t)Hk * dk * 2, .ldqk = ldqk, .v = gq.p + (size_t)2 * Hk * dk * 2,
@@ -366,6 +377,21 @@ static void test_delta_speed_27b(void)
         };
         double sec_key = delta_time(delta_key_pass, &d, 10), sec_state = delta_time(delta_state_pass, &d, 10);
         double sec = delta_time(delta_op, &d, 10);
+        /* the TF32 passes (DFL_CUDA_GDN_MMA=0; the key-side pass also writes Qe and Kd), and the
+         * TF32 key-side pass with the mma.sync state pass (=2) */
+        dfl_gated_delta dt = d;
+        dt.o = gt.p;
+        setenv("DFL_CUDA_GDN_MMA", "2", 1);
+        double t2_key = delta_time(delta_key_pass, &dt, 10), t2_state = delta_time(delta_state_pass, &dt, 10);
+        double sec_2 = delta_time(delta_op, &dt, 10);
+        unsetenv("DFL_CUDA_GDN_MMA");
+        setenv("DFL_CUDA_GDN_STATE_WARPS", "16", 1);
+        double t16_state = delta_time(delta_state_pass, &dt, 10), sec_16 = delta_time(delta_op, &dt, 10);
+        unsetenv("DFL_CUDA_GDN_STATE_WARPS");
+        setenv("DFL_CUDA_GDN_MMA", "0", 1);
+        double tk_key = delta_time(delta_key_pass, &dt, 10), tk_state = delta_time(delta_state_pass, &dt, 10);
+        double sec_tf = delta_time(delta_op, &dt, 10);
+        unsetenv("DFL_CUDA_GDN_MMA");
         dfl_gated_delta df = d, ds = d;
         df.o = gf.p;
         ds.o = gs.p;
@@ -374,7 +400,9 @@ static void test_delta_speed_27b(void)
         double flops = (double)Hv * (double)(T / L) *
                        (2.0 * L * L * dk + 2.0 * L * L * dv + 6.0 * L * dk * dv);
         float *got = xmalloc((size_t)(T * ldo) * 4), *fused = xmalloc((size_t)(T * ldo) * 4);
-        float *ref = xmalloc((size_t)(T * ldo) * 4);
+        float *ref = xmalloc((size_t)(T * ldo) * 4), *tf = xmalloc((size_t)(T * ldo) * 4);
+        gb_get(&gt, tf);
+        gb_check_guards(&gt, "gated delta (TF32 state pass) output");
         gb_get(&go, got);
         gb_get(&gf, fused);
         gb_get(&gs, ref);
@@ -383,9 +411,12 @@ static void test_delta_speed_27b(void)
         gb_check_guards(&gs, "gated delta (SIMT) output");
         bool finite = true;
         for (int64_t i = 0; i < T * ldo; i++)
-            finite &= isfinite(got[i]) && isfinite(fused[i]);
+            finite &= isfinite(got[i]) && isfinite(fused[i]) && isfinite(tf[i]);
         T_CHECK(finite, "finite output");
         double err = rows_err(got, ref, T, ldo, ldo), err_f = rows_err(fused, ref, T, ldo, ldo);
+        double err_t = rows_err(tf, ref, T, ldo, ldo);
+        T_CHECK(err_t <= tol_of(DFL_BF16), "two-pass form, TF32 state pass vs SIMT kernel: max row rel err %.3g",
+                err_t);
         T_CHECK(err <= tol_of(DFL_BF16), "two-pass form vs SIMT kernel: max row rel err %.3g", err);
         T_CHECK(err_f <= tol_of(DFL_BF16), "one-kernel form vs SIMT kernel: max row rel err %.3g", err_f);
         printf("# gated delta rule, Qwen3.5-27B shape (Hk 16, Hv 48, dk = dv = 128, bf16), 8 x 2048 "
@@ -396,11 +427,22 @@ static void test_delta_speed_27b(void)
                sec_fused / sec, err, err_f);
         printf("# gated delta rule, two-pass form's passes alone: key-side %.3f ms, state %.3f ms\n",
                sec_key * 1e3, sec_state * 1e3);
+        printf("# gated delta rule, two-pass form with the TF32 passes (DFL_CUDA_GDN_MMA=0): %.3f ms, %.1f "
+               "TFLOP/s (key-side %.3f ms, state %.3f ms); the bf16 mma.sync passes %.2fx it; max row rel "
+               "difference from SIMT %.3g\n", sec_tf * 1e3, flops / sec_tf / 1e12, tk_key * 1e3, tk_state * 1e3,
+               sec_tf / sec, err_t);
+        printf("# gated delta rule, two-pass form with the TF32 key-side pass and the mma.sync state pass "
+               "(DFL_CUDA_GDN_MMA=2): %.3f ms (key-side %.3f ms, state %.3f ms)\n", sec_2 * 1e3, t2_key * 1e3,
+               t2_state * 1e3);
+        printf("# gated delta rule, two-pass form with the mma.sync passes, the state pass on 16 warps a block "
+               "(DFL_CUDA_GDN_STATE_WARPS=16): %.3f ms (state %.3f ms)\n", sec_16 * 1e3, t16_state * 1e3);
+        free(tf);
         free(got);
         free(fused);
         free(ref);
     }
     gb_free(&gf);
+    gb_free(&gt);
     gb_free(&gq); gb_free(&gab); gb_free(&gA); gb_free(&gd); gb_free(&go); gb_free(&gs); gb_free(&gcu);
     free(x); free(ab); free(A_log); free(dtb);
 }
