@@ -22,7 +22,7 @@
 #include "bench.h"
 
 #define MOE_TILES 5 /* the grouped GEMM's tile shapes, DFL_CUDA_MOE_TILE (kernels/moe_gemm.cuh) */
-#define MOE_WTILES 6 /* the wgmma kernel's, DFL_CUDA_MOE_WTILE (kernels/moe_wgmma.cu) */
+#define MOE_WTILES 7 /* the wgmma kernel's, DFL_CUDA_MOE_WTILE (kernels/moe_wgmma.cu) */
 
 #ifdef DFL_CUDA
 
@@ -249,7 +249,19 @@ static void bench_moe_block(double peak)
     }
     env_put("DFL_CUDA_MOE_TILE", was);
     env_put("DFL_CUDA_MOE_WTILE", wt_was);
-    /* dfl_moe_forward whole (default tiles), on mma.sync then on wgmma */
+    /* the route in both forms (DFL_CUDA_MOE_ROUTE) */
+    const char *rt_was = getenv("DFL_CUDA_MOE_ROUTE");
+    double rt[2];
+    b.op = 1;
+    for (int f = 0; f < 2; f++) {
+        setenv("DFL_CUDA_MOE_ROUTE", f ? "1" : "0", 1);
+        rt[f] = time_ms(run_moe_blk, &b, iters);
+    }
+    env_put("DFL_CUDA_MOE_ROUTE", rt_was);
+    printf("moe block route: %.3f ms (four kernels, DFL_CUDA_MOE_ROUTE=0: %.3f ms)\n", rt[1],
+           rt[0]);
+    /* dfl_moe_forward whole (default tiles), on mma.sync then on wgmma; then on wgmma with
+     * tile 0 and the four-kernel route (the defaults before the persistent tile 6) */
     uint64_t wsb = dfl_moe_ws_bytes(&c, be, T);
     void *blk = be->ops->alloc(be, (size_t)wsb, &e);
     if (!blk)
@@ -260,14 +272,21 @@ static void bench_moe_block(double peak)
     b.ws = &ws;
     b.w = &w;
     b.op = 8;
-    for (int wg = 0; wg < 2; wg++) {
+    for (int wg = 0; wg < 3; wg++) {
         setenv("DFL_CUDA_MOE_WGMMA", wg ? "1" : "0", 1);
+        if (wg == 2) {
+            setenv("DFL_CUDA_MOE_WTILE", "0", 1);
+            setenv("DFL_CUDA_MOE_ROUTE", "0", 1);
+        }
         double t = time_ms(run_moe_blk, &b, iters);
         printf("moe block dfl_moe_forward %s: %.3f ms per layer per 16384 tokens, %.1f TFLOP/s on "
                "the expert GEMMs (transformers: ~11.7 ms; goal under ~5.85 ms)\n",
-               wg ? "wgmma" : "mma.sync", t, (f_up + f_dn) / t / 1e9);
+               wg == 2 ? "wgmma tile 0, four-kernel route" : wg ? "wgmma" : "mma.sync", t,
+               (f_up + f_dn) / t / 1e9);
     }
     env_put("DFL_CUDA_MOE_WGMMA", wg_was);
+    env_put("DFL_CUDA_MOE_WTILE", wt_was);
+    env_put("DFL_CUDA_MOE_ROUTE", rt_was);
     void *bufs[] = {b.x, wr, wgu, wd, b.xg, b.gu, b.act, b.y, b.out, logits, wt, idx, slot, cnt,
                     off, rows, blk};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
