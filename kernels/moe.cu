@@ -1,8 +1,9 @@
 /* moe.cu: the CUDA backend's mixture-of-experts ops (see dfl_moe_route in backend.h), with no
- * host round trip: the router's softmax and top-k fused in f32 (one warp per token) counting
- * the choices per expert, then one kernel for the padded offsets and the placement in ascending
- * token order (deterministic; kernels/moe_route.cuh; DFL_CUDA_MOE_ROUTE=0: the four-kernel form
- * before it, count, offsets and placement apart), a row gather (dfl_moe_forward fuses it into
+ * host round trip: the router's softmax and top-k fused in f32 (one warp per token), the
+ * grouping by expert in three small kernels (count per expert, padded offsets, placement in
+ * ascending token order: deterministic, no atomics; DFL_CUDA_MOE_ROUTE=1: the top-k counting
+ * with integer atomics, then offsets and placement in one kernel; kernels/moe_route.cuh), a
+ * row gather (dfl_moe_forward fuses it into
  * the gate|up GEMM instead), one grouped GEMM launch per projection over all experts (each row
  * tile belongs to one expert, found from the device offsets), and the weighted combine (adding qwen3_5_moe's gated shared expert; bf16 rows of a
  * multiple of 8 with 16-byte loads). The grouped GEMM: bf16 on a compute capability 9 device
@@ -26,12 +27,14 @@
 
 /* ---- routing ---- */
 
-/* DFL_CUDA_MOE_ROUTE=0 in the environment: the four-kernel route (top-k, count, offsets,
- * place) this file had before moe_place_fast_kernel, to compare them */
+/* DFL_CUDA_MOE_ROUTE=1 in the environment: the two-kernel route (moe_topk_kernel counting,
+ * then moe_place_fast_kernel); else the four-kernel one (top-k, count, offsets, place). The
+ * two-kernel form is checked in the SIMT emulator (tests/emu/emu-route.cc: the CPU route's
+ * results value for value) but not yet on a GPU, hence not the default. */
 static bool moe_route_fast(void)
 {
     const char *v = getenv("DFL_CUDA_MOE_ROUTE");
-    return !(v && v[0] == '0' && !v[1]);
+    return v && v[0] == '1' && !v[1];
 }
 
 int cuda_moe_route(dfl_be *be, const dfl_moe_route *r)

@@ -29,13 +29,15 @@
 
 /* BN columns, ST stages; WS: warp-specialized (a third warpgroup loads, the two others only
  * multiply, stages handed over by mbarriers); PERSIST: one block an SM going through the tiles,
- * its loads running ahead across tile boundaries (moe_mm_wgmma_persist_kernel) */
-template <int BN_, int ST_, bool WS_ = false, bool PERSIST_ = false> struct MwCfg {
-    static constexpr int BN = BN_, ST = ST_;
+ * its loads running ahead across tile boundaries (moe_mm_wgmma_persist_kernel); LAG (the
+ * persistent form): wgmma groups left in flight at the end of a step, 1 (loads ST - 2 steps
+ * ahead) or 0 (each step's products waited for, loads ST - 1 steps ahead) */
+template <int BN_, int ST_, bool WS_ = false, bool PERSIST_ = false, int LAG_ = 1> struct MwCfg {
+    static constexpr int BN = BN_, ST = ST_, LAG = LAG_;
     static constexpr bool WS = WS_, PERSIST = PERSIST_;
     static constexpr int THREADS = WS ? MW_THREADS + 128 : MW_THREADS;
     static constexpr int LT = WS ? 128 : MW_THREADS;   /* loading threads */
-    static constexpr int D = ST - 2;                   /* prefetch distance in stages */
+    static constexpr int D = ST - 1 - LAG;             /* prefetch distance in stages */
     static constexpr int NR = BN / 2;                  /* f32 accumulators a thread */
     static constexpr int AI = MW_BM * 8 / LT;          /* 16-byte chunks a loading thread: A */
     static constexpr int WI = BN * 8 / LT;             /* and W */
@@ -46,6 +48,7 @@ template <int BN_, int ST_, bool WS_ = false, bool PERSIST_ = false> struct MwCf
     static_assert(ST >= 3, "one stage in flight, one read, one filled");
     static_assert(SMEM <= 227 * 1024, "shared memory of one block");
     static_assert(!(WS && PERSIST), "the persistent form is the plain one's");
+    static_assert(LAG == 1 || (LAG == 0 && PERSIST), "LAG 0: the persistent form only");
 };
 
 /* the tile shapes (DFL_CUDA_MOE_WTILE) */
@@ -56,7 +59,8 @@ typedef MwCfg<256, 3> MwTile3;       /* 128 x 256, 3 stages: 148,480 bytes */
 typedef MwCfg<256, 4, true> MwTile4; /* 128 x 256, 4 stages, warp-specialized: 197,696 bytes */
 typedef MwCfg<128, 6, true> MwTile5; /* 128 x 128, 6 stages, warp-specialized: 197,728 bytes */
 typedef MwCfg<256, 4, false, true> MwTile6; /* tile 0's shape, persistent: + (2 E + 1) 4 bytes */
-#define MW_TILES 7
+typedef MwCfg<256, 4, false, true, 0> MwTile7; /* the same, loads 3 steps ahead, no wgmma lag */
+#define MW_TILES 8
 #define MW_TAB_MAX (2 * 2048 + 1) /* the offsets and counts table of the persistent form, in
                                    * int32 (E <= 2048, moe.cu's MOE_MAX_E) */
 static_assert(MwTile6::SMEM + 4 * MW_TAB_MAX <= 227 * 1024, "tile 6 and its table");
@@ -386,16 +390,11 @@ __device__ __forceinline__ int64_t mw_seek(int64_t t, int64_t nt, int64_t ntc, c
                                            int64_t K, int64_t *g0, int64_t *end, int64_t *c0,
                                            const bf16 **We)
 {
-    for (; t < nt; t += gridDim.x) {
-        *g0 = t / ntc * MW_BM;
-        if (*g0 >= soff[E])
-            return nt; /* past the last expert's rows, as is every later tile of this block */
-        if (mg_row_tile(W, scnt, soff, E, N, K, *g0, end, We)) {
-            *c0 = t % ntc * (SWIGLU ? CF::BN / 2 : CF::BN);
-            return t;
-        }
-    }
-    return nt;
+    int e = 0;
+    t = mw_next_tile(t, gridDim.x, nt, ntc, scnt, soff, E, g0, end, &e);
+    *c0 = t % ntc * (SWIGLU ? CF::BN / 2 : CF::BN);
+    *We = W + (int64_t)e * N * K;
+    return t;
 }
 
 template <class CF, bool GATHER, bool SWIGLU>
@@ -456,11 +455,12 @@ __global__ void __launch_bounds__(CF::THREADS, 1)
         for (int kt = 0; kt < nk; kt++, gs++) {
             df_wait<CF::D - 1>(); /* step gs's group has landed (this thread's part) */
             mw_proxy_fence();
-            __syncthreads(); /* everyone's part; every warpgroup is done with step gs - 2 */
+            __syncthreads(); /* everyone's part; every warpgroup is done with step gs - 1 - LAG,
+                              * whose slot is (gs + D) % ST */
             load_next((gs + CF::D) % CF::ST); /* the last D steps load the next tile's first */
             df_commit(); /* possibly empty: keeps one group per step */
             mw_stage_mma<CF>(acc, s0 + (gs % CF::ST) * CF::STB, wg);
-            mw_wait<1>(); /* step gs - 1 done (this warpgroup) */
+            mw_wait<CF::LAG>(); /* step gs - LAG done (this warpgroup) */
             mw_hold(acc);
         }
         mw_wait<0>();
@@ -563,6 +563,7 @@ cudaError_t cuda_moe_wgmma(const dfl_moe_mm *m, cudaStream_t s)
     case 3: return mw_tile<MwTile3>(m, s);
     case 4: return mw_tile<MwTile4>(m, s);
     case 5: return mw_tile<MwTile5>(m, s);
-    default: return mw_tile<MwTile6>(m, s);
+    case 6: return mw_tile<MwTile6>(m, s);
+    default: return mw_tile<MwTile7>(m, s);
     }
 }
