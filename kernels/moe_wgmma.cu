@@ -16,9 +16,10 @@
  * Measured on the H200 (bench-ops --quick --moe, the Qwen3-30B-A3B block, 16384 tokens, 131072
  * routed rows; fused gate|up [x 1536 x 2048] / down [x 2048 x 768] in TFLOP/s): tile 0 532 / 396,
  * 1 431 / 309, 2 472 / 352, 3 440 / 334, 4 (warp-specialized) 469 / 343, 5 362 / 277; the plain
- * gate|up on tile 0 550 (cuBLAS on the dense GEMM of as many rows: 797). Tile 6 is tile 0's
- * shape in a persistent kernel (moe_mm_wgmma_persist_kernel: one block an SM, the next tile's
- * loads issued during this tile's last steps and epilogue; the same products bit for bit). */
+ * gate|up on tile 0 550 (cuBLAS on the dense GEMM of as many rows: 797). Tiles 6 and 7 are
+ * tile 0's shape in a persistent kernel (moe_mm_wgmma_persist_kernel: one block an SM, the next
+ * tile's loads issued during this tile's last steps and epilogue; tile 7 loads 3 steps ahead and
+ * waits for each step's wgmma; the same products bit for bit), not yet run on a GPU. */
 #include <stdlib.h>
 
 #include "be_cuda.cuh"
@@ -457,9 +458,11 @@ __global__ void __launch_bounds__(CF::THREADS, 1)
             mw_proxy_fence();
             __syncthreads(); /* everyone's part; every warpgroup is done with step gs - 1 - LAG,
                               * whose slot is (gs + D) % ST */
+            mw_stage_mma<CF>(acc, s0 + (gs % CF::ST) * CF::STB, wg);
+            /* the loads after the products are issued, so that the row lookups of a next tile
+             * (GATHER: rows[g] read before its cp.async) wait under the running wgmma */
             load_next((gs + CF::D) % CF::ST); /* the last D steps load the next tile's first */
             df_commit(); /* possibly empty: keeps one group per step */
-            mw_stage_mma<CF>(acc, s0 + (gs % CF::ST) * CF::STB, wg);
             mw_wait<CF::LAG>(); /* step gs - LAG done (this warpgroup) */
             mw_hold(acc);
         }

@@ -471,6 +471,9 @@ static void test_moe_wgmma(void)
 /* the warp-specialized tile shapes (mbarrier hand-over) */
 static void test_moe_wgmma_ws(void)
 {
+    const char *only = getenv("GPU_FAMILIES_WTILES");
+    if (only && *only)
+        T_SKIP("GPU_FAMILIES_WTILES is set (test_moe_wgmma runs those tiles)");
     moe_wgmma_cases("45", false);
 }
 
