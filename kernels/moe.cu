@@ -1,7 +1,9 @@
 /* moe.cu: the CUDA backend's mixture-of-experts ops (see dfl_moe_route in backend.h), with no
  * host round trip: the router's softmax and top-k fused in f32 (one warp per token), the
  * grouping by expert in three small kernels (count per expert, padded offsets, placement in
- * ascending token order: deterministic, no atomics), a row gather (dfl_moe_forward fuses it into
+ * ascending token order: deterministic, no atomics; DFL_CUDA_MOE_ROUTE=1: the top-k counting
+ * with integer atomics, then offsets and placement in one kernel; kernels/moe_route.cuh), a
+ * row gather (dfl_moe_forward fuses it into
  * the gate|up GEMM instead), one grouped GEMM launch per projection over all experts (each row
  * tile belongs to one expert, found from the device offsets), and the weighted combine (adding qwen3_5_moe's gated shared expert; bf16 rows of a
  * multiple of 8 with 16-byte loads). The grouped GEMM: bf16 on a compute capability 9 device
@@ -20,129 +22,19 @@
 #include "be_cuda.cuh"
 #include "dflash_ptx.cuh"
 #include "moe_gemm.cuh"
+#include "moe_route.cuh"
 #include "moe_wgmma.cuh"
-
-#define MOE_MAX_E 2048        /* experts: 64 per lane of a warp */
-#define MOE_MAX_K 32
 
 /* ---- routing ---- */
 
-/* One warp per token: softmax over E logits (f32), the top k (ties to the lower id), weights
- * renormalised over the k when norm. */
-__global__ void moe_topk_kernel(const float *logits, int64_t T, int E, int k, bool norm,
-                                int32_t *idx, float *weight)
+/* DFL_CUDA_MOE_ROUTE=1 in the environment: the two-kernel route (moe_topk_kernel counting,
+ * then moe_place_fast_kernel); else the four-kernel one (top-k, count, offsets, place). The
+ * two-kernel form is checked in the SIMT emulator (tests/emu/emu-route.cc: the CPU route's
+ * results value for value) but not yet on a GPU, hence not the default. */
+static bool moe_route_fast(void)
 {
-    int64_t t = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (t >= T)
-        return;
-    int lane = threadIdx.x & 31;
-    const float *z = logits + t * E;
-    float mx = -INFINITY;
-    for (int e = lane; e < E; e += 32)
-        mx = fmaxf(mx, z[e]);
-    for (int o = 16; o > 0; o >>= 1)
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float sum = 0.0f;
-    for (int e = lane; e < E; e += 32)
-        sum += expf(z[e] - mx);
-    for (int o = 16; o > 0; o >>= 1)
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    uint64_t taken = 0; /* bit i: element lane + 32 i was chosen */
-    float wsum = 0.0f, wj[MOE_MAX_K];
-    for (int j = 0; j < k; j++) {
-        float bv = -INFINITY;
-        int be = -1;
-        for (int i = 0, e = lane; e < E; i++, e += 32)
-            if (!(taken >> i & 1) && (be < 0 || z[e] > bv)) {
-                bv = z[e];
-                be = e;
-            }
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oe = __shfl_xor_sync(0xffffffffu, be, o);
-            if (oe >= 0 && (be < 0 || ov > bv || (ov == bv && oe < be))) {
-                bv = ov;
-                be = oe;
-            }
-        }
-        if ((be & 31) == lane)
-            taken |= 1ull << (be >> 5);
-        wj[j] = expf(bv - mx) / sum;
-        wsum += wj[j];
-        if (lane == 0)
-            idx[t * k + j] = be;
-    }
-    if (lane == 0)
-        for (int j = 0; j < k; j++)
-            weight[t * k + j] = norm ? wj[j] / wsum : wj[j];
-}
-
-/* Block b counts the choices of expert b. */
-__global__ void moe_count_kernel(const int32_t *idx, int64_t n, int32_t *counts)
-{
-    __shared__ int part[32];
-    int e = blockIdx.x, c = 0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-        c += idx[i] == e;
-    for (int o = 16; o > 0; o >>= 1)
-        c += __shfl_xor_sync(0xffffffffu, c, o);
-    if ((threadIdx.x & 31) == 0)
-        part[threadIdx.x >> 5] = c;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int s = 0;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++)
-            s += part[w];
-        counts[e] = s;
-    }
-}
-
-__global__ void moe_offsets_kernel(const int32_t *counts, int E, int32_t *offsets)
-{
-    if (threadIdx.x != 0 || blockIdx.x != 0)
-        return;
-    int32_t o = 0;
-    for (int e = 0; e < E; e++) {
-        offsets[e] = o;
-        o += (counts[e] + DFL_MOE_PAD - 1) / DFL_MOE_PAD * DFL_MOE_PAD;
-    }
-    offsets[E] = o;
-}
-
-/* Block b places the tokens that chose expert b, in ascending token order: a block-wide
- * exclusive scan of the flags of each chunk of blockDim tokens. Then marks its padding rows. */
-__global__ void moe_place_kernel(const int32_t *idx, int64_t T, int k, const int32_t *offsets,
-                                 const int32_t *counts, int32_t *rows, int32_t *slot)
-{
-    __shared__ int wtot[32];
-    int e = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int32_t base = offsets[e], run = 0;
-    for (int64_t t0 = 0; t0 < T; t0 += blockDim.x) {
-        int64_t t = t0 + threadIdx.x;
-        int j = -1;
-        if (t < T)
-            for (int q = 0; q < k; q++)
-                if (idx[t * k + q] == e)
-                    j = q;
-        unsigned ball = __ballot_sync(0xffffffffu, j >= 0);
-        if (lane == 0)
-            wtot[w] = __popc(ball);
-        __syncthreads();
-        int before = 0, total = 0;
-        for (int q = 0; q < nw; q++) {
-            before += q < w ? wtot[q] : 0;
-            total += wtot[q];
-        }
-        if (j >= 0) {
-            int32_t g = base + run + before + __popc(ball & ((1u << lane) - 1));
-            rows[g] = (int32_t)t;
-            slot[t * k + j] = g;
-        }
-        run += total;
-        __syncthreads(); /* wtot is rewritten by the next chunk */
-    }
-    for (int32_t g = base + counts[e] + threadIdx.x; g < offsets[e + 1]; g += blockDim.x)
-        rows[g] = -1;
+    const char *v = getenv("DFL_CUDA_MOE_ROUTE");
+    return v && v[0] == '1' && !v[1];
 }
 
 int cuda_moe_route(dfl_be *be, const dfl_moe_route *r)
@@ -157,8 +49,18 @@ int cuda_moe_route(dfl_be *be, const dfl_moe_route *r)
         return rc;
     cudaStream_t s = cuda_of(be)->stream;
     unsigned blocks = (unsigned)((r->T + 7) / 8);
+    if (moe_route_fast()) {
+        cudaError_t err = cudaMemsetAsync(r->counts, 0, sizeof(int32_t) * (size_t)r->E, s);
+        if (err != cudaSuccess)
+            return cuda_op_fail(be, DFL_EDEVICE, "moe_route: %s", cudaGetErrorString(err));
+        moe_topk_kernel<<<blocks, 256, 0, s>>>(r->logits, r->T, r->E, r->k, r->norm_topk, r->idx,
+                                               r->weight, r->counts);
+        moe_place_fast_kernel<<<r->E, MP_THREADS, 0, s>>>(r->idx, r->T, r->k, r->counts, r->E,
+                                                          r->offsets, r->rows, r->slot);
+        return cuda_launch_check(be, "moe_route");
+    }
     moe_topk_kernel<<<blocks, 256, 0, s>>>(r->logits, r->T, r->E, r->k, r->norm_topk, r->idx,
-                                           r->weight);
+                                           r->weight, NULL);
     moe_count_kernel<<<r->E, 256, 0, s>>>(r->idx, r->T * r->k, r->counts);
     moe_offsets_kernel<<<1, 32, 0, s>>>(r->counts, r->E, r->offsets);
     moe_place_kernel<<<r->E, 256, 0, s>>>(r->idx, r->T, r->k, r->offsets, r->counts, r->rows,

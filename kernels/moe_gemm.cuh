@@ -23,6 +23,8 @@
 #ifndef DFL_MOE_GEMM_CUH
 #define DFL_MOE_GEMM_CUH
 
+#include "moe_wgmma.h"
+
 #define MG_BK 32
 #define MG_ROWB (MG_BK * 2 + 16) /* bytes of a shared row: 80 */
 
@@ -40,19 +42,10 @@ template <int BM_, int BN_, int WM_, int WN_, int ST_> struct MgCfg {
     static_assert(ST >= 2, "a pipeline needs two stages");
 };
 
-/* The expert of grouped row g (below offsets[E]): the last e with offsets[e] <= g (empty experts
- * share their offset with the next one). */
+/* The expert of grouped row g (below offsets[E]): moe_wgmma.h's mw_expert_of. */
 __device__ __forceinline__ int moe_expert_of(const int32_t *offsets, int E, int64_t g)
 {
-    int lo = 0, hi = E - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (offsets[mid] <= g)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
+    return mw_expert_of(offsets, E, g);
 }
 
 /* The row tile of grouped rows [g0, g0 + BM): false when it holds no row of an expert (past

@@ -16,7 +16,10 @@
  * Measured on the H200 (bench-ops --quick --moe, the Qwen3-30B-A3B block, 16384 tokens, 131072
  * routed rows; fused gate|up [x 1536 x 2048] / down [x 2048 x 768] in TFLOP/s): tile 0 532 / 396,
  * 1 431 / 309, 2 472 / 352, 3 440 / 334, 4 (warp-specialized) 469 / 343, 5 362 / 277; the plain
- * gate|up on tile 0 550 (cuBLAS on the dense GEMM of as many rows: 797). */
+ * gate|up on tile 0 550 (cuBLAS on the dense GEMM of as many rows: 797). Tiles 6 and 7 are
+ * tile 0's shape in a persistent kernel (moe_mm_wgmma_persist_kernel: one block an SM, the next
+ * tile's loads issued during this tile's last steps and epilogue; tile 7 loads 3 steps ahead and
+ * waits for each step's wgmma; the same products bit for bit), not yet run on a GPU. */
 #include <stdlib.h>
 
 #include "be_cuda.cuh"
@@ -26,13 +29,16 @@
 #include "moe_wgmma.cuh"
 
 /* BN columns, ST stages; WS: warp-specialized (a third warpgroup loads, the two others only
- * multiply, stages handed over by mbarriers) */
-template <int BN_, int ST_, bool WS_ = false> struct MwCfg {
-    static constexpr int BN = BN_, ST = ST_;
-    static constexpr bool WS = WS_;
+ * multiply, stages handed over by mbarriers); PERSIST: one block an SM going through the tiles,
+ * its loads running ahead across tile boundaries (moe_mm_wgmma_persist_kernel); LAG (the
+ * persistent form): wgmma groups left in flight at the end of a step, 1 (loads ST - 2 steps
+ * ahead) or 0 (each step's products waited for, loads ST - 1 steps ahead) */
+template <int BN_, int ST_, bool WS_ = false, bool PERSIST_ = false, int LAG_ = 1> struct MwCfg {
+    static constexpr int BN = BN_, ST = ST_, LAG = LAG_;
+    static constexpr bool WS = WS_, PERSIST = PERSIST_;
     static constexpr int THREADS = WS ? MW_THREADS + 128 : MW_THREADS;
     static constexpr int LT = WS ? 128 : MW_THREADS;   /* loading threads */
-    static constexpr int D = ST - 2;                   /* prefetch distance in stages */
+    static constexpr int D = ST - 1 - LAG;             /* prefetch distance in stages */
     static constexpr int NR = BN / 2;                  /* f32 accumulators a thread */
     static constexpr int AI = MW_BM * 8 / LT;          /* 16-byte chunks a loading thread: A */
     static constexpr int WI = BN * 8 / LT;             /* and W */
@@ -42,6 +48,8 @@ template <int BN_, int ST_, bool WS_ = false> struct MwCfg {
     static_assert(BN == 128 || BN == 256, "wgmma n128 or n256");
     static_assert(ST >= 3, "one stage in flight, one read, one filled");
     static_assert(SMEM <= 227 * 1024, "shared memory of one block");
+    static_assert(!(WS && PERSIST), "the persistent form is the plain one's");
+    static_assert(LAG == 1 || (LAG == 0 && PERSIST), "LAG 0: the persistent form only");
 };
 
 /* the tile shapes (DFL_CUDA_MOE_WTILE) */
@@ -51,7 +59,12 @@ typedef MwCfg<128, 3> MwTile2;       /* 128 x 128, 3 stages: 99,328 bytes (two b
 typedef MwCfg<256, 3> MwTile3;       /* 128 x 256, 3 stages: 148,480 bytes */
 typedef MwCfg<256, 4, true> MwTile4; /* 128 x 256, 4 stages, warp-specialized: 197,696 bytes */
 typedef MwCfg<128, 6, true> MwTile5; /* 128 x 128, 6 stages, warp-specialized: 197,728 bytes */
-#define MW_TILES 6
+typedef MwCfg<256, 4, false, true> MwTile6; /* tile 0's shape, persistent: + (2 E + 1) 4 bytes */
+typedef MwCfg<256, 4, false, true, 0> MwTile7; /* the same, loads 3 steps ahead, no wgmma lag */
+#define MW_TILES 8
+#define MW_TAB_MAX (2 * 2048 + 1) /* the offsets and counts table of the persistent form, in
+                                   * int32 (E <= 2048, moe.cu's MOE_MAX_E) */
+static_assert(MwTile6::SMEM + 4 * MW_TAB_MAX <= 227 * 1024, "tile 6 and its table");
 #define MW_TILE_DEFAULT 0 /* the fastest in every part measured (above) */
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -363,6 +376,139 @@ __global__ void __launch_bounds__(CF::THREADS, 1)
 #endif
 }
 
+/* The persistent form of moe_mm_wgmma_kernel's plain path (CF::PERSIST): nt = ntc row-tile
+ * count tiles, tile t being row tile t / ntc and column tile t % ntc (the plain form's launch
+ * order: the column tiles of a row tile together); block b takes tiles b, b + gridDim.x, ...
+ * that hold a row of an expert. Every tile's products are the plain form's, step for step (the
+ * same stage layout, wgmma groups and epilogue: the same results bit for bit); what changes is
+ * that the cp.async of the next tile's first D steps are issued during this tile's last steps,
+ * so that they land while its last products and its epilogue run, and that one block an SM
+ * stays resident (no block launch, no prologue wait a tile). offsets and counts are read once
+ * into shared memory after the stages (the expert of a tile is a binary search there). */
+template <class CF, bool SWIGLU>
+__device__ __forceinline__ int64_t mw_seek(int64_t t, int64_t nt, int64_t ntc, const int32_t *scnt,
+                                           const int32_t *soff, int E, const bf16 *W, int64_t N,
+                                           int64_t K, int64_t *g0, int64_t *end, int64_t *c0,
+                                           const bf16 **We)
+{
+    int e = 0;
+    t = mw_next_tile(t, gridDim.x, nt, ntc, scnt, soff, E, g0, end, &e);
+    *c0 = t % ntc * (SWIGLU ? CF::BN / 2 : CF::BN);
+    *We = W + (int64_t)e * N * K;
+    return t;
+}
+
+template <class CF, bool GATHER, bool SWIGLU>
+__global__ void __launch_bounds__(CF::THREADS, 1)
+    moe_mm_wgmma_persist_kernel(const bf16 *__restrict__ A, const int32_t *__restrict__ rows,
+                                const bf16 *__restrict__ W, bf16 *__restrict__ C,
+                                const int32_t *counts, const int32_t *offsets, int E, int64_t N,
+                                int64_t K, bool pair, int64_t ntc, int64_t nt)
+{
+#ifdef MW_ON
+    static_assert(CF::PERSIST && !CF::WS, "the persistent plain form");
+    DF_DYN_SMEM(moe_smem);
+    const uint32_t tid = threadIdx.x, base = df_smem(moe_smem), s0 = (base + 1023u) & ~1023u;
+    int32_t *soff = (int32_t *)(moe_smem + (s0 - base) + CF::BAR), *scnt = soff + E + 1;
+    for (int i = (int)tid; i <= E; i += CF::THREADS)
+        soff[i] = offsets[i];
+    for (int i = (int)tid; i < E; i += CF::THREADS)
+        scnt[i] = counts[i];
+    __syncthreads();
+    const int64_t Nc = SWIGLU ? N / 2 : N;
+    const int nk = (int)(K / MW_BK);
+    /* the tile being multiplied (ct) and the one being loaded (lt, at step lk) */
+    int64_t g0, end, c0, lg0, lend, lc0;
+    const bf16 *We, *lWe;
+    int64_t ct = mw_seek<CF, SWIGLU>(blockIdx.x, nt, ntc, scnt, soff, E, W, N, K, &g0, &end, &c0,
+                                     &We);
+    int64_t lt = ct;
+    int lk = 0;
+    lg0 = g0, lend = end, lc0 = c0, lWe = We;
+    const bf16 *ap[CF::AI], *wp[CF::WI];
+    if (lt < nt)
+        mw_rows<CF, GATHER, SWIGLU>(ap, wp, tid, A, rows, lWe, lg0, lend, lc0, N, K);
+    const uint32_t off = mw_load_off(tid, 0, CF::LT), wg = tid / 128;
+    /* the load of the next step in the block's sequence, then the cursor moved on */
+    auto load_next = [&](uint32_t slot) {
+        if (lt >= nt)
+            return;
+        mw_load<CF>(s0 + slot * CF::STB, off, ap, wp, W, (int64_t)lk * MW_BK);
+        if (++lk == nk) {
+            lk = 0;
+            lt = mw_seek<CF, SWIGLU>(lt + gridDim.x, nt, ntc, scnt, soff, E, W, N, K, &lg0, &lend,
+                                     &lc0, &lWe);
+            if (lt < nt)
+                mw_rows<CF, GATHER, SWIGLU>(ap, wp, tid, A, rows, lWe, lg0, lend, lc0, N, K);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < CF::D; s++) {
+        load_next((uint32_t)s);
+        df_commit();
+    }
+    uint32_t gs = 0; /* the block's step: its stage slot is gs % ST */
+    float acc[CF::NR];
+    while (ct < nt) {
+#pragma unroll
+        for (int i = 0; i < CF::NR; i++)
+            acc[i] = 0.0f;
+        for (int kt = 0; kt < nk; kt++, gs++) {
+            df_wait<CF::D - 1>(); /* step gs's group has landed (this thread's part) */
+            mw_proxy_fence();
+            __syncthreads(); /* everyone's part; every warpgroup is done with step gs - 1 - LAG,
+                              * whose slot is (gs + D) % ST */
+            mw_stage_mma<CF>(acc, s0 + (gs % CF::ST) * CF::STB, wg);
+            /* the loads after the products are issued, so that the row lookups of a next tile
+             * (GATHER: rows[g] read before its cp.async) wait under the running wgmma */
+            load_next((gs + CF::D) % CF::ST); /* the last D steps load the next tile's first */
+            df_commit(); /* possibly empty: keeps one group per step */
+            mw_wait<CF::LAG>(); /* step gs - LAG done (this warpgroup) */
+            mw_hold(acc);
+        }
+        mw_wait<0>();
+        mw_hold(acc);
+        mw_epilogue<CF, SWIGLU>(acc, wg, tid % 128, C, g0, end, c0, Nc, pair);
+        ct = mw_seek<CF, SWIGLU>(ct + gridDim.x, nt, ntc, scnt, soff, E, W, N, K, &g0, &end, &c0,
+                                 &We);
+    }
+    df_wait<0>();
+#else
+    __trap(); /* built without sm_90a: cuda_moe_wgmma never launches it */
+#endif
+}
+
+/* the multiprocessors of the current device (0 when it cannot say) */
+static int mw_sms(void)
+{
+    static int sms[64];
+    int d = 0;
+    if (cudaGetDevice(&d) != cudaSuccess || d < 0 || d >= 64)
+        return 0;
+    if (!sms[d] && cudaDeviceGetAttribute(&sms[d], cudaDevAttrMultiProcessorCount, d) != cudaSuccess)
+        sms[d] = 0;
+    return sms[d];
+}
+
+template <class CF, bool G, bool S>
+static cudaError_t mw_launch_persist(const dfl_moe_mm *m, cudaStream_t s)
+{
+    auto fn = moe_mm_wgmma_persist_kernel<CF, G, S>;
+    const size_t smem = CF::SMEM + 4 * (size_t)(2 * m->E + 1);
+    cudaError_t err = cuda_allow_smem(fn, smem);
+    if (err != cudaSuccess)
+        return err;
+    const int64_t Nc = S ? m->N / 2 : m->N, bn = S ? CF::BN / 2 : CF::BN;
+    const int64_t ntc = (Nc + bn - 1) / bn, nt = ntc * (m->cap / MW_BM);
+    const int sms = mw_sms();
+    const int64_t blocks = sms > 0 && sms < nt ? sms : nt;
+    const bool pair = Nc % 2 == 0 && is_aligned(m->C, 4);
+    fn<<<(unsigned)blocks, CF::THREADS, smem, s>>>((const bf16 *)m->A, m->rows,
+                                                   (const bf16 *)m->W, (bf16 *)m->C, m->counts,
+                                                   m->offsets, m->E, m->N, m->K, pair, ntc, nt);
+    return cudaSuccess; /* a launch error: the caller's cuda_launch_check */
+}
+
 template <class CF, bool G, bool S>
 static cudaError_t mw_launch(const dfl_moe_mm *m, cudaStream_t s)
 {
@@ -381,9 +527,19 @@ static cudaError_t mw_launch(const dfl_moe_mm *m, cudaStream_t s)
 
 template <class CF> static cudaError_t mw_tile(const dfl_moe_mm *m, cudaStream_t s)
 {
-    if (m->rows)
-        return m->swiglu ? mw_launch<CF, true, true>(m, s) : mw_launch<CF, true, false>(m, s);
-    return m->swiglu ? mw_launch<CF, false, true>(m, s) : mw_launch<CF, false, false>(m, s);
+    if constexpr (CF::PERSIST) {
+        if (2 * (int64_t)m->E + 1 > MW_TAB_MAX) /* the table does not fit: the plain form */
+            return mw_tile<MwCfg<CF::BN, CF::ST>>(m, s);
+        if (m->rows)
+            return m->swiglu ? mw_launch_persist<CF, true, true>(m, s)
+                             : mw_launch_persist<CF, true, false>(m, s);
+        return m->swiglu ? mw_launch_persist<CF, false, true>(m, s)
+                         : mw_launch_persist<CF, false, false>(m, s);
+    } else {
+        if (m->rows)
+            return m->swiglu ? mw_launch<CF, true, true>(m, s) : mw_launch<CF, true, false>(m, s);
+        return m->swiglu ? mw_launch<CF, false, true>(m, s) : mw_launch<CF, false, false>(m, s);
+    }
 }
 
 bool cuda_moe_wgmma_fits(const dfl_moe_mm *m, int device)
@@ -409,6 +565,8 @@ cudaError_t cuda_moe_wgmma(const dfl_moe_mm *m, cudaStream_t s)
     case 2: return mw_tile<MwTile2>(m, s);
     case 3: return mw_tile<MwTile3>(m, s);
     case 4: return mw_tile<MwTile4>(m, s);
-    default: return mw_tile<MwTile5>(m, s);
+    case 5: return mw_tile<MwTile5>(m, s);
+    case 6: return mw_tile<MwTile6>(m, s);
+    default: return mw_tile<MwTile7>(m, s);
     }
 }

@@ -47,4 +47,41 @@ MW_HD uint32_t mw_load_off(uint32_t tid, uint32_t i, uint32_t lt)
     return mw_swz(tid / 8, tid % 8) + i * (lt / 8) * MW_ROWB;
 }
 
+/* The expert of grouped row g (below offsets[E]): the last e with offsets[e] <= g (empty experts
+ * share their offset with the next one). */
+MW_HD int mw_expert_of(const int32_t *offsets, int E, int64_t g)
+{
+    int lo = 0, hi = E - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (offsets[mid] <= g)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* The schedule of the persistent kernel (tile shape 6 and 7 of kernels/moe_wgmma.cu): of the
+ * tiles t, t + stride, t + 2 stride, ... below nt (tile t: row tile t / ntc, grouped rows from
+ * MW_BM (t / ntc), and column tile t % ntc), the first that holds a row of an expert, with its
+ * first row *g0, the end *end of its expert's rows and the expert *e; nt when there is none.
+ * A block b of a grid of stride blocks multiplies the tiles this gives from b on, each next one
+ * from the last one + stride, and loads them in the same order. */
+MW_HD int64_t mw_next_tile(int64_t t, int64_t stride, int64_t nt, int64_t ntc,
+                           const int32_t *counts, const int32_t *offsets, int E, int64_t *g0,
+                           int64_t *end, int *e)
+{
+    for (; t < nt; t += stride) {
+        *g0 = t / ntc * MW_BM;
+        if (*g0 >= offsets[E])
+            return nt; /* past the last expert's rows, as is every later tile */
+        *e = mw_expert_of(offsets, E, *g0);
+        *end = (int64_t)offsets[*e] + counts[*e];
+        if (*g0 < *end)
+            return t;
+    }
+    return nt;
+}
+
 #endif

@@ -2,9 +2,9 @@
  * arithmetic of the tensor-core kernels on a machine without a GPU (tests/emu/README). One CTA
  * at a time; every CUDA thread is a fiber (ucontext) that runs until it reaches a barrier or a
  * warp-collective operation. Emulated: __syncthreads(_or/_and), __syncwarp, __shfl_xor_sync,
- * __shfl_sync, __shfl_up_sync,
- * __any_sync, threadIdx/blockIdx/blockDim/gridDim, __shared__ variables (function statics: one
- * CTA runs at a time), dynamic shared memory, and the PTX helpers of kernels/dflash_ptx.cuh:
+ * __shfl_sync, __shfl_up_sync, __any_sync, __ballot_sync, __popc, atomicAdd (int),
+ * threadIdx/blockIdx/blockDim/gridDim, __shared__ variables (function statics: one CTA runs at
+ * a time), dynamic shared memory, and the PTX helpers of kernels/dflash_ptx.cuh:
  * cp.async (copied at once; commit/wait are no-ops), ldmatrix .x4 (.trans), mma.sync
  * m16n8k16 bf16 -> f32 (float sums in k order) and ex2.approx (exp2f), built from the fragment
  * layouts of the PTX ISA, independently of how the kernels use them. Shared-memory addresses are
@@ -354,6 +354,34 @@ inline bool __any_sync(unsigned, int pred)
             memcpy(out[l], &a, sizeof a);
     });
     return r != 0;
+}
+
+inline unsigned __ballot_sync(unsigned, int pred)
+{
+    int p = pred != 0;
+    unsigned r;
+    emu::warp_op(7, &p, sizeof p, &r, sizeof r, [](auto &in, auto &out, int lanes) {
+        unsigned b = 0;
+        for (int l = 0; l < lanes; l++) {
+            int x;
+            memcpy(&x, in[l], sizeof x);
+            b |= (unsigned)(x != 0) << l;
+        }
+        for (int l = 0; l < lanes; l++)
+            memcpy(out[l], &b, sizeof b);
+    });
+    return r;
+}
+
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+
+/* one CTA runs at a time and its threads are fibers that switch only at collectives: a plain
+ * read-modify-write is atomic */
+inline int atomicAdd(int *p, int v)
+{
+    const int old = *p;
+    *p = old + v;
+    return old;
 }
 
 /* ---- the PTX helpers of kernels/dflash_ptx.cuh ---- */

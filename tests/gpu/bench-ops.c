@@ -23,7 +23,7 @@
 #include "bench.h"
 
 #define MOE_TILES 5 /* the grouped GEMM's tile shapes, DFL_CUDA_MOE_TILE (kernels/moe_gemm.cuh) */
-#define MOE_WTILES 6 /* the wgmma kernel's, DFL_CUDA_MOE_WTILE (kernels/moe_wgmma.cu) */
+#define MOE_WTILES 8 /* the wgmma kernel's, DFL_CUDA_MOE_WTILE (kernels/moe_wgmma.cu) */
 
 #ifdef DFL_CUDA
 
@@ -250,7 +250,20 @@ static void bench_moe_block(double peak)
     }
     env_put("DFL_CUDA_MOE_TILE", was);
     env_put("DFL_CUDA_MOE_WTILE", wt_was);
-    /* dfl_moe_forward whole (default tiles), on mma.sync then on wgmma */
+    /* the route in both forms (DFL_CUDA_MOE_ROUTE) */
+    const char *rt_was = getenv("DFL_CUDA_MOE_ROUTE");
+    double rt[2];
+    b.op = 1;
+    for (int f = 0; f < 2; f++) {
+        setenv("DFL_CUDA_MOE_ROUTE", f ? "1" : "0", 1);
+        rt[f] = time_ms(run_moe_blk, &b, iters);
+    }
+    env_put("DFL_CUDA_MOE_ROUTE", rt_was);
+    printf("moe block route: two kernels (DFL_CUDA_MOE_ROUTE=1) %.3f ms, four kernels (0) %.3f "
+           "ms\n", rt[1], rt[0]);
+    /* dfl_moe_forward whole: on mma.sync, on wgmma (the defaults, or the environment's tile and
+     * route), then on wgmma in given tiles and routes (tile 0 with the four-kernel route: the
+     * defaults before the persistent tiles 6 and 7) */
     uint64_t wsb = dfl_moe_ws_bytes(&c, be, T);
     void *blk = be->ops->alloc(be, (size_t)wsb, &e);
     if (!blk)
@@ -261,14 +274,25 @@ static void bench_moe_block(double peak)
     b.ws = &ws;
     b.w = &w;
     b.op = 8;
-    for (int wg = 0; wg < 2; wg++) {
-        setenv("DFL_CUDA_MOE_WGMMA", wg ? "1" : "0", 1);
+    const struct {
+        const char *wgmma, *wtile, *route, *name;
+    } fv[] = {{"0", wt_was, rt_was, "mma.sync"},
+              {"1", wt_was, rt_was, "wgmma"},
+              {"1", "0", "0", "wgmma tile 0, four-kernel route"},
+              {"1", "6", "1", "wgmma tile 6, two-kernel route"},
+              {"1", "7", "1", "wgmma tile 7, two-kernel route"}};
+    for (size_t v = 0; v < sizeof fv / sizeof *fv; v++) {
+        setenv("DFL_CUDA_MOE_WGMMA", fv[v].wgmma, 1);
+        env_put("DFL_CUDA_MOE_WTILE", fv[v].wtile);
+        env_put("DFL_CUDA_MOE_ROUTE", fv[v].route);
         double t = time_ms(run_moe_blk, &b, iters);
         printf("moe block dfl_moe_forward %s: %.3f ms per layer per 16384 tokens, %.1f TFLOP/s on "
-               "the expert GEMMs (transformers: ~11.7 ms; goal under ~5.85 ms)\n",
-               wg ? "wgmma" : "mma.sync", t, (f_up + f_dn) / t / 1e9);
+               "the expert GEMMs (transformers: ~11.7 ms; goal under ~5.85 ms)\n", fv[v].name, t,
+               (f_up + f_dn) / t / 1e9);
     }
     env_put("DFL_CUDA_MOE_WGMMA", wg_was);
+    env_put("DFL_CUDA_MOE_WTILE", wt_was);
+    env_put("DFL_CUDA_MOE_ROUTE", rt_was);
     void *bufs[] = {b.x, wr, wgu, wd, b.xg, b.gu, b.act, b.y, b.out, logits, wt, idx, slot, cnt,
                     off, rows, blk};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)

@@ -8,7 +8,8 @@
  * every tile shape of DFL_CUDA_MOE_TILE; the wgmma kernel in every shape of DFL_CUDA_MOE_WTILE,
  * also value for value against mma.sync, the warp-specialized ones last; moe_combine), each CUDA
  * against the CPU backend on the same inputs, with guard bands around every output and
- * NaN-failing comparisons (moe_combine also with qwen3_5_moe's gated shared expert); then the
+ * NaN-failing comparisons (moe_combine also with qwen3_5_moe's gated shared expert; moe_route
+ * in both forms, DFL_CUDA_MOE_ROUTE 0 and 1, value for value); then the
  * Qwen3-MoE and Qwen3.5-MoE oracles (../shared/oracle/qwen3moe-tiny-a, qwen35moe-tiny-a) through
  * the CUDA backend in bf16 and f32. Routing is where
  * bf16 and f32 part ways: the test routes in f32 from the bf16 hidden state and prints how many
@@ -386,6 +387,18 @@ static void test_moe_ops(void)
     moe_ops_case(37, 8, 2, 96, 80, DFL_BF16, true);
     moe_ops_case(5, 7, 3, 33, 17, DFL_BF16, true);
     moe_ops_case(700, 256, 8, 256, 128, DFL_BF16, true); /* Qwen3.5-35B-A3B's 256 experts, top 8 */
+    /* the route in both forms (DFL_CUDA_MOE_ROUTE: 0 four kernels, 1 two) */
+    char *rt_was = getenv("DFL_CUDA_MOE_ROUTE");
+    rt_was = rt_was ? strdup(rt_was) : NULL;
+    for (int f = 0; f < 2; f++) {
+        setenv("DFL_CUDA_MOE_ROUTE", f ? "1" : "0", 1);
+        moe_ops_case(37, 8, 2, 96, 80, DFL_F32, false);
+        moe_ops_case(1000, 128, 8, 256, 192, DFL_BF16, false);
+        moe_ops_case(300, 512, 10, 64, 64, DFL_F32, false);
+        moe_ops_case(5000, 16, 4, 64, 64, DFL_BF16, false);
+    }
+    env_put("DFL_CUDA_MOE_ROUTE", rt_was);
+    free(rt_was);
     /* the WMMA kernel on the shapes that take mma.sync by default */
     const char *was = getenv("DFL_CUDA_MOE_MMA");
     setenv("DFL_CUDA_MOE_MMA", "0", 1);
@@ -447,21 +460,28 @@ static void moe_wgmma_cases(const char *wtiles, bool small)
     free(wt_was);
 }
 
+/* every plain tile shape; GPU_FAMILIES_WTILES=DIGITS in the environment: those only (a device
+ * run short of time) */
 static void test_moe_wgmma(void)
 {
-    moe_wgmma_cases("0123", false);
+    const char *only = getenv("GPU_FAMILIES_WTILES");
+    moe_wgmma_cases(only && *only ? only : "012367", false);
 }
 
 /* the warp-specialized tile shapes (mbarrier hand-over) */
 static void test_moe_wgmma_ws(void)
 {
+    const char *only = getenv("GPU_FAMILIES_WTILES");
+    if (only && *only)
+        T_SKIP("GPU_FAMILIES_WTILES is set (test_moe_wgmma runs those tiles)");
     moe_wgmma_cases("45", false);
 }
 
-/* two small cases in tile shapes 0, 2 and 4, to run under compute-sanitizer (T_ONLY) */
+/* two small cases in tile shapes 0, 2, 4, 6 and 7 (persistent), to run under compute-sanitizer
+ * (T_ONLY) */
 static void test_small_wgmma(void)
 {
-    moe_wgmma_cases("024", true);
+    moe_wgmma_cases("02467", true);
 }
 
 /* ---- the Qwen3-MoE oracle on CUDA ---- */

@@ -4,10 +4,13 @@
  * 128-byte swizzle (PTX ISA: 8-row core groups SBO bytes apart, rows of 128 bytes, the 16-byte
  * chunk bits 4-6 of the byte address XORed with bits 7-9) finds every element (row m, column k)
  * of every k16 step of both warpgroups' A and of W (n128 and n256) exactly where the kernel's
- * cp.async put it; the unswizzled layout fails the same model (the check can fail); and the load
- * split covers every 16-byte chunk of a stage once. */
+ * cp.async put it; the unswizzled layout fails the same model (the check can fail); the load
+ * split covers every 16-byte chunk of a stage once; and the persistent kernel's schedule takes
+ * every tile with an expert row once. */
 #include <stdint.h>
+#include <stdlib.h>
 
+#include "backend.h"
 #include "t.h"
 #include "../../kernels/moe_wgmma.h"
 
@@ -100,6 +103,62 @@ static void test_load_split(void)
         }
 }
 
+/* The persistent kernel's schedule (mw_next_tile): over the blocks of a grid, every tile that
+ * holds a row of an expert exactly once, each block's tiles ascending and its own (b + i stride),
+ * with the first row, expert and end of rows of a search over the experts; for expert counts
+ * with empty experts (first, inside, last), single rows, whole tiles, row tiles past the last
+ * expert, grids of one block, fewer blocks than tiles, and more. */
+static void test_schedule(void)
+{
+    enum { E = 8 };
+    const int32_t sets[][E] = {{0, 300, 1, 0, 128, 257, 0, 0}, {129, 0, 0, 5, 1000, 127, 128, 1},
+                               {0, 0, 0, 0, 0, 0, 0, 0}};
+    for (int q = 0; q < 3; q++) {
+        const int32_t *cnt = sets[q];
+        int32_t off[E + 1];
+        off[0] = 0;
+        for (int e = 0; e < E; e++)
+            off[e + 1] = off[e] + (cnt[e] + DFL_MOE_PAD - 1) / DFL_MOE_PAD * DFL_MOE_PAD;
+        const int64_t cap = off[E] + 3 * MW_BM; /* row tiles past the last expert's rows */
+        const int64_t ntcs[] = {1, 3, 8};
+        for (int c = 0; c < 3; c++) {
+            const int64_t ntc = ntcs[c], nt = ntc * (cap / MW_BM);
+            const int64_t strides[] = {1, 2, 7, 132, nt + 5};
+            for (int si = 0; si < 5; si++) {
+                const int64_t stride = strides[si];
+                int *seen = calloc((size_t)nt, sizeof(int));
+                int64_t wrong = 0;
+                for (int64_t b = 0; b < stride; b++) {
+                    int64_t g0 = -1, end = -1, prev = -1;
+                    int e = -1;
+                    for (int64_t t = mw_next_tile(b, stride, nt, ntc, cnt, off, E, &g0, &end, &e);
+                         t < nt;
+                         t = mw_next_tile(t + stride, stride, nt, ntc, cnt, off, E, &g0, &end, &e)) {
+                        wrong += t < b || (t - b) % stride != 0 || t <= prev;
+                        prev = t;
+                        seen[t]++;
+                        wrong += g0 != t / ntc * MW_BM;
+                        wrong += e < 0 || e >= E || !(off[e] <= g0 && g0 < off[e] + cnt[e]) ||
+                                 end != off[e] + cnt[e];
+                    }
+                }
+                int64_t cover = 0;
+                for (int64_t t = 0; t < nt; t++) {
+                    const int64_t g = t / ntc * MW_BM;
+                    int want = 0;
+                    for (int e = 0; e < E; e++)
+                        want |= off[e] <= g && g < off[e] + cnt[e];
+                    cover += seen[t] != want;
+                }
+                T_EQ_INT(wrong, 0, "tiles out of order, of another block, or with a wrong expert");
+                T_EQ_INT(cover, 0, "tiles with a row of an expert not taken exactly once (or "
+                                   "empty ones taken)");
+                free(seen);
+            }
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -107,5 +166,6 @@ int main(int argc, char **argv)
     T_RUN(test_desc_fields);
     T_RUN(test_operand_layout);
     T_RUN(test_load_split);
+    T_RUN(test_schedule);
     return t_done();
 }
