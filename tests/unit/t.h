@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -148,7 +149,9 @@ static inline dfl_be *t_cpu_backend(void)
 }
 #endif
 
-/* The shared oracle directory ($DFL_ORACLE), or NULL when absent. */
+/* The shared oracle directory ($DFL_ORACLE), or NULL when absent. A directory there without the
+ * oracles' README.md is a copy made wrong (the oracle cases would all skip unseen): the current
+ * case fails, saying so. */
 static inline const char *t_oracle(void)
 {
     const char *o = getenv("DFL_ORACLE");
@@ -158,8 +161,15 @@ static inline const char *t_oracle(void)
     char p[4096];
     snprintf(p, sizeof p, "%s/README.md", o);
     f = fopen(p, "r");
-    if (!f)
+    if (!f) {
+        struct stat st;
+        if (stat(o, &st) == 0 && S_ISDIR(st.st_mode)) {
+            t_case_failed_ = 1;
+            fprintf(stderr, "  FAIL: DFL_ORACLE=%s is a directory without the oracles' README.md: "
+                    "copy it with the oracles\n", o);
+        }
         return NULL;
+    }
     fclose(f);
     return o;
 }
