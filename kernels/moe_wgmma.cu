@@ -72,14 +72,7 @@ static_assert(MwTile6::SMEM + 4 * MW_TAB_MAX <= 227 * 1024, "tile 6 and its tabl
 #endif
 
 #ifdef MW_ON
-__device__ __forceinline__ void mw_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void mw_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void mw_wait()
-{
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-/* cp.async's shared-memory writes (generic proxy) made visible to wgmma's reads (async proxy) */
-__device__ __forceinline__ void mw_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+#include "wgmma_ptx.cuh" /* wg_fence, wg_commit, wg_wait, wg_proxy_fence */
 /* keeps the compiler from moving accumulator accesses across the asynchronous wgmma */
 template <int R> __device__ __forceinline__ void mw_hold(float (&d)[R])
 {
@@ -242,12 +235,12 @@ template <class CF>
 __device__ __forceinline__ void mw_stage_mma(float (&acc)[CF::NR], uint32_t st, uint32_t wg)
 {
     mw_hold(acc);
-    mw_fence();
+    wg_fence();
 #pragma unroll
     for (int kk = 0; kk < MW_BK / 16; kk++)
         mw_mma<CF::BN>(acc, mw_desc(st + wg * 64 * MW_ROWB + kk * 32),
                        mw_desc(st + CF::AB + kk * 32));
-    mw_commit();
+    wg_commit();
 }
 
 /* The epilogue of warpgroup wg (thread t of 128 in it): accumulator i holds row
@@ -319,7 +312,7 @@ __global__ void __launch_bounds__(CF::THREADS, 1)
         }
         for (int kt = 0; kt < nk; kt++) {
             df_wait<CF::D - 1>(); /* step kt's group has landed (this thread's part) */
-            mw_proxy_fence();
+            wg_proxy_fence();
             __syncthreads(); /* everyone's part; every warpgroup is done with step kt - 2 */
             const int pf = kt + CF::D;
             if (pf < nk)
@@ -327,10 +320,10 @@ __global__ void __launch_bounds__(CF::THREADS, 1)
                             (int64_t)pf * MW_BK);
             df_commit(); /* possibly empty: keeps one group per step */
             mw_stage_mma<CF>(acc, s0 + (uint32_t)(kt % CF::ST) * CF::STB, wg);
-            mw_wait<1>(); /* step kt - 1 done (this warpgroup) */
+            wg_wait<1>(); /* step kt - 1 done (this warpgroup) */
             mw_hold(acc);
         }
-        mw_wait<0>();
+        wg_wait<0>();
         mw_hold(acc);
         mw_epilogue<CF, SWIGLU>(acc, wg, tid % 128, C, g0, end, c0, Nc, pair);
         return;
@@ -361,14 +354,14 @@ __global__ void __launch_bounds__(CF::THREADS, 1)
     for (int kt = 0; kt < nk; kt++) {
         const uint32_t slot = (uint32_t)(kt % CF::ST);
         mw_bar_wait(full + 8 * slot, (uint32_t)(kt / CF::ST) & 1);
-        mw_proxy_fence();
+        wg_proxy_fence();
         mw_stage_mma<CF>(acc, s0 + slot * CF::STB, wg);
-        mw_wait<1>(); /* step kt - 1 done: its slot goes back to the loads */
+        wg_wait<1>(); /* step kt - 1 done: its slot goes back to the loads */
         mw_hold(acc);
         if (kt > 0)
             mw_bar_arrive(empty + 8 * (uint32_t)((kt - 1) % CF::ST));
     }
-    mw_wait<0>();
+    wg_wait<0>();
     mw_hold(acc);
     mw_epilogue<CF, SWIGLU>(acc, wg, tid % 128, C, g0, end, c0, Nc, pair);
 #else
@@ -455,7 +448,7 @@ __global__ void __launch_bounds__(CF::THREADS, 1)
             acc[i] = 0.0f;
         for (int kt = 0; kt < nk; kt++, gs++) {
             df_wait<CF::D - 1>(); /* step gs's group has landed (this thread's part) */
-            mw_proxy_fence();
+            wg_proxy_fence();
             __syncthreads(); /* everyone's part; every warpgroup is done with step gs - 1 - LAG,
                               * whose slot is (gs + D) % ST */
             mw_stage_mma<CF>(acc, s0 + (gs % CF::ST) * CF::STB, wg);
@@ -463,10 +456,10 @@ __global__ void __launch_bounds__(CF::THREADS, 1)
              * (GATHER: rows[g] read before its cp.async) wait under the running wgmma */
             load_next((gs + CF::D) % CF::ST); /* the last D steps load the next tile's first */
             df_commit(); /* possibly empty: keeps one group per step */
-            mw_wait<CF::LAG>(); /* step gs - LAG done (this warpgroup) */
+            wg_wait<CF::LAG>(); /* step gs - LAG done (this warpgroup) */
             mw_hold(acc);
         }
-        mw_wait<0>();
+        wg_wait<0>();
         mw_hold(acc);
         mw_epilogue<CF, SWIGLU>(acc, wg, tid % 128, C, g0, end, c0, Nc, pair);
         ct = mw_seek<CF, SWIGLU>(ct + gridDim.x, nt, ntc, scnt, soff, E, W, N, K, &g0, &end, &c0,
