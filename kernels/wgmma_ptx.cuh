@@ -1,7 +1,7 @@
 /* wgmma_ptx.cuh: PTX helpers of Hopper's warpgroup MMA (wgmma; sm_90a code only: include it
- * under __CUDA_ARCH_FEAT_SM90_ALL) for kernels/attn_wgmma.cu and moe_wgmma.cu: the fences, commit and wait, the
- * proxy fence after cp.async, and the operand list of an m64n128 f32 accumulator held as 16 n8
- * tiles of 4 (d[j][e]: n8 tile j, the mma.sync accumulator order). */
+ * under __CUDA_ARCH_FEAT_SM90_ALL) for kernels/attn_wgmma.cu and kernels/moe_wgmma.cu: the
+ * fences, commit and wait, the proxy fence after cp.async, and the operand list of an m64n128 f32
+ * accumulator held as 16 n8 tiles of 4 (d[j][e]: n8 tile j, the mma.sync accumulator order). */
 #ifndef DFL_WGMMA_PTX_CUH
 #define DFL_WGMMA_PTX_CUH
 
