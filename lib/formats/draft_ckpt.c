@@ -168,12 +168,12 @@ out:
  * each. */
 static void *big_alloc(size_t n)
 {
+    const size_t align = (size_t)2 << 20, size = (n + align - 1) / align * align;
     void *p = NULL;
-    size_t align = (size_t)2 << 20;
-    if (posix_memalign(&p, align, (n + align - 1) / align * align))
+    if (posix_memalign(&p, align, size))
         return NULL;
 #ifdef MADV_HUGEPAGE
-    madvise(p, (n + align - 1) / align * align, MADV_HUGEPAGE);
+    madvise(p, size, MADV_HUGEPAGE);
 #endif
     return p;
 }

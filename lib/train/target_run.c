@@ -501,44 +501,47 @@ static void prof_print(const pipeline *p, const char *what, const prof *f, doubl
              p->async ? ", copy " : ", copy (none) ", f->copy, f->copy_wait, f->write, verdict);
 }
 
-/* --profile's closing line: the forward's time by kind of work (dfl_target_prof_read), as shares
- * of the forward's measured time; what no span covers is the rest. */
-/* ", R TFLOP/s" (or GFLOP/s) into buf; nothing when no FLOPs or no time. Returns the length. */
-static size_t rate_str(char *buf, size_t size, double flops, double seconds)
+/* Appends "LABEL S s (P%, R TFLOP/s)" to line[*n..size), after "; " unless it is the first item:
+ * the time, its share of the forward's fwd seconds, and the rate where there are FLOPs. Never
+ * writes past the end (a full line is cut short). */
+static void span_str(char *line, size_t size, size_t *n, const char *label, double seconds,
+                     double flops, double fwd)
 {
-    double rate = seconds > 0 ? flops / seconds : 0;
-    if (!(rate > 0))
-        return 0;
-    int n = snprintf(buf, size, rate >= 1e12 ? ", %.1f TFLOP/s" : ", %.2f GFLOP/s",
-                     rate / (rate >= 1e12 ? 1e12 : 1e9));
-    return n < 0 ? 0 : (size_t)n;
+    if (*n >= size)
+        return;
+    char rate[48] = "";
+    double r = seconds > 0 ? flops / seconds : 0;
+    if (r > 0)
+        snprintf(rate, sizeof rate, r >= 1e12 ? ", %.1f TFLOP/s" : ", %.2f GFLOP/s",
+                 r / (r >= 1e12 ? 1e12 : 1e9));
+    int k = snprintf(line + *n, size - *n, "%s%s %.3f s (%.1f%%%s)", *n ? "; " : "", label, seconds,
+                     fwd > 0 ? 100 * seconds / fwd : 0.0, rate);
+    if (k > 0)
+        *n += (size_t)k;
 }
 
+/* --profile's closing lines: the forward's time by kind of work (dfl_target_prof_read), as shares
+ * of the forward's measured time, what no span covers being the rest; then the GEMMs by weight
+ * shape, longest first. */
 static void prof_kinds(const pipeline *p, dfl_target *t)
 {
     dfl_target_prof_sum s;
     dfl_target_prof_read(t, &s);
     double fwd = p->total.forward, known = 0;
-    char line[1024];
+    char line[1024] = "";
     size_t n = 0;
-    line[0] = 0;
-    for (int k = 0; k < DFL_TP_N && n < sizeof line; k++) {
+    for (int k = 0; k < DFL_TP_N; k++) {
         if (!s.calls[k])
             continue;
         known += s.seconds[k];
-        n += (size_t)snprintf(line + n, sizeof line - n, "%s%s %.3f s (%.1f%%", n ? "; " : "",
-                              dfl_target_prof_kind[k], s.seconds[k],
-                              fwd > 0 ? 100 * s.seconds[k] / fwd : 0.0);
-        if (n < sizeof line)
-            n += rate_str(line + n, sizeof line - n, s.flops[k], s.seconds[k]);
-        if (n < sizeof line)
-            n += (size_t)snprintf(line + n, sizeof line - n, ")");
+        span_str(line, sizeof line, &n, dfl_target_prof_kind[k], s.seconds[k], s.flops[k], fwd);
     }
     double rest = fwd > known ? fwd - known : 0;
     dfl_info("profile: the forward's %.3f s by kind: %s; the rest (norms, RoPE, conv, element-wise "
              "ops, captures) %.3f s (%.1f%%)%s", fwd, line, rest, fwd > 0 ? 100 * rest / fwd : 0.0,
              s.incomplete ? "; incomplete: a timing event failed" : "");
-    /* the GEMMs by shape, longest first */
+    if (!s.n_gemm)
+        return;
     int order[DFL_TP_SHAPES];
     for (int i = 0; i < s.n_gemm; i++) {
         int j = i;
@@ -548,24 +551,16 @@ static void prof_kinds(const pipeline *p, dfl_target *t)
     }
     n = 0;
     line[0] = 0;
-    for (int o = 0; o < s.n_gemm && n < sizeof line; o++) {
+    for (int o = 0; o < s.n_gemm; o++) {
         int i = order[o];
-        char shape[48];
+        char shape[48] = "other shapes";
         if (s.gemm[i].n)
             snprintf(shape, sizeof shape, "%lldx%lld%s", (long long)s.gemm[i].n,
                      (long long)s.gemm[i].k, s.gemm[i].acc ? "+h" : "");
-        else
-            snprintf(shape, sizeof shape, "other shapes");
-        n += (size_t)snprintf(line + n, sizeof line - n, "%s%s %.3f s (%.1f%%", n ? "; " : "",
-                              shape, s.gemm[i].seconds, fwd > 0 ? 100 * s.gemm[i].seconds / fwd : 0.0);
-        if (n < sizeof line)
-            n += rate_str(line + n, sizeof line - n, s.gemm[i].flops, s.gemm[i].seconds);
-        if (n < sizeof line)
-            n += (size_t)snprintf(line + n, sizeof line - n, ")");
+        span_str(line, sizeof line, &n, shape, s.gemm[i].seconds, s.gemm[i].flops, fwd);
     }
-    if (s.n_gemm)
-        dfl_info("profile: the GEMMs by weight shape N x K (+h: the residual added in the "
-                 "epilogue): %s", line);
+    dfl_info("profile: the GEMMs by weight shape N x K (+h: the residual added in the epilogue): %s",
+             line);
 }
 
 /* Makes sure a registered mapping's pages are dirty after the GPU wrote them by DMA (a write
@@ -1396,9 +1391,8 @@ int dfl_target_run(dfl_target *t, const dfl_target_run_opts *o, dfl_target_stats
             *e = we;
         }
     }
-    /* the END frame before the profile's report: reading the forward's timing events back (an
-     * event sync a span, up to 2048 of them) may take a tenth of a second, which the consumer
-     * would wait for (on the H200 its steady window ran 0.12-0.15 s past dfl-target's own) */
+    /* the END frame before the profile's report, whose reading back of the forward's timing
+     * events (an event sync a span, up to 2048 of them) the consumer need not wait for */
     double t_end = dfl_now();
     if (!rc) {
         rc = dfl_writer_close(p->w, e);
