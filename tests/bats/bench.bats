@@ -221,3 +221,13 @@ run_bench() {
     grep -q '"tau":' "$T/res/bench-eval-logs/eval.json"
     [ -z "$(ls -A "$TMPDIR")" ]
 }
+
+@test "bench-ceiling: --sustained and --shapes are taken (it skips, 77, without a GPU); an unknown option is a usage error, 2" {
+    b="${DFL_TESTBIN:-$DFL_BUILD/tests}/bench-ceiling"
+    run "$b" --quick --sustained 1 --shapes "64,64,64;64,64,64,acc"
+    [ "$status" = 77 ] || [ "$status" = 0 ]
+    run -2 "$b" --sustained
+    assert_output --partial "usage: bench-ceiling"
+    run -2 "$b" --bogus
+    assert_output --partial "usage: bench-ceiling"
+}

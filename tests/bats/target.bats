@@ -598,6 +598,8 @@ signal_stops() { # signal, output mode (stdout|file)
     run --separate-stderr dfl-target -v -m "$D/m4" --manifest "$BATS_TEST_TMPDIR/manifest.json" -o "$BATS_TEST_TMPDIR/o.dfl" "$D/big.dfl"
     assert_success
     [[ "$stderr" == *"buffers for 300 tokens"* ]]
+    # -v times the end of the run, from the last batch's enqueue to the END frame
+    [[ "$stderr" =~ "the end, after the last batch was enqueued: the inputs closed at "[-+][0-9.]+" s".*"the end frame written at +"[0-9.]+" s" ]]
     [[ "$stderr" != *"growing the buffers"* ]]
     dfl-target -q -m "$D/m4" -o "$BATS_TEST_TMPDIR/p.dfl" "$D/big.dfl"
     cmp "$BATS_TEST_TMPDIR/o.dfl" "$BATS_TEST_TMPDIR/p.dfl"
