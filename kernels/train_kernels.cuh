@@ -405,53 +405,40 @@ __device__ __forceinline__ void smx_add(Smx &t, float x, int64_t v)
     }
 }
 
+/* lmce's row r (row q of the batch) with weight 0: no loss, no hit, G = 0 */
 template <bool BF16G>
-__global__ void __launch_bounds__(LMCE_THREADS)
-lmce_row_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, const float *weight,
-                float grad_scale, bool want_grad, uint8_t *correct, float *ce_out, float *row_wce,
-                float *row_hit)
+__device__ void lmce_row_unscored(float *lr, int64_t V, int64_t r, int64_t q, bool want_grad,
+                                  uint8_t *correct, float *ce_out, float *row_wce, float *row_hit)
+{
+    if (threadIdx.x == 0) {
+        row_wce[r] = 0.0f;
+        row_hit[r] = 0.0f;
+        if (correct)
+            correct[q] = 0;
+        if (ce_out)
+            ce_out[q] = 0.0f;
+    }
+    if (want_grad) {
+        if (BF16G) {
+            bf16 *gr = (bf16 *)lr;
+            for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
+                gr[v] = __float2bfloat16_rn(0.0f);
+        } else {
+            for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
+                lr[v] = 0.0f;
+        }
+    }
+}
+
+/* The block's (max, sum, first argmax) from each thread's t (a fixed-order combine: warps by
+ * shuffles, then the warps in order), the row's ce and hit written by thread 0; returns the
+ * log-sum-exp. Every thread reads the label's logit lr[label] here. */
+__device__ double lmce_row_finish(Smx t, const float *lr, int64_t r, int64_t q, float w,
+                                  int32_t label, uint8_t *correct, float *ce_out, float *row_wce,
+                                  float *row_hit)
 {
     __shared__ float shm[32], shs[32];
     __shared__ int64_t sha[32];
-    const int64_t r = blockIdx.x, q = r0 + r;
-    float *lr = logits + r * V;
-    const float w = weight[q];
-    const bool vec = V % 4 == 0;   /* rows 16-byte aligned (work is) */
-    if (!(w > 0)) {
-        if (threadIdx.x == 0) {
-            row_wce[r] = 0.0f;
-            row_hit[r] = 0.0f;
-            if (correct)
-                correct[q] = 0;
-            if (ce_out)
-                ce_out[q] = 0.0f;
-        }
-        if (want_grad) {
-            if (BF16G) {
-                bf16 *gr = (bf16 *)lr;
-                for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
-                    gr[v] = __float2bfloat16_rn(0.0f);
-            } else {
-                for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
-                    lr[v] = 0.0f;
-            }
-        }
-        return;
-    }
-    Smx t = {-INFINITY, 0.0f, 0};
-    if (vec) {
-        const float4 *l4 = (const float4 *)lr;
-        for (int64_t k = threadIdx.x; k < V / 4; k += blockDim.x) {
-            float4 x = l4[k];
-            smx_add(t, x.x, 4 * k);
-            smx_add(t, x.y, 4 * k + 1);
-            smx_add(t, x.z, 4 * k + 2);
-            smx_add(t, x.w, 4 * k + 3);
-        }
-    } else {
-        for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
-            smx_add(t, lr[v], v);
-    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         Smx u;
@@ -472,7 +459,6 @@ lmce_row_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, con
         Smx u = {shm[i], shs[i], sha[i]};
         tot = smx_combine(tot, u);
     }
-    const int32_t label = labels[q];
     const float xl = lr[label];
     const double lse = (double)tot.m + log((double)tot.s);
     if (threadIdx.x == 0) {
@@ -485,6 +471,39 @@ lmce_row_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, con
         if (ce_out)
             ce_out[q] = (float)ce;
     }
+    return lse;
+}
+
+template <bool BF16G>
+__global__ void __launch_bounds__(LMCE_THREADS)
+lmce_row_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, const float *weight,
+                float grad_scale, bool want_grad, uint8_t *correct, float *ce_out, float *row_wce,
+                float *row_hit)
+{
+    const int64_t r = blockIdx.x, q = r0 + r;
+    float *lr = logits + r * V;
+    const float w = weight[q];
+    const bool vec = V % 4 == 0;   /* rows 16-byte aligned (work is) */
+    if (!(w > 0)) {
+        lmce_row_unscored<BF16G>(lr, V, r, q, want_grad, correct, ce_out, row_wce, row_hit);
+        return;
+    }
+    Smx t = {-INFINITY, 0.0f, 0};
+    if (vec) {
+        const float4 *l4 = (const float4 *)lr;
+        for (int64_t k = threadIdx.x; k < V / 4; k += blockDim.x) {
+            float4 x = l4[k];
+            smx_add(t, x.x, 4 * k);
+            smx_add(t, x.y, 4 * k + 1);
+            smx_add(t, x.z, 4 * k + 2);
+            smx_add(t, x.w, 4 * k + 3);
+        }
+    } else {
+        for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
+            smx_add(t, lr[v], v);
+    }
+    const int32_t label = labels[q];
+    const double lse = lmce_row_finish(t, lr, r, q, w, label, correct, ce_out, row_wce, row_hit);
     if (!want_grad)
         return;
     const float gw = grad_scale * w;
@@ -528,13 +547,145 @@ lmce_row_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, con
             }
         }
     } else {
-        /* every thread has read lr[label] (xl above) before any thread overwrites the row */
+        /* every thread has read lr[label] (lmce_row_finish) before any thread overwrites the row */
         __syncthreads();
         for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
             float g = gw * expf(lr[v] - lsef);
             if (v == label)
                 g -= gw;
             lr[v] = g;
+        }
+    }
+}
+
+/* lmce_rows_kernel: the same work as lmce_row_kernel (one block a row, the same results up to
+ * the order of the sum of exponentials), arranged for memory-level parallelism: the row is read
+ * as float4s, LMCE_PF of them a thread at a time (their loads issued together). In the statistics
+ * pass a thread takes the maximum of its LMCE_PF float4s (the first index of it: its elements
+ * come in increasing order), rescales its running sum once, then adds the group's exponentials:
+ * no branch per element. In bf16 mode the in-place conversion reads LMCE_PF tiles of the row,
+ * waits at one barrier, then writes their G (the writes of tile k land on f32 elements of tiles
+ * <= k/2, read before that barrier or an earlier one). Rows whose V is not a multiple of 4 take
+ * the same path with scalar loads. */
+#define LMCE_PF 4
+
+/* float4 k of row lr (elements 4k..4k+3; -inf past V) */
+__device__ __forceinline__ float4 lmce_load4(const float *lr, int64_t k, int64_t V, bool vec)
+{
+    if (vec)
+        return ((const float4 *)lr)[k];
+    const int64_t v = 4 * k;
+    return make_float4(v < V ? lr[v] : -INFINITY, v + 1 < V ? lr[v + 1] : -INFINITY,
+                       v + 2 < V ? lr[v + 2] : -INFINITY, v + 3 < V ? lr[v + 3] : -INFINITY);
+}
+
+__device__ __forceinline__ float f4at(const float4 &x, int j)
+{
+    return j == 0 ? x.x : j == 1 ? x.y : j == 2 ? x.z : x.w;
+}
+
+template <bool BF16G>
+__global__ void __launch_bounds__(LMCE_THREADS)
+lmce_rows_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, const float *weight,
+                 float grad_scale, bool want_grad, uint8_t *correct, float *ce_out, float *row_wce,
+                 float *row_hit)
+{
+    const int64_t r = blockIdx.x, q = r0 + r, T = blockDim.x;
+    float *lr = logits + r * V;
+    const float w = weight[q];
+    const bool vec = V % 4 == 0;   /* rows 16-byte aligned (work is) */
+    const int64_t n4 = (V + 3) / 4;
+    if (!(w > 0)) {
+        lmce_row_unscored<BF16G>(lr, V, r, q, want_grad, correct, ce_out, row_wce, row_hit);
+        return;
+    }
+    Smx t = {-INFINITY, 0.0f, 0};
+    for (int64_t k0 = threadIdx.x; k0 < n4; k0 += LMCE_PF * T) {
+        float4 x[LMCE_PF];
+#pragma unroll
+        for (int p = 0; p < LMCE_PF; p++) {
+            const int64_t k = k0 + p * T;
+            x[p] = k < n4 ? lmce_load4(lr, k, V, vec) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+        }
+        float gm = -INFINITY;
+        int64_t ga = 0;
+#pragma unroll
+        for (int p = 0; p < LMCE_PF; p++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float v = f4at(x[p], j);
+                if (v > gm) {
+                    gm = v;
+                    ga = 4 * (k0 + p * T) + j;
+                }
+            }
+        if (gm > t.m) {
+            t.s *= expf(t.m - gm);   /* 0 while t.m is -inf (a NaN sum stays NaN) */
+            t.m = gm;
+            t.a = ga;
+        }
+        const float ref = t.m > -INFINITY ? t.m : 0.0f;
+        float acc = 0.0f;
+#pragma unroll
+        for (int p = 0; p < LMCE_PF; p++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                acc += expf(f4at(x[p], j) - ref);
+        t.s += acc;
+    }
+    if (t.m == -INFINITY && t.s != 0.0f)   /* only NaN seen: make the combine keep the NaN */
+        t.m = INFINITY;
+    const int32_t label = labels[q];
+    const double lse = lmce_row_finish(t, lr, r, q, w, label, correct, ce_out, row_wce, row_hit);
+    if (!want_grad)
+        return;
+    const float gw = grad_scale * w;
+    const float lsef = (float)lse;
+    /* every thread has read lr[label] (lmce_row_finish) before the first barrier below, so before
+     * any write */
+    for (int64_t k0 = threadIdx.x; k0 - threadIdx.x < n4; k0 += LMCE_PF * T) {
+        float4 x[LMCE_PF];
+#pragma unroll
+        for (int p = 0; p < LMCE_PF; p++) {
+            const int64_t k = k0 + p * T;
+            if (k < n4)
+                x[p] = lmce_load4(lr, k, V, vec);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int p = 0; p < LMCE_PF; p++) {
+            const int64_t k = k0 + p * T;
+            if (k >= n4)
+                continue;
+            float g[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                g[j] = gw * expf(f4at(x[p], j) - lsef);
+                if (4 * k + j == label)
+                    g[j] -= gw;
+            }
+            if (BF16G) {
+                bf16 *gr = (bf16 *)lr;
+                Pack<bf16, 4> o;
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    o.v[j] = __float2bfloat16_rn(g[j]);
+                if (vec) {
+                    *(Pack<bf16, 4> *)(gr + 4 * k) = o;
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        if (4 * k + j < V)
+                            gr[4 * k + j] = o.v[j];
+                }
+            } else if (vec) {
+                *(float4 *)(lr + 4 * k) = make_float4(g[0], g[1], g[2], g[3]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    if (4 * k + j < V)
+                        lr[4 * k + j] = g[j];
+            }
         }
     }
 }

@@ -28,6 +28,7 @@
 #include "backend.h"
 #include "err.h"
 #include "safetensors.h"
+#include "span_prof.h"
 
 #define DFL_DRAFT_MAX_FEAT 64     /* captured target layers */
 #define DFL_DRAFT_MAX_BS 256      /* block size */
@@ -167,6 +168,21 @@ void dfl_draft_capacity(const dfl_draft *m, int64_t *max_tokens, int64_t *max_bl
 int dfl_draft_set_feat_dtype(dfl_draft *m, dfl_dtype dt, dfl_err *e);
 /* Timing events around each step (dfl_draft_stats.gpu_ms); set with no results pending. */
 int dfl_draft_set_timing(dfl_draft *m, bool on, dfl_err *e);
+/* With the timing on, the step's ops are also timed by kind of work (span_prof.h): */
+enum { DFL_DP_GEMM_FWD,   /* the layers' and fc's GEMMs, forward */
+       DFL_DP_GEMM_BWD,   /* their input and weight gradients */
+       DFL_DP_ATTN_FWD,   /* the DFlash attention */
+       DFL_DP_ATTN_BWD,
+       DFL_DP_LMCE,       /* the LM head and the cross-entropy, forward and backward */
+       DFL_DP_EW,         /* norms, RoPE, SwiGLU, copies, gathers: forward and backward */
+       DFL_DP_OPT,        /* zeroing the gradients, their norm, clipping, AdamW */
+       DFL_DP_N };
+/* GEMM shapes: the weight's N x K with tag DFL_DP_TAG_* */
+enum { DFL_DP_TAG_FWD, DFL_DP_TAG_DX, DFL_DP_TAG_DW };
+extern const char *const dfl_draft_prof_kind[DFL_DP_N];
+/* Waits for the spans enqueued so far; the totals since the timing was turned on (zero when
+ * it is off). */
+void dfl_draft_prof_read(dfl_draft *m, dfl_span_sum *out);
 /* Forward and loss (and, with backward, the gradients of loss_num) of one batch. Checks token
  * ids, anchors and sizes against the reservation (DFL_EDATA / DFL_EUSAGE). */
 int dfl_draft_step(dfl_draft *m, const dfl_draft_input *in, bool backward, dfl_err *e);

@@ -109,6 +109,7 @@ struct dfl_draft {
     res_slot slots[RES_SLOTS];
     int64_t n_posted, n_collected;
     bool timing;
+    dfl_span_prof *prof;         /* --profile's spans by kind (dfl_draft_set_timing) */
 
     /* input sets */
     in_set sets[IN_SETS];

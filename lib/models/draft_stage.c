@@ -82,6 +82,8 @@ void dfl_draft_stage_close(dfl_draft *m)
     }
     if (m->res)
         be->ops->free(be, m->res);
+    dfl_span_prof_free(m->prof);
+    m->prof = NULL;
 }
 
 int dfl_draft_set_timing(dfl_draft *m, bool on, dfl_err *e)
@@ -101,8 +103,16 @@ int dfl_draft_set_timing(dfl_draft *m, bool on, dfl_err *e)
             return rc;
     }
     m->timing = on;
-    return DFL_OK;
+    dfl_span_prof_free(m->prof);
+    m->prof = NULL;
+    return on ? dfl_span_prof_new(be, &m->prof, e) : DFL_OK;
 }
+
+const char *const dfl_draft_prof_kind[DFL_DP_N] = {
+    "GEMMs forward", "GEMMs backward", "attention forward", "attention backward",
+    "LM head + cross-entropy", "norms, RoPE, SwiGLU, copies", "gradient zeroing + optimizer"};
+
+void dfl_draft_prof_read(dfl_draft *m, dfl_span_sum *out) { dfl_span_read(m->prof, out); }
 
 /* Builds the per-step arrays on the host (positions, block tokens, labels, weights) into a set's
  * host arrays and checks the batch. */

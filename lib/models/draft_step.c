@@ -7,15 +7,31 @@
 
 #include <math.h>
 
-/* C = alpha op(A) op(B) + beta C with the model's dtypes. */
-static int mm(dfl_draft *m, int64_t M, int64_t N, int64_t K, const void *A, dfl_dtype adt,
+/* TRY of an op of kind k (DFL_DP_*) that does fl FLOPs, timed under --profile */
+#define OPF(k, fl, x)                                                                          \
+    do {                                                                                       \
+        int sp_ = dfl_span_begin(m->prof, k);                                                  \
+        TRY(x);                                                                                \
+        dfl_span_end(m->prof, sp_, fl);                                                        \
+    } while (0)
+#define EW(x) OPF(DFL_DP_EW, 0, x)
+#define OPT(x) OPF(DFL_DP_OPT, 0, x)
+
+/* C = alpha op(A) op(B) + beta C with the model's dtypes; tag (DFL_DP_TAG_*) says which product
+ * of a weight it is, for --profile: the forward (the weight is N x K), its input gradient (K x
+ * N) or its weight gradient (M x N). */
+static int mm(dfl_draft *m, int tag, int64_t M, int64_t N, int64_t K, const void *A, dfl_dtype adt,
               int64_t lda, bool ta, const void *B, dfl_dtype bdt, int64_t ldb, bool tb, void *C,
               dfl_dtype cdt, int64_t ldc, float beta)
 {
     dfl_mm x = {.M = M, .N = N, .K = K, .A = A, .adt = adt, .lda = lda, .ta = ta, .B = B,
                 .bdt = bdt, .ldb = ldb, .tb = tb, .C = C, .cdt = cdt, .ldc = ldc,
                 .alpha = 1.0f, .beta = beta};
-    return m->be->ops->matmul(m->be, &x);
+    int sp = dfl_span_begin(m->prof, tag == DFL_DP_TAG_FWD ? DFL_DP_GEMM_FWD : DFL_DP_GEMM_BWD);
+    int rc = m->be->ops->matmul(m->be, &x);
+    dfl_span_end_shape(m->prof, sp, tag == DFL_DP_TAG_DW ? M : tag == DFL_DP_TAG_DX ? K : N,
+                       tag == DFL_DP_TAG_FWD ? K : N, tag, 2.0 * (double)M * (double)N * (double)K);
+    return rc;
 }
 
 /* y [rows, out] (= or +=) x [rows, in] W^T, W = weight tensor at offset off, [out, in] */
@@ -24,7 +40,7 @@ static int linear(dfl_draft *m, void *y, const void *x, int64_t rows, int64_t of
 {
     dfl_dtype act = m->be->act, wdt = m->be->wdt;
     const void *W = (const char *)m->wts + off * dfl_dtype_size(wdt);
-    return mm(m, rows, out, in, x, act, in, false, W, wdt, in, true, y, act, out, beta);
+    return mm(m, DFL_DP_TAG_FWD, rows, out, in, x, act, in, false, W, wdt, in, true, y, act, out, beta);
 }
 
 /* dW [out, in] += dy^T x over rows */
@@ -32,7 +48,8 @@ static int linear_dw(dfl_draft *m, int64_t off, const void *dy, const void *x, i
                      int64_t out, int64_t in)
 {
     dfl_dtype act = m->be->act;
-    return mm(m, out, in, rows, dy, act, out, true, x, act, in, false, m->grad + off, DFL_F32, in, 1.0f);
+    return mm(m, DFL_DP_TAG_DW, out, in, rows, dy, act, out, true, x, act, in, false, m->grad + off,
+              DFL_F32, in, 1.0f);
 }
 
 /* dx [rows, in] (= or +=) dy [rows, out] W */
@@ -41,7 +58,7 @@ static int linear_dx(dfl_draft *m, void *dx, const void *dy, int64_t rows, int64
 {
     dfl_dtype act = m->be->act, wdt = m->be->wdt;
     const void *W = (const char *)m->wts + off * dfl_dtype_size(wdt);
-    return mm(m, rows, in, out, dy, act, out, false, W, wdt, in, false, dx, act, in, beta);
+    return mm(m, DFL_DP_TAG_DX, rows, in, out, dy, act, out, false, W, wdt, in, false, dx, act, in, beta);
 }
 
 static inline void *W(dfl_draft *m, int64_t off) { return (char *)m->wts + off * dfl_dtype_size(m->be->wdt); }
@@ -85,6 +102,27 @@ static dfl_dflash_attn layer_attn(dfl_draft *m, int l)
     };
 }
 
+/* --profile's count of the attention's model FLOPs in layer l of this step: 4 d for each query
+ * row, head and key it sees under the layer's mask (doc/dflash-step.md); the backward is counted
+ * as 2.5 times the forward. 0 when the timing is off. */
+static double attn_flops(const dfl_draft *m, int l)
+{
+    const dfl_draft_config *c = &m->c;
+    if (!m->prof || !m->h_in.anchor)
+        return 0;
+    const int64_t W = c->sliding[l] ? c->sliding_window : 0;
+    double keys = 0;
+    for (int64_t b = 0; b < m->B; b++) {
+        const int64_t a = m->h_in.anchor[b];
+        for (int j = 0; j < c->block_size; j++) {
+            int64_t lo = W > 0 ? a + j - (W - 1) : 0;
+            lo = lo < 0 ? 0 : lo;
+            keys += (double)(a > lo ? a - lo : 0) + (double)(W > 0 ? j + 1 : c->block_size);
+        }
+    }
+    return 4.0 * (double)c->head_dim * (double)c->n_heads * keys;
+}
+
 /* Layer l: la[l].hin -> hout, keeping what the backward needs in la[l]. */
 static int layer_forward(dfl_draft *m, int l, void *hout, dfl_err *e)
 {
@@ -94,29 +132,29 @@ static int layer_forward(dfl_draft *m, int l, void *hout, dfl_err *e)
     layer_acts *a = &m->la[l];
     const step_dims d = dims_of(m);
 
-    TRY(be->ops->rmsnorm(be, a->x, a->rstd1, a->hin, W(m, w->in_ln), d.Q, d.H, d.eps));
+    EW(be->ops->rmsnorm(be, a->x, a->rstd1, a->hin, W(m, w->in_ln), d.Q, d.H, d.eps));
     /* queries */
     TRY(linear(m, a->qraw, a->x, d.Q, w->wq, d.NQ, d.H, 0.0f));
-    TRY(be->ops->copy(be, a->q, a->qraw, (size_t)(d.Q * d.NQ) * d.as));
-    TRY(be->ops->qknorm_rope(be, a->q, d.NQ, a->rstdq, W(m, w->q_norm), m->in.pos + d.T, d.Q,
+    EW(be->ops->copy(be, a->q, a->qraw, (size_t)(d.Q * d.NQ) * d.as));
+    EW(be->ops->qknorm_rope(be, a->q, d.NQ, a->rstdq, W(m, w->q_norm), m->in.pos + d.T, d.Q,
                              c->n_heads, c->head_dim, d.eps, d.theta));
     /* keys and values: rows [context | block slots] */
     TRY(linear(m, a->kraw, m->C, d.T, w->wk, d.NK, d.H, 0.0f));
     TRY(linear(m, ACT(m, a->kraw, d.T, d.NK), a->x, d.Q, w->wk, d.NK, d.H, 0.0f));
-    TRY(be->ops->copy(be, a->k, a->kraw, (size_t)((d.T + d.Q) * d.NK) * d.as));
-    TRY(be->ops->qknorm_rope(be, a->k, d.NK, a->rstdk, W(m, w->k_norm), m->in.pos, d.T + d.Q,
+    EW(be->ops->copy(be, a->k, a->kraw, (size_t)((d.T + d.Q) * d.NK) * d.as));
+    EW(be->ops->qknorm_rope(be, a->k, d.NK, a->rstdk, W(m, w->k_norm), m->in.pos, d.T + d.Q,
                              c->n_kv, c->head_dim, d.eps, d.theta));
     TRY(linear(m, a->v, m->C, d.T, w->wv, d.NK, d.H, 0.0f));
     TRY(linear(m, ACT(m, a->v, d.T, d.NK), a->x, d.Q, w->wv, d.NK, d.H, 0.0f));
     const dfl_dflash_attn at = layer_attn(m, l);
-    TRY(be->ops->dflash_attn(be, &at));
+    OPF(DFL_DP_ATTN_FWD, attn_flops(m, l), be->ops->dflash_attn(be, &at));
     /* residual + MLP */
-    TRY(be->ops->copy(be, a->hmid, a->hin, (size_t)(d.Q * d.H) * d.as));
+    EW(be->ops->copy(be, a->hmid, a->hin, (size_t)(d.Q * d.H) * d.as));
     TRY(linear(m, a->hmid, a->o, d.Q, w->wo, d.H, d.NQ, 1.0f));
-    TRY(be->ops->rmsnorm(be, a->y, a->rstd2, a->hmid, W(m, w->post_ln), d.Q, d.H, d.eps));
+    EW(be->ops->rmsnorm(be, a->y, a->rstd2, a->hmid, W(m, w->post_ln), d.Q, d.H, d.eps));
     TRY(linear(m, a->gu, a->y, d.Q, w->wgu, 2 * d.I, d.H, 0.0f));
-    TRY(be->ops->swiglu(be, a->act, a->gu, d.Q, d.I));
-    TRY(be->ops->copy(be, hout, a->hmid, (size_t)(d.Q * d.H) * d.as));
+    EW(be->ops->swiglu(be, a->act, a->gu, d.Q, d.I));
+    EW(be->ops->copy(be, hout, a->hmid, (size_t)(d.Q * d.H) * d.as));
     TRY(linear(m, hout, a->act, d.Q, w->wdown, d.H, d.I, 1.0f));
     return DFL_OK;
 }
@@ -133,10 +171,10 @@ static int layer_backward(dfl_draft *m, int l, dfl_err *e)
     /* MLP: h_out = hmid + act Wdown^T */
     TRY(linear_dx(m, m->dact, m->dh, d.Q, w->wdown, d.H, d.I, 0.0f));
     TRY(linear_dw(m, w->wdown, m->dh, a->act, d.Q, d.H, d.I));
-    TRY(be->ops->swiglu_bwd(be, m->dgu, m->dact, a->gu, d.Q, d.I));
+    EW(be->ops->swiglu_bwd(be, m->dgu, m->dact, a->gu, d.Q, d.I));
     TRY(linear_dw(m, w->wgu, m->dgu, a->y, d.Q, 2 * d.I, d.H));
     TRY(linear_dx(m, m->dx, m->dgu, d.Q, w->wgu, 2 * d.I, d.H, 0.0f));
-    TRY(be->ops->rmsnorm_bwd(be, m->dh, m->grad + w->post_ln, m->dx, a->hmid, W(m, w->post_ln),
+    EW(be->ops->rmsnorm_bwd(be, m->dh, m->grad + w->post_ln, m->dx, a->hmid, W(m, w->post_ln),
                              a->rstd2, d.Q, d.H, true));
     /* attention: hmid = hin + o Wo^T */
     TRY(linear_dx(m, m->dout, m->dh, d.Q, w->wo, d.H, d.NQ, 0.0f));
@@ -149,11 +187,11 @@ static int layer_backward(dfl_draft *m, int l, dfl_err *e)
     at.dv_ctx = m->dv;
     at.dk_blk = ACT(m, m->dk, d.T, d.NK);
     at.dv_blk = ACT(m, m->dv, d.T, d.NK);
-    TRY(be->ops->dflash_attn_bwd(be, &at));
-    TRY(be->ops->qknorm_rope_bwd(be, m->dq, d.NQ, m->grad + w->q_norm, a->qraw, W(m, w->q_norm),
+    OPF(DFL_DP_ATTN_BWD, 2.5 * attn_flops(m, l), be->ops->dflash_attn_bwd(be, &at));
+    EW(be->ops->qknorm_rope_bwd(be, m->dq, d.NQ, m->grad + w->q_norm, a->qraw, W(m, w->q_norm),
                                  a->rstdq, m->in.pos + d.T, d.Q, c->n_heads, c->head_dim, d.eps,
                                  d.theta));
-    TRY(be->ops->qknorm_rope_bwd(be, m->dk, d.NK, m->grad + w->k_norm, a->kraw, W(m, w->k_norm),
+    EW(be->ops->qknorm_rope_bwd(be, m->dk, d.NK, m->grad + w->k_norm, a->kraw, W(m, w->k_norm),
                                  a->rstdk, m->in.pos, d.T + d.Q, c->n_kv, c->head_dim, d.eps,
                                  d.theta));
     const void *dk_blk = at.dk_blk, *dv_blk = at.dv_blk;
@@ -167,7 +205,7 @@ static int layer_backward(dfl_draft *m, int l, dfl_err *e)
     TRY(linear_dx(m, m->dx, dv_blk, d.Q, w->wv, d.NK, d.H, 1.0f));
     TRY(linear_dx(m, m->dC, m->dk, d.T, w->wk, d.NK, d.H, 1.0f));
     TRY(linear_dx(m, m->dC, m->dv, d.T, w->wv, d.NK, d.H, 1.0f));
-    TRY(be->ops->rmsnorm_bwd(be, m->dh, m->grad + w->in_ln, m->dx, a->hin, W(m, w->in_ln),
+    EW(be->ops->rmsnorm_bwd(be, m->dh, m->grad + w->in_ln, m->dx, a->hin, W(m, w->in_ln),
                              a->rstd1, d.Q, d.H, true));
     return DFL_OK;
 }
@@ -184,19 +222,19 @@ int dfl_draft_forward(dfl_draft *m, bool want_grad, dfl_err *e)
     const dfl_draft_config *c = &m->c;
     const step_dims d = dims_of(m);
     const int64_t T = d.T, Q = d.Q, H = d.H, ldfc = (int64_t)c->n_feat * H;
-    TRY(be->ops->memset0(be, m->sums, DFL_SUM_COUNT * sizeof(double)));
-    TRY(be->ops->memset0(be, m->bmet, (size_t)(2 * c->block_size + 2) * sizeof(double)));
+    EW(be->ops->memset0(be, m->sums, DFL_SUM_COUNT * sizeof(double)));
+    EW(be->ops->memset0(be, m->bmet, (size_t)(2 * c->block_size + 2) * sizeof(double)));
 
     /* context features: C = hidden_norm(sum_j feat_j fc[:, jH:(j+1)H]^T), one GEMM per layer */
     for (int j = 0; j < c->n_feat; j++)
-        TRY(mm(m, T, H, H, feat_j(m, j), be->act, H, false, W(m, m->off_fc + (int64_t)j * H),
+        TRY(mm(m, DFL_DP_TAG_FWD, T, H, H, feat_j(m, j), be->act, H, false, W(m, m->off_fc + (int64_t)j * H),
                be->wdt, ldfc, true, m->cpre, be->act, H, j == 0 ? 0.0f : 1.0f));
-    TRY(be->ops->rmsnorm(be, m->C, m->rstdc, m->cpre, W(m, m->off_hnorm), T, H, d.eps));
+    EW(be->ops->rmsnorm(be, m->C, m->rstdc, m->cpre, W(m, m->off_hnorm), T, H, d.eps));
     if (Q == 0)
         return DFL_OK;
 
     /* the blocks: embeddings, the layers, the final norm */
-    TRY(be->ops->embedding(be, m->la[0].hin, m->in.tok, m->embed, Q, H));
+    EW(be->ops->embedding(be, m->la[0].hin, m->in.tok, m->embed, Q, H));
     for (int l = 0; l < c->n_layers; l++) {
         int rc = layer_forward(m, l, l + 1 < c->n_layers ? m->la[l + 1].hin : m->hL, e);
         if (rc)
@@ -207,19 +245,20 @@ int dfl_draft_forward(dfl_draft *m, bool want_grad, dfl_err *e)
      * rows at slots 1..bs-1 into dh, z = norm(them) into dx (both free until the backward), the
      * gradient at z into dh. */
     const int64_t Qs = m->B * (c->block_size - 1);
-    TRY(be->ops->gather_rows(be, m->dh, m->hL, m->scored_rows, Qs, H * (int64_t)d.as));
-    TRY(be->ops->rmsnorm(be, m->dx, m->rstd_s, m->dh, W(m, m->off_norm), Qs, H, d.eps));
+    EW(be->ops->gather_rows(be, m->dh, m->hL, m->scored_rows, Qs, H * (int64_t)d.as));
+    EW(be->ops->rmsnorm(be, m->dx, m->rstd_s, m->dh, W(m, m->off_norm), Qs, H, d.eps));
     const dfl_lmce lm = {
         .z = m->dx, .w_lm = m->lm_head, .labels = m->labels_s, .weight = m->weight_s, .Q = Qs,
         .H = H, .V = c->vocab, .sums = m->sums, .correct = m->correct_s, .ce_out = m->ce,
         .dz = want_grad ? m->dh : NULL, .grad_scale = 1.0f, .work = m->lm_work,
         .chunk_rows = m->chunk,
     };
-    TRY(be->ops->gather_rows(be, m->labels_s, m->in.labels, m->scored_rows, Qs, 4));
-    TRY(be->ops->gather_rows(be, m->weight_s, m->in.weight, m->scored_rows, Qs, 4));
-    TRY(be->ops->lmce(be, &lm));
-    TRY(be->ops->gather_rows(be, m->correct, m->correct_s, m->row_scored, Q, 1));
-    TRY(be->ops->block_metrics(be, m->bmet, m->correct, m->in.weight, m->B, c->block_size));
+    EW(be->ops->gather_rows(be, m->labels_s, m->in.labels, m->scored_rows, Qs, 4));
+    EW(be->ops->gather_rows(be, m->weight_s, m->in.weight, m->scored_rows, Qs, 4));
+    const double lm_flops = (want_grad ? 4.0 : 2.0) * (double)Qs * (double)H * (double)c->vocab;
+    OPF(DFL_DP_LMCE, lm_flops, be->ops->lmce(be, &lm));
+    EW(be->ops->gather_rows(be, m->correct, m->correct_s, m->row_scored, Q, 1));
+    EW(be->ops->block_metrics(be, m->bmet, m->correct, m->in.weight, m->B, c->block_size));
     return DFL_OK;
 }
 
@@ -229,28 +268,28 @@ int dfl_draft_backward(dfl_draft *m, dfl_err *e)
     const dfl_draft_config *c = &m->c;
     const step_dims d = dims_of(m);
     const int64_t T = d.T, Q = d.Q, H = d.H, ldfc = (int64_t)c->n_feat * H;
-    TRY(be->ops->memset0(be, m->grad, (size_t)m->flat * sizeof(float)));
+    OPT(be->ops->memset0(be, m->grad, (size_t)m->flat * sizeof(float)));
     if (Q == 0)
         return DFL_OK;
 
     /* the final norm over every row: dz and rstd the scored rows', 0 at slot 0 (where the
      * gradient is 0 and so, exactly, is what the norm's backward gives and adds to dw) */
-    TRY(be->ops->gather_rows(be, m->dx, m->dh, m->row_scored, Q, H * (int64_t)d.as));
-    TRY(be->ops->gather_rows(be, m->rstdf, m->rstd_s, m->row_scored, Q, 4));
-    TRY(be->ops->rmsnorm_bwd(be, m->dh, m->grad + m->off_norm, m->dx, m->hL, W(m, m->off_norm),
+    EW(be->ops->gather_rows(be, m->dx, m->dh, m->row_scored, Q, H * (int64_t)d.as));
+    EW(be->ops->gather_rows(be, m->rstdf, m->rstd_s, m->row_scored, Q, 4));
+    EW(be->ops->rmsnorm_bwd(be, m->dh, m->grad + m->off_norm, m->dx, m->hL, W(m, m->off_norm),
                              m->rstdf, Q, H, false));
     /* the layers, last first; dC collects the context rows' gradients */
-    TRY(be->ops->memset0(be, m->dC, (size_t)(T * H) * d.as));
+    EW(be->ops->memset0(be, m->dC, (size_t)(T * H) * d.as));
     for (int l = c->n_layers - 1; l >= 0; l--) {
         int rc = layer_backward(m, l, e);
         if (rc)
             return rc;
     }
     /* C = hidden_norm(cpre): dC -> dcpre in place; then fc per captured layer */
-    TRY(be->ops->rmsnorm_bwd(be, m->dC, m->grad + m->off_hnorm, m->dC, m->cpre, W(m, m->off_hnorm),
+    EW(be->ops->rmsnorm_bwd(be, m->dC, m->grad + m->off_hnorm, m->dC, m->cpre, W(m, m->off_hnorm),
                              m->rstdc, T, H, false));
     for (int j = 0; j < c->n_feat; j++)
-        TRY(mm(m, H, H, T, m->dC, be->act, H, true, feat_j(m, j), be->act, H, false,
+        TRY(mm(m, DFL_DP_TAG_DW, H, H, T, m->dC, be->act, H, true, feat_j(m, j), be->act, H, false,
                m->grad + m->off_fc + (int64_t)j * H, DFL_F32, ldfc, 1.0f));
     return DFL_OK;
 }
@@ -265,7 +304,7 @@ int dfl_draft_apply(dfl_draft *m, const dfl_draft_optim *o, float lr, int64_t t,
     /* pipelined: when the previous step's results are posted and not collected yet, the caller's
      * t does not count it; adamw takes t + 1, or t when that step turns out skipped (prev_skip) */
     const bool prev_unread = m->n_posted - m->n_collected > (m->step_posted ? 1 : 0);
-    TRY(be->ops->copy(be, m->prev_skip, m->skip, sizeof(int32_t)));
+    OPT(be->ops->copy(be, m->prev_skip, m->skip, sizeof(int32_t)));
     /* Data parallelism: all-reduce the gradients and m->sums over ranks here, so that the norm
      * and the denominator below are global (sums[GRAD_SQ] is still 0 on every rank). */
     if (m->comm) {
@@ -277,8 +316,8 @@ int dfl_draft_apply(dfl_draft *m, const dfl_draft_optim *o, float lr, int64_t t,
         if (rc)
             return rc;
     }
-    TRY(be->ops->sumsq(be, &m->sums[DFL_SUM_GRAD_SQ], m->grad, m->flat));
-    TRY(be->ops->clip_scale(be, m->scal, m->skip, m->sums, o->max_grad_norm));
+    OPT(be->ops->sumsq(be, &m->sums[DFL_SUM_GRAD_SQ], m->grad, m->flat));
+    OPT(be->ops->clip_scale(be, m->scal, m->skip, m->sums, o->max_grad_norm));
     dfl_adamw a = {
         .p = m->master, .g = m->grad, .m = m->adam_m, .v = m->adam_v,
         .p_act = m->wts != m->master ? m->wts : NULL, .n = m->flat, .lr = lr,
@@ -286,7 +325,7 @@ int dfl_draft_apply(dfl_draft *m, const dfl_draft_optim *o, float lr, int64_t t,
         .step = prev_unread ? t + 1 : t, .grad_scale = m->scal, .skip = m->skip,
         .prev_skip = prev_unread ? m->prev_skip : NULL,
     };
-    TRY(be->ops->adamw(be, &a));
+    OPT(be->ops->adamw(be, &a));
     m->have_apply = true;
     return DFL_OK;
 }

@@ -24,6 +24,7 @@
 #include "frame.h"
 #include "hfmodel.h"
 #include "moe.h"
+#include "span_prof.h"
 
 /* One decoder layer's weights on the backend. q/k/v and gate/up are fused so that each is one
  * GEMM. Biases are f32; NULL when the model has none. The layer's kind (hfmodel.h) says which
@@ -74,7 +75,7 @@ typedef struct dfl_target {
      * logits of sparse layer l in each forward. */
     float **router_out;
     /* --profile's time by kind of work (dfl_target_prof_on), or NULL. */
-    struct dfl_target_prof *prof;
+    struct dfl_span_prof *prof;
 } dfl_target;
 
 /* Opens the model directory DIR: parses config.json (errors name unsupported features), opens
@@ -161,23 +162,10 @@ int dfl_target_gemms(const dfl_target *t, const dfl_target_ws *ws, int64_t T, df
  * gated delta rule and mixture-of-experts blocks (with backend events on an asynchronous backend,
  * the host clock on the CPU), so that a driver can say where the forward's time goes. */
 enum { DFL_TP_GEMM, DFL_TP_ATTN, DFL_TP_DELTA, DFL_TP_MOE, DFL_TP_N };
-#define DFL_TP_SHAPES 12
-typedef struct dfl_target_prof_sum {
-    double seconds[DFL_TP_N];   /* device (or CPU) time in each kind's spans */
-    double flops[DFL_TP_N];     /* their model FLOPs (GEMMs 2 M N K; the delta rule as
-                                 * dfl_target_delta_flops counts it; 0 for attention and MoE) */
-    uint64_t calls[DFL_TP_N];
-    bool incomplete;            /* an event failed: some spans are missing */
-    /* the GEMMs by shape (the weight's N x K; acc: the residual added into C), in the order
-     * first seen; shapes past DFL_TP_SHAPES are summed into the last entry (n = k = 0) */
-    struct {
-        int64_t n, k;
-        bool acc;
-        double seconds, flops;
-        uint64_t calls;
-    } gemm[DFL_TP_SHAPES];
-    int n_gemm;
-} dfl_target_prof_sum;
+/* seconds/flops/calls by kind DFL_TP_*; the GEMMs by shape: the weight's N x K, tag 1 where the
+ * residual is added into C; flops: GEMMs 2 M N K, the delta rule as dfl_target_delta_flops counts
+ * it, 0 for attention and MoE */
+typedef dfl_span_sum dfl_target_prof_sum;
 extern const char *const dfl_target_prof_kind[DFL_TP_N];  /* "GEMMs", "attention", ... */
 /* Turns the timing on (before the first forward). */
 int dfl_target_prof_on(dfl_target *t, dfl_err *e);

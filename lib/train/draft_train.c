@@ -89,6 +89,7 @@ typedef struct run {
     /* --profile over the log window */
     double p_wait, p_prep, p_gpu;
     int64_t p_steps, p_gpu_steps, p_first;
+    double k_gpu, k_steps;       /* over the whole run: GPU step ms, steps */
     uint64_t p_syncs, p_evwaits;   /* the counters at the window's start */
     pid_t *children;
     int n_children;
@@ -674,6 +675,50 @@ static void profile_write(run *r)
     profile_reset(r);
 }
 
+/* --profile's closing lines: the step's time by kind of work (dfl_draft_prof_read), per step and
+ * as shares of the GPU step time measured by the step's own events (on the CPU, of the spans'
+ * sum), what no span covers being the rest; then the GEMMs by weight shape, longest first. */
+static void profile_kinds(run *r)
+{
+    if (!r->o->profile || r->k_steps <= 0)
+        return;
+    dfl_span_sum s;
+    dfl_draft_prof_read(r->m, &s);
+    double known = 0;
+    for (int k = 0; k < DFL_DP_N; k++)
+        known += s.seconds[k];
+    const double n = r->k_steps, step = r->k_gpu > 0 ? r->k_gpu / 1e3 / n : known / n;
+    char line[1400] = "";
+    size_t len = 0;
+    for (int k = 0; k < DFL_DP_N; k++)
+        if (s.calls[k])
+            dfl_span_item(line, sizeof line, &len, dfl_draft_prof_kind[k], s.seconds[k] / n,
+                          s.flops[k] / n, step, true);
+    const double rest = step > known / n ? step - known / n : 0;
+    dfl_info("profile: the %s step's %.3f ms by kind, per step over %.0f steps: %s; the rest (gaps "
+             "between ops, all-reduce, results) %.3f ms (%.1f%%)%s", r->be->async ? "GPU" : "CPU",
+             1e3 * step, n, line, 1e3 * rest, step > 0 ? 100 * rest / step : 0.0,
+             s.incomplete ? "; incomplete: a timing event failed" : "");
+    if (!s.n_gemm)
+        return;
+    int order[DFL_SPAN_SHAPES];
+    dfl_span_order(&s, order);
+    static const char *const tag[] = {"fwd", "dx", "dW"};
+    len = 0;
+    line[0] = 0;
+    for (int o = 0; o < s.n_gemm; o++) {
+        int i = order[o];
+        char shape[48] = "other shapes";
+        if (s.gemm[i].n)
+            snprintf(shape, sizeof shape, "%s %lldx%lld", tag[s.gemm[i].tag % 3],
+                     (long long)s.gemm[i].n, (long long)s.gemm[i].k);
+        dfl_span_item(line, sizeof line, &len, shape, s.gemm[i].seconds / n, s.gemm[i].flops / n,
+                      step, true);
+    }
+    dfl_info("profile: the GEMMs by weight shape N x K (fwd: the forward, dx: the input gradient, "
+             "dW: the weight gradient), per step: %s", line);
+}
+
 /* Reads the oldest enqueued step's results and does what follows a step: counts, the
  * non-finite check, metrics, a checkpoint when one is due (the caller drained the pipeline
  * before: save steps are read at once). */
@@ -697,7 +742,9 @@ static int finish_step(run *r, dfl_err *e)
     if (st.gpu_ms >= 0) {
         r->p_gpu += st.gpu_ms;
         r->p_gpu_steps++;
+        r->k_gpu += st.gpu_ms;
     }
+    r->k_steps++;
     if (st.skipped) {
         r->skipped++;
         r->bad_run++;
@@ -877,6 +924,7 @@ static int train_loop(run *r, dfl_err *e)
         metrics_write(r);
         profile_write(r);
     }
+    profile_kinds(r);
     return DFL_OK;
 }
 
@@ -936,7 +984,7 @@ static int size_workspace(run *r, dfl_err *e)
     r->be->ops->freeze(r->be, true);   /* no device allocation from here on */
     dfl_verbose("warm-up step on %lld tokens, %lld blocks: %.2f s", (long long)mt, (long long)mb,
                 dfl_now() - t0);
-    return o->profile ? dfl_draft_set_timing(r->m, true, e) : DFL_OK;
+    return DFL_OK;
 }
 
 /* The inputs of this rank: "{rank}" in a name becomes the rank, so that one command line can
@@ -1119,7 +1167,8 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
             dfl_warn("--resume: the schedule now has %lld steps, the checkpoint's had %lld",
                      (long long)r->total, (long long)t);
     }
-    if ((rc = size_workspace(r, e)))
+    if ((rc = size_workspace(r, e)) ||
+        (r->o->profile && (rc = dfl_draft_set_timing(r->m, true, e))))   /* after the warm-up */
         goto out;
     if (r->rank == 0 && (rc = open_metrics(r, e)))
         goto out;

@@ -501,25 +501,6 @@ static void prof_print(const pipeline *p, const char *what, const prof *f, doubl
              p->async ? ", copy " : ", copy (none) ", f->copy, f->copy_wait, f->write, verdict);
 }
 
-/* Appends "LABEL S s (P%, R TFLOP/s)" to line[*n..size), after "; " unless it is the first item:
- * the time, its share of the forward's fwd seconds, and the rate where there are FLOPs. Never
- * writes past the end (a full line is cut short). */
-static void span_str(char *line, size_t size, size_t *n, const char *label, double seconds,
-                     double flops, double fwd)
-{
-    if (*n >= size)
-        return;
-    char rate[48] = "";
-    double r = seconds > 0 ? flops / seconds : 0;
-    if (r > 0)
-        snprintf(rate, sizeof rate, r >= 1e12 ? ", %.1f TFLOP/s" : ", %.2f GFLOP/s",
-                 r / (r >= 1e12 ? 1e12 : 1e9));
-    int k = snprintf(line + *n, size - *n, "%s%s %.3f s (%.1f%%%s)", *n ? "; " : "", label, seconds,
-                     fwd > 0 ? 100 * seconds / fwd : 0.0, rate);
-    if (k > 0)
-        *n += (size_t)k;
-}
-
 /* --profile's closing lines: the forward's time by kind of work (dfl_target_prof_read), as shares
  * of the forward's measured time, what no span covers being the rest; then the GEMMs by weight
  * shape, longest first. */
@@ -534,7 +515,8 @@ static void prof_kinds(const pipeline *p, dfl_target *t)
         if (!s.calls[k])
             continue;
         known += s.seconds[k];
-        span_str(line, sizeof line, &n, dfl_target_prof_kind[k], s.seconds[k], s.flops[k], fwd);
+        dfl_span_item(line, sizeof line, &n, dfl_target_prof_kind[k], s.seconds[k], s.flops[k],
+                      fwd, false);
     }
     double rest = fwd > known ? fwd - known : 0;
     dfl_info("profile: the forward's %.3f s by kind: %s; the rest (norms, RoPE, conv, element-wise "
@@ -542,13 +524,8 @@ static void prof_kinds(const pipeline *p, dfl_target *t)
              s.incomplete ? "; incomplete: a timing event failed" : "");
     if (!s.n_gemm)
         return;
-    int order[DFL_TP_SHAPES];
-    for (int i = 0; i < s.n_gemm; i++) {
-        int j = i;
-        for (; j > 0 && s.gemm[order[j - 1]].seconds < s.gemm[i].seconds; j--)
-            order[j] = order[j - 1];
-        order[j] = i;
-    }
+    int order[DFL_SPAN_SHAPES];
+    dfl_span_order(&s, order);
     n = 0;
     line[0] = 0;
     for (int o = 0; o < s.n_gemm; o++) {
@@ -556,8 +533,9 @@ static void prof_kinds(const pipeline *p, dfl_target *t)
         char shape[48] = "other shapes";
         if (s.gemm[i].n)
             snprintf(shape, sizeof shape, "%lldx%lld%s", (long long)s.gemm[i].n,
-                     (long long)s.gemm[i].k, s.gemm[i].acc ? "+h" : "");
-        span_str(line, sizeof line, &n, shape, s.gemm[i].seconds, s.gemm[i].flops, fwd);
+                     (long long)s.gemm[i].k, s.gemm[i].tag ? "+h" : "");
+        dfl_span_item(line, sizeof line, &n, shape, s.gemm[i].seconds, s.gemm[i].flops, fwd,
+                      false);
     }
     dfl_info("profile: the GEMMs by weight shape N x K (+h: the residual added in the epilogue): %s",
              line);

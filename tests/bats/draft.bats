@@ -379,6 +379,33 @@ PY
     awk -v b="$last" 'BEGIN { exit !(b > 3.0) }'
 }
 
+@test "--profile: the step's time by kind and the GEMMs by weight shape at the end; the same checkpoint as without" {
+    data "$T/a.dfl"
+    run --separate-stderr dfl-draft "${A[@]}" --out "$T/r" --log-every 3 --profile "$T/a.dfl"
+    assert_success
+    line=$(grep "profile: the CPU step's" <<<"$stderr")
+    # every kind the step has, with the GEMMs' and the LM head's rates
+    for k in 'GEMMs forward [0-9.]+ ms \([0-9.]+%, [0-9.]+ [GT]FLOP/s\)' 'GEMMs backward [0-9.]+ ms \([0-9.]+%, [0-9.]+ [GT]FLOP/s\)' \
+             'attention forward [0-9.]+ ms \([0-9.]+%, [0-9.]+ [GT]FLOP/s\)' 'attention backward [0-9.]+ ms' \
+             'LM head \+ cross-entropy [0-9.]+ ms \([0-9.]+%, [0-9.]+ [GT]FLOP/s\)' 'norms, RoPE, SwiGLU, copies [0-9.]+ ms' \
+             'gradient zeroing \+ optimizer [0-9.]+ ms' 'per step over 6 steps'; do
+        grep -Eq "$k" <<<"$line" || { echo "no '$k' in: $line"; false; }
+    done
+    [[ "$line" != *incomplete* ]]
+    # the GEMMs by shape (1 layer of hidden 32, 4 heads of 16 / 2 kv: q 64x32, k and v 32x32,
+    # o 32x64, gate_up 128x32, down 32x64; fc 32x32): forward, input and weight gradients; their
+    # times add up to the two GEMM kinds' (to the rounding)
+    shapes=$(grep "profile: the GEMMs by weight shape" <<<"$stderr")
+    for s in "fwd 128x32 " "dx 128x32 " "dW 128x32 " "fwd 32x64 " "dW 32x32 "; do
+        [[ "$shapes" == *"$s"* ]] || { echo "no '$s' in: $shapes"; false; }
+    done
+    want=$(sed -E 's/.*GEMMs forward ([0-9.]+) ms.*GEMMs backward ([0-9.]+) ms.*/\1 \2/' <<<"$line" | awk '{ print $1 + $2 }')
+    grep -oE '[0-9.]+ ms \(' <<<"${shapes#*per step: }" | awk -v want="$want" '{ s += $1; n++ }
+        END { if (n < 8 || s < want - 0.0005 * n || s > want + 0.0005 * n) { print n " shapes, " s " ms, want " want; exit 1 } }'
+    dfl-draft "${A[@]}" --out "$T/q" --log-every 3 "$T/a.dfl" 2>/dev/null
+    cmp "$T/r/latest/optimizer.safetensors" "$T/q/latest/optimizer.safetensors"
+}
+
 @test "--noise-std perturbs the features, the same way for the same seed" {
     data "$T/a.dfl"
     dfl-draft "${A[@]}" --out "$T/n1" --noise-std 0.5 "$T/a.dfl"

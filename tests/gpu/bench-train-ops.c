@@ -5,8 +5,10 @@
  *  - dflash_attn forward, every tile variant: TFLOP/s counting 4 bs (anchor + bs) d heads per block;
  *  - dflash_attn_bwd, every variant of each pass, and each pass alone: TFLOP/s counting 2.5 x the
  *    forward (the FA2 convention; the deterministic backward does 7 matmuls per score, 1.4 x that);
- *  - lmce on Q = 32768, V = 151936, H = 4096 for several chunk sizes: TFLOP/s counting the two
- *    GEMMs (4 Q V H), with and without dz, against the same GEMMs alone;
+ *  - lmce on the scored rows of a step (Q = 30720: 4 x 512 blocks x 15 slots), V = 151936,
+ *    H = 4096, for several chunk sizes, then on the Qwen3.6-27B drafter's (H 5120, V 248320):
+ *    TFLOP/s counting the two GEMMs (4 Q V H), with and without dz, with both row kernels,
+ *    against the same GEMMs alone;
  *  - rmsnorm_bwd, qknorm_rope_bwd, swiglu_bwd, adamw, sumsq, uniform_noise: GB/s of the bytes they
  *    must move, against the copy bandwidth.
  * --window: the attention only, at the Qwen3.6-27B drafter's shape (4 sequences of 4096 tokens,
@@ -206,11 +208,14 @@ static void run_lmce(void *arg)
         check_sync("lmce");
 }
 
-static void bench_lmce(double peak)
+/* lmce on Q rows (H, V), with each chunk size in chunks (0 ends the list): its two GEMMs alone
+ * (cuBLASLt's first choice, then tuned: lmce runs the tuned ones after that), then lmce with
+ * and without dz, with the default row kernel and the first one (DFL_CUDA_LMCE_ROW=0). */
+static void bench_lmce(double peak, int64_t Q, int64_t H, int64_t V, const int64_t *chunks)
 {
-    const int64_t Q = 32768, H = 4096, V = 151936;
-    static const int64_t chunks[] = {512, 1024, 2048, 4096};
-    const int64_t maxc = chunks[sizeof chunks / sizeof chunks[0] - 1];
+    int64_t maxc = 0;
+    for (const int64_t *c = chunks; *c; c++)
+        maxc = *c > maxc ? *c : maxc;
     void *z = dalloc((size_t)(Q * H * 2)), *W = dalloc((size_t)(V * H * 2)), *dz = dalloc((size_t)(Q * H * 2));
     float *work = dalloc((size_t)(maxc * (V + 2) * 4)), *wt = dalloc((size_t)Q * 4), *ce = dalloc((size_t)Q * 4);
     int32_t *lab = dalloc((size_t)Q * 4);
@@ -222,7 +227,7 @@ static void bench_lmce(double peak)
     float *hw = malloc((size_t)Q * 4);
     for (int64_t i = 0; i < Q; i++) {
         hl[i] = (int32_t)(rnext() % (uint64_t)V);
-        hw[i] = i % 16 == 0 ? 0.0f : (float)exp(-(double)((i % 16) - 1) / 7.0);
+        hw[i] = i % 15 == 14 ? 0.0f : (float)exp(-(double)(i % 15) / 7.0);
     }
     if (be->ops->upload(be, lab, hl, (size_t)Q * 4) || be->ops->upload(be, wt, hw, (size_t)Q * 4))
         die("upload", NULL);
@@ -230,8 +235,9 @@ static void bench_lmce(double peak)
     free(hw);
     printf("lmce: Q %lld, H %lld, V %lld (bf16 z and W, f32 logits)\n", (long long)Q, (long long)H, (long long)V);
     dfl_err e = {0};
-    for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
-        const int64_t CR = chunks[ci];
+    const double fl = 4.0 * Q * V * H;
+    for (const int64_t *cp = chunks; *cp; cp++) {
+        const int64_t CR = *cp;
         /* the two GEMMs alone (tuned), as lmce runs them */
         dfl_mm m1 = {.M = CR, .N = V, .K = H, .A = z, .adt = DFL_BF16, .lda = H, .B = W, .bdt = DFL_BF16,
                      .ldb = H, .tb = true, .C = work, .cdt = DFL_F32, .ldc = V, .alpha = 1, .beta = 0};
@@ -242,18 +248,27 @@ static void bench_lmce(double peak)
         if (dfl_cuda_matmul_tune(be, &m1, 16, 3, &b1, &h1, &e) || dfl_cuda_matmul_tune(be, &m2, 16, 3, &b2, &h2, &e))
             die("tune", &e);
         double t1 = time_ms(run_mm, &m1, 3), t2 = time_ms(run_mm, &m2, 3);
-        double gemms = (double)(Q / CR) * (t1 + t2);
-        dfl_lmce l = {.z = z, .w_lm = W, .labels = lab, .weight = wt, .Q = Q, .H = H, .V = V, .sums = sums,
-                      .correct = corr, .ce_out = ce, .dz = dz, .grad_scale = 1.0f, .work = work, .chunk_rows = CR};
-        int n = iters < 3 ? iters : 3;
-        double t = time_ms(run_lmce, &l, n);
-        l.dz = NULL;
-        double tf = time_ms(run_lmce, &l, n);
-        double fl = 4.0 * Q * V * H;
-        printf("  chunk %5lld (work %.2f GB): lmce %8.2f ms %6.1f TFLOP/s (%3.0f%% of peak); no dz %8.2f ms %6.1f "
-               "TFLOP/s; its GEMMs alone %8.2f ms (heuristic %.2f + %.2f, tuned %.2f + %.2f ms per chunk): row "
-               "work %.2f ms\n", (long long)CR, CR * (V + 2) * 4 / 1e9, t, fl / t / 1e9, 100 * fl / t / 1e9 / peak,
-               tf, fl / 2 / tf / 1e9, gemms, t1h, t2h, t1, t2, t - gemms);
+        double gemms = (double)Q / CR * (t1 + t2), gemm1 = (double)Q / CR * t1;
+        printf("  chunk %5lld (work %.2f GB): its GEMMs alone %8.2f ms %6.1f TFLOP/s (per chunk: first choice "
+               "%.2f + %.2f, tuned %.2f + %.2f ms)\n", (long long)CR, CR * (V + 2) * 4 / 1e9, gemms, fl / gemms / 1e9,
+               t1h, t2h, t1, t2);
+        for (int first = 0; first < 2; first++) {
+            if (first)
+                setenv("DFL_CUDA_LMCE_ROW", "0", 1);
+            else
+                unsetenv("DFL_CUDA_LMCE_ROW");
+            dfl_lmce l = {.z = z, .w_lm = W, .labels = lab, .weight = wt, .Q = Q, .H = H, .V = V, .sums = sums,
+                          .correct = corr, .ce_out = ce, .dz = dz, .grad_scale = 1.0f, .work = work,
+                          .chunk_rows = CR};
+            int n = iters < 3 ? iters : 3;
+            double t = time_ms(run_lmce, &l, n);
+            l.dz = NULL;
+            double tf = time_ms(run_lmce, &l, n);
+            printf("    %-17s lmce %8.2f ms %6.1f TFLOP/s (%3.0f%% of peak); row work %6.2f ms (without dz: "
+                   "lmce %7.2f ms, row statistics %6.2f ms)\n", first ? "first row kernel:" : "row kernel:", t,
+                   fl / t / 1e9, 100 * fl / t / 1e9 / peak, t - gemms, tf, tf - gemm1);
+        }
+        unsetenv("DFL_CUDA_LMCE_ROW");
     }
     void *bufs[] = {z, W, dz, work, wt, ce, lab, corr, sums};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -399,7 +414,11 @@ int main(int argc, char **argv)
     } else {
         bench_attention(peak, 3072, 0);
         if (!attention_only) {
-            bench_lmce(peak);
+            /* the 8B drafter's LM head on a step's scored rows (4 x 512 blocks x 15 slots), then
+             * the Qwen3.6-27B drafter's */
+            static const int64_t c8[] = {512, 1024, 2048, 4096, 0}, c27[] = {1024, 2048, 0};
+            bench_lmce(peak, 30720, 4096, 151936, c8);
+            bench_lmce(peak, 30720, 5120, 248320, c27);
             bench_bandwidth(copy_gbs);
         }
     }
