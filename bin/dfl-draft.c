@@ -55,7 +55,10 @@ static void usage(void)
            "      --init-std X          std of the initial linear weights (default 0.02)\n"
            "      --device DEV          cpu (default), cuda, cuda:N\n"
            "      --threads N           CPU threads (default: all)\n"
-           "      --profile             per log window: input wait, host prep, GPU time, host syncs\n"
+           "      --profile             per log window: input wait, host prep, GPU time, host syncs;\n"
+           "                            at the end the step's time by kind of work and GEMM shape\n"
+           "      --tune                on a GPU, time cuBLASLt's algorithms of each GEMM shape in\n"
+           "                            the warm-up and keep the fastest\n"
            "      --no-pipeline         read each step's results before the next step (a check)\n"
            "      --no-verify           skip frame checksums\n"
            "      --allow-truncated     train on the complete batches of an input cut short (no END)\n"
@@ -78,7 +81,7 @@ enum {
     O_EPS, O_WD, O_CLIP, O_WARMUP, O_TOTAL, O_EPOCHS, O_STOP_AT, O_MIN_READY, O_POOL, O_MAX_TOKENS,
     O_SAVE_EVERY, O_KEEP, O_ON_SAVE, O_SAVE_DTYPE, O_RESUME, O_LOG_EVERY, O_MAX_BAD, O_SEED,
     O_INIT_STD, O_DEVICE, O_THREADS, O_NO_VERIFY, O_ALLOW_TRUNC, O_VERSION, O_MAX_BLOCKS,
-    O_PROFILE, O_NO_PIPELINE, O_RENDEZVOUS, O_DIST_TIMEOUT, O_LAYER_TYPES, O_SLIDING_WINDOW,
+    O_PROFILE, O_TUNE, O_NO_PIPELINE, O_RENDEZVOUS, O_DIST_TIMEOUT, O_LAYER_TYPES, O_SLIDING_WINDOW,
     O_HEADS, O_KV_HEADS, O_HEAD_DIM, O_INTERMEDIATE,
 };
 
@@ -112,6 +115,7 @@ static const struct option longopts[] = {
     {"max-tokens", required_argument, 0, O_MAX_TOKENS},
     {"max-blocks", required_argument, 0, O_MAX_BLOCKS},
     {"profile", no_argument, 0, O_PROFILE},
+    {"tune", no_argument, 0, O_TUNE},
     {"no-pipeline", no_argument, 0, O_NO_PIPELINE},
     {"save-every", required_argument, 0, O_SAVE_EVERY},
     {"keep", required_argument, 0, O_KEEP},
@@ -225,6 +229,7 @@ int main(int argc, char **argv)
         case O_MAX_TOKENS: rc = dfl_parse_i64(optarg, 1, INT32_MAX / 2, &o.max_tokens, what, &e); break;
         case O_MAX_BLOCKS: rc = dfl_parse_i64(optarg, 1, INT32_MAX / 256, &o.max_blocks, what, &e); break;
         case O_PROFILE: o.profile = true; break;
+        case O_TUNE: o.tune = true; break;
         case O_NO_PIPELINE: o.no_pipeline = true; break;
         case O_SAVE_EVERY: rc = dfl_parse_i64(optarg, 0, INT64_MAX / 2, &o.save_every, what, &e); break;
         case O_KEEP:

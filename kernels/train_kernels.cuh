@@ -378,17 +378,25 @@ __global__ void uniform_noise_kernel(T *x, int64_t n, float amp, uint64_t seed)
     }
 }
 
-struct Smx {
-    float m, s;
+/* A running (max, sum of exp(x - max), first argmax); S the sum's type */
+template <typename S>
+struct SmxT {
+    float m;
+    S s;
     int64_t a;
 };
+typedef SmxT<float> Smx;
 
-__device__ __forceinline__ Smx smx_combine(Smx x, Smx y)
+__device__ __forceinline__ float smx_scale(float d, float) { return expf(d); }
+__device__ __forceinline__ double smx_scale(float d, double) { return exp((double)d); }
+
+template <typename S>
+__device__ __forceinline__ SmxT<S> smx_combine(SmxT<S> x, SmxT<S> y)
 {
-    Smx r;
+    SmxT<S> r;
     r.m = fmaxf(x.m, y.m);
-    float fx = x.m == -INFINITY ? 0.0f : x.s * expf(x.m - r.m);
-    float fy = y.m == -INFINITY ? 0.0f : y.s * expf(y.m - r.m);
+    S fx = x.m == -INFINITY ? S(0) : x.s * smx_scale(x.m - r.m, S(0));
+    S fy = y.m == -INFINITY ? S(0) : y.s * smx_scale(y.m - r.m, S(0));
     r.s = fx + fy;
     r.a = x.m > y.m ? x.a : y.m > x.m ? y.a : (x.a < y.a ? x.a : y.a);
     return r;
@@ -433,15 +441,17 @@ __device__ void lmce_row_unscored(float *lr, int64_t V, int64_t r, int64_t q, bo
 /* The block's (max, sum, first argmax) from each thread's t (a fixed-order combine: warps by
  * shuffles, then the warps in order), the row's ce and hit written by thread 0; returns the
  * log-sum-exp. Every thread reads the label's logit lr[label] here. */
-__device__ double lmce_row_finish(Smx t, const float *lr, int64_t r, int64_t q, float w,
+template <typename S>
+__device__ double lmce_row_finish(SmxT<S> t, const float *lr, int64_t r, int64_t q, float w,
                                   int32_t label, uint8_t *correct, float *ce_out, float *row_wce,
                                   float *row_hit)
 {
-    __shared__ float shm[32], shs[32];
+    __shared__ float shm[32];
+    __shared__ S shs[32];
     __shared__ int64_t sha[32];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        Smx u;
+        SmxT<S> u;
         u.m = __shfl_xor_sync(0xffffffffu, t.m, o);
         u.s = __shfl_xor_sync(0xffffffffu, t.s, o);
         u.a = __shfl_xor_sync(0xffffffffu, t.a, o);
@@ -454,9 +464,9 @@ __device__ double lmce_row_finish(Smx t, const float *lr, int64_t r, int64_t q, 
         sha[wid] = t.a;
     }
     __syncthreads();
-    Smx tot = {shm[0], shs[0], sha[0]};
+    SmxT<S> tot = {shm[0], shs[0], sha[0]};
     for (int i = 1; i < nw; i++) {
-        Smx u = {shm[i], shs[i], sha[i]};
+        SmxT<S> u = {shm[i], shs[i], sha[i]};
         tot = smx_combine(tot, u);
     }
     const float xl = lr[label];
@@ -599,7 +609,7 @@ lmce_rows_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, co
         lmce_row_unscored<BF16G>(lr, V, r, q, want_grad, correct, ce_out, row_wce, row_hit);
         return;
     }
-    Smx t = {-INFINITY, 0.0f, 0};
+    SmxT<double> t = {-INFINITY, 0.0, 0};
     for (int64_t k0 = threadIdx.x; k0 < n4; k0 += LMCE_PF * T) {
         float4 x[LMCE_PF];
 #pragma unroll
@@ -620,27 +630,26 @@ lmce_rows_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, co
                 }
             }
         if (gm > t.m) {
-            t.s *= expf(t.m - gm);   /* 0 while t.m is -inf (a NaN sum stays NaN) */
+            t.s *= exp((double)t.m - (double)gm);   /* 0 while t.m is -inf (a NaN sum stays NaN) */
             t.m = gm;
             t.a = ga;
         }
         const float ref = t.m > -INFINITY ? t.m : 0.0f;
-        float acc = 0.0f;
+        double acc = 0.0;
 #pragma unroll
         for (int p = 0; p < LMCE_PF; p++)
 #pragma unroll
             for (int j = 0; j < 4; j++)
-                acc += expf(f4at(x[p], j) - ref);
+                acc += (double)expf(f4at(x[p], j) - ref);
         t.s += acc;
     }
-    if (t.m == -INFINITY && t.s != 0.0f)   /* only NaN seen: make the combine keep the NaN */
+    if (t.m == -INFINITY && t.s != 0.0)   /* only NaN seen: make the combine keep the NaN */
         t.m = INFINITY;
     const int32_t label = labels[q];
     const double lse = lmce_row_finish(t, lr, r, q, w, label, correct, ce_out, row_wce, row_hit);
     if (!want_grad)
         return;
     const float gw = grad_scale * w;
-    const float lsef = (float)lse;
     /* every thread has read lr[label] (lmce_row_finish) before the first barrier below, so before
      * any write */
     for (int64_t k0 = threadIdx.x; k0 - threadIdx.x < n4; k0 += LMCE_PF * T) {
@@ -660,7 +669,7 @@ lmce_rows_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, co
             float g[4];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                g[j] = gw * expf(f4at(x[p], j) - lsef);
+                g[j] = gw * expf((float)((double)f4at(x[p], j) - lse));
                 if (4 * k + j == label)
                     g[j] -= gw;
             }

@@ -359,7 +359,17 @@ int cuda_uniform_noise(dfl_be *be, void *x, int64_t n, float amp, uint64_t seed)
  *     place. Rows with w == 0 get G = 0;
  *  3. one warp adds the chunk's per-row w*ce, w, hits and counts into sums in a fixed order;
  *  4. dz rows = G W (cuBLASLt).
+ * With a->tune, both GEMMs' algorithms are timed on the first whole chunk (dfl_cuda_matmul_tune:
+ * it drains the stream; for a warm-up) and the fastest kept for every later call of the shape.
  * work: [chunk_rows, V] logits, then [chunk_rows] w*ce and [chunk_rows] hits. */
+
+/* a->tune: the fastest of cuBLASLt's candidate algorithms for one of lmce's GEMMs, kept in its plan */
+static int lmce_tune(dfl_be *be, const dfl_mm *m)
+{
+    dfl_err te = {0};
+    int rc = dfl_cuda_matmul_tune(be, m, 16, 3, NULL, NULL, &te);
+    return rc ? cuda_op_fail(be, rc, "lmce: timing the GEMM's algorithms: %s", te.msg) : 0;
+}
 
 int cuda_lmce(dfl_be *be, const dfl_lmce *a)
 {
@@ -403,7 +413,9 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
         mm.ldc = V;
         mm.alpha = 1.0f;
         mm.beta = 0.0f;
-        if ((rc = be->ops->matmul(be, &mm)))
+        const bool tune = a->tune && r0 == 0 && nr == CR;
+        if ((tune && (rc = lmce_tune(be, &mm))) ||
+            (rc = be->ops->matmul(be, &mm)))
             return rc;
         const bool grad = a->dz != NULL;
 #define LMCE_ROWS(K, BF)                                                                        \
@@ -441,7 +453,8 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
             mz.ldc = H;
             mz.alpha = 1.0f;
             mz.beta = 0.0f;
-            if ((rc = be->ops->matmul(be, &mz)))
+            if ((tune && (rc = lmce_tune(be, &mz))) ||
+                (rc = be->ops->matmul(be, &mz)))
                 return rc;
         }
     }

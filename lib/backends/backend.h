@@ -160,6 +160,8 @@ typedef struct dfl_lmce {
     float grad_scale;
     float *work;            /* [chunk_rows * (V + 2)] f32 scratch */
     int64_t chunk_rows;
+    bool tune;              /* time the GEMMs' candidate algorithms on the first whole chunk and
+                             * keep the fastest (matmul_tune; a GPU's warm-up); else ignored */
 } dfl_lmce;
 
 /* AdamW on f32 master weights, one call per tensor or over one flat buffer of all parameters.

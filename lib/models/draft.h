@@ -168,6 +168,10 @@ void dfl_draft_capacity(const dfl_draft *m, int64_t *max_tokens, int64_t *max_bl
 int dfl_draft_set_feat_dtype(dfl_draft *m, dfl_dtype dt, dfl_err *e);
 /* Timing events around each step (dfl_draft_stats.gpu_ms); set with no results pending. */
 int dfl_draft_set_timing(dfl_draft *m, bool on, dfl_err *e);
+/* With tune on, the warm-up (dfl_draft_warmup) times cuBLASLt's candidate algorithms for each
+ * GEMM shape of its step (the layers', fc's and the LM head's) and keeps the fastest for every
+ * later product of that shape (on a GPU; nothing elsewhere). The warm-up takes longer. */
+void dfl_draft_set_tune(dfl_draft *m, bool on);
 /* With the timing on, the step's ops are also timed by kind of work (span_prof.h): */
 enum { DFL_DP_GEMM_FWD,   /* the layers' and fc's GEMMs, forward */
        DFL_DP_GEMM_BWD,   /* their input and weight gradients */

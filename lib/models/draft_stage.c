@@ -426,8 +426,11 @@ int dfl_draft_warmup(dfl_draft *m, dfl_err *e)
         rc = dfl_fail(e, DFL_EUSAGE, "drafter warm-up: the last step is not posted");
         goto out;
     }
+    m->tuning = m->tune;
+    m->n_tuned = 0;
     if (!(rc = dfl_draft_step(m, &in, true, e)))
         rc = be->ops->sync(be, e);
+    m->tuning = false;
     m->have_step = m->have_apply = false;
 out:
     free(ids);
@@ -438,6 +441,8 @@ out:
     return rc ? dfl_err_prefix(e, "drafter warm-up on %lld tokens, %lld blocks: ", (long long)T,
                                (long long)B) : DFL_OK;
 }
+
+void dfl_draft_set_tune(dfl_draft *m, bool on) { m->tune = on; }
 
 void dfl_draft_host_waits(const dfl_draft *m, uint64_t *syncs, uint64_t *event_waits)
 {

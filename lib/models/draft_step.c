@@ -6,6 +6,9 @@
 #include "draft_int.h"
 
 #include <math.h>
+#include <string.h>
+
+#include "log.h"
 
 /* TRY of an op of kind k (DFL_DP_*) that does fl FLOPs, timed under --profile */
 #define OPF(k, fl, x)                                                                          \
@@ -17,6 +20,31 @@
 #define EW(x) OPF(DFL_DP_EW, 0, x)
 #define OPT(x) OPF(DFL_DP_OPT, 0, x)
 
+/* In a tuning warm-up (dfl_draft_set_tune): times the algorithms of x's shape once (a later
+ * product of the same shape reuses the choice; the products it runs write C, which the warm-up
+ * step overwrites or discards). */
+static int tune_once(dfl_draft *m, const dfl_mm *x)
+{
+    const int64_t key[12] = {x->M, x->N, x->K, x->lda, x->ldb, x->ldc, x->ta, x->tb,
+                             x->adt, x->bdt, x->cdt, x->beta != 0.0f};
+    for (int i = 0; i < m->n_tuned; i++)
+        if (!memcmp(m->tuned[i], key, sizeof key))
+            return DFL_OK;
+    if (m->n_tuned == (int)(sizeof m->tuned / sizeof m->tuned[0]))
+        return DFL_OK;
+    memcpy(m->tuned[m->n_tuned++], key, sizeof key);
+    dfl_err e = {0};
+    float best = 0, first = 0;
+    int rc = m->be->ops->matmul_tune(m->be, x, 16, 3, &best, &first, &e);
+    if (rc)
+        return rc;
+    if (best > 0)
+        dfl_verbose("tune %lldx%lldx%lld%s%s: cuBLASLt's first choice %.3f ms, the fastest %.3f ms",
+                    (long long)x->M, (long long)x->N, (long long)x->K, x->ta ? " A^T" : "",
+                    x->beta != 0.0f ? " +C" : "", first, best);
+    return DFL_OK;
+}
+
 /* C = alpha op(A) op(B) + beta C with the model's dtypes; tag (DFL_DP_TAG_*) says which product
  * of a weight it is, for --profile: the forward (the weight is N x K), its input gradient (K x
  * N) or its weight gradient (M x N). */
@@ -27,6 +55,11 @@ static int mm(dfl_draft *m, int tag, int64_t M, int64_t N, int64_t K, const void
     dfl_mm x = {.M = M, .N = N, .K = K, .A = A, .adt = adt, .lda = lda, .ta = ta, .B = B,
                 .bdt = bdt, .ldb = ldb, .tb = tb, .C = C, .cdt = cdt, .ldc = ldc,
                 .alpha = 1.0f, .beta = beta};
+    if (m->tuning) {
+        int rc = tune_once(m, &x);
+        if (rc)
+            return rc;
+    }
     int sp = dfl_span_begin(m->prof, tag == DFL_DP_TAG_FWD ? DFL_DP_GEMM_FWD : DFL_DP_GEMM_BWD);
     int rc = m->be->ops->matmul(m->be, &x);
     dfl_span_end_shape(m->prof, sp, tag == DFL_DP_TAG_DW ? M : tag == DFL_DP_TAG_DX ? K : N,
@@ -251,7 +284,7 @@ int dfl_draft_forward(dfl_draft *m, bool want_grad, dfl_err *e)
         .z = m->dx, .w_lm = m->lm_head, .labels = m->labels_s, .weight = m->weight_s, .Q = Qs,
         .H = H, .V = c->vocab, .sums = m->sums, .correct = m->correct_s, .ce_out = m->ce,
         .dz = want_grad ? m->dh : NULL, .grad_scale = 1.0f, .work = m->lm_work,
-        .chunk_rows = m->chunk,
+        .chunk_rows = m->chunk, .tune = m->tuning,
     };
     EW(be->ops->gather_rows(be, m->labels_s, m->in.labels, m->scored_rows, Qs, 4));
     EW(be->ops->gather_rows(be, m->weight_s, m->in.weight, m->scored_rows, Qs, 4));

@@ -1167,6 +1167,7 @@ int dfl_draft_train(const dfl_draft_train_opts *o, dfl_err *e)
             dfl_warn("--resume: the schedule now has %lld steps, the checkpoint's had %lld",
                      (long long)r->total, (long long)t);
     }
+    dfl_draft_set_tune(r->m, r->o->tune);
     if ((rc = size_workspace(r, e)) ||
         (r->o->profile && (rc = dfl_draft_set_timing(r->m, true, e))))   /* after the warm-up */
         goto out;

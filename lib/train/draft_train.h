@@ -50,6 +50,7 @@ typedef struct dfl_draft_train_opts {
     int64_t log_every;
     int max_bad_steps;
     bool profile;                /* --profile: per log window, host and GPU times, host waits */
+    bool tune;                   /* --tune: the GPU warm-up chooses the GEMMs' algorithms */
     bool no_pipeline;            /* --no-pipeline: read each step's results before the next */
     uint64_t seed;
     double init_std;

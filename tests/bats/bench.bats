@@ -40,17 +40,20 @@ run_bench() {
 }
 
 @test "bench/draft --shape tiny: the table with our tokens/s and TFLOP/s, logs beside it, no scratch left" {
-    run_bench draft --shape tiny --steps 3
+    run_bench draft --shape tiny --steps 3 --tune --profile
     grep -q '^== results (tiny' "$f"
-    # file and pipe rows: a positive tokens/s and TFLOP/s; no ceiling on the CPU: MFU n/a
-    for row in "ours (file)" "ours (pipe)"; do
-        line=$(grep "^$row " "$f")
+    # file, --tune and pipe rows: a positive tokens/s and TFLOP/s; no ceiling on the CPU: MFU n/a
+    for row in "ours (file)" "ours (tune)" "ours (pipe)"; do
+        line=$(awk -v r="$row" 'index($0, r) == 1 && substr($0, length(r) + 1) ~ /^ +[0-9]/' "$f")
         read -r tps tfl mfu _ <<< "${line#"$row"}"
         awk -v a="$tps" -v b="$tfl" 'BEGIN { exit !(a + 0 > 0 && b + 0 > 0) }'
         [ "$mfu" = n/a ]
     done
     grep -q '^peer (torch) .*not run (--shape tiny)' "$f"
-    grep -q '^goal (issue #7): ' "$f"
+    grep -q '^goal: none at this shape (tokens/s [0-9]' "$f"
+    # --profile: the file runs' step by kind and GEMMs by shape
+    grep -q "^ours (file) profile: the CPU step's [0-9.]* ms by kind, per step over 5 steps: GEMMs forward" "$f"
+    grep -q "^ours (tune) profile: the GEMMs by weight shape" "$f"
     # 2 warm-up (the default at --shape tiny) + 3 timed steps: 5 metrics lines a run
     [ "$(wc -l < "$T/res/bench-draft-logs/metrics-file.jsonl")" -eq 5 ]
     [ "$(wc -l < "$T/res/bench-draft-logs/metrics-pipe.jsonl")" -eq 5 ]

@@ -379,9 +379,10 @@ PY
     awk -v b="$last" 'BEGIN { exit !(b > 3.0) }'
 }
 
-@test "--profile: the step's time by kind and the GEMMs by weight shape at the end; the same checkpoint as without" {
+@test "--profile: the step's time by kind and the GEMMs by weight shape at the end; --tune; the same checkpoint as without" {
     data "$T/a.dfl"
-    run --separate-stderr dfl-draft "${A[@]}" --out "$T/r" --log-every 3 --profile "$T/a.dfl"
+    # (--tune: nothing to choose on the CPU; accepted, the same checkpoint)
+    run --separate-stderr dfl-draft "${A[@]}" --out "$T/r" --log-every 3 --profile --tune "$T/a.dfl"
     assert_success
     line=$(grep "profile: the CPU step's" <<<"$stderr")
     # every kind the step has, with the GEMMs' and the LM head's rates
