@@ -50,6 +50,8 @@
 #include "cuda_train.h"
 #include "dflash_ptx.cuh"
 #include "dflash_kernels.cuh"
+#include "dflash_wgmma.cuh"
+#include "attn_wgmma.cuh"
 
 template <typename T>
 static void ds_launch(int which, const DfP &p, cudaStream_t s)
@@ -93,6 +95,7 @@ struct DfVariant {
     int threads;
     size_t smem;
     int bn;            /* key tile (fwd, bwd Q) */
+    bool hopper;       /* wgmma (sm_90a): compute capability 9 only */
 };
 
 #define FWD_V(NAME, D, MT, NW, BN, QREG)                                                        \
@@ -159,6 +162,9 @@ static const DfVariant bkv128[] = {
     BWDKV_VP("bwd-kv d128 128 keys (8 warps) QC64 rows prefetched", 128, 8, 64, true),
     BWDKV_VP("bwd-kv d128 64 keys (4 warps) QC32 rows prefetched", 128, 4, 32, true),
     BWDKV_VS("bwd-kv d128 64 keys (4 warps) QC64 rows prefetched, P via smem", 128, 4, 64, true, true),
+    {"bwd-kv d128 128 keys (2 warpgroups) QC64 wgmma", df_bwd_kv_wg_kernel, DW_BNK, DW_THREADS, DW_SMEM(false), 0, true},
+    {"bwd-kv d128 128 keys (2 warpgroups) QC64 wgmma, next S/dP overlapped", df_bwd_kv_wg_ovl_kernel, DW_BNK, DW_THREADS,
+     DW_SMEM(true), 0, true},
 };
 
 #define NV(a) ((int)(sizeof a / sizeof a[0]))
@@ -220,7 +226,7 @@ static int df_init(dfl_be *be, const char *op)
             int n;
             const DfVariant *t = df_table(k, dims[di], &n);
             for (int v = 0; v < n; v++) {
-                if (t[v].smem > im->smem_optin)
+                if (t[v].smem > im->smem_optin || (t[v].hopper && !cuda_attn_wgmma_fits(im->device)))
                     continue;
                 cudaError_t err = cuda_allow_smem(t[v].fn, t[v].smem);
                 if (err != cudaSuccess) {
@@ -292,8 +298,8 @@ static DfP df_params(const dfl_dflash_attn *a)
 }
 
 /* The tiled variant for kernel k: the chosen one, or where it does not take the shape (more
- * query rows per block than its CTA holds, more shared memory than the device has) the first in
- * table order that does; NULL when none does or the buffers are not aligned. */
+ * query rows per block than its CTA holds, more shared memory than the device has, a wgmma
+ * kernel on a device other than compute capability 9) the first in table order that does; NULL when none does or the buffers are not aligned. */
 static const DfVariant *df_pick(dfl_be *be, const dfl_dflash_attn *a, int k, bool bwd)
 {
     if (be->act != DFL_BF16 || df_force_simple)
@@ -304,7 +310,10 @@ static const DfVariant *df_pick(dfl_be *be, const dfl_dflash_attn *a, int k, boo
     const DfVariant *t = df_table(k, a->d, &n);
     const int rb = (a->n_heads / a->n_kv) * a->bs;
     const size_t optin = cuda_of(be)->smem_optin;
-    auto fits = [&](const DfVariant *x) { return x->smem <= optin && (k == DFL_DFLASH_BWD_KV || rb <= x->mmax); };
+    const bool hopper = cuda_attn_wgmma_fits(cuda_of(be)->device);
+    auto fits = [&](const DfVariant *x) {
+        return x->smem <= optin && (k == DFL_DFLASH_BWD_KV || rb <= x->mmax) && (!x->hopper || hopper);
+    };
     const DfVariant *v = &t[df_choice[k][di]];
     for (int i = 0; i < n && !fits(v); i++)
         v = &t[i];

@@ -746,6 +746,96 @@ static __global__ void __launch_bounds__(1024) df_sched_kernel(const DfP p, int 
     }
 }
 
+/* Pass KV: the key tile [c0, c1) of a CTA, its query rows [rbeg, rend) (rows of the blocks
+ * [bfirst, bend) of the schedule, rb to a block) in nch chunks, its kv head */
+struct KvSpan {
+    int64_t c0, c1, rbeg, rend;
+    int nch, g_kv;
+};
+
+/* The span of this CTA (bnk keys a tile, chunks of qc rows): key tile p.sched[blockIdx.x / nkv]
+ * (the schedule's order), kv head blockIdx.x % nkv */
+__device__ __forceinline__ KvSpan kv_span(const DfP &p, int bnk, int qc)
+{
+    KvSpan k;
+    k.g_kv = (int)(blockIdx.x % (unsigned)p.nkv);
+    const int kt = p.sched[blockIdx.x / (unsigned)p.nkv];
+    k.c0 = (int64_t)kt * bnk;
+    k.c1 = min(p.T_ctx, k.c0 + bnk);
+    k.rbeg = (int64_t)p.sched[p.n_kt + kt] * p.rb;
+    k.rend = (int64_t)p.sched[2 * p.n_kt + kt] * p.rb;
+    k.nch = (int)((k.rend - k.rbeg + qc - 1) / qc);
+    return k;
+}
+
+/* The row tables of MS chunk stages: per row of a chunk its element offset in [Q, n_heads*d]
+ * arrays (-1: the row does not see the tile), lse * log2 e, delta, and the context rows [lo, hi)
+ * it sees */
+template <int MS, int QC> struct KvRows {
+    long long off[MS][QC];
+    float l2[MS][QC], dl[MS][QC];
+    int lo[MS][QC], hi[MS][QC];
+};
+
+/* cp.async of the cs, an, lse and delta of chunk ci's rows (thread t < QC: row t) into the raw
+ * stage at shared address raw ([cs, an, lse, delta][QC] words; zeros past the rows): the row
+ * tables of a chunk are fetched a chunk ahead, so that no global load is waited on between
+ * chunks; thread t alone reads its words back (kv_finish) */
+template <int QC>
+__device__ __forceinline__ void kv_fetch(const DfP &p, const KvSpan &k, int ci, uint32_t raw, int tid)
+{
+    if (tid < QC) {
+        const int64_t r = k.rbeg + (int64_t)ci * QC + tid;
+        const bool ok = ci < k.nch && r < k.rend;
+        const int b = ok ? (int)(r / p.rb) : 0, rem = ok ? (int)(r - (int64_t)b * p.rb) : 0;
+        const int64_t idx = ((int64_t)b * p.bs + rem % p.bs) * p.nh + k.g_kv * p.group + rem / p.bs;
+        const uint32_t dst = raw + (uint32_t)tid * 4;
+        df_cp4(dst, p.cs + b, ok);
+        df_cp4(dst + QC * 4, p.an + b, ok);
+        df_cp4(dst + 2 * QC * 4, p.lse + (ok ? idx : 0), ok);
+        df_cp4(dst + 3 * QC * 4, p.delta + (ok ? idx : 0), ok);
+    }
+}
+
+/* The row tables of chunk ci from its raw stage at raw (complete: waited on) into stage ms;
+ * *any: a row sees the tile; returns whether no row needs the per-key mask. Uniform: every thread
+ * of the CTA calls it; two barriers. */
+template <int MS, int QC>
+__device__ __forceinline__ bool kv_finish(KvRows<MS, QC> &rt, const DfP &p, const KvSpan &k, int ci,
+                                          const unsigned char *raw, int ms, int tid, bool *any)
+{
+    bool sees = false, fullt = true;
+    if (tid < QC) {
+        long long off = -1;
+        float l2 = INFINITY, dl = 0.0f;
+        int lo = 0, hi = 0;
+        const int64_t r = k.rbeg + (int64_t)ci * QC + tid;
+        if (ci < k.nch && r < k.rend) {
+            const int b = (int)(r / p.rb), rem = (int)(r - (int64_t)b * p.rb);
+            const int hl = rem / p.bs, j = rem - hl * p.bs;
+            const int csb = reinterpret_cast<const int *>(raw)[tid];
+            const int anb = reinterpret_cast<const int *>(raw)[QC + tid];
+            lo = csb + df_ctx_lo(p.window, anb, j);
+            hi = csb + anb;
+            sees = anb > 0 && hi > k.c0 && lo < k.c1 && lo < hi;
+            if (sees) {
+                const int64_t grow = (int64_t)b * p.bs + j;
+                off = grow * p.ldq + (int64_t)(k.g_kv * p.group + hl) * p.d;
+                l2 = reinterpret_cast<const float *>(raw)[2 * QC + tid] * DF_LOG2E;
+                dl = reinterpret_cast<const float *>(raw)[3 * QC + tid];
+                fullt = lo <= k.c0 && hi >= k.c1;
+            }
+        }
+        rt.off[ms][tid] = off;
+        rt.l2[ms][tid] = l2;
+        rt.dl[ms][tid] = dl;
+        rt.lo[ms][tid] = lo;
+        rt.hi[ms][tid] = hi;
+    }
+    *any = __syncthreads_or(sees);
+    return __syncthreads_and(fullt);
+}
+
 template <int D, int NW, int QC, bool PIPE = false, bool SP = false>
 __global__ void __launch_bounds__(32 * NW)
 df_bwd_kv_kernel(const DfP p)
@@ -758,19 +848,17 @@ df_bwd_kv_kernel(const DfP p)
 
     DF_DYN_SMEM(smem);
     constexpr int MS = PIPE ? 3 : 2;   /* stages of the row tables */
-    __shared__ long long sOff[MS][QC];
-    __shared__ float sL2[MS][QC], sDl[MS][QC];
-    __shared__ int sLo[MS][QC], sHi[MS][QC];
+    __shared__ KvRows<MS, QC> rt;
+    long long (&sOff)[MS][QC] = rt.off;
+    float (&sL2)[MS][QC] = rt.l2, (&sDl)[MS][QC] = rt.dl;
+    int (&sLo)[MS][QC] = rt.lo, (&sHi)[MS][QC] = rt.hi;
     const uint32_t sK = df_smem(smem), sV = sK + BNK * ROWB, sQ0 = sV + BNK * ROWB;
     const uint32_t sDO0 = sQ0 + 2 * QC * ROWB;
-    const int g_kv = (int)(blockIdx.x % (unsigned)p.nkv);
-    const int kt = p.sched[blockIdx.x / (unsigned)p.nkv];
+    const KvSpan span = kv_span(p, BNK, QC);
+    const int g_kv = span.g_kv, nch = span.nch;
+    const int64_t c0 = span.c0, c1 = span.c1, rbeg = span.rbeg, rend = span.rend;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
-    const int64_t c0 = (int64_t)kt * BNK, c1 = min(p.T_ctx, c0 + BNK);
-    const int bfirst = p.sched[p.n_kt + kt], bend = p.sched[2 * p.n_kt + kt];
-    const int64_t rbeg = (int64_t)bfirst * p.rb, rend = (int64_t)bend * p.rb;
-    const int nch = (int)((rend - rbeg + QC - 1) / QC);
 
     /* K, V of the tile (rows past the end zero-filled) */
     {
@@ -835,53 +923,9 @@ df_bwd_kv_kernel(const DfP p)
      * but not computed (the schedule's block range rarely holds any) */
     const uint32_t sRaw = sDO0 + 2 * QC * ROWB;   /* [stage][cs, an, lse, delta][QC] */
     const unsigned char *pRaw = smem + (2 * BNK + 4 * QC) * ROWB;
-    auto raw_i = [&](int rs, int k) { return reinterpret_cast<const int *>(pRaw)[(rs * 4 + k) * QC + tid]; };
-    auto raw_f = [&](int rs, int k) { return reinterpret_cast<const float *>(pRaw)[(rs * 4 + k) * QC + tid]; };
-    auto fetch = [&](int ci, int rs) {
-        if (tid < QC) {
-            const int64_t r = rbeg + (int64_t)ci * QC + tid;
-            const bool ok = ci < nch && r < rend;
-            const int b = ok ? (int)(r / p.rb) : 0, rem = ok ? (int)(r - (int64_t)b * p.rb) : 0;
-            const int64_t idx = ((int64_t)b * p.bs + rem % p.bs) * p.nh + g_kv * p.group + rem / p.bs;
-            const uint32_t dst = sRaw + (uint32_t)(rs * 4 * QC + tid) * 4;
-            df_cp4(dst, p.cs + b, ok);
-            df_cp4(dst + QC * 4, p.an + b, ok);
-            df_cp4(dst + 2 * QC * 4, p.lse + (ok ? idx : 0), ok);
-            df_cp4(dst + 3 * QC * 4, p.delta + (ok ? idx : 0), ok);
-        }
-    };
-    /* the row tables of chunk ci (raw stage rs, complete) into stage ms; *any: a row sees the
-     * tile; returns whether no row needs the per-key mask. Uniform; two barriers. */
+    auto fetch = [&](int ci, int rs) { kv_fetch<QC>(p, span, ci, sRaw + (uint32_t)(rs * 4 * QC) * 4, tid); };
     auto finish = [&](int ci, int rs, int ms, bool *any) -> bool {
-        bool sees = false, fullt = true;
-        if (tid < QC) {
-            long long off = -1;
-            float l2 = INFINITY, dl = 0.0f;
-            int lo = 0, hi = 0;
-            const int64_t r = rbeg + (int64_t)ci * QC + tid;
-            if (ci < nch && r < rend) {
-                const int b = (int)(r / p.rb), rem = (int)(r - (int64_t)b * p.rb);
-                const int hl = rem / p.bs, j = rem - hl * p.bs;
-                const int csb = raw_i(rs, 0), anb = raw_i(rs, 1);
-                lo = csb + df_ctx_lo(p.window, anb, j);
-                hi = csb + anb;
-                sees = anb > 0 && hi > c0 && lo < c1 && lo < hi;
-                if (sees) {
-                    const int64_t grow = (int64_t)b * p.bs + j;
-                    off = grow * p.ldq + (int64_t)(g_kv * p.group + hl) * D;
-                    l2 = raw_f(rs, 2) * DF_LOG2E;
-                    dl = raw_f(rs, 3);
-                    fullt = lo <= c0 && hi >= c1;
-                }
-            }
-            sOff[ms][tid] = off;
-            sL2[ms][tid] = l2;
-            sDl[ms][tid] = dl;
-            sLo[ms][tid] = lo;
-            sHi[ms][tid] = hi;
-        }
-        *any = __syncthreads_or(sees);
-        return __syncthreads_and(fullt);
+        return kv_finish<MS, QC>(rt, p, span, ci, pRaw + rs * 4 * QC * 4, ms, tid, any);
     };
 
     auto load_chunk = [&](int st, int ms) {
