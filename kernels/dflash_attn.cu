@@ -36,7 +36,9 @@
  *    accumulation across CTAs, so the result is deterministic. A one-CTA scheduling kernel first
  *    counts, per key tile, the blocks that see it (and their range) and orders the tiles
  *    heaviest first (tiles near the start of a sequence are seen by most of its blocks).
- *    Blocks are assumed ordered by ctx_start (backend.h); anchors need not be sorted.
+ *    Blocks are assumed ordered by ctx_start (backend.h); anchors need not be sorted. On a
+ *    Hopper GPU the d128 default is kernels/dflash_wgmma.cu: the same CTAs, schedule and row
+ *    chunks, its four matmuls on wgmma (two warpgroups of 64 keys, P^T and dS^T in registers).
  *  Scratch (the schedule) lives in the backend's cuBLAS workspace (no GEMM runs in between).
  *
  * f32 path (act F32, and bf16 shapes the tiled kernels do not take: head dims other than 32, 64,
@@ -136,8 +138,12 @@ static const DfVariant bq64[] = {
 };
 /* d128 defaults (index 0) from bench-train-ops on the H200 (8B drafter attention, 4 x 3072 tokens,
  * 512 anchors): pass Q 6.034 ms against 6.540 for the 128-row variant (the default before) and
- * 6.127 with two stages; pass KV 8.459 ms against 8.593. Shapes of more than 64 rows per block
- * take the 128-row variant (df_pick). */
+ * 6.127 with two stages; pass KV on wgmma (kernels/dflash_wgmma.cu) 5.739 ms against 5.998 with
+ * two stages and 8.495 for the mma.sync default before it (8.459 in an earlier run against 8.593),
+ * at the Qwen3.6-27B drafter's shape (4 x 4096 tokens) 7.401 ms against 10.986 with full
+ * attention, 6.005 against 8.661 with the window of 2048. Shapes of more than 64 rows per block
+ * take the 128-row variant of pass Q (df_pick); a device other than compute capability 9 the
+ * mma.sync pass KV (index 1). */
 static const DfVariant bq128[] = {
     BWDQ_VS("bwd-q d128 64 rows (4 warps) BN32 Q/dO regs 3 stages", 128, 4, 32, true, 3),
     BWDQ_V("bwd-q d128 128 rows (8 warps) BN32 Q/dO regs", 128, 8, 32, true),
@@ -154,6 +160,8 @@ static const DfVariant bkv64[] = {
     BWDKV_V("bwd-kv d64 128 keys (8 warps) QC64", 64, 8, 64),
 };
 static const DfVariant bkv128[] = {
+    {"bwd-kv d128 128 keys (2 warpgroups) QC64 wgmma, 3 stages", df_bwd_kv_wg_ovl_kernel, DW_BNK, DW_THREADS,
+     DW_SMEM(true), 0, true},
     BWDKV_VS("bwd-kv d128 128 keys (8 warps) QC64 rows prefetched, P via smem", 128, 8, 64, true, true),
     BWDKV_V("bwd-kv d128 64 keys (4 warps) QC64", 128, 4, 64),
     BWDKV_V("bwd-kv d128 128 keys (8 warps) QC64", 128, 8, 64),
@@ -163,8 +171,6 @@ static const DfVariant bkv128[] = {
     BWDKV_VP("bwd-kv d128 64 keys (4 warps) QC32 rows prefetched", 128, 4, 32, true),
     BWDKV_VS("bwd-kv d128 64 keys (4 warps) QC64 rows prefetched, P via smem", 128, 4, 64, true, true),
     {"bwd-kv d128 128 keys (2 warpgroups) QC64 wgmma", df_bwd_kv_wg_kernel, DW_BNK, DW_THREADS, DW_SMEM(false), 0, true},
-    {"bwd-kv d128 128 keys (2 warpgroups) QC64 wgmma, next S/dP overlapped", df_bwd_kv_wg_ovl_kernel, DW_BNK, DW_THREADS,
-     DW_SMEM(true), 0, true},
 };
 
 #define NV(a) ((int)(sizeof a / sizeof a[0]))
