@@ -145,11 +145,14 @@ static const DfVariant bq64[] = {
  * take the 128-row variant of pass Q (df_pick); a device other than compute capability 9 the
  * mma.sync pass KV (index 1). */
 static const DfVariant bq128[] = {
+    {"bwd-q d128 128 rows (2 warpgroups) BN64 wgmma, 3 stages", df_bwd_q_wg3_kernel, DQW_MMAX, DQW_THREADS, DQW_SMEM(3), 64,
+     true},
     BWDQ_VS("bwd-q d128 64 rows (4 warps) BN32 Q/dO regs 3 stages", 128, 4, 32, true, 3),
     BWDQ_V("bwd-q d128 128 rows (8 warps) BN32 Q/dO regs", 128, 8, 32, true),
     BWDQ_V("bwd-q d128 128 rows (8 warps) BN32 Q/dO smem", 128, 8, 32, false),
     BWDQ_V("bwd-q d128 64 rows (4 warps) BN32 Q/dO regs", 128, 4, 32, true),
     BWDQ_VS("bwd-q d128 128 rows (8 warps) BN32 Q/dO regs 3 stages", 128, 8, 32, true, 3),
+    {"bwd-q d128 128 rows (2 warpgroups) BN64 wgmma", df_bwd_q_wg_kernel, DQW_MMAX, DQW_THREADS, DQW_SMEM(2), 64, true},
 };
 static const DfVariant bkv32[] = {
     BWDKV_V("bwd-kv d32 64 keys (4 warps) QC64", 32, 4, 64),

@@ -36,13 +36,14 @@
 #ifdef DW_ON
 #include "wgmma_ptx.cuh"
 
-/* The descriptor of k16 step kb of a chunk (Q or dO) as the MN-major B operand of dV += P^T dO
- * (dK += dS^T Q): the 16 rows from kb * 16, 8-row groups 1,024 bytes apart (stride), the two
- * 64-column halves DW_QC * 128 bytes apart (leading offset), 128-byte swizzle */
+/* The descriptor of k16 step kb of a tile of 64 rows (a chunk of Q or dO; pass Q: a K tile) as
+ * the MN-major B operand of dV += P^T dO, dK += dS^T Q (pass Q: dQ += dS K): the 16 rows from
+ * kb * 16, 8-row groups 1,024 bytes apart (stride), the two 64-column halves 64 * 128 bytes
+ * apart (leading offset), 128-byte swizzle */
 __device__ __forceinline__ uint64_t dw_desc_mn(uint32_t tile, int kb)
 {
     const uint32_t addr = tile + (uint32_t)kb * 16 * AW_ROWB;
-    return (uint64_t)((addr & 0x3FFFFu) >> 4) | (uint64_t)((DW_QC * AW_ROWB) >> 4) << 16 |
+    return (uint64_t)((addr & 0x3FFFFu) >> 4) | (uint64_t)((64 * AW_ROWB) >> 4) << 16 |
            (uint64_t)(MW_SBO >> 4) << 32 | (uint64_t)1 << 62;
 }
 
@@ -285,3 +286,162 @@ __global__ void __launch_bounds__(DW_THREADS, 1) df_bwd_kv_wg_ovl_kernel(const D
 #endif
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* pass Q */
+
+#ifdef DW_ON
+template <int ST> __device__ __forceinline__ void dw_bwd_q(const DfP &p)
+{
+    constexpr int D = DW_D, BN = DQW_BN, NW = DQW_THREADS / 32, MMAX = DQW_MMAX, THREADS = DQW_THREADS;
+    constexpr int ROWB = D * 2 + 16, ROWP = BN * 2 + 16, TILE = DQW_TILE, KD = D / 16, DT = D / 8;
+    DF_DYN_SMEM(smem);
+    __shared__ QsMeta<MMAX> mt;
+    __shared__ float sLse2[MMAX], sDelta[MMAX];
+    const uint32_t sbase = df_smem(smem), sK0 = (sbase + 1023u) & ~1023u, sV0 = sK0 + ST * TILE;
+    const uint32_t sQ = sV0 + ST * TILE, sDO = sQ + MMAX * ROWB, sP = sDO + MMAX * ROWB, sDS = sP + MMAX * ROWP;
+    unsigned char *pQ = smem + (sQ - sbase), *pDO = smem + (sDO - sbase);
+    unsigned char *pP = smem + (sP - sbase), *pDS = smem + (sDS - sbase);
+    const int g_kv = (int)(blockIdx.x % (unsigned)p.nkv);
+    const int bg = p.n_bg - 1 - (int)(blockIdx.x / (unsigned)p.nkv);   /* heaviest (last) first */
+    const int b0 = bg * p.nb;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int wr0 = warp * 16;   /* the warp's rows (warpgroup warp / 4: rows 64 (warp / 4) ..) */
+
+    bq_setup<D, MMAX, THREADS>(mt, p, b0, g_kv, BN, sQ, sDO);
+    const int ntiles = mt.ntiles;
+    /* K/V tile it into its stage (thread tid: chunk tid % 16 of rows tid / 16 + 16 i; rows past
+     * the tile's keys zero-filled), a commit group each (empty past the last tile) */
+    auto load_tile = [&](int it) {
+        if (it < ntiles) {
+            const DfTile t = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
+            const uint32_t st = (uint32_t)(it % ST) * TILE;
+#pragma unroll
+            for (int i = 0; i < BN * 16 / THREADS; i++) {
+                const int r = tid / 16 + 16 * i, ch = tid % 16;
+                const bool ok = r < t.nvalid;
+                const int64_t off = ok ? (int64_t)r * p.ldk + ch * 8 : 0;
+                df_cp16(sK0 + st + aw_off(BN, (uint32_t)r, (uint32_t)ch), t.k + off, ok);
+                df_cp16(sV0 + st + aw_off(BN, (uint32_t)r, (uint32_t)ch), t.v + off, ok);
+            }
+        }
+        df_commit();
+    };
+    for (int it = 0; it < ST - 1; it++)
+        load_tile(it);
+    df_wait<ST - 1>();   /* Q and dO */
+    __syncthreads();
+
+    bq_delta<D, MMAX>(mt, p, pDO, wr0, lane, sLse2, sDelta);
+    __syncwarp();
+    int rlb[1][2], rj[1][2], lo[1][2], hi[1][2];
+    float lse2[2], dlt[2];
+    bq_rows<MMAX>(mt, p, wr0 + g, sLse2, sDelta, rlb, rj, lse2, dlt);
+    int cur_seg = -2;
+    const float sl2 = p.sl2;
+
+    /* the warp's Q and dO rows as the A operands of S = Q K^T and dP = dO V^T (registers) */
+    uint32_t qf[KD][4], dof[KD][4];
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+        df_ldm(qf[kk], sQ + wr0 * ROWB + lane_a(lane, ROWB) + kk * 32);
+        df_ldm(dof[kk], sDO + wr0 * ROWB + lane_a(lane, ROWB) + kk * 32);
+    }
+    float dq[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dq[dt][e] = 0.0f;
+    wg_hold(dq);
+
+    for (int it = 0; it < ntiles; it++) {
+        const uint32_t st = (uint32_t)(it % ST) * TILE, kst = sK0 + st, vst = sV0 + st;
+        const DfTile t = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
+        /* the stage of tile it + ST - 1 was last read in iteration it - 1 (barrier at its end) */
+        load_tile(it + ST - 1);
+        df_wait<ST - 1>();   /* tile it */
+        wg_proxy_fence();
+        __syncthreads();
+        if (t.seg != cur_seg) {
+            phase_ranges<MMAX, 1>(mt, t.seg, p.bs, p.window, rlb, rj, lo, hi);
+            cur_seg = t.seg;
+        }
+        const int key0 = t.key0;
+        const bool blk = t.seg < 0;
+        const bool need_mask = tile_needs_mask<MMAX>(mt, t, BN);
+        /* every warpgroup runs every tile's wgmma (rows without keys in it: P = 0) */
+        float s[8][4], dp[8][4];
+        uint32_t da[4][4];
+        wg_hold(s);
+        wg_hold(dp);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++)
+            wg_mma_rs_n64(s, qf[kk], mw_desc(kst + aw_koff(BN, kk)), kk > 0);
+        wg_commit();
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++)
+            wg_mma_rs_n64(dp, dof[kk], mw_desc(vst + aw_koff(BN, kk)), kk > 0);
+        wg_commit();
+        wg_wait<1>();
+        wg_hold(s);
+        /* P = exp(S - lse) (0 where masked) */
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int hh = e >> 1, kj = key0 + nt * 8 + 2 * t4 + (e & 1);
+                const bool ok = !need_mask || (kj >= lo[0][hh] && kj < hi[0][hh]);
+                s[nt][e] = ok ? df_exp2(fmaf(s[nt][e], sl2, -lse2[hh])) : 0.0f;
+            }
+        wg_wait<0>();
+        wg_hold(dp);
+        /* dS = P (dP - delta) */
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                dp[nt][e] = s[nt][e] * (dp[nt][e] - dlt[e >> 1]);
+        if (blk)
+            bq_put_pds<8>(pP, pDS, ROWP, wr0, lane, s, dp);
+        /* dQ += dS K (K the MN-major B operand), on the tensor cores while a block-key tile's
+         * dV_blk, dK_blk are computed */
+        dw_pack(da, dp);
+        wg_hold_a(da);
+        wg_hold(dq);
+        wg_fence();
+#pragma unroll
+        for (int kb = 0; kb < BN / 16; kb++)
+            wg_mma_rs_tb(dq, da[kb], dw_desc_mn(kst, kb));
+        wg_commit();
+        if (blk) {
+            __syncthreads();
+            bq_blk<D, BN, NW, MMAX>(mt, p, b0, g_kv, key0, sP, sDS, sQ, sDO, warp, lane);
+        }
+        wg_wait<0>();
+        wg_hold(dq);
+        wg_hold_a(da);
+        __syncthreads();   /* the stage is refilled next iteration */
+    }
+    bq_store_dq<D, MMAX>(mt, p, pQ, wr0, lane, dq);
+}
+#endif
+
+__global__ void __launch_bounds__(DQW_THREADS, 1) df_bwd_q_wg_kernel(const DfP p)
+{
+#ifdef DW_ON
+    dw_bwd_q<2>(p);
+#else
+    __trap();
+#endif
+}
+
+__global__ void __launch_bounds__(DQW_THREADS, 1) df_bwd_q_wg3_kernel(const DfP p)
+{
+#ifdef DW_ON
+    dw_bwd_q<3>(p);
+#else
+    __trap();
+#endif
+}

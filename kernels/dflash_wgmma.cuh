@@ -21,4 +21,17 @@
 __global__ void df_bwd_kv_wg_kernel(const DfP p);
 __global__ void df_bwd_kv_wg_ovl_kernel(const DfP p);
 
+#define DQW_MMAX 128                       /* pass Q: query rows of a CTA, two warpgroups of m64 */
+#define DQW_BN 64                          /* keys of a K/V tile */
+#define DQW_THREADS 256
+#define DQW_TILE (DQW_BN * DW_D * 2)       /* bytes of a K (or V) tile */
+/* ST stages of K and V, Q and dO (rows of D * 2 + 16 bytes), P and dS (rows of BN * 2 + 16) */
+#define DQW_SMEM(ST) (2 * (ST) * DQW_TILE + 2 * DQW_MMAX * (DW_D * 2 + 16) + 2 * DQW_MMAX * (DQW_BN * 2 + 16) + 1024)
+
+/* Pass Q (delta, dq, dk_blk, dv_blk) for head dimension 128, bf16, on compute capability 9 (as
+ * df_bwd_q_kernel: grid n_bg * nkv with DQW_MMAX rows a CTA, DQW_THREADS threads, DQW_SMEM(2)
+ * (the wg3 kernel: DQW_SMEM(3), three stages) bytes of dynamic shared memory) */
+__global__ void df_bwd_q_wg_kernel(const DfP p);
+__global__ void df_bwd_q_wg3_kernel(const DfP p);
+
 #endif
