@@ -37,8 +37,10 @@
  *    counts, per key tile, the blocks that see it (and their range) and orders the tiles
  *    heaviest first (tiles near the start of a sequence are seen by most of its blocks).
  *    Blocks are assumed ordered by ctx_start (backend.h); anchors need not be sorted. On a
- *    Hopper GPU the d128 default is kernels/dflash_wgmma.cu: the same CTAs, schedule and row
- *    chunks, its four matmuls on wgmma (two warpgroups of 64 keys, P^T and dS^T in registers).
+ *    Hopper GPU the d128 default of each pass is in kernels/dflash_wgmma.cu: pass KV with the
+ *    same CTAs, schedule and row chunks, its four matmuls on wgmma (two warpgroups of 64 keys,
+ *    P^T and dS^T in registers); pass Q with CTAs of 128 rows, S, dP and dQ on wgmma (two
+ *    warpgroups of 64 rows, Q, dO, P, dS in registers), the block keys' part on mma.sync.
  *  Scratch (the schedule) lives in the backend's cuBLAS workspace (no GEMM runs in between).
  *
  * f32 path (act F32, and bf16 shapes the tiled kernels do not take: head dims other than 32, 64,
@@ -137,13 +139,15 @@ static const DfVariant bq64[] = {
     BWDQ_V("bwd-q d64 64 rows (4 warps) BN32 Q/dO regs", 64, 4, 32, true),
 };
 /* d128 defaults (index 0) from bench-train-ops on the H200 (8B drafter attention, 4 x 3072 tokens,
- * 512 anchors): pass Q 6.034 ms against 6.540 for the 128-row variant (the default before) and
- * 6.127 with two stages; pass KV on wgmma (kernels/dflash_wgmma.cu) 5.739 ms against 5.998 with
- * two stages and 8.495 for the mma.sync default before it (8.459 in an earlier run against 8.593),
- * at the Qwen3.6-27B drafter's shape (4 x 4096 tokens) 7.401 ms against 10.986 with full
- * attention, 6.005 against 8.661 with the window of 2048. Shapes of more than 64 rows per block
- * take the 128-row variant of pass Q (df_pick); a device other than compute capability 9 the
- * mma.sync pass KV (index 1). */
+ * 512 anchors), both on wgmma (kernels/dflash_wgmma.cu): pass Q 3.888 ms against 3.871 with two
+ * stages (the same within the run-to-run spread) and 5.994 for the mma.sync default before it
+ * (64 rows, 3 stages: 6.034 in an earlier run against 6.540 for the 128-row variant and 6.127
+ * with two stages); pass KV 5.739 ms against 5.998 with two stages and 8.495 for the mma.sync
+ * default before it (8.459 in an earlier run against 8.593). At the Qwen3.6-27B drafter's shape
+ * (4 x 4096 tokens) pass Q 4.796 ms against 7.642 with full attention, 3.902 against 6.015 with
+ * the window of 2048; pass KV 7.401 against 10.986, 6.005 against 8.661. On a device other than
+ * compute capability 9 df_pick takes the mma.sync variants of index 1 (pass Q: the first that
+ * holds the rows of a block, the 128-row one for more than 64). */
 static const DfVariant bq128[] = {
     {"bwd-q d128 128 rows (2 warpgroups) BN64 wgmma, 3 stages", df_bwd_q_wg3_kernel, DQW_MMAX, DQW_THREADS, DQW_SMEM(3), 64,
      true},

@@ -1,8 +1,9 @@
-/* dflash_wgmma.cu: pass KV of the DFlash attention backward (kernels/dflash_attn.cu has the
- * design; df_bwd_kv_kernel in dflash_kernels.cuh is the mma.sync form) for head dimension 128 on
- * Hopper's wgmma (sm_90a: the Makefile compiles this file for sm_90a alone).
+/* dflash_wgmma.cu: the two passes of the DFlash attention backward (kernels/dflash_attn.cu has
+ * the design; df_bwd_kv_kernel and df_bwd_q_kernel in dflash_kernels.cuh are the mma.sync forms)
+ * for head dimension 128 on Hopper's wgmma (sm_90a: the Makefile compiles this file for sm_90a
+ * alone). Both are the d128 defaults on a GPU of compute capability 9.
  *
- * A CTA of two warpgroups (256 threads) owns DW_BNK = 128 context keys of one kv head, warpgroup
+ * Pass KV. A CTA of two warpgroups (256 threads) owns DW_BNK = 128 context keys of one kv head, warpgroup
  * w the keys [64 w, 64 w + 64); K and V stay in shared memory. The query rows of the blocks that
  * see the tile (the schedule's block range, as in df_bwd_kv_kernel) stream through two stages of
  * DW_QC = 64 rows of Q and dO (cp.async, every thread loading; each chunk's row tables fetched a
@@ -22,7 +23,17 @@
  * runs every wgmma of every chunk (a wgmma on a path that ptxas cannot prove uniform is
  * serialized): a chunk no row of which sees the tile multiplies P = 0. dK * scale and dV go
  * from the accumulators to global memory; rows no block sees get 0; every context row is written
- * by exactly one CTA (deterministic, no atomics). */
+ * by exactly one CTA (deterministic, no atomics).
+ *
+ * Pass Q. A CTA of two warpgroups takes DQW_MMAX = 128 query rows (whole blocks, as
+ * df_bwd_q_kernel: qs_setup, the same key tiles through tile_at), warpgroup w the rows
+ * [64 w, 64 w + 64); a warp's Q and dO rows are loaded once from shared memory (padded rows) into
+ * registers as wgmma A fragments. Key tiles of DQW_BN = 64 rows of K and V stream through ST
+ * stages (swizzled as above). Per tile: S = Q K^T and dP = dO V^T on wgmma m64n64k16 (A from
+ * registers, K and V K-major), P and dS in registers (masked as in df_bwd_q_kernel), dQ += dS K
+ * on wgmma m64n128k16 (dS the A operand, K MN-major); on the block-key tiles P and dS also go to
+ * shared memory and dV_blk, dK_blk are computed with mma.sync (bq_blk) while dQ's wgmma run.
+ * delta, the row tables and the dQ store are df_bwd_q_kernel's (bq_*). */
 #include "be_cuda.cuh"
 #include "dflash_ptx.cuh"
 #include "dflash_kernels.cuh"
