@@ -36,7 +36,11 @@
  *    accumulation across CTAs, so the result is deterministic. A one-CTA scheduling kernel first
  *    counts, per key tile, the blocks that see it (and their range) and orders the tiles
  *    heaviest first (tiles near the start of a sequence are seen by most of its blocks).
- *    Blocks are assumed ordered by ctx_start (backend.h); anchors need not be sorted.
+ *    Blocks are assumed ordered by ctx_start (backend.h); anchors need not be sorted. On a
+ *    Hopper GPU the d128 default of each pass is in kernels/dflash_wgmma.cu: pass KV with the
+ *    same CTAs, schedule and row chunks, its four matmuls on wgmma (two warpgroups of 64 keys,
+ *    P^T and dS^T in registers); pass Q with CTAs of 128 rows, S, dP and dQ on wgmma (two
+ *    warpgroups of 64 rows, Q, dO, P, dS in registers), the block keys' part on mma.sync.
  *  Scratch (the schedule) lives in the backend's cuBLAS workspace (no GEMM runs in between).
  *
  * f32 path (act F32, and bf16 shapes the tiled kernels do not take: head dims other than 32, 64,
@@ -50,6 +54,8 @@
 #include "cuda_train.h"
 #include "dflash_ptx.cuh"
 #include "dflash_kernels.cuh"
+#include "dflash_wgmma.cuh"
+#include "attn_wgmma.cuh"
 
 template <typename T>
 static void ds_launch(int which, const DfP &p, cudaStream_t s)
@@ -93,6 +99,7 @@ struct DfVariant {
     int threads;
     size_t smem;
     int bn;            /* key tile (fwd, bwd Q) */
+    bool hopper;       /* wgmma (sm_90a): compute capability 9 only */
 };
 
 #define FWD_V(NAME, D, MT, NW, BN, QREG)                                                        \
@@ -132,15 +139,24 @@ static const DfVariant bq64[] = {
     BWDQ_V("bwd-q d64 64 rows (4 warps) BN32 Q/dO regs", 64, 4, 32, true),
 };
 /* d128 defaults (index 0) from bench-train-ops on the H200 (8B drafter attention, 4 x 3072 tokens,
- * 512 anchors): pass Q 6.034 ms against 6.540 for the 128-row variant (the default before) and
- * 6.127 with two stages; pass KV 8.459 ms against 8.593. Shapes of more than 64 rows per block
- * take the 128-row variant (df_pick). */
+ * 512 anchors), both on wgmma (kernels/dflash_wgmma.cu): pass Q 3.888 ms against 3.871 with two
+ * stages (the same within the run-to-run spread) and 5.994 for the mma.sync default before it
+ * (64 rows, 3 stages: 6.034 in an earlier run against 6.540 for the 128-row variant and 6.127
+ * with two stages); pass KV 5.739 ms against 5.998 with two stages and 8.495 for the mma.sync
+ * default before it (8.459 in an earlier run against 8.593). At the Qwen3.6-27B drafter's shape
+ * (4 x 4096 tokens) pass Q 4.796 ms against 7.642 with full attention, 3.902 against 6.015 with
+ * the window of 2048; pass KV 7.401 against 10.986, 6.005 against 8.661. On a device other than
+ * compute capability 9 df_pick takes the mma.sync variants of index 1 (pass Q: the first that
+ * holds the rows of a block, the 128-row one for more than 64). */
 static const DfVariant bq128[] = {
+    {"bwd-q d128 128 rows (2 warpgroups) BN64 wgmma, 3 stages", df_bwd_q_wg3_kernel, DQW_MMAX, DQW_THREADS, DQW_SMEM(3), 64,
+     true},
     BWDQ_VS("bwd-q d128 64 rows (4 warps) BN32 Q/dO regs 3 stages", 128, 4, 32, true, 3),
     BWDQ_V("bwd-q d128 128 rows (8 warps) BN32 Q/dO regs", 128, 8, 32, true),
     BWDQ_V("bwd-q d128 128 rows (8 warps) BN32 Q/dO smem", 128, 8, 32, false),
     BWDQ_V("bwd-q d128 64 rows (4 warps) BN32 Q/dO regs", 128, 4, 32, true),
     BWDQ_VS("bwd-q d128 128 rows (8 warps) BN32 Q/dO regs 3 stages", 128, 8, 32, true, 3),
+    {"bwd-q d128 128 rows (2 warpgroups) BN64 wgmma", df_bwd_q_wg_kernel, DQW_MMAX, DQW_THREADS, DQW_SMEM(2), 64, true},
 };
 static const DfVariant bkv32[] = {
     BWDKV_V("bwd-kv d32 64 keys (4 warps) QC64", 32, 4, 64),
@@ -151,6 +167,8 @@ static const DfVariant bkv64[] = {
     BWDKV_V("bwd-kv d64 128 keys (8 warps) QC64", 64, 8, 64),
 };
 static const DfVariant bkv128[] = {
+    {"bwd-kv d128 128 keys (2 warpgroups) QC64 wgmma, 3 stages", df_bwd_kv_wg_ovl_kernel, DW_BNK, DW_THREADS,
+     DW_SMEM(true), 0, true},
     BWDKV_VS("bwd-kv d128 128 keys (8 warps) QC64 rows prefetched, P via smem", 128, 8, 64, true, true),
     BWDKV_V("bwd-kv d128 64 keys (4 warps) QC64", 128, 4, 64),
     BWDKV_V("bwd-kv d128 128 keys (8 warps) QC64", 128, 8, 64),
@@ -159,6 +177,7 @@ static const DfVariant bkv128[] = {
     BWDKV_VP("bwd-kv d128 128 keys (8 warps) QC64 rows prefetched", 128, 8, 64, true),
     BWDKV_VP("bwd-kv d128 64 keys (4 warps) QC32 rows prefetched", 128, 4, 32, true),
     BWDKV_VS("bwd-kv d128 64 keys (4 warps) QC64 rows prefetched, P via smem", 128, 4, 64, true, true),
+    {"bwd-kv d128 128 keys (2 warpgroups) QC64 wgmma", df_bwd_kv_wg_kernel, DW_BNK, DW_THREADS, DW_SMEM(false), 0, true},
 };
 
 #define NV(a) ((int)(sizeof a / sizeof a[0]))
@@ -220,7 +239,7 @@ static int df_init(dfl_be *be, const char *op)
             int n;
             const DfVariant *t = df_table(k, dims[di], &n);
             for (int v = 0; v < n; v++) {
-                if (t[v].smem > im->smem_optin)
+                if (t[v].smem > im->smem_optin || (t[v].hopper && !cuda_attn_wgmma_fits(im->device)))
                     continue;
                 cudaError_t err = cuda_allow_smem(t[v].fn, t[v].smem);
                 if (err != cudaSuccess) {
@@ -292,8 +311,8 @@ static DfP df_params(const dfl_dflash_attn *a)
 }
 
 /* The tiled variant for kernel k: the chosen one, or where it does not take the shape (more
- * query rows per block than its CTA holds, more shared memory than the device has) the first in
- * table order that does; NULL when none does or the buffers are not aligned. */
+ * query rows per block than its CTA holds, more shared memory than the device has, a wgmma
+ * kernel on a device other than compute capability 9) the first in table order that does; NULL when none does or the buffers are not aligned. */
 static const DfVariant *df_pick(dfl_be *be, const dfl_dflash_attn *a, int k, bool bwd)
 {
     if (be->act != DFL_BF16 || df_force_simple)
@@ -304,7 +323,10 @@ static const DfVariant *df_pick(dfl_be *be, const dfl_dflash_attn *a, int k, boo
     const DfVariant *t = df_table(k, a->d, &n);
     const int rb = (a->n_heads / a->n_kv) * a->bs;
     const size_t optin = cuda_of(be)->smem_optin;
-    auto fits = [&](const DfVariant *x) { return x->smem <= optin && (k == DFL_DFLASH_BWD_KV || rb <= x->mmax); };
+    const bool hopper = cuda_attn_wgmma_fits(cuda_of(be)->device);
+    auto fits = [&](const DfVariant *x) {
+        return x->smem <= optin && (k == DFL_DFLASH_BWD_KV || rb <= x->mmax) && (!x->hopper || hopper);
+    };
     const DfVariant *v = &t[df_choice[k][di]];
     for (int i = 0; i < n && !fits(v); i++)
         v = &t[i];

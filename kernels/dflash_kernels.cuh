@@ -152,6 +152,14 @@ __device__ __forceinline__ DfTile tile_at(const QsMeta<MMAX> &mt, const DfP &p, 
     return t;
 }
 
+/* Whether key tile t (BN keys) needs the per-key mask: the block keys, several segments, keys past
+ * the smallest anchor of its segment or before the largest window start */
+template <int MMAX>
+__device__ __forceinline__ bool tile_needs_mask(const QsMeta<MMAX> &mt, const DfTile &t, int BN)
+{
+    return t.seg < 0 || mt.nseg > 1 || t.key0 + BN > mt.seg_amin[t.seg] || t.key0 < mt.seg_lomax[t.seg];
+}
+
 /* cp.async a tile of BN rows (K and V) into shared memory; rows past nvalid are zero-filled */
 template <int D, int BN, int THREADS>
 __device__ __forceinline__ void load_kv_tile(const DfTile &t, int64_t ldk, uint32_t sk, uint32_t sv)
@@ -287,8 +295,7 @@ df_fwd_kernel(const DfP p)
             cur_seg = t.seg;
         }
         const int key0 = t.key0;
-        const bool need_mask = t.seg < 0 || mt.nseg > 1 || key0 + BN > mt.seg_amin[t.seg] ||
-                               key0 < mt.seg_lomax[t.seg];
+        const bool need_mask = tile_needs_mask<MMAX>(mt, t, BN);
         bool mine = false;
 #pragma unroll
         for (int i = 0; i < MT; i++)
@@ -380,6 +387,158 @@ df_fwd_kernel(const DfP p)
     }
 }
 
+/* Pass Q's start: the CTA's metadata (qs_setup), its Q and dO rows into shared memory at sQ, sDO
+ * (rows of D * 2 + 16 bytes; one commit group) */
+template <int D, int MMAX, int THREADS>
+__device__ __forceinline__ void bq_setup(QsMeta<MMAX> &mt, const DfP &p, int b0, int g_kv, int BN, uint32_t sQ,
+                                         uint32_t sDO)
+{
+    qs_setup<MMAX>(mt, p, b0, g_kv, BN);
+    load_rows<D, MMAX, THREADS>(mt, (const bf16 *)p.q, sQ);
+    load_rows<D, MMAX, THREADS>(mt, (const bf16 *)p.dout, sDO);
+    df_commit();
+}
+
+/* Pass Q, a block-key tile: the warp's P and dS (NT n8 tiles of its 16 rows from wr0) as bf16
+ * into the [rows][keys] tiles at pP, pDS (rows of ROWP bytes) */
+template <int NT>
+__device__ __forceinline__ void bq_put_pds(unsigned char *pP, unsigned char *pDS, int rowp, int wr0, int lane,
+                                           const float (&s)[NT][4], const float (&dp)[NT][4])
+{
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int off = (wr0 + g + 8 * hh) * rowp + (nt * 8 + 2 * t4) * 2;
+            *reinterpret_cast<uint32_t *>(pP + off) = df_pack(s[nt][2 * hh], s[nt][2 * hh + 1]);
+            *reinterpret_cast<uint32_t *>(pDS + off) = df_pack(dp[nt][2 * hh], dp[nt][2 * hh + 1]);
+        }
+}
+
+/* Pass Q: delta = rowsum(dout * o) of the warp's 16 rows from wr0 (dO in shared memory at pDO,
+ * rows of D * 2 + 16 bytes), written to p.delta, and each row's lse * log2 e and delta into
+ * sLse2, sDelta (a row that is not there: INFINITY, 0); LPR lanes per row */
+template <int D, int MMAX>
+__device__ __forceinline__ void bq_delta(const QsMeta<MMAX> &mt, const DfP &p, const unsigned char *pDO, int wr0,
+                                         int lane, float *sLse2, float *sDelta)
+{
+    constexpr int CH = D / 8, ROWB = D * 2 + 16;
+    constexpr int LPR = CH < 32 ? CH : 32, RPP = 32 / LPR;
+    const bf16 *og = (const bf16 *)p.o_in;
+    for (int k = 0; k < 16 / RPP; k++) {
+        const int r = wr0 + k * RPP + lane / LPR;
+        const long long off = mt.row_off[r];
+        float dot = 0.0f;
+        for (int ch = lane % LPR; ch < CH; ch += LPR) {
+            if (off >= 0) {
+                const uint4 ov = *reinterpret_cast<const uint4 *>(og + off + ch * 8);
+                const uint4 dv = *reinterpret_cast<const uint4 *>(pDO + r * ROWB + ch * 16);
+                const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    dot += df_bf_lo(ow[j]) * df_bf_lo(dw[j]) + df_bf_hi(ow[j]) * df_bf_hi(dw[j]);
+            }
+        }
+        dot = warp_sum<LPR>(dot);
+        if (lane % LPR == 0) {
+            const int idx = mt.row_idx[r];
+            sDelta[r] = off >= 0 ? dot : 0.0f;
+            sLse2[r] = off >= 0 ? p.lse[idx] * DF_LOG2E : INFINITY;
+            if (off >= 0)
+                p.delta[idx] = dot;
+        }
+    }
+}
+
+/* Pass Q: the thread's rows m0 and m0 + 8 of the CTA: their local block (-1: no row) and slot,
+ * lse * log2 e and delta (after bq_delta and a barrier of the warps that wrote them) */
+template <int MMAX>
+__device__ __forceinline__ void bq_rows(const QsMeta<MMAX> &mt, const DfP &p, int m0, const float *sLse2,
+                                        const float *sDelta, int (&rlb)[1][2], int (&rj)[1][2], float (&lse2)[2],
+                                        float (&dlt)[2])
+{
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int m = m0 + 8 * hh;
+        rlb[0][hh] = mt.row_off[m] >= 0 ? m / p.rb : -1;
+        rj[0][hh] = (m % p.rb) % p.bs;
+        lse2[hh] = sLse2[m];
+        dlt[hh] = sDelta[m];
+    }
+}
+
+/* Pass Q, a block-key tile of BN keys from key0: dV_blk = P^T dO, dK_blk = scale dS^T Q of its
+ * keys (P, dS at sP, sDS: [MMAX rows][BN keys] of BN * 2 + 16 bytes; Q, dO at sQ, sDO: rows of
+ * D * 2 + 16 bytes; complete: every row of the CTA's blocks is in it), split in units of 16 keys
+ * x 16 columns of one of the two among the NW warps */
+template <int D, int BN, int NW, int MMAX>
+__device__ __forceinline__ void bq_blk(const QsMeta<MMAX> &mt, const DfP &p, int b0, int g_kv, int key0, uint32_t sP,
+                                       uint32_t sDS, uint32_t sQ, uint32_t sDO, int warp, int lane)
+{
+    constexpr int ROWB = D * 2 + 16, ROWP = BN * 2 + 16;
+    const int g = lane >> 2, t4 = lane & 3;
+    const uint32_t at_lane = lane_b(lane, ROWP), bt_lane = lane_bt(lane, ROWB);
+    const int M = mt.nb * p.rb, ksteps = (M + 15) / 16, nkeys = mt.nb * p.bs;
+    constexpr int UNITS = (BN / 16) * 2 * (D / 16);
+    for (int u = warp; u < UNITS; u += NW) {
+        const int mk = u % (BN / 16), rest = u / (BN / 16), which = rest & 1, np = rest >> 1;
+        const uint32_t asrc = which ? sDS : sP, bsrc = which ? sQ : sDO;
+        float acc[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[j][e] = 0.0f;
+        for (int kk = 0; kk < ksteps; kk++) {
+            uint32_t a[4], b[4];
+            df_ldm_t(a, asrc + kk * 16 * ROWP + at_lane + mk * 32);
+            df_ldm_t(b, bsrc + kk * 16 * ROWB + bt_lane + np * 32);
+            df_mma(acc[0], a, b[0], b[1]);
+            df_mma(acc[1], a, b[2], b[3]);
+        }
+        const float f = which ? p.scale : 1.0f;
+        bf16 *dst = (bf16 *)(which ? p.dkb : p.dvb);
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int key = key0 + mk * 16 + g + 8 * hh;
+            if (key < nkeys) {
+                bf16 *row = dst + ((int64_t)b0 * p.bs + key) * p.ldk + (int64_t)g_kv * D;
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    *reinterpret_cast<uint32_t *>(row + np * 16 + j * 8 + 2 * t4) =
+                        df_pack(acc[j][2 * hh] * f, acc[j][2 * hh + 1] * f);
+            }
+        }
+    }
+}
+
+/* Pass Q: dQ * scale (the warp's accumulators dq of its 16 rows from wr0, the mma.sync m16
+ * layout) through the warp's own Q rows in shared memory at smem, then 16-byte stores */
+template <int D, int MMAX>
+__device__ __forceinline__ void bq_store_dq(const QsMeta<MMAX> &mt, const DfP &p, unsigned char *smem, int wr0, int lane,
+                                            const float (&dq)[D / 8][4])
+{
+    constexpr int CH = D / 8, DT = D / 8, ROWB = D * 2 + 16;
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        unsigned char *rowp = smem + (wr0 + g + 8 * hh) * ROWB + 4 * t4;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+            *reinterpret_cast<uint32_t *>(rowp + dt * 16) =
+                df_pack(dq[dt][2 * hh] * p.scale, dq[dt][2 * hh + 1] * p.scale);
+    }
+    __syncwarp();
+    bf16 *dqg = (bf16 *)p.dq;
+    for (int c = lane; c < 16 * CH; c += 32) {
+        int r = wr0 + c / CH, ch = c % CH;
+        long long off = mt.row_off[r];
+        if (off >= 0)
+            *reinterpret_cast<uint4 *>(dqg + off + ch * 8) = *reinterpret_cast<const uint4 *>(smem + r * ROWB + ch * 16);
+    }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* backward pass Q (bf16): one warp per 16 query rows */
 
@@ -399,7 +558,7 @@ df_bwd_q_kernel(const DfP p)
 {
     typedef BwdQCfg<D, NW, BN, QREG, ST> C;
     constexpr int MMAX = C::MMAX, THREADS = C::THREADS, ROWB = C::ROWB, ROWP = C::ROWP;
-    constexpr int CH = D / 8, NT = BN / 8, KD = D / 16, DT = D / 8, KB = BN / 16;
+    constexpr int NT = BN / 8, KD = D / 16, DT = D / 8, KB = BN / 16;
     static_assert(D % 32 == 0 && BN % 16 == 0 && ST >= 2, "tile shape");
 
     DF_DYN_SMEM(smem);
@@ -414,10 +573,7 @@ df_bwd_q_kernel(const DfP p)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
 
-    qs_setup<MMAX>(mt, p, b0, g_kv, BN);
-    load_rows<D, MMAX, THREADS>(mt, (const bf16 *)p.q, sQ);
-    load_rows<D, MMAX, THREADS>(mt, (const bf16 *)p.dout, sDO);
-    df_commit();
+    bq_setup<D, MMAX, THREADS>(mt, p, b0, g_kv, BN, sQ, sDO);
     const int ntiles = mt.ntiles;
     /* K/V tiles 0 .. ST-2, a commit group each (empty past the last tile) */
     auto load_tile = [&](int it) {
@@ -433,54 +589,18 @@ df_bwd_q_kernel(const DfP p)
     df_wait<ST - 1>();   /* Q and dO */
     __syncthreads();
 
-    /* delta = rowsum(dout * o) of the warp's 16 rows: LPR lanes per row */
     const int wr0 = warp * 16;
-    {
-        constexpr int LPR = CH < 32 ? CH : 32, RPP = 32 / LPR;
-        const bf16 *og = (const bf16 *)p.o_in;
-        for (int k = 0; k < 16 / RPP; k++) {
-            const int r = wr0 + k * RPP + lane / LPR;
-            const long long off = mt.row_off[r];
-            float dot = 0.0f;
-            for (int ch = lane % LPR; ch < CH; ch += LPR) {
-                if (off >= 0) {
-                    const uint4 ov = *reinterpret_cast<const uint4 *>(og + off + ch * 8);
-                    const uint4 dv = *reinterpret_cast<const uint4 *>(pDO + r * ROWB + ch * 16);
-                    const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
-#pragma unroll
-                    for (int j = 0; j < 4; j++)
-                        dot += df_bf_lo(ow[j]) * df_bf_lo(dw[j]) + df_bf_hi(ow[j]) * df_bf_hi(dw[j]);
-                }
-            }
-            dot = warp_sum<LPR>(dot);
-            if (lane % LPR == 0) {
-                const int idx = mt.row_idx[r];
-                sDelta[r] = off >= 0 ? dot : 0.0f;
-                sLse2[r] = off >= 0 ? p.lse[idx] * DF_LOG2E : INFINITY;
-                if (off >= 0)
-                    p.delta[idx] = dot;
-            }
-        }
-    }
+    bq_delta<D, MMAX>(mt, p, pDO, wr0, lane, sLse2, sDelta);
     __syncwarp();
     int rlb[1][2], rj[1][2], lo[1][2], hi[1][2];
     float lse2[2], dlt[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        int m = wr0 + g + 8 * hh;
-        rlb[0][hh] = mt.row_off[m] >= 0 ? m / p.rb : -1;
-        rj[0][hh] = (m % p.rb) % p.bs;
-        lse2[hh] = sLse2[m];
-        dlt[hh] = sDelta[m];
-    }
+    bq_rows<MMAX>(mt, p, wr0 + g, sLse2, sDelta, rlb, rj, lse2, dlt);
     int cur_seg = -2;
 
     const uint32_t q_lane = sQ + wr0 * ROWB + lane_a(lane, ROWB);
     const uint32_t do_lane = sDO + wr0 * ROWB + lane_a(lane, ROWB);
     const uint32_t k_lane = lane_b(lane, ROWB);
     const uint32_t kt_lane = lane_bt(lane, ROWB);
-    const uint32_t at_lane = lane_b(lane, ROWP);
-    const uint32_t bt_lane = lane_bt(lane, ROWB);
     const float sl2 = p.sl2;
 
     float dq[DT][4];
@@ -513,8 +633,7 @@ df_bwd_q_kernel(const DfP p)
         }
         const int key0 = t.key0;
         const bool blk = t.seg < 0;
-        const bool need_mask = blk || mt.nseg > 1 || key0 + BN > mt.seg_amin[t.seg] ||
-                               key0 < mt.seg_lomax[t.seg];
+        const bool need_mask = tile_needs_mask<MMAX>(mt, t, BN);
         bool mine = false;
 #pragma unroll
         for (int hh = 0; hh < 2; hh++)
@@ -563,16 +682,8 @@ df_bwd_q_kernel(const DfP p)
                     s[nt][e] = pv;
                     dp[nt][e] = pv * (dp[nt][e] - dlt[hh]);
                 }
-            if (blk) {
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int hh = 0; hh < 2; hh++) {
-                        const int off = (wr0 + g + 8 * hh) * ROWP + (nt * 8 + 2 * t4) * 2;
-                        *reinterpret_cast<uint32_t *>(pP + off) = df_pack(s[nt][2 * hh], s[nt][2 * hh + 1]);
-                        *reinterpret_cast<uint32_t *>(pDS + off) = df_pack(dp[nt][2 * hh], dp[nt][2 * hh + 1]);
-                    }
-            }
+            if (blk)
+                bq_put_pds<NT>(pP, pDS, ROWP, wr0, lane, s, dp);
             /* dQ += dS K */
 #pragma unroll
             for (int kb = 0; kb < KB; kb++) {
@@ -591,61 +702,13 @@ df_bwd_q_kernel(const DfP p)
             }
         }
         if (blk) {
-            /* dV_blk = P^T dO, dK_blk = scale dS^T Q for this tile's keys */
             __syncthreads();
-            const int M = mt.nb * p.rb, ksteps = (M + 15) / 16, nkeys = mt.nb * p.bs;
-            constexpr int UNITS = (BN / 16) * 2 * (D / 16);
-            for (int u = warp; u < UNITS; u += NW) {
-                const int mk = u % (BN / 16), rest = u / (BN / 16), which = rest & 1, np = rest >> 1;
-                const uint32_t asrc = which ? sDS : sP, bsrc = which ? sQ : sDO;
-                float acc[2][4];
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        acc[j][e] = 0.0f;
-                for (int kk = 0; kk < ksteps; kk++) {
-                    uint32_t a[4], b[4];
-                    df_ldm_t(a, asrc + kk * 16 * ROWP + at_lane + mk * 32);
-                    df_ldm_t(b, bsrc + kk * 16 * ROWB + bt_lane + np * 32);
-                    df_mma(acc[0], a, b[0], b[1]);
-                    df_mma(acc[1], a, b[2], b[3]);
-                }
-                const float f = which ? p.scale : 1.0f;
-                bf16 *dst = (bf16 *)(which ? p.dkb : p.dvb);
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int key = key0 + mk * 16 + g + 8 * hh;
-                    if (key < nkeys) {
-                        bf16 *row = dst + ((int64_t)b0 * p.bs + key) * p.ldk + (int64_t)g_kv * D;
-#pragma unroll
-                        for (int j = 0; j < 2; j++)
-                            *reinterpret_cast<uint32_t *>(row + np * 16 + j * 8 + 2 * t4) =
-                                df_pack(acc[j][2 * hh] * f, acc[j][2 * hh + 1] * f);
-                    }
-                }
-            }
+            bq_blk<D, BN, NW, MMAX>(mt, p, b0, g_kv, t.key0, sP, sDS, sQ, sDO, warp, lane);
         }
         __syncthreads();
     }
 
-    /* dQ * scale through the warp's own Q rows, then 16-byte stores */
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        unsigned char *rowp = smem + (wr0 + g + 8 * hh) * ROWB + 4 * t4;
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++)
-            *reinterpret_cast<uint32_t *>(rowp + dt * 16) =
-                df_pack(dq[dt][2 * hh] * p.scale, dq[dt][2 * hh + 1] * p.scale);
-    }
-    __syncwarp();
-    bf16 *dqg = (bf16 *)p.dq;
-    for (int c = lane; c < 16 * CH; c += 32) {
-        int r = wr0 + c / CH, ch = c % CH;
-        long long off = mt.row_off[r];
-        if (off >= 0)
-            *reinterpret_cast<uint4 *>(dqg + off + ch * 8) = *reinterpret_cast<const uint4 *>(smem + r * ROWB + ch * 16);
-    }
+    bq_store_dq<D, MMAX>(mt, p, smem, wr0, lane, dq);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -746,6 +809,96 @@ static __global__ void __launch_bounds__(1024) df_sched_kernel(const DfP p, int 
     }
 }
 
+/* Pass KV: the key tile [c0, c1) of a CTA, its query rows [rbeg, rend) (rows of the blocks
+ * [bfirst, bend) of the schedule, rb to a block) in nch chunks, its kv head */
+struct KvSpan {
+    int64_t c0, c1, rbeg, rend;
+    int nch, g_kv;
+};
+
+/* The span of this CTA (bnk keys a tile, chunks of qc rows): key tile p.sched[blockIdx.x / nkv]
+ * (the schedule's order), kv head blockIdx.x % nkv */
+__device__ __forceinline__ KvSpan kv_span(const DfP &p, int bnk, int qc)
+{
+    KvSpan k;
+    k.g_kv = (int)(blockIdx.x % (unsigned)p.nkv);
+    const int kt = p.sched[blockIdx.x / (unsigned)p.nkv];
+    k.c0 = (int64_t)kt * bnk;
+    k.c1 = min(p.T_ctx, k.c0 + bnk);
+    k.rbeg = (int64_t)p.sched[p.n_kt + kt] * p.rb;
+    k.rend = (int64_t)p.sched[2 * p.n_kt + kt] * p.rb;
+    k.nch = (int)((k.rend - k.rbeg + qc - 1) / qc);
+    return k;
+}
+
+/* The row tables of MS chunk stages: per row of a chunk its element offset in [Q, n_heads*d]
+ * arrays (-1: the row does not see the tile), lse * log2 e, delta, and the context rows [lo, hi)
+ * it sees */
+template <int MS, int QC> struct KvRows {
+    long long off[MS][QC];
+    float l2[MS][QC], dl[MS][QC];
+    int lo[MS][QC], hi[MS][QC];
+};
+
+/* cp.async of the cs, an, lse and delta of chunk ci's rows (thread t < QC: row t) into the raw
+ * stage at shared address raw ([cs, an, lse, delta][QC] words; zeros past the rows): the row
+ * tables of a chunk are fetched a chunk ahead, so that no global load is waited on between
+ * chunks; thread t alone reads its words back (kv_finish) */
+template <int QC>
+__device__ __forceinline__ void kv_fetch(const DfP &p, const KvSpan &k, int ci, uint32_t raw, int tid)
+{
+    if (tid < QC) {
+        const int64_t r = k.rbeg + (int64_t)ci * QC + tid;
+        const bool ok = ci < k.nch && r < k.rend;
+        const int b = ok ? (int)(r / p.rb) : 0, rem = ok ? (int)(r - (int64_t)b * p.rb) : 0;
+        const int64_t idx = ((int64_t)b * p.bs + rem % p.bs) * p.nh + k.g_kv * p.group + rem / p.bs;
+        const uint32_t dst = raw + (uint32_t)tid * 4;
+        df_cp4(dst, p.cs + b, ok);
+        df_cp4(dst + QC * 4, p.an + b, ok);
+        df_cp4(dst + 2 * QC * 4, p.lse + (ok ? idx : 0), ok);
+        df_cp4(dst + 3 * QC * 4, p.delta + (ok ? idx : 0), ok);
+    }
+}
+
+/* The row tables of chunk ci from its raw stage at raw (complete: waited on) into stage ms;
+ * *any: a row sees the tile; returns whether no row needs the per-key mask. Uniform: every thread
+ * of the CTA calls it; two barriers. */
+template <int MS, int QC>
+__device__ __forceinline__ bool kv_finish(KvRows<MS, QC> &rt, const DfP &p, const KvSpan &k, int ci,
+                                          const unsigned char *raw, int ms, int tid, bool *any)
+{
+    bool sees = false, fullt = true;
+    if (tid < QC) {
+        long long off = -1;
+        float l2 = INFINITY, dl = 0.0f;
+        int lo = 0, hi = 0;
+        const int64_t r = k.rbeg + (int64_t)ci * QC + tid;
+        if (ci < k.nch && r < k.rend) {
+            const int b = (int)(r / p.rb), rem = (int)(r - (int64_t)b * p.rb);
+            const int hl = rem / p.bs, j = rem - hl * p.bs;
+            const int csb = reinterpret_cast<const int *>(raw)[tid];
+            const int anb = reinterpret_cast<const int *>(raw)[QC + tid];
+            lo = csb + df_ctx_lo(p.window, anb, j);
+            hi = csb + anb;
+            sees = anb > 0 && hi > k.c0 && lo < k.c1 && lo < hi;
+            if (sees) {
+                const int64_t grow = (int64_t)b * p.bs + j;
+                off = grow * p.ldq + (int64_t)(k.g_kv * p.group + hl) * p.d;
+                l2 = reinterpret_cast<const float *>(raw)[2 * QC + tid] * DF_LOG2E;
+                dl = reinterpret_cast<const float *>(raw)[3 * QC + tid];
+                fullt = lo <= k.c0 && hi >= k.c1;
+            }
+        }
+        rt.off[ms][tid] = off;
+        rt.l2[ms][tid] = l2;
+        rt.dl[ms][tid] = dl;
+        rt.lo[ms][tid] = lo;
+        rt.hi[ms][tid] = hi;
+    }
+    *any = __syncthreads_or(sees);
+    return __syncthreads_and(fullt);
+}
+
 template <int D, int NW, int QC, bool PIPE = false, bool SP = false>
 __global__ void __launch_bounds__(32 * NW)
 df_bwd_kv_kernel(const DfP p)
@@ -758,19 +911,17 @@ df_bwd_kv_kernel(const DfP p)
 
     DF_DYN_SMEM(smem);
     constexpr int MS = PIPE ? 3 : 2;   /* stages of the row tables */
-    __shared__ long long sOff[MS][QC];
-    __shared__ float sL2[MS][QC], sDl[MS][QC];
-    __shared__ int sLo[MS][QC], sHi[MS][QC];
+    __shared__ KvRows<MS, QC> rt;
+    long long (&sOff)[MS][QC] = rt.off;
+    float (&sL2)[MS][QC] = rt.l2, (&sDl)[MS][QC] = rt.dl;
+    int (&sLo)[MS][QC] = rt.lo, (&sHi)[MS][QC] = rt.hi;
     const uint32_t sK = df_smem(smem), sV = sK + BNK * ROWB, sQ0 = sV + BNK * ROWB;
     const uint32_t sDO0 = sQ0 + 2 * QC * ROWB;
-    const int g_kv = (int)(blockIdx.x % (unsigned)p.nkv);
-    const int kt = p.sched[blockIdx.x / (unsigned)p.nkv];
+    const KvSpan span = kv_span(p, BNK, QC);
+    const int g_kv = span.g_kv, nch = span.nch;
+    const int64_t c0 = span.c0, c1 = span.c1, rbeg = span.rbeg, rend = span.rend;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
-    const int64_t c0 = (int64_t)kt * BNK, c1 = min(p.T_ctx, c0 + BNK);
-    const int bfirst = p.sched[p.n_kt + kt], bend = p.sched[2 * p.n_kt + kt];
-    const int64_t rbeg = (int64_t)bfirst * p.rb, rend = (int64_t)bend * p.rb;
-    const int nch = (int)((rend - rbeg + QC - 1) / QC);
 
     /* K, V of the tile (rows past the end zero-filled) */
     {
@@ -835,53 +986,9 @@ df_bwd_kv_kernel(const DfP p)
      * but not computed (the schedule's block range rarely holds any) */
     const uint32_t sRaw = sDO0 + 2 * QC * ROWB;   /* [stage][cs, an, lse, delta][QC] */
     const unsigned char *pRaw = smem + (2 * BNK + 4 * QC) * ROWB;
-    auto raw_i = [&](int rs, int k) { return reinterpret_cast<const int *>(pRaw)[(rs * 4 + k) * QC + tid]; };
-    auto raw_f = [&](int rs, int k) { return reinterpret_cast<const float *>(pRaw)[(rs * 4 + k) * QC + tid]; };
-    auto fetch = [&](int ci, int rs) {
-        if (tid < QC) {
-            const int64_t r = rbeg + (int64_t)ci * QC + tid;
-            const bool ok = ci < nch && r < rend;
-            const int b = ok ? (int)(r / p.rb) : 0, rem = ok ? (int)(r - (int64_t)b * p.rb) : 0;
-            const int64_t idx = ((int64_t)b * p.bs + rem % p.bs) * p.nh + g_kv * p.group + rem / p.bs;
-            const uint32_t dst = sRaw + (uint32_t)(rs * 4 * QC + tid) * 4;
-            df_cp4(dst, p.cs + b, ok);
-            df_cp4(dst + QC * 4, p.an + b, ok);
-            df_cp4(dst + 2 * QC * 4, p.lse + (ok ? idx : 0), ok);
-            df_cp4(dst + 3 * QC * 4, p.delta + (ok ? idx : 0), ok);
-        }
-    };
-    /* the row tables of chunk ci (raw stage rs, complete) into stage ms; *any: a row sees the
-     * tile; returns whether no row needs the per-key mask. Uniform; two barriers. */
+    auto fetch = [&](int ci, int rs) { kv_fetch<QC>(p, span, ci, sRaw + (uint32_t)(rs * 4 * QC) * 4, tid); };
     auto finish = [&](int ci, int rs, int ms, bool *any) -> bool {
-        bool sees = false, fullt = true;
-        if (tid < QC) {
-            long long off = -1;
-            float l2 = INFINITY, dl = 0.0f;
-            int lo = 0, hi = 0;
-            const int64_t r = rbeg + (int64_t)ci * QC + tid;
-            if (ci < nch && r < rend) {
-                const int b = (int)(r / p.rb), rem = (int)(r - (int64_t)b * p.rb);
-                const int hl = rem / p.bs, j = rem - hl * p.bs;
-                const int csb = raw_i(rs, 0), anb = raw_i(rs, 1);
-                lo = csb + df_ctx_lo(p.window, anb, j);
-                hi = csb + anb;
-                sees = anb > 0 && hi > c0 && lo < c1 && lo < hi;
-                if (sees) {
-                    const int64_t grow = (int64_t)b * p.bs + j;
-                    off = grow * p.ldq + (int64_t)(g_kv * p.group + hl) * D;
-                    l2 = raw_f(rs, 2) * DF_LOG2E;
-                    dl = raw_f(rs, 3);
-                    fullt = lo <= c0 && hi >= c1;
-                }
-            }
-            sOff[ms][tid] = off;
-            sL2[ms][tid] = l2;
-            sDl[ms][tid] = dl;
-            sLo[ms][tid] = lo;
-            sHi[ms][tid] = hi;
-        }
-        *any = __syncthreads_or(sees);
-        return __syncthreads_and(fullt);
+        return kv_finish<MS, QC>(rt, p, span, ci, pRaw + rs * 4 * QC * 4, ms, tid, any);
     };
 
     auto load_chunk = [&](int st, int ms) {

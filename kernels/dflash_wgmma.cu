@@ -1,0 +1,458 @@
+/* dflash_wgmma.cu: the two passes of the DFlash attention backward (kernels/dflash_attn.cu has
+ * the design; df_bwd_kv_kernel and df_bwd_q_kernel in dflash_kernels.cuh are the mma.sync forms)
+ * for head dimension 128 on Hopper's wgmma (sm_90a: the Makefile compiles this file for sm_90a
+ * alone). Both are the d128 defaults on a GPU of compute capability 9.
+ *
+ * Pass KV. A CTA of two warpgroups (256 threads) owns DW_BNK = 128 context keys of one kv head, warpgroup
+ * w the keys [64 w, 64 w + 64); K and V stay in shared memory. The query rows of the blocks that
+ * see the tile (the schedule's block range, as in df_bwd_kv_kernel) stream through two stages of
+ * DW_QC = 64 rows of Q and dO (cp.async, every thread loading; each chunk's row tables fetched a
+ * chunk ahead, kv_fetch / kv_finish). Every shared tile is two halves of 64 columns of rows of 128
+ * bytes in the 128-byte swizzle of attn_wgmma.h (aw_off). Per chunk and warpgroup:
+ *  - S^T = K Q^T and dP^T = V dO^T: wgmma m64n64k16, both operands K-major from shared memory,
+ *    eight k16 steps each (the two issued back to back);
+ *  - P^T = exp(S^T - lse) (0 where the row does not see the key), rounded to bf16 in registers:
+ *    the A operand of dV += P^T dO, wgmma m64n128k16 with dO the MN-major (transposed) B operand,
+ *    four k16 steps, issued before dP^T is waited on;
+ *  - dS^T = P^T (dP^T - delta), to bf16 in registers: dK += dS^T Q, likewise with Q MN-major.
+ * Schedules: plain (two stages: after a chunk's wgmma are done, the next chunk's row tables are
+ * built and the one after it is started) and overlapped (OVL: three stages, chunks loaded two
+ * ahead; that bookkeeping, with its barriers, runs while the chunk's dK is on the tensor cores).
+ * A warp's share of an m64 accumulator is laid out as an mma.sync m16 tile: the thread's keys
+ * are 16 warp + lane / 4 (+ 8), its rows 8 j + 2 (lane % 4) (+ 1) of n8 tile j. Every warpgroup
+ * runs every wgmma of every chunk (a wgmma on a path that ptxas cannot prove uniform is
+ * serialized): a chunk no row of which sees the tile multiplies P = 0. dK * scale and dV go
+ * from the accumulators to global memory; rows no block sees get 0; every context row is written
+ * by exactly one CTA (deterministic, no atomics).
+ *
+ * Pass Q. A CTA of two warpgroups takes DQW_MMAX = 128 query rows (whole blocks, as
+ * df_bwd_q_kernel: qs_setup, the same key tiles through tile_at), warpgroup w the rows
+ * [64 w, 64 w + 64); a warp's Q and dO rows are loaded once from shared memory (padded rows) into
+ * registers as wgmma A fragments. Key tiles of DQW_BN = 64 rows of K and V stream through ST
+ * stages (swizzled as above). Per tile: S = Q K^T and dP = dO V^T on wgmma m64n64k16 (A from
+ * registers, K and V K-major), P and dS in registers (masked as in df_bwd_q_kernel), dQ += dS K
+ * on wgmma m64n128k16 (dS the A operand, K MN-major); on the block-key tiles P and dS also go to
+ * shared memory and dV_blk, dK_blk are computed with mma.sync (bq_blk) while dQ's wgmma run.
+ * delta, the row tables and the dQ store are df_bwd_q_kernel's (bq_*). */
+#include "be_cuda.cuh"
+#include "dflash_ptx.cuh"
+#include "dflash_kernels.cuh"
+#include "dflash_wgmma.cuh"
+#include "attn_wgmma.h"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DW_ON 1
+#endif
+
+#ifdef DW_ON
+#include "wgmma_ptx.cuh"
+
+/* The descriptor of k16 step kb of a tile of 64 rows (a chunk of Q or dO; pass Q: a K tile) as
+ * the MN-major B operand of dV += P^T dO, dK += dS^T Q (pass Q: dQ += dS K): the 16 rows from
+ * kb * 16, 8-row groups 1,024 bytes apart (stride), the two 64-column halves 64 * 128 bytes
+ * apart (leading offset), 128-byte swizzle */
+__device__ __forceinline__ uint64_t dw_desc_mn(uint32_t tile, int kb)
+{
+    const uint32_t addr = tile + (uint32_t)kb * 16 * AW_ROWB;
+    return (uint64_t)((addr & 0x3FFFFu) >> 4) | (uint64_t)((64 * AW_ROWB) >> 4) << 16 |
+           (uint64_t)(MW_SBO >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+/* the A fragments of the 4 k16 steps of an m64 x n64 accumulator, as bf16 */
+__device__ __forceinline__ void dw_pack(uint32_t (&a)[4][4], const float (&s)[8][4])
+{
+#pragma unroll
+    for (int kb = 0; kb < 4; kb++) {
+        a[kb][0] = df_pack(s[2 * kb][0], s[2 * kb][1]);
+        a[kb][1] = df_pack(s[2 * kb][2], s[2 * kb][3]);
+        a[kb][2] = df_pack(s[2 * kb + 1][0], s[2 * kb + 1][1]);
+        a[kb][3] = df_pack(s[2 * kb + 1][2], s[2 * kb + 1][3]);
+    }
+}
+
+#endif
+
+#ifdef DW_ON
+template <bool OVL> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
+{
+    constexpr int QC = DW_QC, MS = 3, BNK = DW_BNK, D = DW_D, NST = OVL ? 3 : 2;
+    DF_DYN_SMEM(smem);
+    __shared__ KvRows<MS, QC> rt;
+    __shared__ __align__(16) int raw[2][4][QC];   /* kv_fetch's raw stages */
+    const uint32_t sbase = df_smem(smem), sK = (sbase + 1023u) & ~1023u, sV = sK + DW_TILEK;
+    const uint32_t sQ0 = sV + DW_TILEK, sDO0 = sQ0 + NST * DW_TILEQ;   /* stage st: + st * DW_TILEQ */
+    const KvSpan span = kv_span(p, BNK, QC);
+    const int g_kv = span.g_kv, nch = span.nch;
+    const int64_t c0 = span.c0, c1 = span.c1;
+    const uint32_t tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+    const int g = (int)(lane >> 2), t4 = (int)(lane & 3);
+
+    /* K, V of the tile (rows past the end zero-filled): thread tid takes 16-byte chunk tid % 16
+     * of rows tid / 16 + 16 i */
+    {
+        const bf16 *kg = (const bf16 *)p.kc + (int64_t)g_kv * D, *vg = (const bf16 *)p.vc + (int64_t)g_kv * D;
+#pragma unroll
+        for (int i = 0; i < BNK * 16 / DW_THREADS; i++) {
+            const uint32_t r = tid / 16 + 16 * i, ch = tid % 16;
+            const bool ok = c0 + r < c1;
+            const int64_t off = ok ? (c0 + r) * p.ldk + ch * 8 : 0;
+            df_cp16(sK + aw_off(BNK, r, ch), kg + off, ok);
+            df_cp16(sV + aw_off(BNK, r, ch), vg + off, ok);
+        }
+    }
+    /* Q and dO of the chunk whose row tables are in stage ms into stage st (rows that do not
+     * see the tile: zeros) */
+    auto load_chunk = [&](int st, int ms) {
+        const bf16 *qg = (const bf16 *)p.q, *dg = (const bf16 *)p.dout;
+#pragma unroll
+        for (int i = 0; i < QC * 16 / DW_THREADS; i++) {
+            const uint32_t r = tid / 16 + 16 * i, ch = tid % 16, o = (uint32_t)st * DW_TILEQ + aw_off(QC, r, ch);
+            const long long off = rt.off[ms][r];
+            const bool ok = off >= 0;
+            df_cp16(sQ0 + o, ok ? qg + off + ch * 8 : qg, ok);
+            df_cp16(sDO0 + o, ok ? dg + off + ch * 8 : dg, ok);
+        }
+    };
+    auto raw_at = [&](int rs) { return reinterpret_cast<const unsigned char *>(&raw[rs][0][0]); };
+
+    float dk[16][4], dv[16][4];
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dk[i][e] = dv[i][e] = 0.0f;
+    wg_hold(dk);   /* zeroed here, not next to a wgmma in flight */
+    wg_hold(dv);
+    const uint32_t ka = sK + wg * 64 * AW_ROWB, va = sV + wg * 64 * AW_ROWB;   /* the warpgroup's keys */
+    const int64_t key_r0 = c0 + 64 * wg + 16 * warp + g;   /* the thread's keys: key_r0, key_r0 + 8 */
+    const float sl2 = p.sl2;
+
+    float s[8][4], dp[8][4];
+    uint32_t pa[4][4] = {}, da[4][4] = {};   /* P^T, dS^T: the A operands of dV, dK */
+    /* S^T, dP^T of the chunk in Q / dO stage st (issued: two groups) */
+    auto issue_sdp = [&](int st) {
+        const uint32_t qst = sQ0 + (uint32_t)st * DW_TILEQ, dost = sDO0 + (uint32_t)st * DW_TILEQ;
+        uint32_t kw = ka, vw = va;
+        /* opaque: the 16 descriptors of K and V are made here, not kept in registers across chunks */
+        asm volatile("" : "+r"(kw), "+r"(vw));
+        wg_hold(s);
+        wg_hold(dp);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+            wg_mma_ss_n64(s, mw_desc(kw + aw_koff(BNK, kk)), mw_desc(qst + aw_koff(QC, kk)), kk > 0);
+        wg_commit();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+            wg_mma_ss_n64(dp, mw_desc(vw + aw_koff(BNK, kk)), mw_desc(dost + aw_koff(QC, kk)), kk > 0);
+        wg_commit();
+    };
+    /* the rest of the chunk in stage st with row tables ms (full: no row needs the mask), S^T and
+     * dP^T in flight as the last two groups: P^T, dV += P^T dO, dS^T, dK += dS^T Q (issued, the
+     * last two groups; pa, da in use until they are done) */
+    auto finish_chunk = [&](int st, int ms, bool full) {
+        const uint32_t qst = sQ0 + (uint32_t)st * DW_TILEQ, dost = sDO0 + (uint32_t)st * DW_TILEQ;
+        wg_wait<1>();   /* S^T */
+        wg_hold(s);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int qi = 8 * j + 2 * t4 + (e & 1);
+                const int64_t key = key_r0 + 8 * (e >> 1);
+                const bool ok = full || (key >= rt.lo[ms][qi] && key < rt.hi[ms][qi]);
+                s[j][e] = ok ? df_exp2(fmaf(s[j][e], sl2, -rt.l2[ms][qi])) : 0.0f;
+            }
+        dw_pack(pa, s);
+        wg_hold_a(pa);
+        wg_hold(dv);
+        wg_fence();
+#pragma unroll
+        for (int kb = 0; kb < 4; kb++)
+            wg_mma_rs_tb(dv, pa[kb], dw_desc_mn(dost, kb));
+        wg_commit();
+        wg_wait<1>();   /* dP^T */
+        wg_hold(dp);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                dp[j][e] = s[j][e] * (dp[j][e] - rt.dl[ms][8 * j + 2 * t4 + (e & 1)]);
+        dw_pack(da, dp);
+        wg_hold_a(da);
+        wg_hold(dk);
+        wg_fence();
+#pragma unroll
+        for (int kb = 0; kb < 4; kb++)
+            wg_mma_rs_tb(dk, da[kb], dw_desc_mn(qst, kb));
+        wg_commit();
+    };
+
+    kv_fetch<QC>(p, span, 0, df_smem(&raw[0][0][0]), (int)tid);
+    kv_fetch<QC>(p, span, 1, df_smem(&raw[1][0][0]), (int)tid);
+    df_commit();
+    df_wait<0>();
+    bool any;
+    bool full_cur = kv_finish<MS, QC>(rt, p, span, 0, raw_at(0), 0, (int)tid, &any);
+    load_chunk(0, 0);
+    if constexpr (!OVL) {
+        /* chunk ci: its Q, dO in stage ci & 1, its row tables in stage ci % 3, its raw words in
+         * raw stage ci & 1; iteration ci waits for chunk ci's Q / dO and chunk ci + 1's raw words
+         * (one group), builds chunk ci + 1's tables (its barriers: everyone past chunk ci - 1, the
+         * other Q / dO stage free), starts chunk ci + 1's Q / dO and chunk ci + 2's raw words,
+         * computes chunk ci and waits for its wgmma */
+        df_commit();
+        for (int ci = 0; ci < nch; ci++) {
+            df_wait<0>();
+            wg_proxy_fence();   /* the cp.async writes, seen by wgmma (after the barriers below) */
+            const bool full_next = kv_finish<MS, QC>(rt, p, span, ci + 1, raw_at((ci + 1) & 1), (ci + 1) % 3, (int)tid, &any);
+            if (ci + 1 < nch)
+                load_chunk((ci + 1) & 1, (ci + 1) % 3);
+            kv_fetch<QC>(p, span, ci + 2, df_smem(&raw[ci & 1][0][0]), (int)tid);
+            df_commit();
+            issue_sdp(ci & 1);
+            finish_chunk(ci & 1, ci % 3, full_cur);
+            wg_wait<0>();
+            wg_hold(dv);
+            wg_hold(dk);
+            wg_hold_a(pa);
+            wg_hold_a(da);
+            full_cur = full_next;
+        }
+    } else {
+        /* chunk ci: its Q, dO and row tables in stage ci % 3, its raw words in raw stage ci & 1,
+         * loaded two chunks ahead. Iteration ci issues chunk ci's wgmma, and while its dK runs
+         * waits for chunk ci + 1's Q / dO and chunk ci + 2's raw words (one group), builds chunk
+         * ci + 2's tables (its barriers: everyone past iteration ci - 1, whose wgmma are done, so
+         * stage (ci + 2) % 3 is free), starts chunk ci + 2's Q / dO and chunk ci + 3's raw words,
+         * then waits for its wgmma */
+        kv_fetch<QC>(p, span, 2, df_smem(&raw[0][0][0]), (int)tid);
+        df_commit();
+        df_wait<0>();
+        wg_proxy_fence();
+        bool full_next = kv_finish<MS, QC>(rt, p, span, 1, raw_at(1), 1, (int)tid, &any);
+        if (1 < nch)
+            load_chunk(1, 1);
+        kv_fetch<QC>(p, span, 3, df_smem(&raw[1][0][0]), (int)tid);
+        df_commit();
+        for (int ci = 0; ci < nch; ci++) {
+            issue_sdp(ci % 3);
+            finish_chunk(ci % 3, ci % 3, full_cur);
+            df_wait<0>();
+            wg_proxy_fence();
+            const bool full_next2 = kv_finish<MS, QC>(rt, p, span, ci + 2, raw_at(ci & 1), (ci + 2) % 3, (int)tid, &any);
+            if (ci + 2 < nch)
+                load_chunk((ci + 2) % 3, (ci + 2) % 3);
+            kv_fetch<QC>(p, span, ci + 3, df_smem(&raw[(ci + 1) & 1][0][0]), (int)tid);
+            df_commit();
+            wg_wait<0>();
+            wg_hold(dv);
+            wg_hold(dk);
+            wg_hold_a(pa);
+            wg_hold_a(da);
+            full_cur = full_next;
+            full_next = full_next2;
+        }
+    }
+    wg_wait<0>();
+    wg_hold(dv);
+    wg_hold(dk);
+    wg_hold_a(pa);
+    wg_hold_a(da);
+    df_wait<0>();
+
+    /* dK * scale and dV: the thread's keys key_r0 (+ 8), columns 8 j + 2 (lane % 4) (+ 1) */
+    bf16 *dkg = (bf16 *)p.dkc + (int64_t)g_kv * D, *dvg = (bf16 *)p.dvc + (int64_t)g_kv * D;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int64_t row = key_r0 + 8 * hh;
+        if (row < c1) {
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const int64_t o = row * p.ldk + 8 * j + 2 * t4;
+                *reinterpret_cast<uint32_t *>(dkg + o) = df_pack(dk[j][2 * hh] * p.scale, dk[j][2 * hh + 1] * p.scale);
+                *reinterpret_cast<uint32_t *>(dvg + o) = df_pack(dv[j][2 * hh], dv[j][2 * hh + 1]);
+            }
+        }
+    }
+}
+#endif
+
+/* (built without sm_90a they trap: dflash_attn.cu launches them only on compute capability 9) */
+__global__ void __launch_bounds__(DW_THREADS, 1) df_bwd_kv_wg_kernel(const DfP p)
+{
+#ifdef DW_ON
+    dw_bwd_kv<false>(p);
+#else
+    __trap();
+#endif
+}
+
+__global__ void __launch_bounds__(DW_THREADS, 1) df_bwd_kv_wg_ovl_kernel(const DfP p)
+{
+#ifdef DW_ON
+    dw_bwd_kv<true>(p);
+#else
+    __trap();
+#endif
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* pass Q */
+
+#ifdef DW_ON
+template <int ST> __device__ __forceinline__ void dw_bwd_q(const DfP &p)
+{
+    constexpr int D = DW_D, BN = DQW_BN, NW = DQW_THREADS / 32, MMAX = DQW_MMAX, THREADS = DQW_THREADS;
+    constexpr int ROWB = D * 2 + 16, ROWP = BN * 2 + 16, TILE = DQW_TILE, KD = D / 16, DT = D / 8;
+    DF_DYN_SMEM(smem);
+    __shared__ QsMeta<MMAX> mt;
+    __shared__ float sLse2[MMAX], sDelta[MMAX];
+    const uint32_t sbase = df_smem(smem), sK0 = (sbase + 1023u) & ~1023u, sV0 = sK0 + ST * TILE;
+    const uint32_t sQ = sV0 + ST * TILE, sDO = sQ + MMAX * ROWB, sP = sDO + MMAX * ROWB, sDS = sP + MMAX * ROWP;
+    unsigned char *pQ = smem + (sQ - sbase), *pDO = smem + (sDO - sbase);
+    unsigned char *pP = smem + (sP - sbase), *pDS = smem + (sDS - sbase);
+    const int g_kv = (int)(blockIdx.x % (unsigned)p.nkv);
+    const int bg = p.n_bg - 1 - (int)(blockIdx.x / (unsigned)p.nkv);   /* heaviest (last) first */
+    const int b0 = bg * p.nb;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int wr0 = warp * 16;   /* the warp's rows (warpgroup warp / 4: rows 64 (warp / 4) ..) */
+
+    bq_setup<D, MMAX, THREADS>(mt, p, b0, g_kv, BN, sQ, sDO);
+    const int ntiles = mt.ntiles;
+    /* K/V tile it into its stage (thread tid: chunk tid % 16 of rows tid / 16 + 16 i; rows past
+     * the tile's keys zero-filled), a commit group each (empty past the last tile) */
+    auto load_tile = [&](int it) {
+        if (it < ntiles) {
+            const DfTile t = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
+            const uint32_t st = (uint32_t)(it % ST) * TILE;
+#pragma unroll
+            for (int i = 0; i < BN * 16 / THREADS; i++) {
+                const int r = tid / 16 + 16 * i, ch = tid % 16;
+                const bool ok = r < t.nvalid;
+                const int64_t off = ok ? (int64_t)r * p.ldk + ch * 8 : 0;
+                df_cp16(sK0 + st + aw_off(BN, (uint32_t)r, (uint32_t)ch), t.k + off, ok);
+                df_cp16(sV0 + st + aw_off(BN, (uint32_t)r, (uint32_t)ch), t.v + off, ok);
+            }
+        }
+        df_commit();
+    };
+    for (int it = 0; it < ST - 1; it++)
+        load_tile(it);
+    df_wait<ST - 1>();   /* Q and dO */
+    __syncthreads();
+
+    bq_delta<D, MMAX>(mt, p, pDO, wr0, lane, sLse2, sDelta);
+    __syncwarp();
+    int rlb[1][2], rj[1][2], lo[1][2], hi[1][2];
+    float lse2[2], dlt[2];
+    bq_rows<MMAX>(mt, p, wr0 + g, sLse2, sDelta, rlb, rj, lse2, dlt);
+    int cur_seg = -2;
+    const float sl2 = p.sl2;
+
+    /* the warp's Q and dO rows as the A operands of S = Q K^T and dP = dO V^T (registers) */
+    uint32_t qf[KD][4], dof[KD][4];
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+        df_ldm(qf[kk], sQ + wr0 * ROWB + lane_a(lane, ROWB) + kk * 32);
+        df_ldm(dof[kk], sDO + wr0 * ROWB + lane_a(lane, ROWB) + kk * 32);
+    }
+    float dq[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dq[dt][e] = 0.0f;
+    wg_hold(dq);
+
+    for (int it = 0; it < ntiles; it++) {
+        const uint32_t st = (uint32_t)(it % ST) * TILE, kst = sK0 + st, vst = sV0 + st;
+        const DfTile t = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
+        /* the stage of tile it + ST - 1 was last read in iteration it - 1 (barrier at its end) */
+        load_tile(it + ST - 1);
+        df_wait<ST - 1>();   /* tile it */
+        wg_proxy_fence();
+        __syncthreads();
+        if (t.seg != cur_seg) {
+            phase_ranges<MMAX, 1>(mt, t.seg, p.bs, p.window, rlb, rj, lo, hi);
+            cur_seg = t.seg;
+        }
+        const int key0 = t.key0;
+        const bool blk = t.seg < 0;
+        const bool need_mask = tile_needs_mask<MMAX>(mt, t, BN);
+        /* every warpgroup runs every tile's wgmma (rows without keys in it: P = 0) */
+        float s[8][4], dp[8][4];
+        uint32_t da[4][4];
+        wg_hold(s);
+        wg_hold(dp);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++)
+            wg_mma_rs_n64(s, qf[kk], mw_desc(kst + aw_koff(BN, kk)), kk > 0);
+        wg_commit();
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++)
+            wg_mma_rs_n64(dp, dof[kk], mw_desc(vst + aw_koff(BN, kk)), kk > 0);
+        wg_commit();
+        wg_wait<1>();
+        wg_hold(s);
+        /* P = exp(S - lse) (0 where masked) */
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int hh = e >> 1, kj = key0 + nt * 8 + 2 * t4 + (e & 1);
+                const bool ok = !need_mask || (kj >= lo[0][hh] && kj < hi[0][hh]);
+                s[nt][e] = ok ? df_exp2(fmaf(s[nt][e], sl2, -lse2[hh])) : 0.0f;
+            }
+        wg_wait<0>();
+        wg_hold(dp);
+        /* dS = P (dP - delta) */
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                dp[nt][e] = s[nt][e] * (dp[nt][e] - dlt[e >> 1]);
+        if (blk)
+            bq_put_pds<8>(pP, pDS, ROWP, wr0, lane, s, dp);
+        /* dQ += dS K (K the MN-major B operand), on the tensor cores while a block-key tile's
+         * dV_blk, dK_blk are computed */
+        dw_pack(da, dp);
+        wg_hold_a(da);
+        wg_hold(dq);
+        wg_fence();
+#pragma unroll
+        for (int kb = 0; kb < BN / 16; kb++)
+            wg_mma_rs_tb(dq, da[kb], dw_desc_mn(kst, kb));
+        wg_commit();
+        if (blk) {
+            __syncthreads();
+            bq_blk<D, BN, NW, MMAX>(mt, p, b0, g_kv, key0, sP, sDS, sQ, sDO, warp, lane);
+        }
+        wg_wait<0>();
+        wg_hold(dq);
+        wg_hold_a(da);
+        __syncthreads();   /* the stage is refilled next iteration */
+    }
+    bq_store_dq<D, MMAX>(mt, p, pQ, wr0, lane, dq);
+}
+#endif
+
+__global__ void __launch_bounds__(DQW_THREADS, 1) df_bwd_q_wg_kernel(const DfP p)
+{
+#ifdef DW_ON
+    dw_bwd_q<2>(p);
+#else
+    __trap();
+#endif
+}
+
+__global__ void __launch_bounds__(DQW_THREADS, 1) df_bwd_q_wg3_kernel(const DfP p)
+{
+#ifdef DW_ON
+    dw_bwd_q<3>(p);
+#else
+    __trap();
+#endif
+}

@@ -1,0 +1,37 @@
+/* dflash_wgmma.cuh: the wgmma kernel of the DFlash attention backward's pass KV
+ * (kernels/dflash_wgmma.cu) for kernels/dflash_attn.cu: its shape and its shared memory. Needs
+ * DfP (dflash_kernels.cuh). */
+#ifndef DFL_DFLASH_WGMMA_CUH
+#define DFL_DFLASH_WGMMA_CUH
+
+#define DW_D 128                           /* head dimension */
+#define DW_BNK 128                         /* context keys of a CTA: two warpgroups of m64 */
+#define DW_QC 64                           /* query rows of a chunk */
+#define DW_THREADS 256
+#define DW_TILEK (DW_BNK * DW_D * 2)       /* bytes of the K (or V) tile */
+#define DW_TILEQ (DW_QC * DW_D * 2)        /* bytes of a chunk of Q (or dO) */
+/* K, V, 2 (OVL: 3) stages of Q and dO, room to align */
+#define DW_SMEM(OVL) (2 * DW_TILEK + ((OVL) ? 6 : 4) * DW_TILEQ + 1024)
+
+/* Pass KV (dk_ctx, dv_ctx) for head dimension 128, bf16, on a device of compute capability 9
+ * (built for sm_90a; elsewhere they trap): grid n_kt * nkv of DW_THREADS threads, DW_SMEM(false)
+ * (the _ovl kernel: DW_SMEM(true)) bytes of dynamic shared memory, after df_sched_kernel with
+ * DW_BNK keys a tile (as df_bwd_kv_kernel). The _ovl kernel loads chunks two ahead (three
+ * stages) and builds the next chunks' row tables while a chunk's dK runs. */
+__global__ void df_bwd_kv_wg_kernel(const DfP p);
+__global__ void df_bwd_kv_wg_ovl_kernel(const DfP p);
+
+#define DQW_MMAX 128                       /* pass Q: query rows of a CTA, two warpgroups of m64 */
+#define DQW_BN 64                          /* keys of a K/V tile */
+#define DQW_THREADS 256
+#define DQW_TILE (DQW_BN * DW_D * 2)       /* bytes of a K (or V) tile */
+/* ST stages of K and V, Q and dO (rows of D * 2 + 16 bytes), P and dS (rows of BN * 2 + 16) */
+#define DQW_SMEM(ST) (2 * (ST) * DQW_TILE + 2 * DQW_MMAX * (DW_D * 2 + 16) + 2 * DQW_MMAX * (DQW_BN * 2 + 16) + 1024)
+
+/* Pass Q (delta, dq, dk_blk, dv_blk) for head dimension 128, bf16, on compute capability 9 (as
+ * df_bwd_q_kernel: grid n_bg * nkv with DQW_MMAX rows a CTA, DQW_THREADS threads, DQW_SMEM(2)
+ * (the wg3 kernel: DQW_SMEM(3), three stages) bytes of dynamic shared memory) */
+__global__ void df_bwd_q_wg_kernel(const DfP p);
+__global__ void df_bwd_q_wg3_kernel(const DfP p);
+
+#endif
