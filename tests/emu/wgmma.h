@@ -146,6 +146,10 @@ inline void wg_mma_rs_n64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t db,
 {
     emu::wg_mma(&d[0][0], 64, a, 0, db, scale_d, true, false);
 }
+inline void wg_mma_rs_n128(float (&d)[16][4], const uint32_t (&a)[4], uint64_t db, int scale_d)
+{
+    emu::wg_mma(&d[0][0], 128, a, 0, db, scale_d, true, false);
+}
 inline void wg_mma_ss(float (&d)[16][4], uint64_t da, uint64_t db, int scale_d)
 {
     emu::wg_mma(&d[0][0], 128, nullptr, da, db, scale_d, false, false);
