@@ -1,6 +1,7 @@
-/* emu-dflash.cc: runs the DFlash attention kernels (kernels/dflash_kernels.cuh) in the SIMT
- * emulator (simt.h) on small random batches and compares them with the CPU ops
- * (lib/backends/be_cpu_train.c), the way tests/gpu/gpu-train-ops.c does on a GPU; first it checks the
+/* emu-dflash.cc: runs the DFlash attention kernels (kernels/dflash_kernels.cuh; the forward and
+ * pass Q of kernels/dflash_wgmma.cu on wgmma.h) in the SIMT emulator (simt.h) on small random
+ * batches and compares them with the CPU ops (lib/backends/be_cpu_train.c), the way
+ * tests/gpu/gpu-train-ops.c does on a GPU; first it checks the
  * emulator itself by running the target's flash-attention kernel (kernels/attn.cu, verified on
  * an H200) against the CPU attention. Built and run by tests/emu/run (not by make check: it
  * takes a minute or more). Exit 0 when everything agrees. */
