@@ -40,7 +40,10 @@
  *    Hopper GPU the d128 default of each pass is in kernels/dflash_wgmma.cu: pass KV with the
  *    same CTAs, schedule and row chunks, its four matmuls on wgmma (two warpgroups of 64 keys,
  *    P^T and dS^T in registers); pass Q with CTAs of 128 rows, S, dP and dQ on wgmma (two
- *    warpgroups of 64 rows, Q, dO, P, dS in registers), the block keys' part on mma.sync.
+ *    warpgroups of 64 rows, Q, dO, P, dS in registers), the block keys' part on mma.sync. The
+ *    forward has wgmma variants there too (not the default): pass Q's CTAs, S = Q K^T and
+ *    O += P V on wgmma with Q and P in registers, key tiles of 64 or 128 rows, P V of a key tile
+ *    overlapped with the softmax of the next in three of them.
  *  Scratch (the schedule) lives in the backend's cuBLAS workspace (no GEMM runs in between).
  *
  * f32 path (act F32, and bf16 shapes the tiled kernels do not take: head dims other than 32, 64,
@@ -127,6 +130,16 @@ static const DfVariant fwd128[] = {
     FWD_V("fwd d128 128 rows (4 warps x 32) BN32 Q smem", 128, 2, 4, 32, false),
     FWD_V("fwd d128 128 rows (8 warps x 16) BN64 Q regs", 128, 1, 8, 64, true),
     FWD_V("fwd d128 64 rows (4 warps x 16) BN64 Q regs", 128, 1, 4, 64, true),
+    {"fwd d128 128 rows (2 warpgroups) BN64 wgmma, P V overlapped, 3 stages", df_fwd_wg_ovl3_kernel, DQW_MMAX,
+     DQW_THREADS, DFW_SMEM(3, 64), 64, true},
+    {"fwd d128 128 rows (2 warpgroups) BN64 wgmma, P V overlapped, 4 stages", df_fwd_wg_ovl4_kernel, DQW_MMAX,
+     DQW_THREADS, DFW_SMEM(4, 64), 64, true},
+    {"fwd d128 128 rows (2 warpgroups) BN64 wgmma, 3 stages", df_fwd_wg_kernel, DQW_MMAX, DQW_THREADS, DFW_SMEM(3, 64),
+     64, true},
+    {"fwd d128 128 rows (2 warpgroups) BN128 wgmma, P V overlapped, 3 stages", df_fwd_wg128_ovl3_kernel, DQW_MMAX,
+     DQW_THREADS, DFW_SMEM(3, 128), 128, true},
+    {"fwd d128 128 rows (2 warpgroups) BN128 wgmma, 2 stages", df_fwd_wg128_kernel, DQW_MMAX, DQW_THREADS,
+     DFW_SMEM(2, 128), 128, true},
 };
 static const DfVariant bq32[] = {
     BWDQ_V("bwd-q d32 128 rows (8 warps) BN64 Q/dO regs", 32, 8, 64, true),

@@ -67,6 +67,10 @@ template <int MMAX> struct QsMeta {
     int row_idx[MMAX];         /* index of row m in [Q, n_heads] arrays */
 };
 
+/* The CTA's kv head and first block (grid n_bg * nkv; the heaviest group, the last, first) */
+__device__ __forceinline__ int qs_kv(const DfP &p) { return (int)(blockIdx.x % (unsigned)p.nkv); }
+__device__ __forceinline__ int qs_b0(const DfP &p) { return (p.n_bg - 1 - (int)(blockIdx.x / (unsigned)p.nkv)) * p.nb; }
+
 /* b0: the CTA's first block; g: its kv head. Ends with a barrier. */
 template <int MMAX>
 __device__ void qs_setup(QsMeta<MMAX> &mt, const DfP &p, int b0, int g, int BN)
@@ -214,6 +218,75 @@ __device__ __forceinline__ void phase_ranges(const QsMeta<MMAX> &mt, int seg, in
 /* ------------------------------------------------------------------------------------------ */
 /* forward (bf16) */
 
+/* The thread's rows m0 + 16 i (+ 8) of the CTA (i < MT): their local block (-1: no row) and slot */
+template <int MMAX, int MT>
+__device__ __forceinline__ void qs_rows(const QsMeta<MMAX> &mt, const DfP &p, int m0, int (&rlb)[MT][2],
+                                        int (&rj)[MT][2])
+{
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int m = m0 + i * 16 + 8 * hh;
+            rlb[i][hh] = mt.row_off[m] >= 0 ? m / p.rb : -1;
+            rj[i][hh] = (m % p.rb) % p.bs;
+        }
+}
+
+/* Forward: -inf for the scores of the thread's rows (mma.sync m16 layout: n8 tile nt, keys
+ * key0 + 8 nt + 2 t4 (+ 1)) outside their keys [lo, hi) */
+template <int MT, int NT>
+__device__ __forceinline__ void fwd_mask(float (&s)[MT][NT][4], int key0, int t4, const int (&lo)[MT][2],
+                                         const int (&hi)[MT][2])
+{
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int kj = key0 + nt * 8 + 2 * t4 + (e & 1), hh = e >> 1;
+                if (!(kj >= lo[i][hh] && kj < hi[i][hh]))
+                    s[i][nt][e] = -INFINITY;
+            }
+}
+
+/* Forward's end: O / l of the warp's MT m16 tiles of rows from wr0 (mma.sync m16 layout) through
+ * the warp's own rows of the Q tile at smem (rows of D * 2 + 16 bytes; no other warp reads them
+ * any more), then 16-byte stores; lse (natural log of the scaled scores; -inf for a row without
+ * keys) */
+template <int D, int MMAX, int MT>
+__device__ __forceinline__ void fwd_store(const QsMeta<MMAX> &mt, const DfP &p, unsigned char *smem, int wr0, int lane,
+                                          const float (&o)[MT][D / 8][4], const float (&mrow)[MT][2],
+                                          const float (&lrow)[MT][2])
+{
+    constexpr int CH = D / 8, DT = D / 8, ROWB = D * 2 + 16;
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            float l = ft_row_sum(lrow[i][hh]);
+            float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            const int m = wr0 + i * 16 + g + 8 * hh;
+            unsigned char *rowp = smem + m * ROWB + 4 * t4;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++)
+                *reinterpret_cast<uint32_t *>(rowp + dt * 16) =
+                    df_pack(o[i][dt][2 * hh] * inv, o[i][dt][2 * hh + 1] * inv);
+            if (t4 == 0 && mt.row_idx[m] >= 0)
+                p.lse[mt.row_idx[m]] = l > 0.0f ? mrow[i][hh] * p.scale + logf(l) : -INFINITY;
+        }
+    __syncwarp();
+    bf16 *og = (bf16 *)p.o;
+    for (int c = lane; c < 16 * MT * CH; c += 32) {
+        int r = wr0 + c / CH, ch = c % CH;
+        long long off = mt.row_off[r];
+        if (off >= 0)
+            *reinterpret_cast<uint4 *>(og + off + ch * 8) = *reinterpret_cast<const uint4 *>(smem + r * ROWB + ch * 16);
+    }
+}
+
 template <int D, int MT, int NW, int BN, bool QREG>
 struct FwdCfg {
     static constexpr int MMAX = 16 * MT * NW;
@@ -228,15 +301,13 @@ df_fwd_kernel(const DfP p)
 {
     typedef FwdCfg<D, MT, NW, BN, QREG> C;
     constexpr int MMAX = C::MMAX, THREADS = C::THREADS, ROWB = C::ROWB;
-    constexpr int CH = D / 8, NT = BN / 8, KD = D / 16, DT = D / 8, KB = BN / 16;
+    constexpr int NT = BN / 8, KD = D / 16, DT = D / 8, KB = BN / 16;
     static_assert(D % 32 == 0 && BN % 16 == 0, "tile shape");
 
     DF_DYN_SMEM(smem);
     __shared__ QsMeta<MMAX> mt;
     const uint32_t sQ = df_smem(smem), sK0 = sQ + MMAX * ROWB, sV0 = sK0 + 2 * BN * ROWB;
-    const int g_kv = (int)(blockIdx.x % (unsigned)p.nkv);
-    const int bg = p.n_bg - 1 - (int)(blockIdx.x / (unsigned)p.nkv);   /* heaviest (last) first */
-    const int b0 = bg * p.nb;
+    const int g_kv = qs_kv(p), b0 = qs_b0(p);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
 
@@ -251,14 +322,7 @@ df_fwd_kernel(const DfP p)
 
     const int wr0 = warp * 16 * MT;
     int rlb[MT][2], rj[MT][2], lo[MT][2], hi[MT][2];
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            int m = wr0 + i * 16 + g + 8 * hh;
-            rlb[i][hh] = mt.row_off[m] >= 0 ? m / p.rb : -1;
-            rj[i][hh] = (m % p.rb) % p.bs;
-        }
+    qs_rows<MMAX, MT>(mt, p, wr0 + g, rlb, rj);
     int cur_seg = -2;
 
     const uint32_t q_lane = sQ + wr0 * ROWB + lane_a(lane, ROWB);
@@ -332,19 +396,8 @@ df_fwd_kernel(const DfP p)
                     ft_mma_x4(s, a, b, np);
                 }
             }
-            if (need_mask) {
-#pragma unroll
-                for (int i = 0; i < MT; i++)
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            int kj = key0 + nt * 8 + 2 * t4 + (e & 1);
-                            int hh = e >> 1;
-                            if (!(kj >= lo[i][hh] && kj < hi[i][hh]))
-                                s[i][nt][e] = -INFINITY;
-                        }
-            }
+            if (need_mask)
+                fwd_mask(s, key0, t4, lo, hi);
             ft_online_softmax(s, mrow, lrow, o, sl2);
 #pragma unroll
             for (int kb = 0; kb < KB; kb++) {
@@ -361,30 +414,7 @@ df_fwd_kernel(const DfP p)
         __syncthreads();   /* the stage is refilled next iteration */
     }
 
-    /* O / l through the warp's own Q rows, then 16-byte stores; lse */
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            float l = ft_row_sum(lrow[i][hh]);
-            float inv = l > 0.0f ? 1.0f / l : 0.0f;
-            const int m = wr0 + i * 16 + g + 8 * hh;
-            unsigned char *rowp = smem + m * ROWB + 4 * t4;
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++)
-                *reinterpret_cast<uint32_t *>(rowp + dt * 16) =
-                    df_pack(o[i][dt][2 * hh] * inv, o[i][dt][2 * hh + 1] * inv);
-            if (t4 == 0 && mt.row_idx[m] >= 0)
-                p.lse[mt.row_idx[m]] = l > 0.0f ? mrow[i][hh] * p.scale + logf(l) : -INFINITY;
-        }
-    __syncwarp();
-    bf16 *og = (bf16 *)p.o;
-    for (int c = lane; c < 16 * MT * CH; c += 32) {
-        int r = wr0 + c / CH, ch = c % CH;
-        long long off = mt.row_off[r];
-        if (off >= 0)
-            *reinterpret_cast<uint4 *>(og + off + ch * 8) = *reinterpret_cast<const uint4 *>(smem + r * ROWB + ch * 16);
-    }
+    fwd_store<D, MMAX, MT>(mt, p, smem, wr0, lane, o, mrow, lrow);
 }
 
 /* Pass Q's start: the CTA's metadata (qs_setup), its Q and dO rows into shared memory at sQ, sDO
@@ -458,13 +488,11 @@ __device__ __forceinline__ void bq_rows(const QsMeta<MMAX> &mt, const DfP &p, in
                                         const float *sDelta, int (&rlb)[1][2], int (&rj)[1][2], float (&lse2)[2],
                                         float (&dlt)[2])
 {
+    qs_rows<MMAX, 1>(mt, p, m0, rlb, rj);
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
-        const int m = m0 + 8 * hh;
-        rlb[0][hh] = mt.row_off[m] >= 0 ? m / p.rb : -1;
-        rj[0][hh] = (m % p.rb) % p.bs;
-        lse2[hh] = sLse2[m];
-        dlt[hh] = sDelta[m];
+        lse2[hh] = sLse2[m0 + 8 * hh];
+        dlt[hh] = sDelta[m0 + 8 * hh];
     }
 }
 
@@ -567,9 +595,7 @@ df_bwd_q_kernel(const DfP p)
     const uint32_t sQ = df_smem(smem), sDO = sQ + MMAX * ROWB, sK0 = sDO + MMAX * ROWB;
     const uint32_t sV0 = sK0 + ST * BN * ROWB, sP = sV0 + ST * BN * ROWB, sDS = sP + MMAX * ROWP;
     unsigned char *pP = smem + (sP - sQ), *pDS = smem + (sDS - sQ), *pDO = smem + (sDO - sQ);
-    const int g_kv = (int)(blockIdx.x % (unsigned)p.nkv);
-    const int bg = p.n_bg - 1 - (int)(blockIdx.x / (unsigned)p.nkv);
-    const int b0 = bg * p.nb;
+    const int g_kv = qs_kv(p), b0 = qs_b0(p);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
 

@@ -1,7 +1,9 @@
-/* dflash_wgmma.cu: the two passes of the DFlash attention backward (kernels/dflash_attn.cu has
- * the design; df_bwd_kv_kernel and df_bwd_q_kernel in dflash_kernels.cuh are the mma.sync forms)
- * for head dimension 128 on Hopper's wgmma (sm_90a: the Makefile compiles this file for sm_90a
- * alone). Both are the d128 defaults on a GPU of compute capability 9.
+/* dflash_wgmma.cu: the two passes of the DFlash attention backward and its forward
+ * (kernels/dflash_attn.cu has the design; df_bwd_kv_kernel, df_bwd_q_kernel and df_fwd_kernel in
+ * dflash_kernels.cuh are the mma.sync forms) for head dimension 128 on Hopper's wgmma (sm_90a:
+ * the Makefile compiles this file for sm_90a alone). Both passes of the backward are the d128
+ * defaults on a GPU of compute capability 9; the forward's variants are not yet (dw_fwd below
+ * describes them). tests/emu/emu-dflash runs the forward and pass Q in the SIMT emulator.
  *
  * Pass KV. A CTA of two warpgroups (256 threads) owns DW_BNK = 128 context keys of one kv head, warpgroup
  * w the keys [64 w, 64 w + 64); K and V stay in shared memory. The query rows of the blocks that
@@ -40,6 +42,8 @@
 #include "dflash_wgmma.cuh"
 #include "attn_wgmma.h"
 
+#include <type_traits>
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DW_ON 1
 #endif
@@ -51,18 +55,18 @@
  * the MN-major B operand of dV += P^T dO, dK += dS^T Q (pass Q: dQ += dS K): the 16 rows from
  * kb * 16, 8-row groups 1,024 bytes apart (stride), the two 64-column halves 64 * 128 bytes
  * apart (leading offset), 128-byte swizzle */
-__device__ __forceinline__ uint64_t dw_desc_mn(uint32_t tile, int kb)
+template <int ROWS = 64> __device__ __forceinline__ uint64_t dw_desc_mn(uint32_t tile, int kb)
 {
     const uint32_t addr = tile + (uint32_t)kb * 16 * AW_ROWB;
-    return (uint64_t)((addr & 0x3FFFFu) >> 4) | (uint64_t)((64 * AW_ROWB) >> 4) << 16 |
+    return (uint64_t)((addr & 0x3FFFFu) >> 4) | (uint64_t)((ROWS * AW_ROWB) >> 4) << 16 |
            (uint64_t)(MW_SBO >> 4) << 32 | (uint64_t)1 << 62;
 }
 
-/* the A fragments of the 4 k16 steps of an m64 x n64 accumulator, as bf16 */
-__device__ __forceinline__ void dw_pack(uint32_t (&a)[4][4], const float (&s)[8][4])
+/* the A fragments of the N / 2 k16 steps of an m64 x n(8 N) accumulator, as bf16 */
+template <int N> __device__ __forceinline__ void dw_pack(uint32_t (&a)[N / 2][4], const float (&s)[N][4])
 {
 #pragma unroll
-    for (int kb = 0; kb < 4; kb++) {
+    for (int kb = 0; kb < N / 2; kb++) {
         a[kb][0] = df_pack(s[2 * kb][0], s[2 * kb][1]);
         a[kb][1] = df_pack(s[2 * kb][2], s[2 * kb][3]);
         a[kb][2] = df_pack(s[2 * kb + 1][0], s[2 * kb + 1][1]);
@@ -70,6 +74,66 @@ __device__ __forceinline__ void dw_pack(uint32_t (&a)[4][4], const float (&s)[8]
     }
 }
 
+/* d (m64 x n(8 N), N = 8 or 16) = A B^T over the head dimension: A a warp's 16 rows (Q or dO) as
+ * registers (the mma.sync A fragments of its D / 16 k16 steps), B the K-major tile of 8 N rows
+ * (K or V) at tile; issued, not committed */
+template <int N>
+__device__ __forceinline__ void dw_mma_rows(float (&d)[N][4], const uint32_t (&a)[DW_D / 16][4], uint32_t tile)
+{
+    static_assert(N == 8 || N == 16, "n64 or n128");
+#pragma unroll
+    for (int kk = 0; kk < DW_D / 16; kk++) {
+        if constexpr (N == 8)
+            wg_mma_rs_n64(d, a[kk], mw_desc(tile + aw_koff(64, kk)), kk > 0);
+        else
+            wg_mma_rs_n128(d, a[kk], mw_desc(tile + aw_koff(128, kk)), kk > 0);
+    }
+}
+
+/* d (m64 x n128) += A B over 16 KB keys: A the KB k16 fragments of an m64 x n(16 KB) accumulator
+ * packed by dw_pack (P, dS; pass KV: P^T, dS^T), B the tile of 16 KB rows at tile as the MN-major
+ * operand; issued, not committed */
+template <int KB>
+__device__ __forceinline__ void dw_mma_keys(float (&d)[16][4], const uint32_t (&a)[KB][4], uint32_t tile)
+{
+#pragma unroll
+    for (int kb = 0; kb < KB; kb++)
+        wg_mma_rs_tb(d, a[kb], dw_desc_mn<16 * KB>(tile, kb));
+}
+
+/* K/V tile it of the CTA's list (tile_at, BN keys) into stage it % ST of the rings at sK0, sV0
+ * (BN * DW_D * 2 bytes a stage, swizzled), thread tid of DQW_THREADS taking 16-byte chunk tid % 16
+ * of rows tid / 16 + 16 i, rows past the tile's keys zero-filled; one commit group (empty past
+ * the last tile) */
+template <int ST, int MMAX, int BN = DQW_BN>
+__device__ __forceinline__ void dw_load_kv(const QsMeta<MMAX> &mt, const DfP &p, int it, int b0, int g_kv,
+                                           uint32_t sK0, uint32_t sV0, int tid)
+{
+    if (it < mt.ntiles) {
+        const DfTile t = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
+        const uint32_t st = (uint32_t)(it % ST) * (BN * DW_D * 2);
+#pragma unroll
+        for (int i = 0; i < BN * 16 / DQW_THREADS; i++) {
+            const int r = tid / 16 + 16 * i, ch = tid % 16;
+            const bool ok = r < t.nvalid;
+            const int64_t off = ok ? (int64_t)r * p.ldk + ch * 8 : 0;
+            df_cp16(sK0 + st + aw_off(BN, (uint32_t)r, (uint32_t)ch), t.k + off, ok);
+            df_cp16(sV0 + st + aw_off(BN, (uint32_t)r, (uint32_t)ch), t.v + off, ok);
+        }
+    }
+    df_commit();
+}
+
+#endif
+
+/* kernel NAME of THREADS threads running the body; built without sm_90a it traps
+ * (dflash_attn.cu launches these only on compute capability 9) */
+#ifdef DW_ON
+#define DW_KERNEL(NAME, THREADS, ...) \
+    __global__ void __launch_bounds__(THREADS, 1) NAME(const DfP p) { __VA_ARGS__; }
+#else
+#define DW_KERNEL(NAME, THREADS, ...) \
+    __global__ void __launch_bounds__(THREADS, 1) NAME(const DfP p) { __trap(); }
 #endif
 
 #ifdef DW_ON
@@ -167,9 +231,7 @@ template <bool OVL> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
         wg_hold_a(pa);
         wg_hold(dv);
         wg_fence();
-#pragma unroll
-        for (int kb = 0; kb < 4; kb++)
-            wg_mma_rs_tb(dv, pa[kb], dw_desc_mn(dost, kb));
+        dw_mma_keys(dv, pa, dost);
         wg_commit();
         wg_wait<1>();   /* dP^T */
         wg_hold(dp);
@@ -182,9 +244,7 @@ template <bool OVL> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
         wg_hold_a(da);
         wg_hold(dk);
         wg_fence();
-#pragma unroll
-        for (int kb = 0; kb < 4; kb++)
-            wg_mma_rs_tb(dk, da[kb], dw_desc_mn(qst, kb));
+        dw_mma_keys(dk, da, qst);
         wg_commit();
     };
 
@@ -278,24 +338,9 @@ template <bool OVL> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
 }
 #endif
 
-/* (built without sm_90a they trap: dflash_attn.cu launches them only on compute capability 9) */
-__global__ void __launch_bounds__(DW_THREADS, 1) df_bwd_kv_wg_kernel(const DfP p)
-{
-#ifdef DW_ON
-    dw_bwd_kv<false>(p);
-#else
-    __trap();
-#endif
-}
+DW_KERNEL(df_bwd_kv_wg_kernel, DW_THREADS, dw_bwd_kv<false>(p))
 
-__global__ void __launch_bounds__(DW_THREADS, 1) df_bwd_kv_wg_ovl_kernel(const DfP p)
-{
-#ifdef DW_ON
-    dw_bwd_kv<true>(p);
-#else
-    __trap();
-#endif
-}
+DW_KERNEL(df_bwd_kv_wg_ovl_kernel, DW_THREADS, dw_bwd_kv<true>(p))
 
 /* ------------------------------------------------------------------------------------------ */
 /* pass Q */
@@ -312,32 +357,14 @@ template <int ST> __device__ __forceinline__ void dw_bwd_q(const DfP &p)
     const uint32_t sQ = sV0 + ST * TILE, sDO = sQ + MMAX * ROWB, sP = sDO + MMAX * ROWB, sDS = sP + MMAX * ROWP;
     unsigned char *pQ = smem + (sQ - sbase), *pDO = smem + (sDO - sbase);
     unsigned char *pP = smem + (sP - sbase), *pDS = smem + (sDS - sbase);
-    const int g_kv = (int)(blockIdx.x % (unsigned)p.nkv);
-    const int bg = p.n_bg - 1 - (int)(blockIdx.x / (unsigned)p.nkv);   /* heaviest (last) first */
-    const int b0 = bg * p.nb;
+    const int g_kv = qs_kv(p), b0 = qs_b0(p);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
     const int wr0 = warp * 16;   /* the warp's rows (warpgroup warp / 4: rows 64 (warp / 4) ..) */
 
     bq_setup<D, MMAX, THREADS>(mt, p, b0, g_kv, BN, sQ, sDO);
     const int ntiles = mt.ntiles;
-    /* K/V tile it into its stage (thread tid: chunk tid % 16 of rows tid / 16 + 16 i; rows past
-     * the tile's keys zero-filled), a commit group each (empty past the last tile) */
-    auto load_tile = [&](int it) {
-        if (it < ntiles) {
-            const DfTile t = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
-            const uint32_t st = (uint32_t)(it % ST) * TILE;
-#pragma unroll
-            for (int i = 0; i < BN * 16 / THREADS; i++) {
-                const int r = tid / 16 + 16 * i, ch = tid % 16;
-                const bool ok = r < t.nvalid;
-                const int64_t off = ok ? (int64_t)r * p.ldk + ch * 8 : 0;
-                df_cp16(sK0 + st + aw_off(BN, (uint32_t)r, (uint32_t)ch), t.k + off, ok);
-                df_cp16(sV0 + st + aw_off(BN, (uint32_t)r, (uint32_t)ch), t.v + off, ok);
-            }
-        }
-        df_commit();
-    };
+    auto load_tile = [&](int it) { dw_load_kv<ST, MMAX>(mt, p, it, b0, g_kv, sK0, sV0, tid); };
     for (int it = 0; it < ST - 1; it++)
         load_tile(it);
     df_wait<ST - 1>();   /* Q and dO */
@@ -387,13 +414,9 @@ template <int ST> __device__ __forceinline__ void dw_bwd_q(const DfP &p)
         wg_hold(s);
         wg_hold(dp);
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < KD; kk++)
-            wg_mma_rs_n64(s, qf[kk], mw_desc(kst + aw_koff(BN, kk)), kk > 0);
+        dw_mma_rows(s, qf, kst);
         wg_commit();
-#pragma unroll
-        for (int kk = 0; kk < KD; kk++)
-            wg_mma_rs_n64(dp, dof[kk], mw_desc(vst + aw_koff(BN, kk)), kk > 0);
+        dw_mma_rows(dp, dof, vst);
         wg_commit();
         wg_wait<1>();
         wg_hold(s);
@@ -422,9 +445,7 @@ template <int ST> __device__ __forceinline__ void dw_bwd_q(const DfP &p)
         wg_hold_a(da);
         wg_hold(dq);
         wg_fence();
-#pragma unroll
-        for (int kb = 0; kb < BN / 16; kb++)
-            wg_mma_rs_tb(dq, da[kb], dw_desc_mn(kst, kb));
+        dw_mma_keys(dq, da, kst);
         wg_commit();
         if (blk) {
             __syncthreads();
@@ -439,20 +460,159 @@ template <int ST> __device__ __forceinline__ void dw_bwd_q(const DfP &p)
 }
 #endif
 
-__global__ void __launch_bounds__(DQW_THREADS, 1) df_bwd_q_wg_kernel(const DfP p)
-{
-#ifdef DW_ON
-    dw_bwd_q<2>(p);
-#else
-    __trap();
-#endif
-}
+DW_KERNEL(df_bwd_q_wg_kernel, DQW_THREADS, dw_bwd_q<2>(p))
 
-__global__ void __launch_bounds__(DQW_THREADS, 1) df_bwd_q_wg3_kernel(const DfP p)
-{
+DW_KERNEL(df_bwd_q_wg3_kernel, DQW_THREADS, dw_bwd_q<3>(p))
+
+/* ------------------------------------------------------------------------------------------ */
+/* forward */
+
 #ifdef DW_ON
-    dw_bwd_q<3>(p);
-#else
-    __trap();
-#endif
+/* The forward on the CTAs of pass Q (DQW_MMAX rows, whole blocks; qs_setup, the same key tiles
+ * through tile_at): warpgroup w the rows [64 w, 64 w + 64), a warp's Q rows loaded once from
+ * shared memory (padded rows, as df_fwd_kernel) into registers as wgmma A fragments. Key tiles of
+ * BN = 64 or 128 rows of K and V stream through a ring of ST stages (swizzled as pass Q's). Per
+ * tile: S = Q K^T on wgmma m64n64k16 or m64n128k16 (A from registers, K K-major), the mask and the online
+ * softmax of df_fwd_kernel on the accumulators (fwd_mask, flash_tile.cuh), P rounded to bf16 in
+ * registers as the A operand of O += P V (wgmma m64n128k16, V MN-major). O and lse are written as
+ * df_fwd_kernel's (fwd_store, through the warp's own Q rows). Every warpgroup runs every wgmma of
+ * every tile (rows without keys in it: P = 0, O and the row sum unchanged).
+ * Schedules: plain (S, softmax, P V one after the other, ST - 1 tiles loading meanwhile) and
+ * overlapped (OVL, ST >= 3): the P V of tile it - 1 runs on the tensor cores while the softmax of
+ * tile it runs (O rescaled once that P V is done, as attn_wgmma.cu's overlapped schedule); tile
+ * it + ST - 2 is loaded from the start of step it into the stage of tile it - 2, whose P V was
+ * waited on in step it - 1 (the barrier at the start of step it). With BN = 128, Q's rows lie in
+ * the last V stage (DFW_SMEM): tile ST - 1 is first loaded there after a barrier that follows
+ * every warp's Q loads (overlapped: step 1's; plain: one more), and the O store through them
+ * waits for a barrier after every warpgroup's last P V. */
+template <int ST, bool OVL, int BN> __device__ __forceinline__ void dw_fwd(const DfP &p)
+{
+    constexpr int D = DW_D, MMAX = DQW_MMAX, THREADS = DQW_THREADS;
+    constexpr int ROWB = D * 2 + 16, TILE = DFW_TILE(BN), KD = D / 16, NT = BN / 8;
+    constexpr int AHEAD = OVL ? ST - 2 : ST - 1;   /* tiles loaded before the first step */
+    constexpr bool QALIAS = DFW_QALIAS(BN);        /* Q in the last V stage (see DFW_SMEM) */
+    static_assert((BN == 64 || BN == 128) && ST >= 2 && (!OVL || ST >= 3), "dw_fwd shape");
+    DF_DYN_SMEM(smem);
+    __shared__ QsMeta<MMAX> mt;
+    const uint32_t sbase = df_smem(smem), sK0 = (sbase + 1023u) & ~1023u, sV0 = sK0 + ST * TILE;
+    const uint32_t sQ = sV0 + (QALIAS ? ST - 1 : ST) * TILE;
+    const int g_kv = qs_kv(p), b0 = qs_b0(p);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int wr0 = warp * 16;   /* the warp's rows (warpgroup warp / 4: rows 64 (warp / 4) ..) */
+
+    qs_setup<MMAX>(mt, p, b0, g_kv, BN);
+    load_rows<D, MMAX, THREADS>(mt, (const bf16 *)p.q, sQ);
+    df_commit();
+    const int ntiles = mt.ntiles;
+    for (int it = 0; it < AHEAD; it++)
+        dw_load_kv<ST, MMAX, BN>(mt, p, it, b0, g_kv, sK0, sV0, tid);
+    df_wait<AHEAD>();   /* Q */
+    __syncthreads();
+    uint32_t qf[KD][4];
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+        df_ldm(qf[kk], sQ + wr0 * ROWB + lane_a(lane, ROWB) + kk * 32);
+    if (QALIAS && !OVL)
+        __syncthreads();   /* everyone has Q before step 0 loads tile ST - 1 over it */
+
+    int rlb[1][2], rj[1][2], lo[1][2], hi[1][2];
+    qs_rows<MMAX, 1>(mt, p, wr0 + g, rlb, rj);
+    int cur_seg = -2;
+    const float sl2 = p.sl2;
+    float o[1][16][4], s[1][NT][4], mrow[1][2], lrow[1][2], alpha[1][2];
+    uint32_t pa[NT / 2][4] = {};   /* P of a key tile: the A fragments of its k16 steps */
+    ft_init(o, mrow, lrow);
+    wg_hold(o[0]);   /* zeroed here, not next to a wgmma in flight */
+
+    /* S of tile t, masked, to P (its mask ranges first where its phase changes) */
+    auto softmax = [&](const DfTile &t) {
+        if (t.seg != cur_seg) {
+            phase_ranges<MMAX, 1>(mt, t.seg, p.bs, p.window, rlb, rj, lo, hi);
+            cur_seg = t.seg;
+        }
+        if (tile_needs_mask<MMAX>(mt, t, BN))
+            fwd_mask(s, t.key0, t4, lo, hi);
+        ft_softmax_p(s, mrow, lrow, alpha, sl2);
+    };
+    /* O += P V of the V tile in stage st, waited for */
+    auto pv_now = [&](uint32_t st) {
+        wg_hold(o[0]);
+        wg_hold_a(pa);
+        wg_fence();
+        dw_mma_keys(o[0], pa, sV0 + st);
+        wg_commit();
+        wg_wait<0>();
+        wg_hold(o[0]);
+        wg_hold_a(pa);
+    };
+    if constexpr (!OVL) {
+        for (int it = 0; it < ntiles; it++) {
+            const uint32_t st = (uint32_t)(it % ST) * TILE;
+            const DfTile t = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
+            /* the stage of tile it + ST - 1 was last read in step it - 1 (barrier at its end) */
+            dw_load_kv<ST, MMAX, BN>(mt, p, it + ST - 1, b0, g_kv, sK0, sV0, tid);
+            df_wait<ST - 1>();   /* tile it */
+            wg_proxy_fence();
+            __syncthreads();
+            wg_hold(s[0]);
+            wg_fence();
+            dw_mma_rows(s[0], qf, sK0 + st);
+            wg_commit();
+            wg_wait<0>();
+            wg_hold(s[0]);
+            softmax(t);
+            ft_rescale_o(o, alpha);
+            dw_pack(pa, s[0]);
+            pv_now(st);
+            __syncthreads();   /* the stage is refilled next step */
+        }
+    } else {
+        /* step it (PV: whether there is a tile it - 1, known at compile time: a wgmma under a
+         * branch is fenced by ptxas) */
+        auto step = [&](int it, auto PV) {
+            const uint32_t st = (uint32_t)(it % ST) * TILE, pst = (uint32_t)((it + ST - 1) % ST) * TILE;
+            const DfTile t = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
+            df_wait<ST - 3>();   /* tile it */
+            wg_proxy_fence();
+            __syncthreads();   /* everyone past step it - 1: the P V of tile it - 2 is done */
+            dw_load_kv<ST, MMAX, BN>(mt, p, it + ST - 2, b0, g_kv, sK0, sV0, tid);
+            wg_hold(s[0]);
+            wg_hold(o[0]);
+            wg_hold_a(pa);
+            wg_fence();
+            dw_mma_rows(s[0], qf, sK0 + st);
+            wg_commit();
+            if constexpr (decltype(PV)::value)
+                dw_mma_keys(o[0], pa, sV0 + pst);   /* tile it - 1 */
+            wg_commit();
+            wg_wait<1>();   /* S */
+            wg_hold(s[0]);
+            softmax(t);
+            wg_wait<0>();   /* P V of tile it - 1 */
+            wg_hold(o[0]);
+            wg_hold_a(pa);
+            ft_rescale_o(o, alpha);
+            dw_pack(pa, s[0]);
+        };
+        step(0, std::false_type());
+        for (int it = 1; it < ntiles; it++)
+            step(it, std::true_type());
+        pv_now((uint32_t)((ntiles - 1) % ST) * TILE);   /* the last tile */
+    }
+    df_wait<0>();
+    if (QALIAS)
+        __syncthreads();   /* every warpgroup's P V is done with the V stages */
+    fwd_store<D, MMAX, 1>(mt, p, smem + (sQ - sbase), wr0, lane, o, mrow, lrow);
 }
+#endif
+
+DW_KERNEL(df_fwd_wg_kernel, DQW_THREADS, dw_fwd<3, false, 64>(p))
+
+DW_KERNEL(df_fwd_wg_ovl3_kernel, DQW_THREADS, dw_fwd<3, true, 64>(p))
+
+DW_KERNEL(df_fwd_wg_ovl4_kernel, DQW_THREADS, dw_fwd<4, true, 64>(p))
+
+DW_KERNEL(df_fwd_wg128_ovl3_kernel, DQW_THREADS, dw_fwd<3, true, 128>(p))
+
+DW_KERNEL(df_fwd_wg128_kernel, DQW_THREADS, dw_fwd<2, false, 128>(p))

@@ -1,5 +1,6 @@
-/* dflash_wgmma.cuh: the wgmma kernel of the DFlash attention backward's pass KV
- * (kernels/dflash_wgmma.cu) for kernels/dflash_attn.cu: its shape and its shared memory. Needs
+/* dflash_wgmma.cuh: the wgmma kernels of the DFlash attention (kernels/dflash_wgmma.cu: the
+ * backward's pass KV and pass Q, the forward) for kernels/dflash_attn.cu: their shapes and their
+ * shared memory. Needs
  * DfP (dflash_kernels.cuh). */
 #ifndef DFL_DFLASH_WGMMA_CUH
 #define DFL_DFLASH_WGMMA_CUH
@@ -33,5 +34,23 @@ __global__ void df_bwd_kv_wg_ovl_kernel(const DfP p);
  * (the wg3 kernel: DQW_SMEM(3), three stages) bytes of dynamic shared memory) */
 __global__ void df_bwd_q_wg_kernel(const DfP p);
 __global__ void df_bwd_q_wg3_kernel(const DfP p);
+
+/* The forward (o, lse) for head dimension 128, bf16, on compute capability 9, on pass Q's CTAs
+ * (grid n_bg * nkv with DQW_MMAX rows a CTA, DQW_THREADS threads) with DFW_SMEM(ST, BN) bytes of
+ * dynamic shared memory: ST stages of K and V tiles of BN keys, and Q (rows of D * 2 + 16 bytes),
+ * which with BN = 128 takes the place of the last V stage (once in registers) so that three
+ * stages fit. BN 64: df_fwd_wg_kernel: plain schedule, 3 stages; _ovl3, _ovl4: P V of a tile
+ * overlapped with the softmax of the next, 3 or 4 stages. BN 128: df_fwd_wg128_ovl3_kernel
+ * (overlapped, 3 stages), df_fwd_wg128_kernel (plain, 2 stages). */
+#define DFW_TILE(BN) ((BN) * DW_D * 2)
+#define DFW_QALIAS(BN) ((BN) == 128)
+#define DFW_QBYTES (DQW_MMAX * (DW_D * 2 + 16))
+#define DFW_SMEM(ST, BN) \
+    (2 * (ST) * DFW_TILE(BN) + DFW_QBYTES - (DFW_QALIAS(BN) ? DFW_TILE(BN) : 0) + 1024)
+__global__ void df_fwd_wg_kernel(const DfP p);
+__global__ void df_fwd_wg_ovl3_kernel(const DfP p);
+__global__ void df_fwd_wg_ovl4_kernel(const DfP p);
+__global__ void df_fwd_wg128_ovl3_kernel(const DfP p);
+__global__ void df_fwd_wg128_kernel(const DfP p);
 
 #endif

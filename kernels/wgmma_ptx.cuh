@@ -67,6 +67,16 @@ __device__ __forceinline__ void wg_mma_rs_n64(float (&d)[8][4], const uint32_t (
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
 }
 
+/* d (m64 x n128, f32) = (scale_d ? d : 0) + A (registers: a warp's 16 rows as the mma.sync
+ * m16n8k16 A fragment) B (descriptor db, k16 x n128, bf16 K-major in shared memory) */
+__device__ __forceinline__ void wg_mma_rs_n128(float (&d)[16][4], const uint32_t (&a)[4], uint64_t db, int scale_d)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WG_ACC64_REGS "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                 : WG_ACC64(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+
 /* d (m64 x n128, f32) = (scale_d ? d : 0) + A (descriptor da, m64 x k16) B (descriptor db, k16 x
  * n128), bf16, both K-major in shared memory */
 __device__ __forceinline__ void wg_mma_ss(float (&d)[16][4], uint64_t da, uint64_t db, int scale_d)

@@ -1,6 +1,7 @@
-/* emu-dflash.cc: runs the DFlash attention kernels (kernels/dflash_kernels.cuh) in the SIMT
- * emulator (simt.h) on small random batches and compares them with the CPU ops
- * (lib/backends/be_cpu_train.c), the way tests/gpu/gpu-train-ops.c does on a GPU; first it checks the
+/* emu-dflash.cc: runs the DFlash attention kernels (kernels/dflash_kernels.cuh; the forward and
+ * pass Q of kernels/dflash_wgmma.cu on wgmma.h) in the SIMT emulator (simt.h) on small random
+ * batches and compares them with the CPU ops (lib/backends/be_cpu_train.c), the way
+ * tests/gpu/gpu-train-ops.c does on a GPU; first it checks the
  * emulator itself by running the target's flash-attention kernel (kernels/attn.cu, verified on
  * an H200) against the CPU attention. Built and run by tests/emu/run (not by make check: it
  * takes a minute or more). Exit 0 when everything agrees. */
@@ -15,6 +16,15 @@ extern "C" {
 
 #include "../../kernels/dflash_kernels.cuh"
 #include "../../kernels/attn_tiled.cuh"   /* kernels/attn.cu's tiled kernel */
+/* the wgmma kernels of the forward and pass Q (kernels/dflash_wgmma.cu, sm_90a code) on the
+ * emulated wgmma of wgmma.h (pass Q's, verified on an H200, check the emulator's wgmma layouts);
+ * simt.h stands in for the file's CUDA includes. Not pass KV's: its row tables come by cp.async
+ * into static shared arrays, which the emulator's shared address space does not hold. */
+#define DFL_BE_CUDA_CUH 1
+#define DFL_DFLASH_PTX_CUH 1
+#define __CUDA_ARCH_FEAT_SM90_ALL 1
+#include "wgmma.h"
+#include "../../kernels/dflash_wgmma.cu"
 
 static int failures;
 
@@ -233,6 +243,15 @@ static void run_bwd_kv(DfP p)
     emu::launch(dim3((unsigned)(p.n_kt * p.nkv)), dim3(C::THREADS), C::SMEM, [&] { df_bwd_kv_kernel<D, NW, QC, PIPE, SP>(p); });
 }
 
+/* a kernel on the query-stationary CTAs of MMAX rows (forward, pass Q) */
+template <void (*K)(const DfP), int MMAX, int THREADS, size_t SMEM>
+static void run_qs(DfP p)
+{
+    p.nb = std::max(1, std::min(DF_NBMAX, MMAX / p.rb));
+    p.n_bg = (p.n_blocks + p.nb - 1) / p.nb;
+    emu::launch(dim3((unsigned)(p.n_bg * p.nkv)), dim3(THREADS), SMEM, [&] { K(p); });
+}
+
 struct Variant {
     const char *name;
     void (*fn)(DfP);
@@ -262,14 +281,21 @@ template <> struct Vars<128> {
     static std::vector<Variant> fwd()
     {
         return {{"fwd 4x32 BN32 Qsmem", run_fwd<128, 2, 4, 32, false>, 16 * 2 * 4}, {"fwd 8x16 BN64 Qreg", run_fwd<128, 1, 8, 64, true>, 16 * 1 * 8},
-                {"fwd 4x16 BN64 Qreg", run_fwd<128, 1, 4, 64, true>, 16 * 1 * 4}};
+                {"fwd 4x16 BN64 Qreg", run_fwd<128, 1, 4, 64, true>, 16 * 1 * 4},
+                {"fwd wgmma overlapped 3 stages", run_qs<df_fwd_wg_ovl3_kernel, DQW_MMAX, DQW_THREADS, DFW_SMEM(3, 64)>, DQW_MMAX},
+                {"fwd wgmma overlapped 4 stages", run_qs<df_fwd_wg_ovl4_kernel, DQW_MMAX, DQW_THREADS, DFW_SMEM(4, 64)>, DQW_MMAX},
+                {"fwd wgmma 3 stages", run_qs<df_fwd_wg_kernel, DQW_MMAX, DQW_THREADS, DFW_SMEM(3, 64)>, DQW_MMAX},
+                {"fwd wgmma BN128 overlapped 3 stages", run_qs<df_fwd_wg128_ovl3_kernel, DQW_MMAX, DQW_THREADS, DFW_SMEM(3, 128)>, DQW_MMAX},
+                {"fwd wgmma BN128 2 stages", run_qs<df_fwd_wg128_kernel, DQW_MMAX, DQW_THREADS, DFW_SMEM(2, 128)>, DQW_MMAX}};
     }
     static std::vector<Variant> bq()
     {
         return {{"bwd-q 8w BN32 regs", run_bwd_q<128, 8, 32, true>, 16 * 8}, {"bwd-q 8w BN32 smem", run_bwd_q<128, 8, 32, false>, 16 * 8},
                 {"bwd-q 4w BN32 regs", run_bwd_q<128, 4, 32, true>, 16 * 4},
                 {"bwd-q 4w BN32 regs 3 stages", run_bwd_q<128, 4, 32, true, 3>, 16 * 4},
-                {"bwd-q 8w BN32 regs 3 stages", run_bwd_q<128, 8, 32, true, 3>, 16 * 8}};
+                {"bwd-q 8w BN32 regs 3 stages", run_bwd_q<128, 8, 32, true, 3>, 16 * 8},
+                {"bwd-q wgmma 3 stages", run_qs<df_bwd_q_wg3_kernel, DQW_MMAX, DQW_THREADS, DQW_SMEM(3)>, DQW_MMAX},
+                {"bwd-q wgmma 2 stages", run_qs<df_bwd_q_wg_kernel, DQW_MMAX, DQW_THREADS, DQW_SMEM(2)>, DQW_MMAX}};
     }
     static std::vector<Variant> bkv()
     {
