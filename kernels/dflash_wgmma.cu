@@ -615,4 +615,3 @@ DW_KERNEL(df_fwd_wg_ovl4_kernel, DQW_THREADS, dw_fwd<4, true, 64>(p))
 
 DW_KERNEL(df_fwd_wg128_ovl3_kernel, DQW_THREADS, dw_fwd<3, true, 128>(p))
 
-DW_KERNEL(df_fwd_wg128_kernel, DQW_THREADS, dw_fwd<2, false, 128>(p))

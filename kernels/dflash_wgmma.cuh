@@ -41,7 +41,8 @@ __global__ void df_bwd_q_wg3_kernel(const DfP p);
  * which with BN = 128 takes the place of the last V stage (once in registers) so that three
  * stages fit. BN 64: df_fwd_wg_kernel: plain schedule, 3 stages; _ovl3, _ovl4: P V of a tile
  * overlapped with the softmax of the next, 3 or 4 stages. BN 128: df_fwd_wg128_ovl3_kernel
- * (overlapped, 3 stages), df_fwd_wg128_kernel (plain, 2 stages). */
+ * (overlapped, 3 stages; the d128 default on Hopper). A plain BN 128 form of two stages passed
+ * the emulator but gave wrong results on the H200, and was removed. */
 #define DFW_TILE(BN) ((BN) * DW_D * 2)
 #define DFW_QALIAS(BN) ((BN) == 128)
 #define DFW_QBYTES (DQW_MMAX * (DW_D * 2 + 16))
@@ -51,6 +52,5 @@ __global__ void df_fwd_wg_kernel(const DfP p);
 __global__ void df_fwd_wg_ovl3_kernel(const DfP p);
 __global__ void df_fwd_wg_ovl4_kernel(const DfP p);
 __global__ void df_fwd_wg128_ovl3_kernel(const DfP p);
-__global__ void df_fwd_wg128_kernel(const DfP p);
 
 #endif
