@@ -178,12 +178,26 @@ void dfl_span_item(char *line, size_t size, size_t *n, const char *label, double
         *n += (size_t)k;
 }
 
-void dfl_span_order(const dfl_span_sum *s, int order[DFL_SPAN_SHAPES])
+void dfl_span_shapes(const dfl_span_sum *s, const char *const *prefix, const char *const *suffix,
+                     double div, double total, bool ms, char *line, size_t size)
 {
-    for (int i = 0; i < s->n_gemm; i++) {
+    int order[DFL_SPAN_SHAPES];
+    for (int i = 0; i < s->n_gemm; i++) {   /* longest first */
         int j = i;
         for (; j > 0 && s->gemm[order[j - 1]].seconds < s->gemm[i].seconds; j--)
             order[j] = order[j - 1];
         order[j] = i;
+    }
+    size_t n = 0;
+    if (size)
+        line[0] = 0;
+    for (int o = 0; o < s->n_gemm; o++) {
+        const int i = order[o], t = s->gemm[i].tag;
+        char label[64] = "other shapes";
+        if (s->gemm[i].n)
+            snprintf(label, sizeof label, "%s%lldx%lld%s", prefix ? prefix[t] : "",
+                     (long long)s->gemm[i].n, (long long)s->gemm[i].k, suffix ? suffix[t] : "");
+        dfl_span_item(line, size, &n, label, s->gemm[i].seconds / div, s->gemm[i].flops / div,
+                      total, ms);
     }
 }

@@ -50,7 +50,9 @@ void dfl_span_read(dfl_span_prof *p, dfl_span_sum *out);
  * FLOPs. Never writes past the end (a full line is cut short). */
 void dfl_span_item(char *line, size_t size, size_t *n, const char *label, double seconds,
                    double flops, double total, bool ms);
-/* order[0 .. s->n_gemm) = the shapes' indexes, longest time first. */
-void dfl_span_order(const dfl_span_sum *s, int order[DFL_SPAN_SHAPES]);
+/* line = the GEMMs by shape, longest first, each a dfl_span_item labelled "PREFIX NxKSUFFIX"
+ * (prefix[tag], suffix[tag]; a NULL table adds nothing) with its time and FLOPs over div. */
+void dfl_span_shapes(const dfl_span_sum *s, const char *const *prefix, const char *const *suffix,
+                     double div, double total, bool ms, char *line, size_t size);
 
 #endif

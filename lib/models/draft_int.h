@@ -110,6 +110,7 @@ struct dfl_draft {
     int64_t n_posted, n_collected;
     bool timing;
     dfl_span_prof *prof;         /* --profile's spans by kind (dfl_draft_set_timing) */
+    double attn_fl[2];           /* --profile: this step's attention FLOPs, full / sliding layer */
     bool tune;                   /* dfl_draft_set_tune: the warm-up times GEMM algorithms */
     bool tuning;                 /* in that warm-up step */
     int64_t tuned[64][12];       /* the GEMM shapes timed so far (mm's key) */

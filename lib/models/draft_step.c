@@ -135,15 +135,12 @@ static dfl_dflash_attn layer_attn(dfl_draft *m, int l)
     };
 }
 
-/* --profile's count of the attention's model FLOPs in layer l of this step: 4 d for each query
- * row, head and key it sees under the layer's mask (doc/dflash-step.md); the backward is counted
- * as 2.5 times the forward. 0 when the timing is off. */
-static double attn_flops(const dfl_draft *m, int l)
+/* --profile's count of the attention's model FLOPs of a layer over this step's blocks: 4 d for
+ * each query row, head and key it sees under the mask of window W (0: full attention;
+ * doc/dflash-step.md); the backward is counted as 2.5 times the forward. */
+static double attn_flops(const dfl_draft *m, int64_t W)
 {
     const dfl_draft_config *c = &m->c;
-    if (!m->prof || !m->h_in.anchor)
-        return 0;
-    const int64_t W = c->sliding[l] ? c->sliding_window : 0;
     double keys = 0;
     for (int64_t b = 0; b < m->B; b++) {
         const int64_t a = m->h_in.anchor[b];
@@ -180,7 +177,7 @@ static int layer_forward(dfl_draft *m, int l, void *hout, dfl_err *e)
     TRY(linear(m, a->v, m->C, d.T, w->wv, d.NK, d.H, 0.0f));
     TRY(linear(m, ACT(m, a->v, d.T, d.NK), a->x, d.Q, w->wv, d.NK, d.H, 0.0f));
     const dfl_dflash_attn at = layer_attn(m, l);
-    OPF(DFL_DP_ATTN_FWD, attn_flops(m, l), be->ops->dflash_attn(be, &at));
+    OPF(DFL_DP_ATTN_FWD, m->attn_fl[c->sliding[l] ? 1 : 0], be->ops->dflash_attn(be, &at));
     /* residual + MLP */
     EW(be->ops->copy(be, a->hmid, a->hin, (size_t)(d.Q * d.H) * d.as));
     TRY(linear(m, a->hmid, a->o, d.Q, w->wo, d.H, d.NQ, 1.0f));
@@ -220,7 +217,7 @@ static int layer_backward(dfl_draft *m, int l, dfl_err *e)
     at.dv_ctx = m->dv;
     at.dk_blk = ACT(m, m->dk, d.T, d.NK);
     at.dv_blk = ACT(m, m->dv, d.T, d.NK);
-    OPF(DFL_DP_ATTN_BWD, 2.5 * attn_flops(m, l), be->ops->dflash_attn_bwd(be, &at));
+    OPF(DFL_DP_ATTN_BWD, 2.5 * m->attn_fl[c->sliding[l] ? 1 : 0], be->ops->dflash_attn_bwd(be, &at));
     EW(be->ops->qknorm_rope_bwd(be, m->dq, d.NQ, m->grad + w->q_norm, a->qraw, W(m, w->q_norm),
                                  a->rstdq, m->in.pos + d.T, d.Q, c->n_heads, c->head_dim, d.eps,
                                  d.theta));
@@ -266,6 +263,11 @@ int dfl_draft_forward(dfl_draft *m, bool want_grad, dfl_err *e)
     if (Q == 0)
         return DFL_OK;
 
+    /* --profile: the attention's FLOPs of a full and of a sliding layer, once a step */
+    if (m->prof && m->h_in.anchor) {
+        m->attn_fl[0] = attn_flops(m, 0);
+        m->attn_fl[1] = c->sliding_window > 0 ? attn_flops(m, c->sliding_window) : 0;
+    }
     /* the blocks: embeddings, the layers, the final norm */
     EW(be->ops->embedding(be, m->la[0].hin, m->in.tok, m->embed, Q, H));
     for (int l = 0; l < c->n_layers; l++) {

@@ -701,20 +701,8 @@ static void profile_kinds(run *r)
              s.incomplete ? "; incomplete: a timing event failed" : "");
     if (!s.n_gemm)
         return;
-    int order[DFL_SPAN_SHAPES];
-    dfl_span_order(&s, order);
-    static const char *const tag[] = {"fwd", "dx", "dW"};
-    len = 0;
-    line[0] = 0;
-    for (int o = 0; o < s.n_gemm; o++) {
-        int i = order[o];
-        char shape[48] = "other shapes";
-        if (s.gemm[i].n)
-            snprintf(shape, sizeof shape, "%s %lldx%lld", tag[s.gemm[i].tag % 3],
-                     (long long)s.gemm[i].n, (long long)s.gemm[i].k);
-        dfl_span_item(line, sizeof line, &len, shape, s.gemm[i].seconds / n, s.gemm[i].flops / n,
-                      step, true);
-    }
+    static const char *const tag[] = {"fwd ", "dx ", "dW "};   /* DFL_DP_TAG_* */
+    dfl_span_shapes(&s, tag, NULL, n, step, true, line, sizeof line);
     dfl_info("profile: the GEMMs by weight shape N x K (fwd: the forward, dx: the input gradient, "
              "dW: the weight gradient), per step: %s", line);
 }

@@ -524,19 +524,8 @@ static void prof_kinds(const pipeline *p, dfl_target *t)
              s.incomplete ? "; incomplete: a timing event failed" : "");
     if (!s.n_gemm)
         return;
-    int order[DFL_SPAN_SHAPES];
-    dfl_span_order(&s, order);
-    n = 0;
-    line[0] = 0;
-    for (int o = 0; o < s.n_gemm; o++) {
-        int i = order[o];
-        char shape[48] = "other shapes";
-        if (s.gemm[i].n)
-            snprintf(shape, sizeof shape, "%lldx%lld%s", (long long)s.gemm[i].n,
-                     (long long)s.gemm[i].k, s.gemm[i].tag ? "+h" : "");
-        dfl_span_item(line, sizeof line, &n, shape, s.gemm[i].seconds, s.gemm[i].flops, fwd,
-                      false);
-    }
+    static const char *const acc[] = {"", "+h"};   /* tag: the residual added into C */
+    dfl_span_shapes(&s, NULL, acc, 1, fwd, false, line, sizeof line);
     dfl_info("profile: the GEMMs by weight shape N x K (+h: the residual added in the epilogue): %s",
              line);
 }
