@@ -378,39 +378,22 @@ __global__ void uniform_noise_kernel(T *x, int64_t n, float amp, uint64_t seed)
     }
 }
 
-/* A running (max, sum of exp(x - max), first argmax); S the sum's type */
-template <typename S>
-struct SmxT {
+/* A running (max, sum of exp(x - max) in double, first argmax) */
+struct Smx {
     float m;
-    S s;
+    double s;
     int64_t a;
 };
-typedef SmxT<float> Smx;
 
-__device__ __forceinline__ float smx_scale(float d, float) { return expf(d); }
-__device__ __forceinline__ double smx_scale(float d, double) { return exp((double)d); }
-
-template <typename S>
-__device__ __forceinline__ SmxT<S> smx_combine(SmxT<S> x, SmxT<S> y)
+__device__ __forceinline__ Smx smx_combine(Smx x, Smx y)
 {
-    SmxT<S> r;
+    Smx r;
     r.m = fmaxf(x.m, y.m);
-    S fx = x.m == -INFINITY ? S(0) : x.s * smx_scale(x.m - r.m, S(0));
-    S fy = y.m == -INFINITY ? S(0) : y.s * smx_scale(y.m - r.m, S(0));
+    double fx = x.m == -INFINITY ? 0.0 : x.s * exp((double)(x.m - r.m));
+    double fy = y.m == -INFINITY ? 0.0 : y.s * exp((double)(y.m - r.m));
     r.s = fx + fy;
     r.a = x.m > y.m ? x.a : y.m > x.m ? y.a : (x.a < y.a ? x.a : y.a);
     return r;
-}
-
-__device__ __forceinline__ void smx_add(Smx &t, float x, int64_t v)
-{
-    if (x > t.m) {
-        t.s = t.s * expf(t.m - x) + 1.0f;
-        t.m = x;
-        t.a = v;
-    } else {
-        t.s += expf(x - t.m);
-    }
 }
 
 /* lmce's row r (row q of the batch) with weight 0: no loss, no hit, G = 0 */
@@ -441,17 +424,16 @@ __device__ void lmce_row_unscored(float *lr, int64_t V, int64_t r, int64_t q, bo
 /* The block's (max, sum, first argmax) from each thread's t (a fixed-order combine: warps by
  * shuffles, then the warps in order), the row's ce and hit written by thread 0; returns the
  * log-sum-exp. Every thread reads the label's logit lr[label] here. */
-template <typename S>
-__device__ double lmce_row_finish(SmxT<S> t, const float *lr, int64_t r, int64_t q, float w,
+__device__ double lmce_row_finish(Smx t, const float *lr, int64_t r, int64_t q, float w,
                                   int32_t label, uint8_t *correct, float *ce_out, float *row_wce,
                                   float *row_hit)
 {
     __shared__ float shm[32];
-    __shared__ S shs[32];
+    __shared__ double shs[32];
     __shared__ int64_t sha[32];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        SmxT<S> u;
+        Smx u;
         u.m = __shfl_xor_sync(0xffffffffu, t.m, o);
         u.s = __shfl_xor_sync(0xffffffffu, t.s, o);
         u.a = __shfl_xor_sync(0xffffffffu, t.a, o);
@@ -464,9 +446,9 @@ __device__ double lmce_row_finish(SmxT<S> t, const float *lr, int64_t r, int64_t
         sha[wid] = t.a;
     }
     __syncthreads();
-    SmxT<S> tot = {shm[0], shs[0], sha[0]};
+    Smx tot = {shm[0], shs[0], sha[0]};
     for (int i = 1; i < nw; i++) {
-        SmxT<S> u = {shm[i], shs[i], sha[i]};
+        Smx u = {shm[i], shs[i], sha[i]};
         tot = smx_combine(tot, u);
     }
     const float xl = lr[label];
@@ -484,92 +466,8 @@ __device__ double lmce_row_finish(SmxT<S> t, const float *lr, int64_t r, int64_t
     return lse;
 }
 
-template <bool BF16G>
-__global__ void __launch_bounds__(LMCE_THREADS)
-lmce_row_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, const float *weight,
-                float grad_scale, bool want_grad, uint8_t *correct, float *ce_out, float *row_wce,
-                float *row_hit)
-{
-    const int64_t r = blockIdx.x, q = r0 + r;
-    float *lr = logits + r * V;
-    const float w = weight[q];
-    const bool vec = V % 4 == 0;   /* rows 16-byte aligned (work is) */
-    if (!(w > 0)) {
-        lmce_row_unscored<BF16G>(lr, V, r, q, want_grad, correct, ce_out, row_wce, row_hit);
-        return;
-    }
-    Smx t = {-INFINITY, 0.0f, 0};
-    if (vec) {
-        const float4 *l4 = (const float4 *)lr;
-        for (int64_t k = threadIdx.x; k < V / 4; k += blockDim.x) {
-            float4 x = l4[k];
-            smx_add(t, x.x, 4 * k);
-            smx_add(t, x.y, 4 * k + 1);
-            smx_add(t, x.z, 4 * k + 2);
-            smx_add(t, x.w, 4 * k + 3);
-        }
-    } else {
-        for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
-            smx_add(t, lr[v], v);
-    }
-    const int32_t label = labels[q];
-    const double lse = lmce_row_finish(t, lr, r, q, w, label, correct, ce_out, row_wce, row_hit);
-    if (!want_grad)
-        return;
-    const float gw = grad_scale * w;
-    const float lsef = (float)lse;
-    if (BF16G) {
-        /* in place, f32 -> bf16 in the first half of the row: a barrier between reading a tile
-         * and writing it (the writes of tile k land on f32 elements of tiles <= k/2) */
-        bf16 *gr = (bf16 *)lr;
-        const int64_t tile = (int64_t)blockDim.x * 4;
-        for (int64_t base = 0; base < V; base += tile) {
-            const int64_t v0 = base + (int64_t)threadIdx.x * 4;
-            const bool full = vec && v0 + 3 < V;   /* 16-byte load, 8-byte store */
-            float x[4];
-            if (full) {
-                float4 a = *(const float4 *)(lr + v0);
-                x[0] = a.x;
-                x[1] = a.y;
-                x[2] = a.z;
-                x[3] = a.w;
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    x[j] = v0 + j < V ? lr[v0 + j] : 0.0f;
-            }
-            __syncthreads();
-            Pack<bf16, 4> o;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                float g = gw * expf(x[j] - lsef);
-                if (v0 + j == label)
-                    g -= gw;
-                o.v[j] = __float2bfloat16_rn(g);
-            }
-            if (full) {
-                *(Pack<bf16, 4> *)(gr + v0) = o;
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    if (v0 + j < V)
-                        gr[v0 + j] = o.v[j];
-            }
-        }
-    } else {
-        /* every thread has read lr[label] (lmce_row_finish) before any thread overwrites the row */
-        __syncthreads();
-        for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-            float g = gw * expf(lr[v] - lsef);
-            if (v == label)
-                g -= gw;
-            lr[v] = g;
-        }
-    }
-}
-
-/* lmce_rows_kernel: the same work as lmce_row_kernel (one block a row, the same results up to
- * the order of the sum of exponentials), arranged for memory-level parallelism: the row is read
+/* lmce_row_kernel: one block a row: max, first argmax and the sum of exp (in double) in one
+ * pass, ce and the hit, then G in place; arranged for memory-level parallelism: the row is read
  * as float4s, LMCE_PF of them a thread at a time (their loads issued together). In the statistics
  * pass a thread takes the maximum of its LMCE_PF float4s (the first index of it: its elements
  * come in increasing order), rescales its running sum once, then adds the group's exponentials:
@@ -596,7 +494,7 @@ __device__ __forceinline__ float f4at(const float4 &x, int j)
 
 template <bool BF16G>
 __global__ void __launch_bounds__(LMCE_THREADS)
-lmce_rows_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, const float *weight,
+lmce_row_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, const float *weight,
                  float grad_scale, bool want_grad, uint8_t *correct, float *ce_out, float *row_wce,
                  float *row_hit)
 {
@@ -609,7 +507,7 @@ lmce_rows_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, co
         lmce_row_unscored<BF16G>(lr, V, r, q, want_grad, correct, ce_out, row_wce, row_hit);
         return;
     }
-    SmxT<double> t = {-INFINITY, 0.0, 0};
+    Smx t = {-INFINITY, 0.0, 0};
     for (int64_t k0 = threadIdx.x; k0 < n4; k0 += LMCE_PF * T) {
         float4 x[LMCE_PF];
 #pragma unroll

@@ -12,7 +12,6 @@
  * every op runs on the backend's one compute stream, so no GEMM can be using it between the two
  * kernels of a reduction. */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "be_cuda.cuh"
@@ -350,9 +349,8 @@ int cuda_uniform_noise(dfl_be *be, void *x, int64_t n, float amp, uint64_t seed)
 /* ------------------------------------------------------------------------------------------ */
 /* lmce: per chunk of nr rows,
  *  1. logits [nr, V] f32 = z W^T (cuBLASLt, into work);
- *  2. one block per row (lmce_rows_kernel; DFL_CUDA_LMCE_ROW=0 in the environment selects the
- *     first form, lmce_row_kernel, for comparisons): max, first argmax and sum of exp in one pass
- *     (online, per thread, then a fixed-order block combine); ce = lse - logit[label]; then, if dz is wanted, the row is
+ *  2. one block per row (lmce_row_kernel): max, first argmax and sum of exp (double) in one
+ *     pass (per thread, then a fixed-order block combine); ce = lse - logit[label]; then, if dz is wanted, the row is
  *     replaced by G = grad_scale w (softmax - onehot(label)): in bf16 mode G is written as bf16
  *     into the first half of the row's own bytes (row stride 2V bf16 elements), tile by tile
  *     behind a barrier so that no f32 logit is overwritten before it is read; in f32 mode in
@@ -392,8 +390,6 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
     float *row_hit = row_wce + CR;
     const size_t as = dfl_dtype_size(be->act);
     cudaStream_t s = cuda_of(be)->stream;
-    const char *ev = getenv("DFL_CUDA_LMCE_ROW");   /* 0: the first row kernel (tests, benchmarks) */
-    const bool old_rows = ev && ev[0] == '0' && !ev[1];
     for (int64_t r0 = 0; r0 < a->Q; r0 += CR) {
         const int64_t nr = a->Q - r0 < CR ? a->Q - r0 : CR;
         dfl_mm mm;
@@ -418,19 +414,14 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
             (rc = be->ops->matmul(be, &mm)))
             return rc;
         const bool grad = a->dz != NULL;
-#define LMCE_ROWS(K, BF)                                                                        \
-    K<BF><<<(unsigned)nr, LMCE_THREADS, 0, s>>>(logits, V, r0, a->labels, a->weight,           \
-                                                a->grad_scale, grad, a->correct, a->ce_out,    \
-                                                row_wce, row_hit)
-        if (old_rows && bf)
-            LMCE_ROWS(lmce_row_kernel, true);
-        else if (old_rows)
-            LMCE_ROWS(lmce_row_kernel, false);
-        else if (bf)
-            LMCE_ROWS(lmce_rows_kernel, true);
+        if (bf)
+            lmce_row_kernel<true><<<(unsigned)nr, LMCE_THREADS, 0, s>>>(
+                logits, V, r0, a->labels, a->weight, a->grad_scale, grad, a->correct, a->ce_out,
+                row_wce, row_hit);
         else
-            LMCE_ROWS(lmce_rows_kernel, false);
-#undef LMCE_ROWS
+            lmce_row_kernel<false><<<(unsigned)nr, LMCE_THREADS, 0, s>>>(
+                logits, V, r0, a->labels, a->weight, a->grad_scale, grad, a->correct, a->ce_out,
+                row_wce, row_hit);
         if ((rc = cuda_launch_check(be, "lmce (rows)")))
             return rc;
         lmce_sums_kernel<<<1, 32, 0, s>>>(a->sums, row_wce, row_hit, a->weight, r0, nr);

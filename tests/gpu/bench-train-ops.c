@@ -7,7 +7,7 @@
  *    forward (the FA2 convention; the deterministic backward does 7 matmuls per score, 1.4 x that);
  *  - lmce on the scored rows of a step (Q = 30720: 4 x 512 blocks x 15 slots), V = 151936,
  *    H = 4096, for several chunk sizes, then on the Qwen3.6-27B drafter's (H 5120, V 248320):
- *    TFLOP/s counting the two GEMMs (4 Q V H), with and without dz, with both row kernels,
+ *    TFLOP/s counting the two GEMMs (4 Q V H), with and without dz,
  *    against the same GEMMs alone;
  *  - rmsnorm_bwd, qknorm_rope_bwd, swiglu_bwd, adamw, sumsq, uniform_noise: GB/s of the bytes they
  *    must move, against the copy bandwidth.
@@ -210,7 +210,7 @@ static void run_lmce(void *arg)
 
 /* lmce on Q rows (H, V), with each chunk size in chunks (0 ends the list): its two GEMMs alone
  * (cuBLASLt's first choice, then tuned: lmce runs the tuned ones after that), then lmce with
- * and without dz, with the default row kernel and the first one (DFL_CUDA_LMCE_ROW=0). */
+ * and without dz. */
 static void bench_lmce(double peak, int64_t Q, int64_t H, int64_t V, const int64_t *chunks)
 {
     int64_t maxc = 0;
@@ -252,23 +252,14 @@ static void bench_lmce(double peak, int64_t Q, int64_t H, int64_t V, const int64
         printf("  chunk %5lld (work %.2f GB): its GEMMs alone %8.2f ms %6.1f TFLOP/s (per chunk: first choice "
                "%.2f + %.2f, tuned %.2f + %.2f ms)\n", (long long)CR, CR * (V + 2) * 4 / 1e9, gemms, fl / gemms / 1e9,
                t1h, t2h, t1, t2);
-        for (int first = 0; first < 2; first++) {
-            if (first)
-                setenv("DFL_CUDA_LMCE_ROW", "0", 1);
-            else
-                unsetenv("DFL_CUDA_LMCE_ROW");
-            dfl_lmce l = {.z = z, .w_lm = W, .labels = lab, .weight = wt, .Q = Q, .H = H, .V = V, .sums = sums,
-                          .correct = corr, .ce_out = ce, .dz = dz, .grad_scale = 1.0f, .work = work,
-                          .chunk_rows = CR};
-            int n = iters < 3 ? iters : 3;
-            double t = time_ms(run_lmce, &l, n);
-            l.dz = NULL;
-            double tf = time_ms(run_lmce, &l, n);
-            printf("    %-17s lmce %8.2f ms %6.1f TFLOP/s (%3.0f%% of peak); row work %6.2f ms (without dz: "
-                   "lmce %7.2f ms, row statistics %6.2f ms)\n", first ? "first row kernel:" : "row kernel:", t,
-                   fl / t / 1e9, 100 * fl / t / 1e9 / peak, t - gemms, tf, tf - gemm1);
-        }
-        unsetenv("DFL_CUDA_LMCE_ROW");
+        dfl_lmce l = {.z = z, .w_lm = W, .labels = lab, .weight = wt, .Q = Q, .H = H, .V = V, .sums = sums,
+                      .correct = corr, .ce_out = ce, .dz = dz, .grad_scale = 1.0f, .work = work, .chunk_rows = CR};
+        int n = iters < 3 ? iters : 3;
+        double t = time_ms(run_lmce, &l, n);
+        l.dz = NULL;
+        double tf = time_ms(run_lmce, &l, n);
+        printf("    lmce %8.2f ms %6.1f TFLOP/s (%3.0f%% of peak); row work %6.2f ms (without dz: lmce %7.2f ms, row "
+               "statistics %6.2f ms)\n", t, fl / t / 1e9, 100 * fl / t / 1e9 / peak, t - gemms, tf, tf - gemm1);
     }
     void *bufs[] = {z, W, dz, work, wt, ce, lab, corr, sums};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)

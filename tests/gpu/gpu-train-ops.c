@@ -1108,15 +1108,9 @@ static void test_lmce(void)
     };
     struct mode md[2];
     int nm = modes(md);
-    /* both row kernels: lmce_rows_kernel (the default) and the first one (DFL_CUDA_LMCE_ROW=0) */
-    for (int first = 0; first < 2; first++)
     for (int k = 0; k < nm; k++)
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
             const struct lm_case *c = &cases[ci];
-            if (first)
-                setenv("DFL_CUDA_LMCE_ROW", "0", 1);
-            else
-                unsetenv("DFL_CUDA_LMCE_ROW");
             dfl_be *be = md[k].be;
             const bool bf = md[k].bf16;
             const int64_t Q = c->Q, H = c->H, V = c->V, CR = c->chunk;
@@ -1155,9 +1149,9 @@ static void test_lmce(void)
                           .grad_scale = c->grad_scale, .work = work, .chunk_rows = CR};
             T_CHECK(g_cpu->ops->lmce(g_cpu, &a) == 0, "cpu lmce");
             char what[160];
-            snprintf(what, sizeof what, "lmce %s Q%d H%d V%d chunk %d scale %g%s%s%s", md[k].name, c->Q,
+            snprintf(what, sizeof what, "lmce %s Q%d H%d V%d chunk %d scale %g%s%s", md[k].name, c->Q,
                      c->H, c->V, c->chunk, (double)c->grad_scale, c->dz ? "" : " no dz",
-                     c->outs ? "" : " no per-row outputs", first ? " (first row kernel)" : "");
+                     c->outs ? "" : " no per-row outputs");
             gbuf gz, gW, gl, gwt, gs, gc, gce, gdz, gwork;
             bool ok = gb_alloc(&gz, be, (size_t)(Q * H), md[k].dt) && gb_alloc(&gW, be, (size_t)(V * H), md[k].dt) &&
                       gb_alloc(&gl, be, (size_t)Q, DFL_I32) && gb_alloc(&gwt, be, (size_t)Q, DFL_F32) &&
@@ -1294,7 +1288,6 @@ static void test_lmce(void)
             free(ce);
             free(dz);
         }
-    unsetenv("DFL_CUDA_LMCE_ROW");
 }
 
 /* ------------------------------------------------------------------------------------------ */
