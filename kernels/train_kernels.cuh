@@ -10,7 +10,7 @@
 #define RB_MAX_THREADS 512
 #define QKB_WARPS 8
 #define SUMSQ_THREADS 256
-#define LMCE_THREADS 1024
+#define LMCE_THREADS 256
 
 /* dw[i] += (float)(sum over b < nb of part[b * n + i]), in block order */
 static __global__ void tr_colsum_kernel(float *dw, const double *part, int nb, int64_t n)
@@ -396,86 +396,26 @@ __device__ __forceinline__ Smx smx_combine(Smx x, Smx y)
     return r;
 }
 
-/* lmce's row r (row q of the batch) with weight 0: no loss, no hit, G = 0 */
-template <bool BF16G>
-__device__ void lmce_row_unscored(float *lr, int64_t V, int64_t r, int64_t q, bool want_grad,
-                                  uint8_t *correct, float *ce_out, float *row_wce, float *row_hit)
-{
-    if (threadIdx.x == 0) {
-        row_wce[r] = 0.0f;
-        row_hit[r] = 0.0f;
-        if (correct)
-            correct[q] = 0;
-        if (ce_out)
-            ce_out[q] = 0.0f;
-    }
-    if (want_grad) {
-        if (BF16G) {
-            bf16 *gr = (bf16 *)lr;
-            for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
-                gr[v] = __float2bfloat16_rn(0.0f);
-        } else {
-            for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
-                lr[v] = 0.0f;
-        }
-    }
-}
-
-/* The block's (max, sum, first argmax) from each thread's t (a fixed-order combine: warps by
- * shuffles, then the warps in order), the row's ce and hit written by thread 0; returns the
- * log-sum-exp. Every thread reads the label's logit lr[label] here. */
-__device__ double lmce_row_finish(Smx t, const float *lr, int64_t r, int64_t q, float w,
-                                  int32_t label, uint8_t *correct, float *ce_out, float *row_wce,
-                                  float *row_hit)
-{
-    __shared__ float shm[32];
-    __shared__ double shs[32];
-    __shared__ int64_t sha[32];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        Smx u;
-        u.m = __shfl_xor_sync(0xffffffffu, t.m, o);
-        u.s = __shfl_xor_sync(0xffffffffu, t.s, o);
-        u.a = __shfl_xor_sync(0xffffffffu, t.a, o);
-        t = smx_combine(t, u);
-    }
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if (lane == 0) {
-        shm[wid] = t.m;
-        shs[wid] = t.s;
-        sha[wid] = t.a;
-    }
-    __syncthreads();
-    Smx tot = {shm[0], shs[0], sha[0]};
-    for (int i = 1; i < nw; i++) {
-        Smx u = {shm[i], shs[i], sha[i]};
-        tot = smx_combine(tot, u);
-    }
-    const float xl = lr[label];
-    const double lse = (double)tot.m + log((double)tot.s);
-    if (threadIdx.x == 0) {
-        double ce = lse - (double)xl;
-        bool hit = tot.a == (int64_t)label;
-        row_wce[r] = (float)((double)w * ce);
-        row_hit[r] = hit ? 1.0f : 0.0f;
-        if (correct)
-            correct[q] = hit;
-        if (ce_out)
-            ce_out[q] = (float)ce;
-    }
-    return lse;
-}
-
-/* lmce_row_kernel: one block a row: max, first argmax and the sum of exp (in double) in one
- * pass, ce and the hit, then G in place; arranged for memory-level parallelism: the row is read
- * as float4s, LMCE_PF of them a thread at a time (their loads issued together). In the statistics
- * pass a thread takes the maximum of its LMCE_PF float4s (the first index of it: its elements
- * come in increasing order), rescales its running sum once, then adds the group's exponentials:
- * no branch per element. In bf16 mode the in-place conversion reads LMCE_PF tiles of the row,
- * waits at one barrier, then writes their G (the writes of tile k land on f32 elements of tiles
- * <= k/2, read before that barrier or an earlier one). Rows whose V is not a multiple of 4 take
- * the same path with scalar loads. */
+/* The lmce row work of a chunk, in three kernels over the f32 logits [nr, V] (rows of weight 0
+ * are not read: their results are 0, their G rows 0):
+ *  1. lmce_stats_kernel: block (s, r) reduces slice s (LMCE_SLICE logits) of row r to a partial
+ *     (max, sum of exp(x - max) in double, first argmax);
+ *  2. lmce_finish_kernel: one warp a row combines its partials in a fixed order (so the result
+ *     does not depend on scheduling) into the log-sum-exp; writes ce, the hit and the row sums;
+ *  3. lmce_grad_kernel: G = grad_scale w (exp(x - lse) - onehot(label)), elementwise: in bf16
+ *     mode into a separate [nr, ldg] bf16 buffer (the dz GEMM's A), in f32 mode in place.
+ * Every kernel reads the logits as float4s, LMCE_PF of them a thread at a time (their loads
+ * issued together); rows whose V is not a multiple of 4 take the same path with scalar loads. */
 #define LMCE_PF 4
+#define LMCE_SLICE (LMCE_PF * 4 * LMCE_THREADS * 2)   /* logits a statistics block reduces */
+#define LMCE_FIN_WARPS 8
+
+/* one statistics partial (16 bytes) */
+struct LmcePart {
+    float m;
+    int32_t a;
+    double s;
+};
 
 /* float4 k of row lr (elements 4k..4k+3; -inf past V) */
 __device__ __forceinline__ float4 lmce_load4(const float *lr, int64_t k, int64_t V, bool vec)
@@ -492,28 +432,43 @@ __device__ __forceinline__ float f4at(const float4 &x, int j)
     return j == 0 ? x.x : j == 1 ? x.y : j == 2 ? x.z : x.w;
 }
 
-template <bool BF16G>
-__global__ void __launch_bounds__(LMCE_THREADS)
-lmce_row_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, const float *weight,
-                 float grad_scale, bool want_grad, uint8_t *correct, float *ce_out, float *row_wce,
-                 float *row_hit)
+/* t combined with the other lanes' of the warp (a fixed butterfly); every lane gets a result,
+ * lane 0's is the one used */
+__device__ __forceinline__ Smx smx_warp(Smx t)
 {
-    const int64_t r = blockIdx.x, q = r0 + r, T = blockDim.x;
-    float *lr = logits + r * V;
-    const float w = weight[q];
-    const bool vec = V % 4 == 0;   /* rows 16-byte aligned (work is) */
-    const int64_t n4 = (V + 3) / 4;
-    if (!(w > 0)) {
-        lmce_row_unscored<BF16G>(lr, V, r, q, want_grad, correct, ce_out, row_wce, row_hit);
-        return;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        Smx u;
+        u.m = __shfl_xor_sync(0xffffffffu, t.m, o);
+        u.s = __shfl_xor_sync(0xffffffffu, t.s, o);
+        u.a = __shfl_xor_sync(0xffffffffu, t.a, o);
+        t = smx_combine(t, u);
     }
+    return t;
+}
+
+/* Block (s, r): the partial of logits [s LMCE_SLICE, (s + 1) LMCE_SLICE) of row r. A thread
+ * takes the maximum of its LMCE_PF float4s (the first index of it: its elements come in
+ * increasing order), rescales its running sum once, then adds the group's exponentials: no
+ * branch per element. The warps' results are combined in warp order. */
+__global__ void __launch_bounds__(LMCE_THREADS)
+lmce_stats_kernel(const float *logits, int64_t V, int64_t r0, const float *weight, LmcePart *part,
+                  int S)
+{
+    const int64_t r = blockIdx.y, T = blockDim.x;
+    if (!(weight[r0 + r] > 0))
+        return;
+    const float *lr = logits + r * V;
+    const bool vec = V % 4 == 0;   /* rows 16-byte aligned (work is) */
+    const int64_t n4 = (V + 3) / 4, lo = (int64_t)blockIdx.x * (LMCE_SLICE / 4);
+    const int64_t hi = lo + LMCE_SLICE / 4 < n4 ? lo + LMCE_SLICE / 4 : n4;
     Smx t = {-INFINITY, 0.0, 0};
-    for (int64_t k0 = threadIdx.x; k0 < n4; k0 += LMCE_PF * T) {
+    for (int64_t k0 = lo + threadIdx.x; k0 < hi; k0 += LMCE_PF * T) {
         float4 x[LMCE_PF];
 #pragma unroll
         for (int p = 0; p < LMCE_PF; p++) {
             const int64_t k = k0 + p * T;
-            x[p] = k < n4 ? lmce_load4(lr, k, V, vec) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+            x[p] = k < hi ? lmce_load4(lr, k, V, vec) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
         }
         float gm = -INFINITY;
         int64_t ga = 0;
@@ -543,56 +498,134 @@ lmce_row_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, con
     }
     if (t.m == -INFINITY && t.s != 0.0)   /* only NaN seen: make the combine keep the NaN */
         t.m = INFINITY;
-    const int32_t label = labels[q];
-    const double lse = lmce_row_finish(t, lr, r, q, w, label, correct, ce_out, row_wce, row_hit);
-    if (!want_grad)
+    __shared__ float shm[LMCE_THREADS / 32];
+    __shared__ double shs[LMCE_THREADS / 32];
+    __shared__ int64_t sha[LMCE_THREADS / 32];
+    t = smx_warp(t);
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) {
+        shm[wid] = t.m;
+        shs[wid] = t.s;
+        sha[wid] = t.a;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        Smx tot = {shm[0], shs[0], sha[0]};
+        for (int i = 1; i < nw; i++) {
+            Smx u = {shm[i], shs[i], sha[i]};
+            tot = smx_combine(tot, u);
+        }
+        part[r * S + blockIdx.x] = LmcePart{tot.m, (int32_t)tot.a, tot.s};
+    }
+}
+
+/* Warp w of block b: row r = b LMCE_FIN_WARPS + w of nr. Lane i combines partials i, i + 32, ...
+ * in order, then the lanes combine (smx_warp); lane 0 writes lse[r] (0 for a row of weight 0),
+ * the row's w ce and hit, and correct/ce_out when given. */
+__global__ void __launch_bounds__(LMCE_FIN_WARPS * 32)
+lmce_finish_kernel(const float *logits, int64_t V, int64_t r0, int64_t nr, const int32_t *labels,
+                   const float *weight, const LmcePart *part, int S, double *lse, uint8_t *correct,
+                   float *ce_out, float *row_wce, float *row_hit)
+{
+    const int64_t r = (int64_t)blockIdx.x * LMCE_FIN_WARPS + (threadIdx.x >> 5), q = r0 + r;
+    const int lane = threadIdx.x & 31;
+    if (r >= nr)
         return;
+    const float w = weight[q];
+    if (!(w > 0)) {
+        if (lane == 0) {
+            lse[r] = 0.0;
+            row_wce[r] = 0.0f;
+            row_hit[r] = 0.0f;
+            if (correct)
+                correct[q] = 0;
+            if (ce_out)
+                ce_out[q] = 0.0f;
+        }
+        return;
+    }
+    Smx t = {-INFINITY, 0.0, 0};
+    for (int s = lane; s < S; s += 32) {
+        const LmcePart p = part[r * S + s];
+        const Smx u = {p.m, p.s, (int64_t)p.a};
+        t = smx_combine(t, u);
+    }
+    t = smx_warp(t);
+    if (lane == 0) {
+        const int32_t label = labels[q];
+        const double l = (double)t.m + log(t.s);
+        const double ce = l - (double)logits[r * V + label];
+        const bool hit = t.a == (int64_t)label;
+        lse[r] = l;
+        row_wce[r] = (float)((double)w * ce);
+        row_hit[r] = hit ? 1.0f : 0.0f;
+        if (correct)
+            correct[q] = hit;
+        if (ce_out)
+            ce_out[q] = (float)ce;
+    }
+}
+
+/* Block (b, r): float4s [b LMCE_PF LMCE_THREADS, (b + 1) LMCE_PF LMCE_THREADS) of row r's G:
+ * bf16 into g (row stride ldg, a multiple of 4) when BF16G, else f32 in place over the logits. */
+template <bool BF16G>
+__global__ void __launch_bounds__(LMCE_THREADS)
+lmce_grad_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, const float *weight,
+                 float grad_scale, const double *lse, bf16 *g, int64_t ldg)
+{
+    const int64_t r = blockIdx.y, q = r0 + r, T = blockDim.x;
+    float *lr = logits + r * V;
+    bf16 *gr = g + r * ldg;
+    const bool vec = V % 4 == 0;
+    const int64_t n4 = (V + 3) / 4, k0 = (int64_t)blockIdx.x * LMCE_PF * T + threadIdx.x;
+    const float w = weight[q];
+    const bool scored = w > 0;
     const float gw = grad_scale * w;
-    /* every thread has read lr[label] (lmce_row_finish) before the first barrier below, so before
-     * any write */
-    for (int64_t k0 = threadIdx.x; k0 - threadIdx.x < n4; k0 += LMCE_PF * T) {
-        float4 x[LMCE_PF];
+    const double l = lse[r];
+    const int32_t label = labels[q];
+    float4 x[LMCE_PF];
+    if (scored)
 #pragma unroll
         for (int p = 0; p < LMCE_PF; p++) {
             const int64_t k = k0 + p * T;
             if (k < n4)
                 x[p] = lmce_load4(lr, k, V, vec);
         }
-        __syncthreads();
 #pragma unroll
-        for (int p = 0; p < LMCE_PF; p++) {
-            const int64_t k = k0 + p * T;
-            if (k >= n4)
-                continue;
-            float g[4];
+    for (int p = 0; p < LMCE_PF; p++) {
+        const int64_t k = k0 + p * T;
+        if (k >= n4)
+            break;
+        float o[4];
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                g[j] = gw * expf((float)((double)f4at(x[p], j) - lse));
+        for (int j = 0; j < 4; j++) {
+            o[j] = 0.0f;
+            if (scored) {
+                o[j] = gw * expf((float)((double)f4at(x[p], j) - l));
                 if (4 * k + j == label)
-                    g[j] -= gw;
+                    o[j] -= gw;
             }
-            if (BF16G) {
-                bf16 *gr = (bf16 *)lr;
-                Pack<bf16, 4> o;
+        }
+        if (BF16G) {
+            Pack<bf16, 4> b;
 #pragma unroll
-                for (int j = 0; j < 4; j++)
-                    o.v[j] = __float2bfloat16_rn(g[j]);
-                if (vec) {
-                    *(Pack<bf16, 4> *)(gr + 4 * k) = o;
-                } else {
-#pragma unroll
-                    for (int j = 0; j < 4; j++)
-                        if (4 * k + j < V)
-                            gr[4 * k + j] = o.v[j];
-                }
-            } else if (vec) {
-                *(float4 *)(lr + 4 * k) = make_float4(g[0], g[1], g[2], g[3]);
+            for (int j = 0; j < 4; j++)
+                b.v[j] = __float2bfloat16_rn(o[j]);
+            if (vec) {
+                *(Pack<bf16, 4> *)(gr + 4 * k) = b;
             } else {
 #pragma unroll
                 for (int j = 0; j < 4; j++)
                     if (4 * k + j < V)
-                        lr[4 * k + j] = g[j];
+                        gr[4 * k + j] = b.v[j];
             }
+        } else if (vec) {
+            *(float4 *)(lr + 4 * k) = make_float4(o[0], o[1], o[2], o[3]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (4 * k + j < V)
+                    lr[4 * k + j] = o[j];
         }
     }
 }

@@ -349,17 +349,24 @@ int cuda_uniform_noise(dfl_be *be, void *x, int64_t n, float amp, uint64_t seed)
 /* ------------------------------------------------------------------------------------------ */
 /* lmce: per chunk of nr rows,
  *  1. logits [nr, V] f32 = z W^T (cuBLASLt, into work);
- *  2. one block per row (lmce_row_kernel): max, first argmax and sum of exp (double) in one
- *     pass (per thread, then a fixed-order block combine); ce = lse - logit[label]; then, if dz is wanted, the row is
- *     replaced by G = grad_scale w (softmax - onehot(label)): in bf16 mode G is written as bf16
- *     into the first half of the row's own bytes (row stride 2V bf16 elements), tile by tile
- *     behind a barrier so that no f32 logit is overwritten before it is read; in f32 mode in
- *     place. Rows with w == 0 get G = 0;
+ *  2. the row work (train_kernels.cuh): lmce_stats_kernel reduces each slice of each scored row
+ *     to a (max, sum of exp in double, first argmax) partial, lmce_finish_kernel combines a row's
+ *     partials in a fixed order into its log-sum-exp, ce and hit; then, if dz is wanted,
+ *     lmce_grad_kernel writes G = grad_scale w (softmax - onehot(label)): in bf16 mode into a bf16
+ *     [nr, ldg] part of work (ldg = V rounded up to 8), in f32 mode in place. Rows with w == 0
+ *     get G = 0;
  *  3. one warp adds the chunk's per-row w*ce, w, hits and counts into sums in a fixed order;
  *  4. dz rows = G W (cuBLASLt).
  * With a->tune, both GEMMs' algorithms are timed on the first whole chunk (dfl_cuda_matmul_tune:
  * it drains the stream; for a warm-up) and the fastest kept for every later call of the shape.
- * work: [chunk_rows, V] logits, then [chunk_rows] w*ce and [chunk_rows] hits. */
+ * work (dfl_lmce_work): [chunk_rows, V] logits, [chunk_rows] w*ce and [chunk_rows] hits, then
+ * [chunk_rows, S] partials, [chunk_rows] lse (double) and the bf16 G, each 16-byte aligned. */
+
+/* p rounded up to 16 bytes */
+static void *lmce_align(void *p)
+{
+    return (void *)(((uintptr_t)p + 15) & ~(uintptr_t)15);
+}
 
 /* a->tune: the fastest of cuBLASLt's candidate algorithms for one of lmce's GEMMs, kept in its plan */
 static int lmce_tune(dfl_be *be, const dfl_mm *m)
@@ -380,14 +387,21 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
     if (rc)
         return rc;
     const int64_t V = a->V, H = a->H, CR = a->chunk_rows > 0 ? a->chunk_rows : 1;
-    if (CR > INT32_MAX)
-        return cuda_op_fail(be, DFL_EUNSUP, "lmce: chunk of %lld rows", (long long)CR);
+    if (CR > 65535)   /* a grid's y dimension */
+        return cuda_op_fail(be, DFL_EUNSUP, "lmce: chunk of %lld rows (at most 65535)", (long long)CR);
     const bool bf = be->act == DFL_BF16;
     if (bf && be->wdt != DFL_BF16)
         return cuda_op_fail(be, DFL_EUNSUP, "lmce: bf16 activations need bf16 weights");
+    const int S = (int)((V + LMCE_SLICE - 1) / LMCE_SLICE);
+    const int64_t ldg = (V + 7) / 8 * 8, n4 = (V + 3) / 4;
     float *logits = a->work;
     float *row_wce = a->work + CR * V;
     float *row_hit = row_wce + CR;
+    LmcePart *part = (LmcePart *)lmce_align(row_hit + CR);
+    double *lse = (double *)lmce_align(part + CR * S);
+    bf16 *g = (bf16 *)lmce_align(lse + CR);
+    if ((float *)(g + CR * ldg) > a->work + dfl_lmce_work(CR, V))   /* dfl_lmce_work's bound */
+        return cuda_op_fail(be, DFL_EUSAGE, "lmce: work layout past dfl_lmce_work");
     const size_t as = dfl_dtype_size(be->act);
     cudaStream_t s = cuda_of(be)->stream;
     for (int64_t r0 = 0; r0 < a->Q; r0 += CR) {
@@ -414,16 +428,28 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
             (rc = be->ops->matmul(be, &mm)))
             return rc;
         const bool grad = a->dz != NULL;
-        if (bf)
-            lmce_row_kernel<true><<<(unsigned)nr, LMCE_THREADS, 0, s>>>(
-                logits, V, r0, a->labels, a->weight, a->grad_scale, grad, a->correct, a->ce_out,
-                row_wce, row_hit);
-        else
-            lmce_row_kernel<false><<<(unsigned)nr, LMCE_THREADS, 0, s>>>(
-                logits, V, r0, a->labels, a->weight, a->grad_scale, grad, a->correct, a->ce_out,
-                row_wce, row_hit);
+        lmce_stats_kernel<<<dim3((unsigned)S, (unsigned)nr), LMCE_THREADS, 0, s>>>(
+            logits, V, r0, a->weight, part, S);
+        if ((rc = cuda_launch_check(be, "lmce (row statistics)")))
+            return rc;
+        lmce_finish_kernel<<<(unsigned)((nr + LMCE_FIN_WARPS - 1) / LMCE_FIN_WARPS),
+                             LMCE_FIN_WARPS * 32, 0, s>>>(logits, V, r0, nr, a->labels, a->weight,
+                                                          part, S, lse, a->correct, a->ce_out,
+                                                          row_wce, row_hit);
         if ((rc = cuda_launch_check(be, "lmce (rows)")))
             return rc;
+        if (grad) {
+            const dim3 gg((unsigned)((n4 + LMCE_PF * LMCE_THREADS - 1) / (LMCE_PF * LMCE_THREADS)),
+                          (unsigned)nr);
+            if (bf)
+                lmce_grad_kernel<true><<<gg, LMCE_THREADS, 0, s>>>(
+                    logits, V, r0, a->labels, a->weight, a->grad_scale, lse, g, ldg);
+            else
+                lmce_grad_kernel<false><<<gg, LMCE_THREADS, 0, s>>>(
+                    logits, V, r0, a->labels, a->weight, a->grad_scale, lse, g, ldg);
+            if ((rc = cuda_launch_check(be, "lmce (gradient)")))
+                return rc;
+        }
         lmce_sums_kernel<<<1, 32, 0, s>>>(a->sums, row_wce, row_hit, a->weight, r0, nr);
         if ((rc = cuda_launch_check(be, "lmce (sums)")))
             return rc;
@@ -433,9 +459,9 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
             mz.M = nr;
             mz.N = H;
             mz.K = V;
-            mz.A = logits;
-            mz.adt = be->act;          /* G: bf16 (row stride 2V) or f32 (stride V) */
-            mz.lda = bf ? 2 * V : V;
+            mz.A = bf ? (const void *)g : (const void *)logits;   /* G: bf16 or f32 in place */
+            mz.adt = be->act;
+            mz.lda = bf ? ldg : V;
             mz.B = a->w_lm;
             mz.bdt = be->wdt;
             mz.ldb = H;

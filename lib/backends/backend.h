@@ -146,7 +146,16 @@ enum {
  * correct[q] = (w[q] > 0 && argmax == label); ce_out[q] = ce (0 where w == 0). If dz is
  * non-NULL, writes dz = grad_scale * w * (softmax - onehot(label)) W (zero rows where w == 0):
  * the gradient of grad_scale * loss_num with respect to z. Rows with w == 0 contribute
- * nothing. work: backend f32 scratch of chunk_rows * (V + 2) elements. */
+ * nothing. work: backend f32 scratch of dfl_lmce_work(chunk_rows, V) elements. */
+/* f32 elements of lmce's work for chunks of r rows and a vocabulary of V: the chunk's [r, V]
+ * logits and two [r] row sums, then room for a backend's own per-row state (up to one 16-byte
+ * partial per 1024 logits of a row, and 8 bytes a row) and a bf16 copy of the chunk with rows
+ * padded to a multiple of 8, each part aligned to 16 bytes. */
+static inline int64_t dfl_lmce_work(int64_t r, int64_t V)
+{
+    return r * (V + 2) + 4 * r * ((V + 1023) / 1024) + 2 * r + 4 * r * ((V + 7) / 8) + 16;
+}
+
 typedef struct dfl_lmce {
     const void *z;          /* [Q, H] act */
     const void *w_lm;       /* [V, H] w (frozen) */
@@ -158,7 +167,7 @@ typedef struct dfl_lmce {
     float *ce_out;          /* [Q] or NULL */
     void *dz;               /* [Q, H] act, or NULL */
     float grad_scale;
-    float *work;            /* [chunk_rows * (V + 2)] f32 scratch */
+    float *work;            /* [dfl_lmce_work(chunk_rows, V)] f32 scratch */
     int64_t chunk_rows;
     bool tune;              /* time the GEMMs' candidate algorithms on the first whole chunk and
                              * keep the fastest (matmul_tune; a GPU's warm-up); else ignored */

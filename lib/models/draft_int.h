@@ -147,7 +147,7 @@ struct dfl_draft {
     void *hL;                    /* [Q, H] the last layer's output */
     float *rstd_s;               /* [Qs] the final norm's, of the scored rows */
     float *rstdf;                /* [Q] the same at the rows (0 at slot 0), for the backward */
-    float *lm_work;              /* [chunk * (V + 2)] */
+    float *lm_work;              /* [dfl_lmce_work(chunk, V)] */
     void *dh, *dx;               /* [Q, H] */
     void *dact;                  /* [Q, I] */
     void *dgu;                   /* [Q, 2I] */

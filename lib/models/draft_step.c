@@ -76,13 +76,14 @@ static int linear(dfl_draft *m, void *y, const void *x, int64_t rows, int64_t of
     return mm(m, DFL_DP_TAG_FWD, rows, out, in, x, act, in, false, W, wdt, in, true, y, act, out, beta);
 }
 
-/* dW [out, in] += dy^T x over rows */
+/* dW [out, in] (= or +=) dy^T x over rows: the first product of a weight's gradient in a step
+ * sets it (beta 0: no zeroing before, no read of it), a second adds */
 static int linear_dw(dfl_draft *m, int64_t off, const void *dy, const void *x, int64_t rows,
-                     int64_t out, int64_t in)
+                     int64_t out, int64_t in, float beta)
 {
     dfl_dtype act = m->be->act;
     return mm(m, DFL_DP_TAG_DW, out, in, rows, dy, act, out, true, x, act, in, false, m->grad + off,
-              DFL_F32, in, 1.0f);
+              DFL_F32, in, beta);
 }
 
 /* dx [rows, in] (= or +=) dy [rows, out] W */
@@ -200,15 +201,15 @@ static int layer_backward(dfl_draft *m, int l, dfl_err *e)
 
     /* MLP: h_out = hmid + act Wdown^T */
     TRY(linear_dx(m, m->dact, m->dh, d.Q, w->wdown, d.H, d.I, 0.0f));
-    TRY(linear_dw(m, w->wdown, m->dh, a->act, d.Q, d.H, d.I));
+    TRY(linear_dw(m, w->wdown, m->dh, a->act, d.Q, d.H, d.I, 0.0f));
     EW(be->ops->swiglu_bwd(be, m->dgu, m->dact, a->gu, d.Q, d.I));
-    TRY(linear_dw(m, w->wgu, m->dgu, a->y, d.Q, 2 * d.I, d.H));
+    TRY(linear_dw(m, w->wgu, m->dgu, a->y, d.Q, 2 * d.I, d.H, 0.0f));
     TRY(linear_dx(m, m->dx, m->dgu, d.Q, w->wgu, 2 * d.I, d.H, 0.0f));
     EW(be->ops->rmsnorm_bwd(be, m->dh, m->grad + w->post_ln, m->dx, a->hmid, W(m, w->post_ln),
                              a->rstd2, d.Q, d.H, true));
     /* attention: hmid = hin + o Wo^T */
     TRY(linear_dx(m, m->dout, m->dh, d.Q, w->wo, d.H, d.NQ, 0.0f));
-    TRY(linear_dw(m, w->wo, m->dh, a->o, d.Q, d.H, d.NQ));
+    TRY(linear_dw(m, w->wo, m->dh, a->o, d.Q, d.H, d.NQ, 0.0f));
     dfl_dflash_attn at = layer_attn(m, l);
     at.dout = m->dout;
     at.delta = m->delta;
@@ -225,11 +226,11 @@ static int layer_backward(dfl_draft *m, int l, dfl_err *e)
                                  a->rstdk, m->in.pos, d.T + d.Q, c->n_kv, c->head_dim, d.eps,
                                  d.theta));
     const void *dk_blk = at.dk_blk, *dv_blk = at.dv_blk;
-    TRY(linear_dw(m, w->wq, m->dq, a->x, d.Q, d.NQ, d.H));
-    TRY(linear_dw(m, w->wk, dk_blk, a->x, d.Q, d.NK, d.H));
-    TRY(linear_dw(m, w->wk, m->dk, m->C, d.T, d.NK, d.H));
-    TRY(linear_dw(m, w->wv, dv_blk, a->x, d.Q, d.NK, d.H));
-    TRY(linear_dw(m, w->wv, m->dv, m->C, d.T, d.NK, d.H));
+    TRY(linear_dw(m, w->wq, m->dq, a->x, d.Q, d.NQ, d.H, 0.0f));
+    TRY(linear_dw(m, w->wk, dk_blk, a->x, d.Q, d.NK, d.H, 0.0f));
+    TRY(linear_dw(m, w->wk, m->dk, m->C, d.T, d.NK, d.H, 1.0f));
+    TRY(linear_dw(m, w->wv, dv_blk, a->x, d.Q, d.NK, d.H, 0.0f));
+    TRY(linear_dw(m, w->wv, m->dv, m->C, d.T, d.NK, d.H, 1.0f));
     TRY(linear_dx(m, m->dx, m->dq, d.Q, w->wq, d.NQ, d.H, 0.0f));
     TRY(linear_dx(m, m->dx, dk_blk, d.Q, w->wk, d.NK, d.H, 1.0f));
     TRY(linear_dx(m, m->dx, dv_blk, d.Q, w->wv, d.NK, d.H, 1.0f));
@@ -297,15 +298,38 @@ int dfl_draft_forward(dfl_draft *m, bool want_grad, dfl_err *e)
     return DFL_OK;
 }
 
+/* The gradients of the norms' weights (per layer the input norm, and q_norm..post_ln, which sit
+ * together in the flat layout: dfl_draft_tensors) to 0. */
+static int zero_norm_grads(dfl_draft *m, dfl_err *e)
+{
+    dfl_be *be = m->be;
+    const int64_t H = m->c.hidden;
+    OPT(be->ops->memset0(be, m->grad + m->off_hnorm, (size_t)H * sizeof(float)));
+    OPT(be->ops->memset0(be, m->grad + m->off_norm, (size_t)H * sizeof(float)));
+    for (int l = 0; l < m->c.n_layers; l++) {
+        const layer_w *w = &m->lw[l];
+        OPT(be->ops->memset0(be, m->grad + w->in_ln, (size_t)H * sizeof(float)));
+        OPT(be->ops->memset0(be, m->grad + w->q_norm, (size_t)(w->post_ln + H - w->q_norm) * sizeof(float)));
+    }
+    return DFL_OK;
+}
+
 int dfl_draft_backward(dfl_draft *m, dfl_err *e)
 {
     dfl_be *be = m->be;
     const dfl_draft_config *c = &m->c;
     const step_dims d = dims_of(m);
     const int64_t T = d.T, Q = d.Q, H = d.H, ldfc = (int64_t)c->n_feat * H;
-    OPT(be->ops->memset0(be, m->grad, (size_t)m->flat * sizeof(float)));
-    if (Q == 0)
+    /* The gradient: the products set the matrices' (linear_dw); the norms' weights accumulate
+     * over rows and layers' kernels, so they start at 0. (The padding between tensors is never
+     * written: 0 since the model was made.) With no block rows, no layer runs: all of it is 0. */
+    if (Q == 0) {
+        OPT(be->ops->memset0(be, m->grad, (size_t)m->flat * sizeof(float)));
         return DFL_OK;
+    }
+    const int zr = zero_norm_grads(m, e);
+    if (zr)
+        return zr;
 
     /* the final norm over every row: dz and rstd the scored rows', 0 at slot 0 (where the
      * gradient is 0 and so, exactly, is what the norm's backward gives and adds to dw) */
@@ -325,7 +349,7 @@ int dfl_draft_backward(dfl_draft *m, dfl_err *e)
                              m->rstdc, T, H, false));
     for (int j = 0; j < c->n_feat; j++)
         TRY(mm(m, DFL_DP_TAG_DW, H, H, T, m->dC, be->act, H, true, feat_j(m, j), be->act, H, false,
-               m->grad + m->off_fc + (int64_t)j * H, DFL_F32, ldfc, 1.0f));
+               m->grad + m->off_fc + (int64_t)j * H, DFL_F32, ldfc, 0.0f));
     return DFL_OK;
 }
 

@@ -295,12 +295,20 @@ static void t_lmce(dfl_be *cpu, int64_t Q, int64_t H, int64_t V, int64_t CR, flo
     a.work = work.data(), a.chunk_rows = CR;
     cpu->ops->lmce(cpu, &a);
     /* the GPU op's kernels on host-computed logits */
-    std::vector<float> gwork((size_t)(CR * (V + 2)), NAN), gce((size_t)Q, NAN), gdz((size_t)(Q * H), 0);
+    std::vector<float> gwork((size_t)dfl_lmce_work(CR, V), NAN), gce((size_t)Q, NAN), gdz((size_t)(Q * H), 0);
     std::vector<uint8_t> gcorr((size_t)Q, 7);
     double gsums[DFL_SUM_COUNT] = {0};
+    /* cuda_lmce's layout of work and its launches */
+    const int S = (int)((V + LMCE_SLICE - 1) / LMCE_SLICE);
+    const int64_t ldg = (V + 7) / 8 * 8, n4 = (V + 3) / 4;
+    auto al16 = [](void *p) { return (void *)(((uintptr_t)p + 15) & ~(uintptr_t)15); };
+    float *logits = gwork.data(), *row_wce = gwork.data() + CR * V, *row_hit = row_wce + CR;
+    LmcePart *part = (LmcePart *)al16(row_hit + CR);
+    double *lse = (double *)al16(part + CR * S);
+    bf16 *g = (bf16 *)al16(lse + CR);
+    check((float *)(g + CR * ldg) <= gwork.data() + gwork.size(), "lmce work layout within dfl_lmce_work");
     for (int64_t r0 = 0; r0 < Q; r0 += CR) {
         const int64_t nr = std::min(CR, Q - r0);
-        float *logits = gwork.data(), *row_wce = gwork.data() + CR * V, *row_hit = row_wce + CR;
         for (int64_t r = 0; r < nr; r++)
             for (int64_t v = 0; v < V; v++) {
                 float s = 0;
@@ -308,10 +316,15 @@ static void t_lmce(dfl_be *cpu, int64_t Q, int64_t H, int64_t V, int64_t CR, flo
                     s += z[(size_t)((r0 + r) * H + i)] * W[(size_t)(v * H + i)];
                 logits[r * V + v] = s;
             }
-        emu::launch(dim3((unsigned)nr), dim3(LMCE_THREADS), 0, [&] {
-            lmce_row_kernel<BF>(logits, V, r0, lab.data(), wt.data(), gscale, true, gcorr.data(), gce.data(), row_wce,
-                                row_hit);
+        emu::launch(dim3((unsigned)S, (unsigned)nr), dim3(LMCE_THREADS), 0,
+                    [&] { lmce_stats_kernel(logits, V, r0, wt.data(), part, S); });
+        emu::launch(dim3((unsigned)((nr + LMCE_FIN_WARPS - 1) / LMCE_FIN_WARPS)), dim3(LMCE_FIN_WARPS * 32), 0, [&] {
+            lmce_finish_kernel(logits, V, r0, nr, lab.data(), wt.data(), part, S, lse, gcorr.data(), gce.data(),
+                               row_wce, row_hit);
         });
+        emu::launch(dim3((unsigned)((n4 + LMCE_PF * LMCE_THREADS - 1) / (LMCE_PF * LMCE_THREADS)), (unsigned)nr),
+                    dim3(LMCE_THREADS), 0,
+                    [&] { lmce_grad_kernel<BF>(logits, V, r0, lab.data(), wt.data(), gscale, lse, g, ldg); });
         emu::launch(dim3(1), dim3(32), 0, [&] { lmce_sums_kernel(gsums, row_wce, row_hit, wt.data(), r0, nr); });
         for (int64_t r = 0; r < nr; r++)
             for (int64_t i = 0; i < H; i++) {
@@ -319,7 +332,7 @@ static void t_lmce(dfl_be *cpu, int64_t Q, int64_t H, int64_t V, int64_t CR, flo
                 for (int64_t v = 0; v < V; v++) {
                     float gv;
                     if (BF)
-                        gv = __bfloat162float(((const bf16 *)(logits + r * V))[v]);
+                        gv = __bfloat162float(g[r * ldg + v]);
                     else
                         gv = logits[r * V + v];
                     s += (double)gv * W[(size_t)(v * H + i)];
@@ -378,12 +391,13 @@ int main()
     t_block_metrics(cpu, 3, 2);
     t_lmce<true>(cpu, 13, 64, 1000, 5, 1.0f);
     t_lmce<false>(cpu, 9, 32, 4100, 4, 0.5f);
-    t_lmce<true>(cpu, 3, 32, 9000, 3, 2.0f);   /* several in-place conversion tiles per row */
+    t_lmce<true>(cpu, 3, 32, 9000, 3, 2.0f);   /* two statistics slices a row */
     t_lmce<true>(cpu, 4, 32, 5003, 2, 1.0f);   /* odd V: scalar loads and stores */
-    /* rows of several groups of LMCE_PF tiles (the conversion's barriers), float4 and scalar */
+    /* rows of several slices and gradient blocks (of 8192 and 4096 logits), float4 and scalar */
     t_lmce<true>(cpu, 3, 8, 70000, 2, 1.0f);
     t_lmce<true>(cpu, 2, 8, 70001, 1, 0.5f);
     t_lmce<false>(cpu, 2, 8, 40004, 2, 1.0f);
+    t_lmce<true>(cpu, 40, 8, 8190, 40, 1.0f);   /* more rows than a grid of finish warps */
     printf(failures ? "FAILED: %d checks\n" : "all checks passed\n", failures);
     dfl_be_close(cpu);
     return failures ? 1 : 0;

@@ -217,7 +217,7 @@ static void bench_lmce(double peak, int64_t Q, int64_t H, int64_t V, const int64
     for (const int64_t *c = chunks; *c; c++)
         maxc = *c > maxc ? *c : maxc;
     void *z = dalloc((size_t)(Q * H * 2)), *W = dalloc((size_t)(V * H * 2)), *dz = dalloc((size_t)(Q * H * 2));
-    float *work = dalloc((size_t)(maxc * (V + 2) * 4)), *wt = dalloc((size_t)Q * 4), *ce = dalloc((size_t)Q * 4);
+    float *work = dalloc((size_t)dfl_lmce_work(maxc, V) * 4), *wt = dalloc((size_t)Q * 4), *ce = dalloc((size_t)Q * 4);
     int32_t *lab = dalloc((size_t)Q * 4);
     uint8_t *corr = dalloc((size_t)Q);
     double *sums = dalloc(DFL_SUM_COUNT * sizeof(double));
@@ -241,7 +241,7 @@ static void bench_lmce(double peak, int64_t Q, int64_t H, int64_t V, const int64
         /* the two GEMMs alone (tuned), as lmce runs them */
         dfl_mm m1 = {.M = CR, .N = V, .K = H, .A = z, .adt = DFL_BF16, .lda = H, .B = W, .bdt = DFL_BF16,
                      .ldb = H, .tb = true, .C = work, .cdt = DFL_F32, .ldc = V, .alpha = 1, .beta = 0};
-        dfl_mm m2 = {.M = CR, .N = H, .K = V, .A = work, .adt = DFL_BF16, .lda = 2 * V, .B = W, .bdt = DFL_BF16,
+        dfl_mm m2 = {.M = CR, .N = H, .K = V, .A = work, .adt = DFL_BF16, .lda = (V + 7) / 8 * 8, .B = W, .bdt = DFL_BF16,
                      .ldb = H, .C = dz, .cdt = DFL_BF16, .ldc = H, .alpha = 1, .beta = 0};
         float b1 = 0, h1 = 0, b2 = 0, h2 = 0;
         double t1h = time_ms(run_mm, &m1, 3), t2h = time_ms(run_mm, &m2, 3);
@@ -250,7 +250,7 @@ static void bench_lmce(double peak, int64_t Q, int64_t H, int64_t V, const int64
         double t1 = time_ms(run_mm, &m1, 3), t2 = time_ms(run_mm, &m2, 3);
         double gemms = (double)Q / CR * (t1 + t2), gemm1 = (double)Q / CR * t1;
         printf("  chunk %5lld (work %.2f GB): its GEMMs alone %8.2f ms %6.1f TFLOP/s (per chunk: first choice "
-               "%.2f + %.2f, tuned %.2f + %.2f ms)\n", (long long)CR, CR * (V + 2) * 4 / 1e9, gemms, fl / gemms / 1e9,
+               "%.2f + %.2f, tuned %.2f + %.2f ms)\n", (long long)CR, dfl_lmce_work(CR, V) * 4 / 1e9, gemms, fl / gemms / 1e9,
                t1h, t2h, t1, t2);
         dfl_lmce l = {.z = z, .w_lm = W, .labels = lab, .weight = wt, .Q = Q, .H = H, .V = V, .sums = sums,
                       .correct = corr, .ce_out = ce, .dz = dz, .grad_scale = 1.0f, .work = work, .chunk_rows = CR};

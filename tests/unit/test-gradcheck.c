@@ -452,7 +452,7 @@ static void test_lmce(void)
     uint8_t correct[11];
     float *dz = malloc(Q * H * 4), ce[11];
     for (int64_t chunk = 1; chunk <= 16; chunk *= 4) {
-        float *work = malloc(chunk * (V + 2) * 4);
+        float *work = malloc((size_t)dfl_lmce_work(chunk, V) * 4);
         memset(sums, 0, sizeof sums);
         dfl_lmce a = {.z = z, .w_lm = W, .labels = lab, .weight = w, .Q = Q, .H = H, .V = V,
                       .sums = sums, .correct = correct, .ce_out = ce, .dz = dz, .grad_scale = 0.5f,
