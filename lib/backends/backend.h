@@ -38,6 +38,8 @@ typedef struct dfl_mm {
     void *C; dfl_dtype cdt; int64_t ldc;
     float alpha, beta;
     const float *bias;
+    const void *Cin;   /* with beta != 0, the C that is added when it is not C itself (same
+                        * dtype and ldc; C = alpha op(A) op(B) + beta Cin); NULL: C */
 } dfl_mm;
 
 /* Variable-length causal attention over packed sequences (the target's prefill).

@@ -80,6 +80,8 @@ static int cpu_matmul(dfl_be *be, const dfl_mm *m)
     }
     float *C = m->C;
     size_t nc = (size_t)(m->M - 1) * (size_t)m->ldc + (size_t)m->N;
+    /* the C added: Cin when given, else C in place */
+    const void *cin = m->Cin && m->beta != 0.0f ? m->Cin : m->C;
     if (m->cdt != DFL_F32) {
         tc = malloc(nc * sizeof *tc);
         if (!tc) {
@@ -88,8 +90,11 @@ static int cpu_matmul(dfl_be *be, const dfl_mm *m)
             return DFL_ENOMEM;
         }
         if (m->beta != 0.0f)
-            dfl_convert(tc, DFL_F32, m->C, m->cdt, nc);
+            dfl_convert(tc, DFL_F32, cin, m->cdt, nc);
         C = tc;
+    } else if (cin != m->C) {
+        for (int64_t i = 0; i < m->M; i++)
+            memcpy(C + i * m->ldc, (const float *)cin + i * m->ldc, (size_t)m->N * sizeof *C);
     }
     if (m->K > 0) {
         cblas_sgemm(CblasRowMajor, m->ta ? CblasTrans : CblasNoTrans, m->tb ? CblasTrans : CblasNoTrans,

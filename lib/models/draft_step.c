@@ -45,16 +45,16 @@ static int tune_once(dfl_draft *m, const dfl_mm *x)
     return DFL_OK;
 }
 
-/* C = alpha op(A) op(B) + beta C with the model's dtypes; tag (DFL_DP_TAG_*) says which product
- * of a weight it is, for --profile: the forward (the weight is N x K), its input gradient (K x
- * N) or its weight gradient (M x N). */
+/* C = alpha op(A) op(B) + beta C (or + beta cin, when cin is not NULL) with the model's dtypes;
+ * tag (DFL_DP_TAG_*) says which product of a weight it is, for --profile: the forward (the weight
+ * is N x K), its input gradient (K x N) or its weight gradient (M x N). */
 static int mm(dfl_draft *m, int tag, int64_t M, int64_t N, int64_t K, const void *A, dfl_dtype adt,
               int64_t lda, bool ta, const void *B, dfl_dtype bdt, int64_t ldb, bool tb, void *C,
-              dfl_dtype cdt, int64_t ldc, float beta)
+              dfl_dtype cdt, int64_t ldc, float beta, const void *cin)
 {
     dfl_mm x = {.M = M, .N = N, .K = K, .A = A, .adt = adt, .lda = lda, .ta = ta, .B = B,
                 .bdt = bdt, .ldb = ldb, .tb = tb, .C = C, .cdt = cdt, .ldc = ldc,
-                .alpha = 1.0f, .beta = beta};
+                .alpha = 1.0f, .beta = beta, .Cin = cin};
     if (m->tuning) {
         int rc = tune_once(m, &x);
         if (rc)
@@ -67,13 +67,15 @@ static int mm(dfl_draft *m, int tag, int64_t M, int64_t N, int64_t K, const void
     return rc;
 }
 
-/* y [rows, out] (= or +=) x [rows, in] W^T, W = weight tensor at offset off, [out, in] */
+/* y [rows, out] = x [rows, in] W^T (+ res [rows, out] when res is not NULL), W = weight tensor
+ * at offset off, [out, in] */
 static int linear(dfl_draft *m, void *y, const void *x, int64_t rows, int64_t off, int64_t out,
-                  int64_t in, float beta)
+                  int64_t in, const void *res)
 {
     dfl_dtype act = m->be->act, wdt = m->be->wdt;
     const void *W = (const char *)m->wts + off * dfl_dtype_size(wdt);
-    return mm(m, DFL_DP_TAG_FWD, rows, out, in, x, act, in, false, W, wdt, in, true, y, act, out, beta);
+    return mm(m, DFL_DP_TAG_FWD, rows, out, in, x, act, in, false, W, wdt, in, true, y, act, out,
+              res ? 1.0f : 0.0f, res);
 }
 
 /* dW [out, in] (= or +=) dy^T x over rows: the first product of a weight's gradient in a step
@@ -83,7 +85,7 @@ static int linear_dw(dfl_draft *m, int64_t off, const void *dy, const void *x, i
 {
     dfl_dtype act = m->be->act;
     return mm(m, DFL_DP_TAG_DW, out, in, rows, dy, act, out, true, x, act, in, false, m->grad + off,
-              DFL_F32, in, beta);
+              DFL_F32, in, beta, NULL);
 }
 
 /* dx [rows, in] (= or +=) dy [rows, out] W */
@@ -92,7 +94,8 @@ static int linear_dx(dfl_draft *m, void *dx, const void *dy, int64_t rows, int64
 {
     dfl_dtype act = m->be->act, wdt = m->be->wdt;
     const void *W = (const char *)m->wts + off * dfl_dtype_size(wdt);
-    return mm(m, DFL_DP_TAG_DX, rows, in, out, dy, act, out, false, W, wdt, in, false, dx, act, in, beta);
+    return mm(m, DFL_DP_TAG_DX, rows, in, out, dy, act, out, false, W, wdt, in, false, dx, act, in, beta,
+              NULL);
 }
 
 static inline void *W(dfl_draft *m, int64_t off) { return (char *)m->wts + off * dfl_dtype_size(m->be->wdt); }
@@ -165,28 +168,26 @@ static int layer_forward(dfl_draft *m, int l, void *hout, dfl_err *e)
 
     EW(be->ops->rmsnorm(be, a->x, a->rstd1, a->hin, W(m, w->in_ln), d.Q, d.H, d.eps));
     /* queries */
-    TRY(linear(m, a->qraw, a->x, d.Q, w->wq, d.NQ, d.H, 0.0f));
+    TRY(linear(m, a->qraw, a->x, d.Q, w->wq, d.NQ, d.H, NULL));
     EW(be->ops->copy(be, a->q, a->qraw, (size_t)(d.Q * d.NQ) * d.as));
     EW(be->ops->qknorm_rope(be, a->q, d.NQ, a->rstdq, W(m, w->q_norm), m->in.pos + d.T, d.Q,
                              c->n_heads, c->head_dim, d.eps, d.theta));
     /* keys and values: rows [context | block slots] */
-    TRY(linear(m, a->kraw, m->C, d.T, w->wk, d.NK, d.H, 0.0f));
-    TRY(linear(m, ACT(m, a->kraw, d.T, d.NK), a->x, d.Q, w->wk, d.NK, d.H, 0.0f));
+    TRY(linear(m, a->kraw, m->C, d.T, w->wk, d.NK, d.H, NULL));
+    TRY(linear(m, ACT(m, a->kraw, d.T, d.NK), a->x, d.Q, w->wk, d.NK, d.H, NULL));
     EW(be->ops->copy(be, a->k, a->kraw, (size_t)((d.T + d.Q) * d.NK) * d.as));
     EW(be->ops->qknorm_rope(be, a->k, d.NK, a->rstdk, W(m, w->k_norm), m->in.pos, d.T + d.Q,
                              c->n_kv, c->head_dim, d.eps, d.theta));
-    TRY(linear(m, a->v, m->C, d.T, w->wv, d.NK, d.H, 0.0f));
-    TRY(linear(m, ACT(m, a->v, d.T, d.NK), a->x, d.Q, w->wv, d.NK, d.H, 0.0f));
+    TRY(linear(m, a->v, m->C, d.T, w->wv, d.NK, d.H, NULL));
+    TRY(linear(m, ACT(m, a->v, d.T, d.NK), a->x, d.Q, w->wv, d.NK, d.H, NULL));
     const dfl_dflash_attn at = layer_attn(m, l);
     OPF(DFL_DP_ATTN_FWD, m->attn_fl[c->sliding[l] ? 1 : 0], be->ops->dflash_attn(be, &at));
-    /* residual + MLP */
-    EW(be->ops->copy(be, a->hmid, a->hin, (size_t)(d.Q * d.H) * d.as));
-    TRY(linear(m, a->hmid, a->o, d.Q, w->wo, d.H, d.NQ, 1.0f));
+    /* residual + MLP (the products add the residual as they write) */
+    TRY(linear(m, a->hmid, a->o, d.Q, w->wo, d.H, d.NQ, a->hin));
     EW(be->ops->rmsnorm(be, a->y, a->rstd2, a->hmid, W(m, w->post_ln), d.Q, d.H, d.eps));
-    TRY(linear(m, a->gu, a->y, d.Q, w->wgu, 2 * d.I, d.H, 0.0f));
+    TRY(linear(m, a->gu, a->y, d.Q, w->wgu, 2 * d.I, d.H, NULL));
     EW(be->ops->swiglu(be, a->act, a->gu, d.Q, d.I));
-    EW(be->ops->copy(be, hout, a->hmid, (size_t)(d.Q * d.H) * d.as));
-    TRY(linear(m, hout, a->act, d.Q, w->wdown, d.H, d.I, 1.0f));
+    TRY(linear(m, hout, a->act, d.Q, w->wdown, d.H, d.I, a->hmid));
     return DFL_OK;
 }
 
@@ -259,7 +260,7 @@ int dfl_draft_forward(dfl_draft *m, bool want_grad, dfl_err *e)
     /* context features: C = hidden_norm(sum_j feat_j fc[:, jH:(j+1)H]^T), one GEMM per layer */
     for (int j = 0; j < c->n_feat; j++)
         TRY(mm(m, DFL_DP_TAG_FWD, T, H, H, feat_j(m, j), be->act, H, false, W(m, m->off_fc + (int64_t)j * H),
-               be->wdt, ldfc, true, m->cpre, be->act, H, j == 0 ? 0.0f : 1.0f));
+               be->wdt, ldfc, true, m->cpre, be->act, H, j == 0 ? 0.0f : 1.0f, NULL));
     EW(be->ops->rmsnorm(be, m->C, m->rstdc, m->cpre, W(m, m->off_hnorm), T, H, d.eps));
     if (Q == 0)
         return DFL_OK;
@@ -349,7 +350,7 @@ int dfl_draft_backward(dfl_draft *m, dfl_err *e)
                              m->rstdc, T, H, false));
     for (int j = 0; j < c->n_feat; j++)
         TRY(mm(m, DFL_DP_TAG_DW, H, H, T, m->dC, be->act, H, true, feat_j(m, j), be->act, H, false,
-               m->grad + m->off_fc + (int64_t)j * H, DFL_F32, ldfc, 0.0f));
+               m->grad + m->off_fc + (int64_t)j * H, DFL_F32, ldfc, 0.0f, NULL));
     return DFL_OK;
 }
 

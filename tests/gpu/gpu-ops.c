@@ -326,6 +326,7 @@ struct mm_case {
     bool bias;
     int pad;        /* added to every leading dimension */
     bool f32out;    /* bf16 mode: C in f32 */
+    bool cin;       /* the C added comes from its own buffer (dfl_mm.Cin); C starts as NaN */
 };
 
 static void run_mm_case(struct mode *md, const struct mm_case *c)
@@ -351,19 +352,39 @@ static void run_mm_case(struct mode *md, const struct mm_case *c)
                 .B = B, .bdt = DFL_F32, .ldb = ldb, .tb = c->tb, .C = Cref, .cdt = DFL_F32,
                 .ldc = ldc, .alpha = c->alpha, .beta = c->beta, .bias = bias};
     T_CHECK(g_cpu->ops->matmul(g_cpu, &m) == 0, "cpu matmul");
+    if (c->cin) {   /* the CPU's own Cin: the same bytes as in place, C's padding untouched */
+        float *Cc = xmalloc(nc * sizeof *Cc);
+        for (size_t i = 0; i < nc; i++)
+            Cc[i] = NAN;
+        dfl_mm mc = m;
+        mc.C = Cc;
+        mc.Cin = C0;
+        T_CHECK(g_cpu->ops->matmul(g_cpu, &mc) == 0, "cpu matmul with Cin");
+        int64_t bad = 0;
+        for (int i = 0; i < c->M; i++)
+            for (int j = 0; j < ldc; j++)
+                bad += j < c->N ? memcmp(&Cc[(size_t)i * ldc + j], &Cref[(size_t)i * ldc + j], 4) != 0
+                                : !isnan(Cc[(size_t)i * ldc + j]);
+        T_CHECK(bad == 0, "cpu matmul with Cin: %lld elements differ from in place", (long long)bad);
+        free(Cc);
+    }
 
     char what[128];
-    snprintf(what, sizeof what, "matmul %s%s %dx%dx%d ta%d tb%d a%.2g b%.2g%s pad%d", md->name,
+    snprintf(what, sizeof what, "matmul %s%s %dx%dx%d ta%d tb%d a%.2g b%.2g%s pad%d%s", md->name,
              c->f32out ? "->f32" : "", c->M, c->N, c->K, c->ta, c->tb, c->alpha, c->beta,
-             c->bias ? " bias" : "", c->pad);
-    gbuf ga, gb, gc, gbias = {0};
+             c->bias ? " bias" : "", c->pad, c->cin ? " Cin" : "");
+    gbuf ga, gb, gc, gbias = {0}, gcin = {0};
     bool ok = gb_alloc(&ga, be, na, adt) && gb_alloc(&gb, be, nb, adt) && gb_alloc(&gc, be, nc, cdt);
     if (ok && c->bias)
         ok = gb_alloc(&gbias, be, (size_t)c->N, DFL_F32);
+    if (ok && c->cin)
+        ok = gb_alloc(&gcin, be, nc, cdt);
     if (ok) {
         gb_set(&ga, A);
         gb_set(&gb, B);
-        if (c->beta != 0)
+        if (c->cin)
+            gb_set(&gcin, C0);  /* C stays NaN: only Cin is read */
+        else if (c->beta != 0)
             gb_set(&gc, C0);    /* else C stays NaN: beta = 0 must not read it */
         if (c->bias)
             gb_set(&gbias, bias);
@@ -377,6 +398,7 @@ static void run_mm_case(struct mode *md, const struct mm_case *c)
         g.C = gc.p;
         g.cdt = cdt;
         g.bias = c->bias ? (const float *)gbias.p : NULL;
+        g.Cin = c->cin ? gcin.p : NULL;
         int rc = be->ops->matmul(be, &g);
         T_CHECK(rc == 0, "%s: rc %d", what, rc);
         sync_ok(be, what);
@@ -392,6 +414,8 @@ static void run_mm_case(struct mode *md, const struct mm_case *c)
                            before + ((size_t)i * ldc + c->N) * es, (size_t)c->pad * es))
                 break;
         gb_check_guards(&gc, what);
+        if (c->cin)
+            gb_check_guards(&gcin, what);
         gb_check_guards(&ga, what);
         gb_check_guards(&gb, what);
         free(before);
@@ -401,6 +425,7 @@ static void run_mm_case(struct mode *md, const struct mm_case *c)
     gb_free(&gb);
     gb_free(&gc);
     gb_free(&gbias);
+    gb_free(&gcin);
     free(A);
     free(B);
     free(C0);
@@ -413,21 +438,26 @@ static void test_matmul(void)
 {
     NEED_GPU();
     static const struct mm_case cases[] = {
-        {1, 1, 1, false, false, 1, 0, false, 0, false},
-        {7, 13, 5, false, false, 1, 0, false, 0, false},
-        {7, 13, 5, true, false, 1, 0, false, 0, false},
-        {7, 13, 5, false, true, 1, 0, false, 0, false},
-        {7, 13, 5, true, true, 1, 0, false, 0, false},
-        {64, 64, 64, false, true, 1, 0, false, 0, false},
-        {129, 257, 95, false, true, 0.5f, 1, true, 0, false},
-        {300, 1000, 512, false, true, 1, 0, false, 0, false},
-        {33, 65, 130, false, false, 1, 0.5f, false, 3, false},
-        {33, 65, 130, true, true, 2, 1, true, 5, false},
-        {17, 40, 0, false, true, 1, 0.5f, true, 0, false},      /* K = 0: C = beta C + bias */
-        {128, 2048, 1024, false, true, 1, 0, false, 0, false},
-        {100, 96, 64, false, true, 1, 1, true, 0, true},        /* bf16 -> f32, bias fused */
-        {64, 48, 200, true, false, 1, 1, false, 0, true},       /* bf16 -> f32 accumulate */
-        {5, 3, 1000, false, true, 1, 0, true, 1, true},
+        {1, 1, 1, false, false, 1, 0, false, 0, false, false},
+        {7, 13, 5, false, false, 1, 0, false, 0, false, false},
+        {7, 13, 5, true, false, 1, 0, false, 0, false, false},
+        {7, 13, 5, false, true, 1, 0, false, 0, false, false},
+        {7, 13, 5, true, true, 1, 0, false, 0, false, false},
+        {64, 64, 64, false, true, 1, 0, false, 0, false, false},
+        {129, 257, 95, false, true, 0.5f, 1, true, 0, false, false},
+        {300, 1000, 512, false, true, 1, 0, false, 0, false, false},
+        {33, 65, 130, false, false, 1, 0.5f, false, 3, false, false},
+        {33, 65, 130, true, true, 2, 1, true, 5, false, false},
+        {17, 40, 0, false, true, 1, 0.5f, true, 0, false, false},      /* K = 0: C = beta C + bias */
+        {128, 2048, 1024, false, true, 1, 0, false, 0, false, false},
+        {100, 96, 64, false, true, 1, 1, true, 0, true, false},        /* bf16 -> f32, bias fused */
+        {64, 48, 200, true, false, 1, 1, false, 0, true, false},       /* bf16 -> f32 accumulate */
+        {5, 3, 1000, false, true, 1, 0, true, 1, true, false},
+        /* C = A B^T + Cin, as the drafter's residual products: cuBLASLt with C and D apart */
+        {300, 256, 128, false, true, 1, 1, false, 0, false, true},
+        {33, 65, 130, false, true, 1, 0.5f, true, 3, false, true},
+        {64, 48, 200, true, false, 1, 1, false, 2, true, true},
+        {17, 40, 0, false, true, 1, 0.5f, false, 1, false, true},   /* K = 0: C = beta Cin */
     };
     struct mode md[2];
     int nm = modes(md);
@@ -446,7 +476,7 @@ static void test_matmul_tune(void)
     dfl_be *be = g_bf;
     dfl_err e = {0};
     struct mode md = {g_bf, DFL_BF16, "bf16", true};
-    struct mm_case c = {256, 512, 384, false, true, 1, 0, false, 0, false};
+    struct mm_case c = {256, 512, 384, false, true, 1, 0, false, 0, false, false};
     gbuf ga, gb, gc;
     if (!gb_alloc(&ga, be, 256 * 384, DFL_BF16) || !gb_alloc(&gb, be, 512 * 384, DFL_BF16) ||
         !gb_alloc(&gc, be, 256 * 512, DFL_BF16))

@@ -591,6 +591,56 @@ static void test_gather_rows(void)
         T_CHECK(back[q] == (q % 4 ? z[q] : 0.0f), "row %d through the scored rows and back", q);
 }
 
+/* matmul with a separate added C (dfl_mm.Cin; the drafter's residual products): the same bits
+ * as copying Cin into C and adding in place, f32 and bf16 C, padded rows; Cin unchanged, C's
+ * padding untouched; beta 0 ignores Cin */
+static void test_matmul_cin(void)
+{
+    enum { M = 5, N = 7, K = 3, LD = 9 };
+    float A[M * K], B[N * K], cin[M * LD];
+    for (int i = 0; i < M * K; i++)
+        A[i] = 0.25f * (float)(i % 7) - 0.5f;
+    for (int i = 0; i < N * K; i++)
+        B[i] = 0.125f * (float)(i % 5) + 0.1f;
+    for (int i = 0; i < M * LD; i++)
+        cin[i] = 0.3f * (float)(i % 11) - 1.0f;
+    for (int bf = 0; bf < 2; bf++) {
+        const dfl_dtype cdt = bf ? DFL_BF16 : DFL_F32;
+        const size_t es = dfl_dtype_size(cdt);
+        uint8_t cin_c[M * LD * 4], cin_keep[M * LD * 4], ref[M * LD * 4], got[M * LD * 4];
+        dfl_convert(cin_c, cdt, cin, DFL_F32, M * LD);
+        memcpy(cin_keep, cin_c, sizeof cin_c);
+        memcpy(ref, cin_c, M * LD * es);
+        memset(got, 0x7f, sizeof got);
+        dfl_mm m = {.M = M, .N = N, .K = K, .A = A, .adt = DFL_F32, .lda = K, .B = B, .bdt = DFL_F32,
+                    .ldb = K, .tb = true, .C = ref, .cdt = cdt, .ldc = LD, .alpha = 1, .beta = 1};
+        T_CHECK(be->ops->matmul(be, &m) == 0, "in place");
+        m.C = got;
+        m.Cin = cin_c;
+        T_CHECK(be->ops->matmul(be, &m) == 0, "with Cin");
+        int bad = 0, pad = 0;
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < LD; j++) {
+                const size_t o = ((size_t)i * LD + j) * es;
+                if (j < N)
+                    bad += memcmp(got + o, ref + o, es) != 0;
+                else
+                    pad += got[o] != 0x7f;
+            }
+        T_CHECK(bad == 0 && pad == 0, "%s C: %d elements differ from in place, %d padding bytes written",
+                bf ? "bf16" : "f32", bad, pad);
+        T_CHECK(!memcmp(cin_c, cin_keep, sizeof cin_c), "Cin unchanged");
+        m.beta = 0;   /* Cin is not read */
+        m.Cin = NULL;
+        m.C = ref;
+        memcpy(ref, got, sizeof got);
+        T_CHECK(be->ops->matmul(be, &m) == 0, "beta 0");
+        m.C = got;
+        m.Cin = cin_c;
+        T_CHECK(be->ops->matmul(be, &m) == 0 && !memcmp(got, ref, sizeof got), "beta 0 ignores Cin");
+    }
+}
+
 static void test_uniform_noise(void)
 {
     const int64_t n = 200000;
@@ -628,6 +678,7 @@ int main(int argc, char **argv)
     T_RUN(test_block_metrics);
     T_RUN(test_gather_rows);
     T_RUN(test_uniform_noise);
+    T_RUN(test_matmul_cin);
     dfl_be_close(be);
     return t_done();
 }
