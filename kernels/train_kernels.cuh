@@ -7,19 +7,36 @@
 #include "be_math.h"
 #include "warp_sum.cuh"
 
+#ifndef DF_DYN_SMEM
+#define DF_DYN_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+#endif
+
 #define RB_MAX_THREADS 512
 #define QKB_WARPS 8
 #define SUMSQ_THREADS 256
 #define LMCE_THREADS 1024
 
-/* dw[i] += (float)(sum over b < nb of part[b * n + i]), in block order */
-static __global__ void tr_colsum_kernel(float *dw, const double *part, int nb, int64_t n)
+/* dw[i] += (float)(sum over b < nb of part[b * n + i]), in block order; AHEAD loads in flight a
+ * thread ahead of the adds (the same order, so the same bits, for every AHEAD: 1 is the first
+ * form, TR_COLSUM_AHEAD the faster one) */
+#define TR_COLSUM_AHEAD 32
+template <int AHEAD> static __global__ void tr_colsum_kernel(float *dw, const double *part, int nb, int64_t n)
 {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
     double s = 0.0;
-    for (int b = 0; b < nb; b++)
+    int b = 0;
+    for (; b + AHEAD <= nb; b += AHEAD) {
+        double v[AHEAD];
+#pragma unroll
+        for (int u = 0; u < AHEAD; u++)
+            v[u] = part[(int64_t)(b + u) * n + i];
+#pragma unroll
+        for (int u = 0; u < AHEAD; u++)
+            s += v[u];
+    }
+    for (; b < nb; b++)
         s += part[(int64_t)b * n + i];
     dw[i] += (float)s;
 }
@@ -211,6 +228,282 @@ qknorm_rope_bwd_kernel(T *dx, int64_t ld, double *part, const T *xin, const T *w
             s += shw[k][i];
         part[(int64_t)blockIdx.x * d + i] = s;
     }
+}
+
+/* rmsnorm_bwd_kernel's faster form, for rows of at most two packs a thread (P <= 2): the same
+ * partition, thread layout, arithmetic and order, so the same bits. What differs: at most 64
+ * registers a thread (four blocks of 256 threads on a multiprocessor: the 512 blocks of a
+ * [32768, 4096] call run in one wave instead of two), for which the dw sums live in shared
+ * memory (P VEC floats a thread, rb_pf_smem_bytes) and w is read again for every row (from the
+ * cache); the old dx of the row is loaded before its block sum, and with NEXT the next row's dy
+ * and x too. */
+static inline size_t rb_pf_smem_bytes(int p, int vec, int threads) { return (size_t)p * vec * threads * sizeof(float); }
+
+template <typename T, int VEC, int P, bool NEXT>
+__global__ void __launch_bounds__(RB_MAX_THREADS, 2)
+rmsnorm_bwd_pf_kernel(T *dx, double *part, const T *dy, const T *x, const T *w, const float *rstd,
+                      int64_t R, int64_t n, int64_t rpb, bool acc)
+{
+    typedef Pack<T, VEC> PK;
+    static_assert(P <= 2, "rmsnorm_bwd_pf_kernel: at most two packs a thread");
+    __shared__ float sh[32];
+    DF_DYN_SMEM(rb_smem);
+    float *dwa = (float *)rb_smem;   /* [P VEC][blockDim.x]: element (k, j) of thread t */
+    const int t = (int)threadIdx.x, nt = (int)blockDim.x;
+    const int64_t nv = n / VEC;
+    const int64_t r0 = (int64_t)blockIdx.x * rpb;
+    const int64_t r1 = r0 + rpb < R ? r0 + rpb : R;
+    const PK *wv = (const PK *)w;
+    PK yp[P], xp[P];
+#pragma unroll
+    for (int k = 0; k < P; k++) {
+        int64_t c = t + (int64_t)k * nt;
+        yp[k] = c < nv && r0 < r1 ? ((const PK *)(dy + r0 * n))[c] : PK{};
+        xp[k] = c < nv && r0 < r1 ? ((const PK *)(x + r0 * n))[c] : PK{};
+#pragma unroll
+        for (int j = 0; j < VEC; j++)
+            dwa[(k * VEC + j) * nt + t] = 0.0f;
+    }
+    const float inv_n = 1.0f / (float)n;
+    for (int64_t r = r0; r < r1; r++) {
+        PK *dxr = (PK *)(dx + r * n);
+        const float s = rstd[r];
+        PK o[P];
+#pragma unroll
+        for (int k = 0; k < P; k++) {
+            int64_t c = t + (int64_t)k * nt;
+            o[k] = acc && c < nv ? dxr[c] : PK{};
+        }
+        float dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < P; k++) {
+            int64_t c = t + (int64_t)k * nt;
+            const PK wp = c < nv ? wv[c] : PK{};
+#pragma unroll
+            for (int j = 0; j < VEC; j++)
+                dot += to_f32(wp.v[j]) * to_f32(yp[k].v[j]) * to_f32(xp[k].v[j]);
+        }
+        PK yn[P], xn[P];
+        if (NEXT) {
+            const bool more = r + 1 < r1;
+#pragma unroll
+            for (int k = 0; k < P; k++) {
+                int64_t c = t + (int64_t)k * nt;
+                yn[k] = more && c < nv ? ((const PK *)(dy + (r + 1) * n))[c] : PK{};
+                xn[k] = more && c < nv ? ((const PK *)(x + (r + 1) * n))[c] : PK{};
+            }
+        }
+        dot = block_sum_sh(dot, sh);
+        const float cm = dot * s * inv_n;   /* mean(w dy xhat) */
+#pragma unroll
+        for (int k = 0; k < P; k++) {
+            int64_t c = t + (int64_t)k * nt;
+            if (c < nv) {
+                const PK wp = wv[c];
+#pragma unroll
+                for (int j = 0; j < VEC; j++) {
+                    float fy = to_f32(yp[k].v[j]), fx = to_f32(xp[k].v[j]);
+                    float gv = s * (to_f32(wp.v[j]) * fy - fx * s * cm);
+                    o[k].v[j] = from_f32<T>(acc ? to_f32(o[k].v[j]) + gv : gv);
+                    dwa[(k * VEC + j) * nt + t] += fy * fx * s;
+                }
+                dxr[c] = o[k];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < P; k++) {
+            if (NEXT) {
+                yp[k] = yn[k];
+                xp[k] = xn[k];
+            } else if (r + 1 < r1) {
+                int64_t c = t + (int64_t)k * nt;
+                yp[k] = c < nv ? ((const PK *)(dy + (r + 1) * n))[c] : PK{};
+                xp[k] = c < nv ? ((const PK *)(x + (r + 1) * n))[c] : PK{};
+            }
+        }
+    }
+    if (part) {
+        double *pb = part + (int64_t)blockIdx.x * n;
+#pragma unroll
+        for (int k = 0; k < P; k++) {
+            int64_t c = t + (int64_t)k * nt;
+            if (c < nv)
+#pragma unroll
+                for (int j = 0; j < VEC; j++)
+                    pb[c * VEC + j] = (double)dwa[(k * VEC + j) * nt + t];
+        }
+    }
+}
+
+/* qknorm_rope_bwd_kernel's 16-byte form for heads of QKV_D = 128 (P = 2, MAXJ = 1 there), with
+ * the same results bit for bit: the same items a block (ipb), the same items a warp of the old
+ * kernel, the same arithmetic and the same order of every sum. A group of G = 64 / V adjacent
+ * threads stands for one warp of the old kernel: thread c of group vw (vw < QKB_WARPS) holds the
+ * V elements [c V, c V + V) of each half (16-byte loads; the old kernel's lanes c K .. c K + K - 1,
+ * K = V / 2) and takes the items vw, vw + QKB_WARPS, ... of the block, U at a time (their loads
+ * issued together). The sums over a head (of x^2 and of w g x) keep the old lanes' partials apart
+ * and add them as the old butterfly did (qkv_oldsum). The sines and cosines of the block's rows
+ * (the same sincosf of the same arguments) are computed once into shared memory at the start
+ * instead of once per element and head. The dw sums (double, as there) live in shared memory
+ * too, for the registers (at most 128 a thread: eight blocks a multiprocessor, the 1024 blocks of
+ * the 8B drafter's q in one wave); the groups' sums are added in group order as the old warps'. */
+#define QKV_D 128
+
+/* The old kernel's warp sum over its 32 lanes, from the K partials of each of the G = 32 / K
+ * lanes of a group (old lane c K + k): its butterfly's offsets 16 .. K cross the group's lanes
+ * (offsets G / 2 .. 1 here), K / 2 .. 1 the thread's own partials. */
+template <int G, int K> __device__ __forceinline__ float qkv_oldsum(float (&v)[K])
+{
+#pragma unroll
+    for (int k = 0; k < K; k++)
+        v[k] = warp_sum<G>(v[k]);
+#pragma unroll
+    for (int o = K / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int k = 0; k < o; k++)
+            v[k] = v[k] + v[k + o];
+    return v[0];
+}
+
+/* the sine and cosine table's bytes: every row that ipb consecutive items can span */
+static __host__ __device__ inline size_t qkv_tab_bytes(int64_t ipb, int heads)
+{
+    return (size_t)((ipb - 1) / heads + 2) * (QKV_D / 2) * 2 * sizeof(float);
+}
+
+template <typename T> constexpr int qkv_threads() { return QKB_WARPS * (QKV_D / 2) / (16 / (int)sizeof(T)); }
+
+/* the dw sums' row stride (in doubles) of a group: padded so that the groups of a warp do not
+ * share banks */
+#define QKV_ACC_STRIDE (QKV_D + 8)
+
+template <typename T, int U>
+__global__ void __launch_bounds__(qkv_threads<T>(), sizeof(T) == 2 ? 8 : 4)
+qknorm_rope_bwd_vec_kernel(T *dx, int64_t ld, double *part, const T *xin, const T *w, const float *rstd,
+                           const int32_t *pos, const float *inv_freq, int64_t R, int heads, float eps,
+                           int64_t ipb)
+{
+    constexpr int half = QKV_D / 2, V = 16 / (int)sizeof(T), G = half / V, K = V / 2, HPW = 32 / G;
+    static_assert(G * K == 32 && HPW * G == 32, "qknorm_rope_bwd_vec_kernel: layout");
+    typedef Pack<T, V> PK;
+    DF_DYN_SMEM(qkv_smem);
+    float2 *tab = (float2 *)qkv_smem;   /* [rows of the block][half]: (cos, sin) */
+    const int c = (int)threadIdx.x % G, vw = (int)threadIdx.x / G, lane = (int)threadIdx.x & 31;
+    const int vw0 = vw - lane / G;      /* the warp's first group */
+    const int64_t items = R * heads;
+    const int64_t i0 = (int64_t)blockIdx.x * ipb;
+    const int64_t i1 = i0 + ipb < items ? i0 + ipb : items;
+    const int64_t rlo = i0 / heads;
+    const int nrows = (int)((i1 - 1) / heads - rlo + 1);
+    for (int e = threadIdx.x; e < nrows * half; e += blockDim.x) {
+        const float fp = (float)pos[rlo + e / half];
+        float sn, cs;
+        sincosf(fp * inv_freq[e % half], &sn, &cs);
+        tab[e] = make_float2(cs, sn);
+    }
+    /* element j of the first half at acc[j G], of the second at acc[(V + j) G] */
+    double *acc = (double *)(qkv_smem + qkv_tab_bytes(ipb, heads)) + vw * QKV_ACC_STRIDE + c;
+    PK w1, w2;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        w1.v[j] = w ? w[c * V + j] : from_f32<T>(0.0f);
+        w2.v[j] = w ? w[half + c * V + j] : from_f32<T>(0.0f);
+        acc[j * G] = acc[(V + j) * G] = 0.0;
+    }
+    __syncthreads();
+    for (int64_t b0 = i0 + vw0; b0 < i1; b0 += (int64_t)QKB_WARPS * U) {
+        PK da[U], db[U], xa[U], xb[U];
+        int64_t it[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            it[u] = b0 - vw0 + vw + (int64_t)QKB_WARPS * u;
+            if (it[u] < i1) {
+                const int64_t r = it[u] / heads, h = it[u] % heads;
+                const T *dv = dx + r * ld + h * QKV_D + c * V, *xv = xin + r * ld + h * QKV_D + c * V;
+                da[u] = *(const PK *)dv;
+                db[u] = *(const PK *)(dv + half);
+                xa[u] = *(const PK *)xv;
+                xb[u] = *(const PK *)(xv + half);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (b0 + (int64_t)QKB_WARPS * u >= i1)
+                break;                   /* no item for the warp's groups (the same for its lanes) */
+            const bool on = it[u] < i1;
+            const int64_t r = on ? it[u] / heads : rlo;
+            const int h = on ? (int)(it[u] % heads) : 0;
+            const float2 *cs = tab + (r - rlo) * half + c * V;
+            float g1[V], g2[V], x1[V], x2[V], ss[K];
+#pragma unroll
+            for (int k = 0; k < K; k++)
+                ss[k] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                const float2 t = on ? cs[j] : make_float2(0.0f, 0.0f);
+                const float u1 = on ? to_f32(da[u].v[j]) : 0.0f, v1 = on ? to_f32(db[u].v[j]) : 0.0f;
+                g1[j] = u1 * t.x + v1 * t.y;
+                g2[j] = -u1 * t.y + v1 * t.x;
+                x1[j] = on ? to_f32(xa[u].v[j]) : 0.0f;
+                x2[j] = on ? to_f32(xb[u].v[j]) : 0.0f;
+                ss[j / 2] += x1[j] * x1[j] + x2[j] * x2[j];
+            }
+            if (w) {
+                float sc;
+                if (rstd)
+                    sc = on ? rstd[r * heads + h] : 1.0f;
+                else
+                    sc = 1.0f / sqrtf(qkv_oldsum<G, K>(ss) / (float)QKV_D + eps);
+                float dot[K];
+#pragma unroll
+                for (int k = 0; k < K; k++)
+                    dot[k] = 0.0f;
+#pragma unroll
+                for (int j = 0; j < V; j++)
+                    dot[j / 2] += to_f32(w1.v[j]) * g1[j] * x1[j] + to_f32(w2.v[j]) * g2[j] * x2[j];
+                const float m = qkv_oldsum<G, K>(dot) * sc / (float)QKV_D;
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    if (part && on) {
+                        acc[j * G] += (double)g1[j] * (double)(x1[j] * sc);
+                        acc[(V + j) * G] += (double)g2[j] * (double)(x2[j] * sc);
+                    }
+                    g1[j] = sc * (to_f32(w1.v[j]) * g1[j] - x1[j] * sc * m);
+                    g2[j] = sc * (to_f32(w2.v[j]) * g2[j] - x2[j] * sc * m);
+                }
+            }
+            if (on) {
+                PK oa, ob;
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    oa.v[j] = from_f32<T>(g1[j]);
+                    ob.v[j] = from_f32<T>(g2[j]);
+                }
+                T *dv = dx + r * ld + (int64_t)h * QKV_D + c * V;
+                *(PK *)dv = oa;
+                *(PK *)(dv + half) = ob;
+            }
+        }
+    }
+    if (!part)
+        return;
+    /* the block's dw share: the groups' partials added in group order (the old warps') */
+    __syncthreads();
+    const double *acc0 = (const double *)(qkv_smem + qkv_tab_bytes(ipb, heads));
+    for (int i = threadIdx.x; i < QKV_D; i += blockDim.x) {
+        const int e = i % half, slot = ((i / half) * V + e % V) * G + e / V;
+        double s = 0.0;
+        for (int k = 0; k < QKB_WARPS; k++)
+            s += acc0[k * QKV_ACC_STRIDE + slot];
+        part[(int64_t)blockIdx.x * QKV_D + i] = s;
+    }
+}
+
+/* Dynamic shared memory of qknorm_rope_bwd_vec_kernel for ipb items a block of rows of `heads`
+ * heads: the sines and cosines of the rows a block spans, then the groups' dw sums. */
+static inline size_t qkv_smem_bytes(int64_t ipb, int heads)
+{
+    return qkv_tab_bytes(ipb, heads) + (size_t)QKB_WARPS * QKV_ACC_STRIDE * sizeof(double);
 }
 
 template <typename T, int VEC>

@@ -12,6 +12,7 @@
  * every op runs on the backend's one compute stream, so no GEMM can be using it between the two
  * kernels of a reduction. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "be_cuda.cuh"
@@ -30,10 +31,33 @@ static void *tr_scratch(dfl_be *be, size_t bytes)
 
 #define TR_SCRATCH_DOUBLES(be) (cuda_of(be)->ws_bytes / sizeof(double))
 
+/* The form of the norms' backward kernels: DFL_CUDA_NORM_BWD=0 in the environment selects the
+ * first kernels (rmsnorm_bwd_kernel, qknorm_rope_bwd_kernel, tr_colsum_kernel<1>), 1, 2 or 4 the
+ * faster forms (rmsnorm_bwd_pf_kernel, qknorm_rope_bwd_vec_kernel with that many items in flight
+ * a thread, tr_colsum_kernel<TR_COLSUM_AHEAD>; rmsnorm_bwd_pf_kernel loads the next row ahead from 2 on);
+ * default NORM_BWD_DEFAULT. Every form gives the same bits. Read at every call (a getenv is
+ * little beside a pass over the activations), so that a test or a benchmark can run them all. */
+#define NORM_BWD_DEFAULT 2
+
+static int norm_bwd_form(void)
+{
+    const char *v = getenv("DFL_CUDA_NORM_BWD");
+    if (v && (v[0] == '0' || v[0] == '1' || v[0] == '2' || v[0] == '4') && !v[1])
+        return v[0] - '0';
+    return NORM_BWD_DEFAULT;
+}
+
 static int tr_colsum(dfl_be *be, float *dw, const double *part, int nb, int64_t n, const char *op)
 {
-    unsigned g = (unsigned)((n + TR_THREADS - 1) / TR_THREADS);
-    tr_colsum_kernel<<<g, TR_THREADS, 0, cuda_of(be)->stream>>>(dw, part, nb, n);
+    cudaStream_t s = cuda_of(be)->stream;
+    if (norm_bwd_form() == 0) {
+        unsigned g = (unsigned)((n + TR_THREADS - 1) / TR_THREADS);
+        tr_colsum_kernel<1><<<g, TR_THREADS, 0, s>>>(dw, part, nb, n);
+    } else {
+        /* 64 threads a block: more multiprocessors for the few columns of the norms */
+        unsigned g = (unsigned)((n + 63) / 64);
+        tr_colsum_kernel<TR_COLSUM_AHEAD><<<g, 64, 0, s>>>(dw, part, nb, n);
+    }
     return cuda_launch_check(be, op);
 }
 
@@ -79,7 +103,22 @@ static int launch_rmsnorm_bwd(dfl_be *be, void *dx, float *dw, const void *dy, c
     if (p > PMAX)
         return cuda_op_fail(be, DFL_EUNSUP, "rmsnorm_bwd: rows of %lld values are too long (at most "
                             "%d)", (long long)n, PMAX * RB_MAX_THREADS * VEC);
-    if (p <= 1)
+    const int form = norm_bwd_form();
+#define RB_PF_CASE(PP, NEXT)                                                                   \
+    rmsnorm_bwd_pf_kernel<T, VEC, PP, NEXT><<<(unsigned)nb, (unsigned)th,                     \
+                                              rb_pf_smem_bytes(PP, VEC, (int)th), s>>>(        \
+        (T *)dx, part, (const T *)dy, (const T *)x, (const T *)w, rstd, R, n, rpb, acc)
+    if (form && p <= 1) {
+        if (form >= 2)
+            RB_PF_CASE(1, true);
+        else
+            RB_PF_CASE(1, false);
+    } else if (form && p <= 2) {
+        if (form >= 2)
+            RB_PF_CASE(2, true);
+        else
+            RB_PF_CASE(2, false);
+    } else if (p <= 1)
         RB_CASE(1);
     else if (p <= 2)
         RB_CASE(2);
@@ -92,6 +131,7 @@ static int launch_rmsnorm_bwd(dfl_be *be, void *dx, float *dw, const void *dy, c
             RB_CASE(16);
     }
 #undef RB_CASE
+#undef RB_PF_CASE
     int rc = cuda_launch_check(be, "rmsnorm_bwd");
     if (rc || !dw)
         return rc;
@@ -144,6 +184,24 @@ static void launch_qkb(cudaStream_t s, unsigned blocks, int maxj, T *x, int64_t 
 #undef QKB_CASE
 }
 
+template <typename T>
+static void launch_qkv(cudaStream_t s, int u, unsigned blocks, T *x, int64_t ld, double *part,
+                       const T *xin, const T *w, const float *rstd, const int32_t *pos,
+                       const float *inv, int64_t R, int heads, float eps, int64_t ipb)
+{
+    const size_t smem = qkv_smem_bytes(ipb, heads);
+    const unsigned th = (unsigned)qkv_threads<T>();
+    if (u == 1)
+        qknorm_rope_bwd_vec_kernel<T, 1><<<blocks, th, smem, s>>>(x, ld, part, xin, w, rstd, pos, inv,
+                                                                  R, heads, eps, ipb);
+    else if (u == 2)
+        qknorm_rope_bwd_vec_kernel<T, 2><<<blocks, th, smem, s>>>(x, ld, part, xin, w, rstd, pos, inv,
+                                                                  R, heads, eps, ipb);
+    else
+        qknorm_rope_bwd_vec_kernel<T, 4><<<blocks, th, smem, s>>>(x, ld, part, xin, w, rstd, pos, inv,
+                                                                  R, heads, eps, ipb);
+}
+
 int cuda_qknorm_rope_bwd(dfl_be *be, void *dx, int64_t ld, float *dw, const void *x_in, const void *w,
                          const float *rstd, const int32_t *pos, int64_t R, int heads, int d,
                          float eps, float theta)
@@ -180,7 +238,17 @@ int cuda_qknorm_rope_bwd(dfl_be *be, void *dx, int64_t ld, float *dw, const void
             return cuda_op_fail(be, DFL_EUNSUP, "qknorm_rope_bwd: scratch too small");
     }
     cudaStream_t s = cuda_of(be)->stream;
-    if (be->act == DFL_BF16) {
+    const int form = norm_bwd_form();
+    const bool vec = form && d == QKV_D && ld % (int64_t)(16 / es) == 0 && is_aligned(dx, 16) &&
+                     is_aligned(x_in, 16) && qkv_smem_bytes(ipb, heads) <= 48 * 1024;
+    if (vec) {
+        if (be->act == DFL_BF16)
+            launch_qkv<bf16>(s, form, (unsigned)nb, (bf16 *)dx, ld, part, (const bf16 *)x_in,
+                             (const bf16 *)w, rstd, pos, inv, R, heads, eps, ipb);
+        else
+            launch_qkv<float>(s, form, (unsigned)nb, (float *)dx, ld, part, (const float *)x_in,
+                              (const float *)w, rstd, pos, inv, R, heads, eps, ipb);
+    } else if (be->act == DFL_BF16) {
         if (P == 2)
             launch_qkb<bf16, 2>(s, (unsigned)nb, maxj, (bf16 *)dx, ld, part, (const bf16 *)x_in,
                                 (const bf16 *)w, rstd, pos, inv, R, heads, d, eps, ipb);

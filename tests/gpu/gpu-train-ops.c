@@ -291,6 +291,141 @@ static void test_rmsnorm_bwd(void)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* the norms' backward kernels: every form of DFL_CUDA_NORM_BWD (the first kernels: 0; the faster
+ * ones: 1, 2, 4) gives the same bytes (dx and dw), at the drafter's shapes and odd ones */
+
+static const char *const norm_forms[] = {"0", "1", "2", "4"};
+
+/* runs op under each form on the same uploaded inputs (reset() restores the outputs) and
+ * compares the images of out and dw with form 0's */
+static void forms_same(const char *what, gbuf *out, gbuf *dw, void (*reset)(void *), int (*op)(void *), void *arg)
+{
+    uint8_t *ref[2] = {NULL, NULL};
+    for (size_t f = 0; f < sizeof norm_forms / sizeof norm_forms[0]; f++) {
+        setenv("DFL_CUDA_NORM_BWD", norm_forms[f], 1);
+        reset(arg);
+        check_rc(op(arg), out->be, what);
+        sync_ok(out->be, what);
+        uint8_t *img[2] = {gb_image(out), gb_image(dw)};
+        if (f == 0) {
+            ref[0] = img[0];
+            ref[1] = img[1];
+            continue;
+        }
+        char w2[200];
+        snprintf(w2, sizeof w2, "%s: form %s against form 0 (dx)", what, norm_forms[f]);
+        bool ok = cmp_same(w2, ref[0], img[0], out->bytes, dfl_dtype_size(out->dt));
+        snprintf(w2, sizeof w2, "%s: form %s against form 0 (dw)", what, norm_forms[f]);
+        ok = cmp_same(w2, ref[1], img[1], dw->bytes, 4) && ok;
+        printf("#   %-64s form %s: %s\n", what, norm_forms[f], ok ? "the same bytes" : "DIFFERENT");
+        free(img[0]);
+        free(img[1]);
+    }
+    unsetenv("DFL_CUDA_NORM_BWD");
+    free(ref[0]);
+    free(ref[1]);
+}
+
+struct nf_case {
+    dfl_be *be;
+    gbuf gx, gw, gdy, gdx, gdw, gr, gp;
+    const float *dx0, *dy, *dw0;
+    int64_t R, n, ld;
+    int heads, d;
+    bool acc, inplace, use_w, use_rstd;
+};
+
+static void nf_reset(void *arg)
+{
+    struct nf_case *c = arg;
+    gb_set(&c->gdx, c->dx0);
+    if (c->dy)
+        gb_set(&c->gdy, c->dy);
+    gb_set(&c->gdw, c->dw0);
+}
+
+static int nf_rms(void *arg)
+{
+    struct nf_case *c = arg;
+    return c->be->ops->rmsnorm_bwd(c->be, c->inplace ? c->gdy.p : c->gdx.p, (float *)c->gdw.p, c->gdy.p, c->gx.p,
+                                   c->gw.p, (const float *)c->gr.p, c->R, c->n, c->acc);
+}
+
+static int nf_qk(void *arg)
+{
+    struct nf_case *c = arg;
+    return c->be->ops->qknorm_rope_bwd(c->be, c->gdx.p, c->ld, (float *)c->gdw.p, c->gx.p, c->use_w ? c->gw.p : NULL,
+                                       c->use_rstd ? (const float *)c->gr.p : NULL, (const int32_t *)c->gp.p, c->R,
+                                       c->heads, c->d, 1e-6f, 1e6f);
+}
+
+static void test_norm_bwd_forms(void)
+{
+    NEED_GPU();
+    struct mode md[2];
+    int nm = modes(md);
+    static const int rms[][4] = {/* R, n, acc, in place */
+                                 {2048, 4096, 1, 0}, {1000, 5120, 0, 0}, {37, 4096, 0, 1}, {300, 1000, 1, 0}, {5, 7, 1, 0}};
+    static const int qk[][6] = {/* R, heads, d, pad, w, rstd */
+                                {8192, 32, 128, 0, 1, 1}, {11264, 8, 128, 0, 1, 1}, {300, 32, 128, 0, 1, 0},
+                                {37, 8, 128, 8, 1, 0},    {11, 4, 128, 0, 0, 0},   {64, 8, 256, 0, 1, 1}};
+    for (int k = 0; k < nm; k++) {
+        for (size_t i = 0; i < sizeof rms / sizeof rms[0]; i++) {
+            struct nf_case c = {.be = md[k].be, .R = rms[i][0], .n = rms[i][1], .acc = rms[i][2], .inplace = rms[i][3]};
+            const size_t N = (size_t)(c.R * c.n);
+            float *x = rnd(N, 1, 0, md[k].bf16), *w = rnd((size_t)c.n, 0.3f, 1, md[k].bf16);
+            float *dy = rnd(N, 1, 0, md[k].bf16), *dx0 = rnd(N, 1, 0, md[k].bf16);
+            float *dw0 = rnd((size_t)c.n, 0.1f, 0, false), *rstd = rnd((size_t)c.R, 0.2f, 1, false);
+            c.dx0 = c.inplace ? dy : dx0;
+            c.dy = dy;
+            c.dw0 = dw0;
+            char what[160];
+            snprintf(what, sizeof what, "rmsnorm_bwd forms %s R%lld n%lld%s%s", md[k].name, (long long)c.R,
+                     (long long)c.n, c.acc ? " acc" : "", c.inplace ? " in place" : "");
+            if (gb_alloc(&c.gx, c.be, N, md[k].dt) && gb_alloc(&c.gw, c.be, (size_t)c.n, md[k].dt) &&
+                gb_alloc(&c.gdy, c.be, N, md[k].dt) && gb_alloc(&c.gdx, c.be, N, md[k].dt) &&
+                gb_alloc(&c.gdw, c.be, (size_t)c.n, DFL_F32) && gb_alloc(&c.gr, c.be, (size_t)c.R, DFL_F32)) {
+                gb_set(&c.gx, x);
+                gb_set(&c.gw, w);
+                gb_set(&c.gr, rstd);
+                forms_same(what, c.inplace ? &c.gdy : &c.gdx, &c.gdw, nf_reset, nf_rms, &c);
+            }
+            gb_free(&c.gx), gb_free(&c.gw), gb_free(&c.gdy), gb_free(&c.gdx), gb_free(&c.gdw), gb_free(&c.gr);
+            free(x), free(w), free(dy), free(dx0), free(dw0), free(rstd);
+        }
+        for (size_t i = 0; i < sizeof qk / sizeof qk[0]; i++) {
+            struct nf_case c = {.be = md[k].be, .R = qk[i][0], .heads = qk[i][1], .d = qk[i][2],
+                                .use_w = qk[i][4], .use_rstd = qk[i][5]};
+            c.ld = (int64_t)c.heads * c.d + qk[i][3];
+            const size_t N = (size_t)(c.R * c.ld);
+            float *x = rnd(N, 1, 0, md[k].bf16), *w = rnd((size_t)c.d, 0.3f, 1, md[k].bf16);
+            float *dx0 = rnd(N, 1, 0, md[k].bf16), *dw0 = rnd((size_t)c.d, 0.1f, 0, false);
+            float *rstd = rnd((size_t)(c.R * c.heads), 0.2f, 1, false);
+            int32_t *pos = xmalloc((size_t)c.R * sizeof *pos);
+            for (int64_t r = 0; r < c.R; r++)
+                pos[r] = rng_int(0, 40000);
+            c.dx0 = dx0;
+            c.dw0 = dw0;
+            char what[160];
+            snprintf(what, sizeof what, "qknorm_rope_bwd forms %s R%lld h%d d%d ld%lld%s%s", md[k].name,
+                     (long long)c.R, c.heads, c.d, (long long)c.ld, c.use_w ? "" : " no-w",
+                     c.use_rstd ? " rstd" : " recompute");
+            if (gb_alloc(&c.gx, c.be, N, md[k].dt) && gb_alloc(&c.gw, c.be, (size_t)c.d, md[k].dt) &&
+                gb_alloc(&c.gdx, c.be, N, md[k].dt) && gb_alloc(&c.gdw, c.be, (size_t)c.d, DFL_F32) &&
+                gb_alloc(&c.gr, c.be, (size_t)(c.R * c.heads), DFL_F32) && gb_alloc(&c.gp, c.be, (size_t)c.R, DFL_I32)) {
+                gb_set(&c.gx, x);
+                gb_set(&c.gw, w);
+                gb_set(&c.gr, rstd);
+                gb_set_raw(&c.gp, pos);
+                forms_same(what, &c.gdx, &c.gdw, nf_reset, nf_qk, &c);
+            }
+            gb_free(&c.gx), gb_free(&c.gw), gb_free(&c.gdx), gb_free(&c.gdw), gb_free(&c.gr), gb_free(&c.gp);
+            free(x), free(w), free(dx0), free(dw0), free(rstd), free(pos);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* qknorm_rope_bwd */
 
 struct qk_case {
@@ -1700,6 +1835,7 @@ int main(int argc, char **argv)
     T_RUN(test_swiglu_bwd);
     T_RUN(test_rmsnorm_bwd);
     T_RUN(test_qknorm_rope_bwd);
+    T_RUN(test_norm_bwd_forms);
     T_RUN(test_lmce);
     T_RUN(test_dflash_attn_empty);
     T_RUN(test_dflash_attn);
