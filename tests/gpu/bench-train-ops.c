@@ -332,14 +332,15 @@ static void bench_bandwidth(double copy_gbs, bool norms_only)
     const int64_t R = 32768, H = 4096, I = 12288;
     printf("bandwidth-bound ops (bf16 activations):\n");
     void *a = dalloc((size_t)(R * 2 * I * 2)), *b = dalloc((size_t)(R * 2 * I * 2)), *c = dalloc((size_t)(R * 2 * I * 2));
-    void *w = dalloc((size_t)H * 2);
-    float *rstd = dalloc((size_t)R * 32 * 4), *dw = dalloc((size_t)H * 4);
+    const int64_t HW = 5120;   /* w and dw: up to the Qwen3.6-27B drafter's width */
+    void *w = dalloc((size_t)HW * 2);
+    float *rstd = dalloc((size_t)R * 32 * 4), *dw = dalloc((size_t)HW * 4);
     int32_t *pos = dalloc((size_t)R * 4);
     fill(a, (size_t)(R * 2 * I), 1.0f, 21);
     fill(b, (size_t)(R * 2 * I), 1.0f, 22);
     fill(c, (size_t)(R * 2 * I), 1.0f, 23);
-    fill(w, (size_t)H, 1.0f, 24);
-    if (be->ops->memset0(be, rstd, (size_t)R * 32 * 4) || be->ops->memset0(be, dw, (size_t)H * 4))
+    fill(w, (size_t)HW, 1.0f, 24);
+    if (be->ops->memset0(be, rstd, (size_t)R * 32 * 4) || be->ops->memset0(be, dw, (size_t)HW * 4))
         check_sync("memset");
     /* positions as in a step: 4 sequences of 3072 tokens, 8 block rows a token on average */
     const int64_t RK = 45056;
@@ -352,8 +353,8 @@ static void bench_bandwidth(double copy_gbs, bool norms_only)
         die("upload", NULL);
     struct ew e0 = {.kind = 0, .a = a, .b = b, .c = c, .w = w, .rstd = rstd, .dw = dw, .R = R, .n = H};
     bench_norm("rmsnorm_bwd [32768,4096] dx +=, dw", &e0, 4.0 * R * H * 2, copy_gbs);
-    e0.n = 5120;
-    bench_norm("rmsnorm_bwd [32768,5120] dx +=, dw", &e0, 4.0 * R * 5120 * 2, copy_gbs);
+    e0.n = HW;
+    bench_norm("rmsnorm_bwd [32768,5120] dx +=, dw", &e0, 4.0 * R * HW * 2, copy_gbs);
     struct ew e1 = {.kind = 1, .a = a, .b = b, .w = w, .rstd = rstd, .dw = dw, .pos = pos, .R = R, .heads = 32};
     bench_norm("qknorm_rope_bwd q [32768,32x128], dw", &e1, 3.0 * R * H * 2, copy_gbs);
     e1.rstd = NULL;
