@@ -230,22 +230,34 @@ qknorm_rope_bwd_kernel(T *dx, int64_t ld, double *part, const T *xin, const T *w
     }
 }
 
+/* A hint that the 128-byte line at p will be read soon: fetched into L2, no register taken
+ * (nothing in the emulator). */
+__device__ __forceinline__ void prefetch_l2(const void *p)
+{
+#ifdef __CUDA_ARCH__
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+    (void)p;
+#endif
+}
+
 /* rmsnorm_bwd_kernel's faster form, for rows of at most two packs a thread (P <= 2): the same
- * partition, thread layout, arithmetic and order, so the same bits. What differs: at most 64
- * registers a thread (four blocks of 256 threads on a multiprocessor: the 512 blocks of a
- * [32768, 4096] call run in one wave instead of two), for which the dw sums live in shared
- * memory (P VEC floats a thread, rb_pf_smem_bytes) and w is read again for every row (from the
- * cache); the old dx of the row is loaded before its block sum, and with NEXT the next row's dy
- * and x too. */
+ * partition, thread layout, arithmetic and order. What differs: at most 64 registers a thread
+ * (four blocks of 256 threads on a multiprocessor: the 512 blocks of a [32768, 4096] call run in
+ * one wave instead of two), for which the dw sums live in shared memory (P VEC floats a thread,
+ * rb_pf_smem_bytes) and w is read again for every row (from the cache); the old dx of the row is
+ * loaded before its block sum, the next row's dy and x right after its own sum, and with AHEAD
+ * the row AHEAD rows on is fetched into L2 (a hint, no registers) while this one is summed. */
 static inline size_t rb_pf_smem_bytes(int p, int vec, int threads) { return (size_t)p * vec * threads * sizeof(float); }
 
-template <typename T, int VEC, int P, bool NEXT>
+template <typename T, int VEC, int P, int AHEAD>
 __global__ void __launch_bounds__(RB_MAX_THREADS, 2)
 rmsnorm_bwd_pf_kernel(T *dx, double *part, const T *dy, const T *x, const T *w, const float *rstd,
                       int64_t R, int64_t n, int64_t rpb, bool acc)
 {
     typedef Pack<T, VEC> PK;
     static_assert(P <= 2, "rmsnorm_bwd_pf_kernel: at most two packs a thread");
+    constexpr int LINE = 128 / (int)sizeof(PK) > 0 ? 128 / (int)sizeof(PK) : 1;   /* packs a cache line */
     __shared__ float sh[32];
     DF_DYN_SMEM(rb_smem);
     float *dwa = (float *)rb_smem;   /* [P VEC][blockDim.x]: element (k, j) of thread t */
@@ -273,6 +285,12 @@ rmsnorm_bwd_pf_kernel(T *dx, double *part, const T *dy, const T *x, const T *w, 
         for (int k = 0; k < P; k++) {
             int64_t c = t + (int64_t)k * nt;
             o[k] = acc && c < nv ? dxr[c] : PK{};
+            if (AHEAD && r + AHEAD < r1 && c < nv && c % LINE == 0) {
+                prefetch_l2((const PK *)(dy + (r + AHEAD) * n) + c);
+                prefetch_l2((const PK *)(x + (r + AHEAD) * n) + c);
+                if (acc)
+                    prefetch_l2((const PK *)(dx + (r + AHEAD) * n) + c);
+            }
         }
         float dot = 0.0f;
 #pragma unroll
@@ -282,16 +300,6 @@ rmsnorm_bwd_pf_kernel(T *dx, double *part, const T *dy, const T *x, const T *w, 
 #pragma unroll
             for (int j = 0; j < VEC; j++)
                 dot += to_f32(wp.v[j]) * to_f32(yp[k].v[j]) * to_f32(xp[k].v[j]);
-        }
-        PK yn[P], xn[P];
-        if (NEXT) {
-            const bool more = r + 1 < r1;
-#pragma unroll
-            for (int k = 0; k < P; k++) {
-                int64_t c = t + (int64_t)k * nt;
-                yn[k] = more && c < nv ? ((const PK *)(dy + (r + 1) * n))[c] : PK{};
-                xn[k] = more && c < nv ? ((const PK *)(x + (r + 1) * n))[c] : PK{};
-            }
         }
         dot = block_sum_sh(dot, sh);
         const float cm = dot * s * inv_n;   /* mean(w dy xhat) */
@@ -309,14 +317,7 @@ rmsnorm_bwd_pf_kernel(T *dx, double *part, const T *dy, const T *x, const T *w, 
                 }
                 dxr[c] = o[k];
             }
-        }
-#pragma unroll
-        for (int k = 0; k < P; k++) {
-            if (NEXT) {
-                yp[k] = yn[k];
-                xp[k] = xn[k];
-            } else if (r + 1 < r1) {
-                int64_t c = t + (int64_t)k * nt;
+            if (r + 1 < r1) {
                 yp[k] = c < nv ? ((const PK *)(dy + (r + 1) * n))[c] : PK{};
                 xp[k] = c < nv ? ((const PK *)(x + (r + 1) * n))[c] : PK{};
             }
@@ -504,6 +505,138 @@ qknorm_rope_bwd_vec_kernel(T *dx, int64_t ld, double *part, const T *xin, const 
 static inline size_t qkv_smem_bytes(int64_t ipb, int heads)
 {
     return qkv_tab_bytes(ipb, heads) + (size_t)QKB_WARPS * QKV_ACC_STRIDE * sizeof(double);
+}
+
+/* qknorm_rope_bwd for heads of QKV_D = 128, by rows: warp w of block b takes the rows
+ * b QKR_ROWS + w, + QKR_WARPS, ... (at most QKR_ROWS / QKR_WARPS of them), and each row's heads
+ * HPW at a time, as the forward's fast path does: a group of G = 64 / V adjacent lanes holds one
+ * head, lane c of the group the V elements [c V, c V + V) of each half (16-byte loads). A row's
+ * sines and cosines (the same sincosf of the same arguments as qknorm_rope_bwd_kernel) are
+ * computed once a warp, V / HPW a lane, into shared memory (shcs). dx is computed
+ * as in qknorm_rope_bwd_kernel, with the sums over a head in its order (qkv_oldsum). dw: each lane
+ * adds its elements' terms in f32 (at most QKR_ROWS / QKR_WARPS rows x heads / HPW terms), the
+ * block adds its lanes' sums in double in a fixed order into part[b] (so dw is not the first
+ * kernel's bit for bit: the order of its sums differs). With PF, the next heads of the row are
+ * fetched into L2 while these are computed. */
+#define QKR_WARPS 4
+#define QKR_ROWS 32
+
+template <typename T, bool PF>
+__global__ void __launch_bounds__(QKR_WARPS * 32, 4)
+qknorm_rope_bwd_row_kernel(T *dx, int64_t ld, double *part, const T *xin, const T *w, const float *rstd,
+                           const int32_t *pos, const float *inv_freq, int64_t R, int heads, float eps)
+{
+    constexpr int half = QKV_D / 2, V = 16 / (int)sizeof(T), G = half / V, K = V / 2, HPW = 32 / G, VS = V / HPW;
+    static_assert(G * K == 32 && HPW * G == 32 && VS * HPW == V, "qknorm_rope_bwd_row_kernel: layout");
+    typedef Pack<T, V> PK;
+    __shared__ float shd[QKR_WARPS][HPW][QKV_D];
+    __shared__ float2 shcs[QKR_WARPS][QKV_D / 2];   /* the warp's row: (cos, sin) of frequency c V + j at j G + c */
+    const int lane = (int)threadIdx.x & 31, wid = (int)threadIdx.x >> 5, c = lane % G, slot = lane / G;
+    const int64_t rb0 = (int64_t)blockIdx.x * QKR_ROWS, rb1 = rb0 + QKR_ROWS < R ? rb0 + QKR_ROWS : R;
+    PK w1, w2;
+    float d1[V], d2[V];
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        w1.v[j] = w ? w[c * V + j] : from_f32<T>(0.0f);
+        w2.v[j] = w ? w[half + c * V + j] : from_f32<T>(0.0f);
+        d1[j] = d2[j] = 0.0f;
+    }
+    for (int64_t r = rb0 + wid; r < rb1; r += QKR_WARPS) {
+        const float fp = (float)pos[r];
+        __syncwarp();   /* the previous row's table is read no more */
+#pragma unroll
+        for (int q = 0; q < VS; q++) {   /* this lane's share: frequencies c V + slot VS + q */
+            float sn, cs;
+            sincosf(fp * inv_freq[c * V + slot * VS + q], &sn, &cs);
+            shcs[wid][(slot * VS + q) * G + c] = make_float2(cs, sn);
+        }
+        __syncwarp();
+        T *dr = dx + r * ld;
+        const T *xr = xin + r * ld;
+        for (int h0 = 0; h0 < heads; h0 += HPW) {
+            const int h = h0 + slot;
+            const bool on = h < heads;
+            T *dv = dr + (int64_t)h * QKV_D + c * V;
+            const T *xv = xr + (int64_t)h * QKV_D + c * V;
+            PK da, db, xa, xb;
+            if (on) {
+                da = *(const PK *)dv;
+                db = *(const PK *)(dv + half);
+                xa = *(const PK *)xv;
+                xb = *(const PK *)(xv + half);
+                if (PF && h + HPW < heads && (c * V * (int)sizeof(T)) % 128 == 0) {
+                    prefetch_l2(dv + HPW * QKV_D);
+                    prefetch_l2(dv + HPW * QKV_D + half);
+                    prefetch_l2(xv + HPW * QKV_D);
+                    prefetch_l2(xv + HPW * QKV_D + half);
+                }
+            }
+            float g1[V], g2[V], x1[V], x2[V], ss[K];
+#pragma unroll
+            for (int k = 0; k < K; k++)
+                ss[k] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                const float2 t = shcs[wid][j * G + c];
+                const float u1 = on ? to_f32(da.v[j]) : 0.0f, v1 = on ? to_f32(db.v[j]) : 0.0f;
+                g1[j] = u1 * t.x + v1 * t.y;
+                g2[j] = -u1 * t.y + v1 * t.x;
+                x1[j] = on ? to_f32(xa.v[j]) : 0.0f;
+                x2[j] = on ? to_f32(xb.v[j]) : 0.0f;
+                ss[j / 2] += x1[j] * x1[j] + x2[j] * x2[j];
+            }
+            if (w) {
+                float sc;
+                if (rstd)
+                    sc = on ? rstd[r * heads + h] : 1.0f;
+                else
+                    sc = 1.0f / sqrtf(qkv_oldsum<G, K>(ss) / (float)QKV_D + eps);
+                float dot[K];
+#pragma unroll
+                for (int k = 0; k < K; k++)
+                    dot[k] = 0.0f;
+#pragma unroll
+                for (int j = 0; j < V; j++)
+                    dot[j / 2] += to_f32(w1.v[j]) * g1[j] * x1[j] + to_f32(w2.v[j]) * g2[j] * x2[j];
+                const float m = qkv_oldsum<G, K>(dot) * sc / (float)QKV_D;
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    const float xs1 = x1[j] * sc, xs2 = x2[j] * sc;
+                    if (on) {
+                        d1[j] += g1[j] * xs1;
+                        d2[j] += g2[j] * xs2;
+                    }
+                    g1[j] = sc * (to_f32(w1.v[j]) * g1[j] - x1[j] * sc * m);
+                    g2[j] = sc * (to_f32(w2.v[j]) * g2[j] - x2[j] * sc * m);
+                }
+            }
+            if (on) {
+                PK oa, ob;
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    oa.v[j] = from_f32<T>(g1[j]);
+                    ob.v[j] = from_f32<T>(g2[j]);
+                }
+                *(PK *)dv = oa;
+                *(PK *)(dv + half) = ob;
+            }
+        }
+    }
+    if (!part)
+        return;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        shd[wid][slot][c * V + j] = d1[j];
+        shd[wid][slot][half + c * V + j] = d2[j];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < QKV_D; i += blockDim.x) {
+        double s = 0.0;
+        for (int k = 0; k < QKR_WARPS; k++)
+            for (int l = 0; l < HPW; l++)
+                s += (double)shd[k][l][i];
+        part[(int64_t)blockIdx.x * QKV_D + i] = s;
+    }
 }
 
 template <typename T, int VEC>

@@ -31,18 +31,19 @@ static void *tr_scratch(dfl_be *be, size_t bytes)
 
 #define TR_SCRATCH_DOUBLES(be) (cuda_of(be)->ws_bytes / sizeof(double))
 
-/* The form of the norms' backward kernels: DFL_CUDA_NORM_BWD=0 in the environment selects the
- * first kernels (rmsnorm_bwd_kernel, qknorm_rope_bwd_kernel, tr_colsum_kernel<1>), 1, 2 or 4 the
- * faster forms (rmsnorm_bwd_pf_kernel, qknorm_rope_bwd_vec_kernel with that many items in flight
- * a thread, tr_colsum_kernel<TR_COLSUM_AHEAD>; rmsnorm_bwd_pf_kernel loads the next row ahead from 2 on);
- * default NORM_BWD_DEFAULT. Every form gives the same bits. Read at every call (a getenv is
- * little beside a pass over the activations), so that a test or a benchmark can run them all. */
+/* The form of the norms' backward kernels, DFL_CUDA_NORM_BWD in the environment: 0 the first
+ * kernels (rmsnorm_bwd_kernel, qknorm_rope_bwd_kernel, tr_colsum_kernel<1>); 1 to 3 the faster
+ * ones: rmsnorm_bwd_pf_kernel with nothing, the next row or the row after it fetched into L2
+ * ahead; for heads of 128, qknorm_rope_bwd_vec_kernel (1), qknorm_rope_bwd_row_kernel (2) and
+ * the same with the next heads fetched into L2 ahead (3); tr_colsum_kernel<TR_COLSUM_AHEAD>.
+ * Default NORM_BWD_DEFAULT. Read at every call (a getenv is little beside a pass over the
+ * activations), so that a test or a benchmark can run them all. */
 #define NORM_BWD_DEFAULT 2
 
 static int norm_bwd_form(void)
 {
     const char *v = getenv("DFL_CUDA_NORM_BWD");
-    if (v && (v[0] == '0' || v[0] == '1' || v[0] == '2' || v[0] == '4') && !v[1])
+    if (v && v[0] >= '0' && v[0] <= '3' && !v[1])
         return v[0] - '0';
     return NORM_BWD_DEFAULT;
 }
@@ -104,20 +105,23 @@ static int launch_rmsnorm_bwd(dfl_be *be, void *dx, float *dw, const void *dy, c
         return cuda_op_fail(be, DFL_EUNSUP, "rmsnorm_bwd: rows of %lld values are too long (at most "
                             "%d)", (long long)n, PMAX * RB_MAX_THREADS * VEC);
     const int form = norm_bwd_form();
-#define RB_PF_CASE(PP, NEXT)                                                                   \
-    rmsnorm_bwd_pf_kernel<T, VEC, PP, NEXT><<<(unsigned)nb, (unsigned)th,                     \
-                                              rb_pf_smem_bytes(PP, VEC, (int)th), s>>>(        \
+#define RB_PF_CASE(PP, AH)                                                                     \
+    rmsnorm_bwd_pf_kernel<T, VEC, PP, AH><<<(unsigned)nb, (unsigned)th,                       \
+                                            rb_pf_smem_bytes(PP, VEC, (int)th), s>>>(          \
         (T *)dx, part, (const T *)dy, (const T *)x, (const T *)w, rstd, R, n, rpb, acc)
+#define RB_PF_FORMS(PP)                                                                        \
+    do {                                                                                      \
+        if (form == 1)                                                                        \
+            RB_PF_CASE(PP, 0);                                                                \
+        else if (form == 2)                                                                   \
+            RB_PF_CASE(PP, 1);                                                                \
+        else                                                                                  \
+            RB_PF_CASE(PP, 2);                                                                \
+    } while (0)
     if (form && p <= 1) {
-        if (form >= 2)
-            RB_PF_CASE(1, true);
-        else
-            RB_PF_CASE(1, false);
+        RB_PF_FORMS(1);
     } else if (form && p <= 2) {
-        if (form >= 2)
-            RB_PF_CASE(2, true);
-        else
-            RB_PF_CASE(2, false);
+        RB_PF_FORMS(2);
     } else if (p <= 1)
         RB_CASE(1);
     else if (p <= 2)
@@ -132,6 +136,7 @@ static int launch_rmsnorm_bwd(dfl_be *be, void *dx, float *dw, const void *dy, c
     }
 #undef RB_CASE
 #undef RB_PF_CASE
+#undef RB_PF_FORMS
     int rc = cuda_launch_check(be, "rmsnorm_bwd");
     if (rc || !dw)
         return rc;
@@ -185,21 +190,25 @@ static void launch_qkb(cudaStream_t s, unsigned blocks, int maxj, T *x, int64_t 
 }
 
 template <typename T>
-static void launch_qkv(cudaStream_t s, int u, unsigned blocks, T *x, int64_t ld, double *part,
-                       const T *xin, const T *w, const float *rstd, const int32_t *pos,
-                       const float *inv, int64_t R, int heads, float eps, int64_t ipb)
+static void launch_qkv(cudaStream_t s, unsigned blocks, T *x, int64_t ld, double *part, const T *xin,
+                       const T *w, const float *rstd, const int32_t *pos, const float *inv, int64_t R,
+                       int heads, float eps, int64_t ipb)
 {
-    const size_t smem = qkv_smem_bytes(ipb, heads);
-    const unsigned th = (unsigned)qkv_threads<T>();
-    if (u == 1)
-        qknorm_rope_bwd_vec_kernel<T, 1><<<blocks, th, smem, s>>>(x, ld, part, xin, w, rstd, pos, inv,
-                                                                  R, heads, eps, ipb);
-    else if (u == 2)
-        qknorm_rope_bwd_vec_kernel<T, 2><<<blocks, th, smem, s>>>(x, ld, part, xin, w, rstd, pos, inv,
-                                                                  R, heads, eps, ipb);
+    qknorm_rope_bwd_vec_kernel<T, 1><<<blocks, (unsigned)qkv_threads<T>(), qkv_smem_bytes(ipb, heads), s>>>(
+        x, ld, part, xin, w, rstd, pos, inv, R, heads, eps, ipb);
+}
+
+template <typename T>
+static void launch_qkr(cudaStream_t s, bool pf, unsigned blocks, T *x, int64_t ld, double *part, const T *xin,
+                       const T *w, const float *rstd, const int32_t *pos, const float *inv, int64_t R,
+                       int heads, float eps)
+{
+    if (pf)
+        qknorm_rope_bwd_row_kernel<T, true><<<blocks, QKR_WARPS * 32, 0, s>>>(x, ld, part, xin, w, rstd, pos, inv,
+                                                                             R, heads, eps);
     else
-        qknorm_rope_bwd_vec_kernel<T, 4><<<blocks, th, smem, s>>>(x, ld, part, xin, w, rstd, pos, inv,
-                                                                  R, heads, eps, ipb);
+        qknorm_rope_bwd_row_kernel<T, false><<<blocks, QKR_WARPS * 32, 0, s>>>(x, ld, part, xin, w, rstd, pos, inv,
+                                                                              R, heads, eps);
 }
 
 int cuda_qknorm_rope_bwd(dfl_be *be, void *dx, int64_t ld, float *dw, const void *x_in, const void *w,
@@ -218,6 +227,25 @@ int cuda_qknorm_rope_bwd(dfl_be *be, void *dx, int64_t ld, float *dw, const void
         return rc;
     const int half = d / 2;
     const size_t es = dfl_dtype_size(be->act);
+    cudaStream_t s = cuda_of(be)->stream;
+    const int form = norm_bwd_form();
+    /* the faster forms: heads of 128, 16-byte aligned rows */
+    const bool fast = form && d == QKV_D && ld % (int64_t)(16 / es) == 0 && is_aligned(dx, 16) &&
+                      is_aligned(x_in, 16);
+    const int64_t nbr = (R + QKR_ROWS - 1) / QKR_ROWS;
+    if (fast && form >= 2 && nbr <= INT32_MAX && nbr * d <= (int64_t)TR_SCRATCH_DOUBLES(be)) {
+        double *part = w && dw ? (double *)tr_scratch(be, (size_t)(nbr * d) * sizeof(double)) : NULL;
+        if (be->act == DFL_BF16)
+            launch_qkr<bf16>(s, form == 3, (unsigned)nbr, (bf16 *)dx, ld, part, (const bf16 *)x_in,
+                             (const bf16 *)w, rstd, pos, inv, R, heads, eps);
+        else
+            launch_qkr<float>(s, form == 3, (unsigned)nbr, (float *)dx, ld, part, (const float *)x_in,
+                              (const float *)w, rstd, pos, inv, R, heads, eps);
+        rc = cuda_launch_check(be, "qknorm_rope_bwd");
+        if (rc || !part)
+            return rc;
+        return tr_colsum(be, dw, part, (int)nbr, d, "qknorm_rope_bwd (dw)");
+    }
     const int P = (half % 2 == 0 && ld % 2 == 0 && is_aligned(dx, 2 * es) && is_aligned(x_in, 2 * es)) ? 2 : 1;
     int need = (half + 32 * P - 1) / (32 * P), maxj = 1;
     while (maxj < need)
@@ -237,16 +265,12 @@ int cuda_qknorm_rope_bwd(dfl_be *be, void *dx, int64_t ld, float *dw, const void
         if (!part)
             return cuda_op_fail(be, DFL_EUNSUP, "qknorm_rope_bwd: scratch too small");
     }
-    cudaStream_t s = cuda_of(be)->stream;
-    const int form = norm_bwd_form();
-    const bool vec = form && d == QKV_D && ld % (int64_t)(16 / es) == 0 && is_aligned(dx, 16) &&
-                     is_aligned(x_in, 16) && qkv_smem_bytes(ipb, heads) <= 48 * 1024;
-    if (vec) {
+    if (fast && qkv_smem_bytes(ipb, heads) <= 48 * 1024) {
         if (be->act == DFL_BF16)
-            launch_qkv<bf16>(s, form, (unsigned)nb, (bf16 *)dx, ld, part, (const bf16 *)x_in,
+            launch_qkv<bf16>(s, (unsigned)nb, (bf16 *)dx, ld, part, (const bf16 *)x_in,
                              (const bf16 *)w, rstd, pos, inv, R, heads, eps, ipb);
         else
-            launch_qkv<float>(s, form, (unsigned)nb, (float *)dx, ld, part, (const float *)x_in,
+            launch_qkv<float>(s, (unsigned)nb, (float *)dx, ld, part, (const float *)x_in,
                               (const float *)w, rstd, pos, inv, R, heads, eps, ipb);
     } else if (be->act == DFL_BF16) {
         if (P == 2)

@@ -316,7 +316,7 @@ static void bench_ew(const char *name, struct ew *x, double bytes, double copy_g
  * under the plain name */
 static void bench_norm(const char *name, struct ew *x, double bytes, double copy_gbs)
 {
-    static const char *const forms[] = {"0", "1", "2", "4"};
+    static const char *const forms[] = {"0", "1", "2", "3"};
     for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
         char nm[96];
         snprintf(nm, sizeof nm, "%s [form %s]", name, forms[f]);
