@@ -246,11 +246,11 @@ __device__ __forceinline__ void prefetch_l2(const void *p)
  * (four blocks of 256 threads on a multiprocessor: the 512 blocks of a [32768, 4096] call run in
  * one wave instead of two), for which the dw sums live in shared memory (P VEC floats a thread,
  * rb_pf_smem_bytes) and w is read again for every row (from the cache); the old dx of the row is
- * loaded before its block sum, the next row's dy and x right after its own sum, and with AHEAD
- * the row AHEAD rows on is fetched into L2 (a hint, no registers) while this one is summed. */
+ * loaded before its block sum, the next row's dy and x right after its own sum, and the row after
+ * that is fetched into L2 (a hint, no registers) while this one is summed. */
 static inline size_t rb_pf_smem_bytes(int p, int vec, int threads) { return (size_t)p * vec * threads * sizeof(float); }
 
-template <typename T, int VEC, int P, int AHEAD>
+template <typename T, int VEC, int P>
 __global__ void __launch_bounds__(RB_MAX_THREADS, 2)
 rmsnorm_bwd_pf_kernel(T *dx, double *part, const T *dy, const T *x, const T *w, const float *rstd,
                       int64_t R, int64_t n, int64_t rpb, bool acc)
@@ -285,11 +285,11 @@ rmsnorm_bwd_pf_kernel(T *dx, double *part, const T *dy, const T *x, const T *w, 
         for (int k = 0; k < P; k++) {
             int64_t c = t + (int64_t)k * nt;
             o[k] = acc && c < nv ? dxr[c] : PK{};
-            if (AHEAD && r + AHEAD < r1 && c < nv && c % LINE == 0) {
-                prefetch_l2((const PK *)(dy + (r + AHEAD) * n) + c);
-                prefetch_l2((const PK *)(x + (r + AHEAD) * n) + c);
+            if (r + 1 < r1 && c < nv && c % LINE == 0) {
+                prefetch_l2((const PK *)(dy + (r + 1) * n) + c);
+                prefetch_l2((const PK *)(x + (r + 1) * n) + c);
                 if (acc)
-                    prefetch_l2((const PK *)(dx + (r + AHEAD) * n) + c);
+                    prefetch_l2((const PK *)(dx + (r + 1) * n) + c);
             }
         }
         float dot = 0.0f;
@@ -336,23 +336,14 @@ rmsnorm_bwd_pf_kernel(T *dx, double *part, const T *dy, const T *x, const T *w, 
     }
 }
 
-/* qknorm_rope_bwd_kernel's 16-byte form for heads of QKV_D = 128 (P = 2, MAXJ = 1 there), with
- * the same results bit for bit: the same items a block (ipb), the same items a warp of the old
- * kernel, the same arithmetic and the same order of every sum. A group of G = 64 / V adjacent
- * threads stands for one warp of the old kernel: thread c of group vw (vw < QKB_WARPS) holds the
- * V elements [c V, c V + V) of each half (16-byte loads; the old kernel's lanes c K .. c K + K - 1,
- * K = V / 2) and takes the items vw, vw + QKB_WARPS, ... of the block, U at a time (their loads
- * issued together). The sums over a head (of x^2 and of w g x) keep the old lanes' partials apart
- * and add them as the old butterfly did (qkv_oldsum). The sines and cosines of the block's rows
- * (the same sincosf of the same arguments) are computed once into shared memory at the start
- * instead of once per element and head. The dw sums (double, as there) live in shared memory
- * too, for the registers (at most 128 a thread: eight blocks a multiprocessor, the 1024 blocks of
- * the 8B drafter's q in one wave); the groups' sums are added in group order as the old warps'. */
+/* The sum over a head of qknorm_rope_bwd_kernel for heads of QKV_D = 128 (P = 2, MAXJ = 1 there:
+ * old lane l holds elements 2 l, 2 l + 1 of each half), from the K = 32 / G partials of each of
+ * the G lanes of a group that holds the head V = 2 K elements a half (its lane c the old lanes
+ * c K .. c K + K - 1): the old butterfly's offsets 16 .. K cross the group's lanes (offsets
+ * G / 2 .. 1 here), K / 2 .. 1 the thread's own partials; so the same sum, added in the same
+ * order. */
 #define QKV_D 128
 
-/* The old kernel's warp sum over its 32 lanes, from the K partials of each of the G = 32 / K
- * lanes of a group (old lane c K + k): its butterfly's offsets 16 .. K cross the group's lanes
- * (offsets G / 2 .. 1 here), K / 2 .. 1 the thread's own partials. */
 template <int G, int K> __device__ __forceinline__ float qkv_oldsum(float (&v)[K])
 {
 #pragma unroll
@@ -366,147 +357,6 @@ template <int G, int K> __device__ __forceinline__ float qkv_oldsum(float (&v)[K
     return v[0];
 }
 
-/* the sine and cosine table's bytes: every row that ipb consecutive items can span */
-static __host__ __device__ inline size_t qkv_tab_bytes(int64_t ipb, int heads)
-{
-    return (size_t)((ipb - 1) / heads + 2) * (QKV_D / 2) * 2 * sizeof(float);
-}
-
-template <typename T> constexpr int qkv_threads() { return QKB_WARPS * (QKV_D / 2) / (16 / (int)sizeof(T)); }
-
-/* the dw sums' row stride (in doubles) of a group: padded so that the groups of a warp do not
- * share banks */
-#define QKV_ACC_STRIDE (QKV_D + 8)
-
-template <typename T, int U>
-__global__ void __launch_bounds__(qkv_threads<T>(), sizeof(T) == 2 ? 8 : 4)
-qknorm_rope_bwd_vec_kernel(T *dx, int64_t ld, double *part, const T *xin, const T *w, const float *rstd,
-                           const int32_t *pos, const float *inv_freq, int64_t R, int heads, float eps,
-                           int64_t ipb)
-{
-    constexpr int half = QKV_D / 2, V = 16 / (int)sizeof(T), G = half / V, K = V / 2, HPW = 32 / G;
-    static_assert(G * K == 32 && HPW * G == 32, "qknorm_rope_bwd_vec_kernel: layout");
-    typedef Pack<T, V> PK;
-    DF_DYN_SMEM(qkv_smem);
-    float2 *tab = (float2 *)qkv_smem;   /* [rows of the block][half]: (cos, sin) */
-    const int c = (int)threadIdx.x % G, vw = (int)threadIdx.x / G, lane = (int)threadIdx.x & 31;
-    const int vw0 = vw - lane / G;      /* the warp's first group */
-    const int64_t items = R * heads;
-    const int64_t i0 = (int64_t)blockIdx.x * ipb;
-    const int64_t i1 = i0 + ipb < items ? i0 + ipb : items;
-    const int64_t rlo = i0 / heads;
-    const int nrows = (int)((i1 - 1) / heads - rlo + 1);
-    for (int e = threadIdx.x; e < nrows * half; e += blockDim.x) {
-        const float fp = (float)pos[rlo + e / half];
-        float sn, cs;
-        sincosf(fp * inv_freq[e % half], &sn, &cs);
-        tab[e] = make_float2(cs, sn);
-    }
-    /* element j of the first half at acc[j G], of the second at acc[(V + j) G] */
-    double *acc = (double *)(qkv_smem + qkv_tab_bytes(ipb, heads)) + vw * QKV_ACC_STRIDE + c;
-    PK w1, w2;
-#pragma unroll
-    for (int j = 0; j < V; j++) {
-        w1.v[j] = w ? w[c * V + j] : from_f32<T>(0.0f);
-        w2.v[j] = w ? w[half + c * V + j] : from_f32<T>(0.0f);
-        acc[j * G] = acc[(V + j) * G] = 0.0;
-    }
-    __syncthreads();
-    for (int64_t b0 = i0 + vw0; b0 < i1; b0 += (int64_t)QKB_WARPS * U) {
-        PK da[U], db[U], xa[U], xb[U];
-        int64_t it[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            it[u] = b0 - vw0 + vw + (int64_t)QKB_WARPS * u;
-            if (it[u] < i1) {
-                const int64_t r = it[u] / heads, h = it[u] % heads;
-                const T *dv = dx + r * ld + h * QKV_D + c * V, *xv = xin + r * ld + h * QKV_D + c * V;
-                da[u] = *(const PK *)dv;
-                db[u] = *(const PK *)(dv + half);
-                xa[u] = *(const PK *)xv;
-                xb[u] = *(const PK *)(xv + half);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            if (b0 + (int64_t)QKB_WARPS * u >= i1)
-                break;                   /* no item for the warp's groups (the same for its lanes) */
-            const bool on = it[u] < i1;
-            const int64_t r = on ? it[u] / heads : rlo;
-            const int h = on ? (int)(it[u] % heads) : 0;
-            const float2 *cs = tab + (r - rlo) * half + c * V;
-            float g1[V], g2[V], x1[V], x2[V], ss[K];
-#pragma unroll
-            for (int k = 0; k < K; k++)
-                ss[k] = 0.0f;
-#pragma unroll
-            for (int j = 0; j < V; j++) {
-                const float2 t = on ? cs[j] : make_float2(0.0f, 0.0f);
-                const float u1 = on ? to_f32(da[u].v[j]) : 0.0f, v1 = on ? to_f32(db[u].v[j]) : 0.0f;
-                g1[j] = u1 * t.x + v1 * t.y;
-                g2[j] = -u1 * t.y + v1 * t.x;
-                x1[j] = on ? to_f32(xa[u].v[j]) : 0.0f;
-                x2[j] = on ? to_f32(xb[u].v[j]) : 0.0f;
-                ss[j / 2] += x1[j] * x1[j] + x2[j] * x2[j];
-            }
-            if (w) {
-                float sc;
-                if (rstd)
-                    sc = on ? rstd[r * heads + h] : 1.0f;
-                else
-                    sc = 1.0f / sqrtf(qkv_oldsum<G, K>(ss) / (float)QKV_D + eps);
-                float dot[K];
-#pragma unroll
-                for (int k = 0; k < K; k++)
-                    dot[k] = 0.0f;
-#pragma unroll
-                for (int j = 0; j < V; j++)
-                    dot[j / 2] += to_f32(w1.v[j]) * g1[j] * x1[j] + to_f32(w2.v[j]) * g2[j] * x2[j];
-                const float m = qkv_oldsum<G, K>(dot) * sc / (float)QKV_D;
-#pragma unroll
-                for (int j = 0; j < V; j++) {
-                    if (part && on) {
-                        acc[j * G] += (double)g1[j] * (double)(x1[j] * sc);
-                        acc[(V + j) * G] += (double)g2[j] * (double)(x2[j] * sc);
-                    }
-                    g1[j] = sc * (to_f32(w1.v[j]) * g1[j] - x1[j] * sc * m);
-                    g2[j] = sc * (to_f32(w2.v[j]) * g2[j] - x2[j] * sc * m);
-                }
-            }
-            if (on) {
-                PK oa, ob;
-#pragma unroll
-                for (int j = 0; j < V; j++) {
-                    oa.v[j] = from_f32<T>(g1[j]);
-                    ob.v[j] = from_f32<T>(g2[j]);
-                }
-                T *dv = dx + r * ld + (int64_t)h * QKV_D + c * V;
-                *(PK *)dv = oa;
-                *(PK *)(dv + half) = ob;
-            }
-        }
-    }
-    if (!part)
-        return;
-    /* the block's dw share: the groups' partials added in group order (the old warps') */
-    __syncthreads();
-    const double *acc0 = (const double *)(qkv_smem + qkv_tab_bytes(ipb, heads));
-    for (int i = threadIdx.x; i < QKV_D; i += blockDim.x) {
-        const int e = i % half, slot = ((i / half) * V + e % V) * G + e / V;
-        double s = 0.0;
-        for (int k = 0; k < QKB_WARPS; k++)
-            s += acc0[k * QKV_ACC_STRIDE + slot];
-        part[(int64_t)blockIdx.x * QKV_D + i] = s;
-    }
-}
-
-/* Dynamic shared memory of qknorm_rope_bwd_vec_kernel for ipb items a block of rows of `heads`
- * heads: the sines and cosines of the rows a block spans, then the groups' dw sums. */
-static inline size_t qkv_smem_bytes(int64_t ipb, int heads)
-{
-    return qkv_tab_bytes(ipb, heads) + (size_t)QKB_WARPS * QKV_ACC_STRIDE * sizeof(double);
-}
-
 /* qknorm_rope_bwd for heads of QKV_D = 128, by rows: warp w of block b takes the rows
  * b QKR_ROWS + w, + QKR_WARPS, ... (at most QKR_ROWS / QKR_WARPS of them), and each row's heads
  * HPW at a time, as the forward's fast path does: a group of G = 64 / V adjacent lanes holds one
@@ -516,12 +366,12 @@ static inline size_t qkv_smem_bytes(int64_t ipb, int heads)
  * as in qknorm_rope_bwd_kernel, with the sums over a head in its order (qkv_oldsum). dw: each lane
  * adds its elements' terms in f32 (at most QKR_ROWS / QKR_WARPS rows x heads / HPW terms), the
  * block adds its lanes' sums in double in a fixed order into part[b] (so dw is not the first
- * kernel's bit for bit: the order of its sums differs). With PF, the next heads of the row are
- * fetched into L2 while these are computed. */
+ * kernel's bit for bit: the order of its sums differs). The row's next heads are fetched into L2
+ * while these are computed. */
 #define QKR_WARPS 4
 #define QKR_ROWS 32
 
-template <typename T, bool PF>
+template <typename T>
 __global__ void __launch_bounds__(QKR_WARPS * 32, 4)
 qknorm_rope_bwd_row_kernel(T *dx, int64_t ld, double *part, const T *xin, const T *w, const float *rstd,
                            const int32_t *pos, const float *inv_freq, int64_t R, int heads, float eps)
@@ -564,7 +414,7 @@ qknorm_rope_bwd_row_kernel(T *dx, int64_t ld, double *part, const T *xin, const 
                 db = *(const PK *)(dv + half);
                 xa = *(const PK *)xv;
                 xb = *(const PK *)(xv + half);
-                if (PF && h + HPW < heads && (c * V * (int)sizeof(T)) % 128 == 0) {
+                if (h + HPW < heads && (c * V * (int)sizeof(T)) % 128 == 0) {
                     prefetch_l2(dv + HPW * QKV_D);
                     prefetch_l2(dv + HPW * QKV_D + half);
                     prefetch_l2(xv + HPW * QKV_D);

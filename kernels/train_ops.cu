@@ -31,27 +31,25 @@ static void *tr_scratch(dfl_be *be, size_t bytes)
 
 #define TR_SCRATCH_DOUBLES(be) (cuda_of(be)->ws_bytes / sizeof(double))
 
-/* The form of the norms' backward kernels, DFL_CUDA_NORM_BWD in the environment: 0 the first
- * kernels (rmsnorm_bwd_kernel, qknorm_rope_bwd_kernel, tr_colsum_kernel<1>); 1 to 3 the faster
- * ones: rmsnorm_bwd_pf_kernel with nothing, the next row or the row after it fetched into L2
- * ahead; for heads of 128, qknorm_rope_bwd_vec_kernel (1), qknorm_rope_bwd_row_kernel (2) and
- * the same with the next heads fetched into L2 ahead (3); tr_colsum_kernel<TR_COLSUM_AHEAD>.
- * Default NORM_BWD_DEFAULT. Read at every call (a getenv is little beside a pass over the
- * activations), so that a test or a benchmark can run them all. */
-#define NORM_BWD_DEFAULT 2
-
-static int norm_bwd_form(void)
+/* The norms' backward kernels: the faster ones (rmsnorm_bwd_pf_kernel where its four blocks a
+ * multiprocessor fit, qknorm_rope_bwd_row_kernel for heads of 128, tr_colsum_kernel<
+ * TR_COLSUM_AHEAD>) by default; DFL_CUDA_NORM_BWD=0 in the environment selects the first ones
+ * (rmsnorm_bwd_kernel, qknorm_rope_bwd_kernel, tr_colsum_kernel<1>), to compare them. Read at
+ * every call (a getenv is little beside a pass over the activations), so that a test or a
+ * benchmark can run both. On the H200 (bench-train-ops --norms, the 8B drafter's shapes) the
+ * faster ones took rmsnorm_bwd [32768, 4096] in 0.358 ms against 0.446 (71% of the copy
+ * bandwidth against 57%), qknorm_rope_bwd q [32768, 32 x 128] in 0.270 against 0.526 (70%
+ * against 36%) and k [45056, 8 x 128] in 0.172 against 0.224 ms. */
+static bool norm_bwd_fast(void)
 {
     const char *v = getenv("DFL_CUDA_NORM_BWD");
-    if (v && v[0] >= '0' && v[0] <= '3' && !v[1])
-        return v[0] - '0';
-    return NORM_BWD_DEFAULT;
+    return !(v && v[0] == '0' && !v[1]);
 }
 
 static int tr_colsum(dfl_be *be, float *dw, const double *part, int nb, int64_t n, const char *op)
 {
     cudaStream_t s = cuda_of(be)->stream;
-    if (norm_bwd_form() == 0) {
+    if (!norm_bwd_fast()) {
         unsigned g = (unsigned)((n + TR_THREADS - 1) / TR_THREADS);
         tr_colsum_kernel<1><<<g, TR_THREADS, 0, s>>>(dw, part, nb, n);
     } else {
@@ -104,24 +102,17 @@ static int launch_rmsnorm_bwd(dfl_be *be, void *dx, float *dw, const void *dy, c
     if (p > PMAX)
         return cuda_op_fail(be, DFL_EUNSUP, "rmsnorm_bwd: rows of %lld values are too long (at most "
                             "%d)", (long long)n, PMAX * RB_MAX_THREADS * VEC);
-    const int form = norm_bwd_form();
-#define RB_PF_CASE(PP, AH)                                                                     \
-    rmsnorm_bwd_pf_kernel<T, VEC, PP, AH><<<(unsigned)nb, (unsigned)th,                       \
-                                            rb_pf_smem_bytes(PP, VEC, (int)th), s>>>(          \
+    /* the faster kernel where four blocks fit a multiprocessor (at most 64 registers a thread),
+     * for packed rows (VEC > 1) */
+    const bool pf = VEC > 1 && th <= 256 && norm_bwd_fast();
+#define RB_PF_CASE(PP)                                                                         \
+    rmsnorm_bwd_pf_kernel<T, VEC, PP><<<(unsigned)nb, (unsigned)th,                           \
+                                        rb_pf_smem_bytes(PP, VEC, (int)th), s>>>(              \
         (T *)dx, part, (const T *)dy, (const T *)x, (const T *)w, rstd, R, n, rpb, acc)
-#define RB_PF_FORMS(PP)                                                                        \
-    do {                                                                                      \
-        if (form == 1)                                                                        \
-            RB_PF_CASE(PP, 0);                                                                \
-        else if (form == 2)                                                                   \
-            RB_PF_CASE(PP, 1);                                                                \
-        else                                                                                  \
-            RB_PF_CASE(PP, 2);                                                                \
-    } while (0)
-    if (form && p <= 1) {
-        RB_PF_FORMS(1);
-    } else if (form && p <= 2) {
-        RB_PF_FORMS(2);
+    if (pf && p <= 1) {
+        RB_PF_CASE(1);
+    } else if (pf && p <= 2) {
+        RB_PF_CASE(2);
     } else if (p <= 1)
         RB_CASE(1);
     else if (p <= 2)
@@ -136,7 +127,6 @@ static int launch_rmsnorm_bwd(dfl_be *be, void *dx, float *dw, const void *dy, c
     }
 #undef RB_CASE
 #undef RB_PF_CASE
-#undef RB_PF_FORMS
     int rc = cuda_launch_check(be, "rmsnorm_bwd");
     if (rc || !dw)
         return rc;
@@ -189,28 +179,6 @@ static void launch_qkb(cudaStream_t s, unsigned blocks, int maxj, T *x, int64_t 
 #undef QKB_CASE
 }
 
-template <typename T>
-static void launch_qkv(cudaStream_t s, unsigned blocks, T *x, int64_t ld, double *part, const T *xin,
-                       const T *w, const float *rstd, const int32_t *pos, const float *inv, int64_t R,
-                       int heads, float eps, int64_t ipb)
-{
-    qknorm_rope_bwd_vec_kernel<T, 1><<<blocks, (unsigned)qkv_threads<T>(), qkv_smem_bytes(ipb, heads), s>>>(
-        x, ld, part, xin, w, rstd, pos, inv, R, heads, eps, ipb);
-}
-
-template <typename T>
-static void launch_qkr(cudaStream_t s, bool pf, unsigned blocks, T *x, int64_t ld, double *part, const T *xin,
-                       const T *w, const float *rstd, const int32_t *pos, const float *inv, int64_t R,
-                       int heads, float eps)
-{
-    if (pf)
-        qknorm_rope_bwd_row_kernel<T, true><<<blocks, QKR_WARPS * 32, 0, s>>>(x, ld, part, xin, w, rstd, pos, inv,
-                                                                             R, heads, eps);
-    else
-        qknorm_rope_bwd_row_kernel<T, false><<<blocks, QKR_WARPS * 32, 0, s>>>(x, ld, part, xin, w, rstd, pos, inv,
-                                                                              R, heads, eps);
-}
-
 int cuda_qknorm_rope_bwd(dfl_be *be, void *dx, int64_t ld, float *dw, const void *x_in, const void *w,
                          const float *rstd, const int32_t *pos, int64_t R, int heads, int d,
                          float eps, float theta)
@@ -228,19 +196,17 @@ int cuda_qknorm_rope_bwd(dfl_be *be, void *dx, int64_t ld, float *dw, const void
     const int half = d / 2;
     const size_t es = dfl_dtype_size(be->act);
     cudaStream_t s = cuda_of(be)->stream;
-    const int form = norm_bwd_form();
-    /* the faster forms: heads of 128, 16-byte aligned rows */
-    const bool fast = form && d == QKV_D && ld % (int64_t)(16 / es) == 0 && is_aligned(dx, 16) &&
-                      is_aligned(x_in, 16);
+    /* the faster kernel: heads of 128, 16-byte aligned rows */
     const int64_t nbr = (R + QKR_ROWS - 1) / QKR_ROWS;
-    if (fast && form >= 2 && nbr <= INT32_MAX && nbr * d <= (int64_t)TR_SCRATCH_DOUBLES(be)) {
+    if (norm_bwd_fast() && d == QKV_D && ld % (int64_t)(16 / es) == 0 && is_aligned(dx, 16) &&
+        is_aligned(x_in, 16) && nbr <= INT32_MAX && nbr * d <= (int64_t)TR_SCRATCH_DOUBLES(be)) {
         double *part = w && dw ? (double *)tr_scratch(be, (size_t)(nbr * d) * sizeof(double)) : NULL;
         if (be->act == DFL_BF16)
-            launch_qkr<bf16>(s, form == 3, (unsigned)nbr, (bf16 *)dx, ld, part, (const bf16 *)x_in,
-                             (const bf16 *)w, rstd, pos, inv, R, heads, eps);
+            qknorm_rope_bwd_row_kernel<bf16><<<(unsigned)nbr, QKR_WARPS * 32, 0, s>>>(
+                (bf16 *)dx, ld, part, (const bf16 *)x_in, (const bf16 *)w, rstd, pos, inv, R, heads, eps);
         else
-            launch_qkr<float>(s, form == 3, (unsigned)nbr, (float *)dx, ld, part, (const float *)x_in,
-                              (const float *)w, rstd, pos, inv, R, heads, eps);
+            qknorm_rope_bwd_row_kernel<float><<<(unsigned)nbr, QKR_WARPS * 32, 0, s>>>(
+                (float *)dx, ld, part, (const float *)x_in, (const float *)w, rstd, pos, inv, R, heads, eps);
         rc = cuda_launch_check(be, "qknorm_rope_bwd");
         if (rc || !part)
             return rc;
@@ -265,14 +231,7 @@ int cuda_qknorm_rope_bwd(dfl_be *be, void *dx, int64_t ld, float *dw, const void
         if (!part)
             return cuda_op_fail(be, DFL_EUNSUP, "qknorm_rope_bwd: scratch too small");
     }
-    if (fast && qkv_smem_bytes(ipb, heads) <= 48 * 1024) {
-        if (be->act == DFL_BF16)
-            launch_qkv<bf16>(s, (unsigned)nb, (bf16 *)dx, ld, part, (const bf16 *)x_in,
-                             (const bf16 *)w, rstd, pos, inv, R, heads, eps, ipb);
-        else
-            launch_qkv<float>(s, (unsigned)nb, (float *)dx, ld, part, (const float *)x_in,
-                              (const float *)w, rstd, pos, inv, R, heads, eps, ipb);
-    } else if (be->act == DFL_BF16) {
+    if (be->act == DFL_BF16) {
         if (P == 2)
             launch_qkb<bf16, 2>(s, (unsigned)nb, maxj, (bf16 *)dx, ld, part, (const bf16 *)x_in,
                                 (const bf16 *)w, rstd, pos, inv, R, heads, d, eps, ipb);
