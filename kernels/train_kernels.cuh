@@ -7,19 +7,36 @@
 #include "be_math.h"
 #include "warp_sum.cuh"
 
+#ifndef DF_DYN_SMEM
+#define DF_DYN_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+#endif
+
 #define RB_MAX_THREADS 512
 #define QKB_WARPS 8
 #define SUMSQ_THREADS 256
 #define LMCE_THREADS 256
 
-/* dw[i] += (float)(sum over b < nb of part[b * n + i]), in block order */
-static __global__ void tr_colsum_kernel(float *dw, const double *part, int nb, int64_t n)
+/* dw[i] += (float)(sum over b < nb of part[b * n + i]), in block order; AHEAD loads in flight a
+ * thread ahead of the adds (the same order, so the same bits, for every AHEAD: 1 is the first
+ * form, TR_COLSUM_AHEAD the faster one) */
+#define TR_COLSUM_AHEAD 32
+template <int AHEAD> static __global__ void tr_colsum_kernel(float *dw, const double *part, int nb, int64_t n)
 {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
     double s = 0.0;
-    for (int b = 0; b < nb; b++)
+    int b = 0;
+    for (; b + AHEAD <= nb; b += AHEAD) {
+        double v[AHEAD];
+#pragma unroll
+        for (int u = 0; u < AHEAD; u++)
+            v[u] = part[(int64_t)(b + u) * n + i];
+#pragma unroll
+        for (int u = 0; u < AHEAD; u++)
+            s += v[u];
+    }
+    for (; b < nb; b++)
         s += part[(int64_t)b * n + i];
     dw[i] += (float)s;
 }
@@ -210,6 +227,265 @@ qknorm_rope_bwd_kernel(T *dx, int64_t ld, double *part, const T *xin, const T *w
         for (int k = 0; k < QKB_WARPS; k++)
             s += shw[k][i];
         part[(int64_t)blockIdx.x * d + i] = s;
+    }
+}
+
+/* A hint that the 128-byte line at p will be read soon: fetched into L2, no register taken
+ * (nothing in the emulator). */
+__device__ __forceinline__ void prefetch_l2(const void *p)
+{
+#ifdef __CUDA_ARCH__
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+    (void)p;
+#endif
+}
+
+/* rmsnorm_bwd_kernel's faster form, for rows of at most two packs a thread (P <= 2): the same
+ * partition, thread layout, arithmetic and order. What differs: at most 64 registers a thread
+ * (four blocks of 256 threads on a multiprocessor: the 512 blocks of a [32768, 4096] call run in
+ * one wave instead of two), for which the dw sums live in shared memory (P VEC floats a thread,
+ * rb_pf_smem_bytes) and w is read again for every row (from the cache); the old dx of the row is
+ * loaded before its block sum, the next row's dy and x right after its own sum, and the row after
+ * that is fetched into L2 (a hint, no registers) while this one is summed. */
+static inline size_t rb_pf_smem_bytes(int p, int vec, int threads) { return (size_t)p * vec * threads * sizeof(float); }
+
+template <typename T, int VEC, int P>
+__global__ void __launch_bounds__(RB_MAX_THREADS, 2)
+rmsnorm_bwd_pf_kernel(T *dx, double *part, const T *dy, const T *x, const T *w, const float *rstd,
+                      int64_t R, int64_t n, int64_t rpb, bool acc)
+{
+    typedef Pack<T, VEC> PK;
+    static_assert(P <= 2, "rmsnorm_bwd_pf_kernel: at most two packs a thread");
+    constexpr int LINE = 128 / (int)sizeof(PK) > 0 ? 128 / (int)sizeof(PK) : 1;   /* packs a cache line */
+    __shared__ float sh[32];
+    DF_DYN_SMEM(rb_smem);
+    float *dwa = (float *)rb_smem;   /* [P VEC][blockDim.x]: element (k, j) of thread t */
+    const int t = (int)threadIdx.x, nt = (int)blockDim.x;
+    const int64_t nv = n / VEC;
+    const int64_t r0 = (int64_t)blockIdx.x * rpb;
+    const int64_t r1 = r0 + rpb < R ? r0 + rpb : R;
+    const PK *wv = (const PK *)w;
+    PK yp[P], xp[P];
+#pragma unroll
+    for (int k = 0; k < P; k++) {
+        int64_t c = t + (int64_t)k * nt;
+        yp[k] = c < nv && r0 < r1 ? ((const PK *)(dy + r0 * n))[c] : PK{};
+        xp[k] = c < nv && r0 < r1 ? ((const PK *)(x + r0 * n))[c] : PK{};
+#pragma unroll
+        for (int j = 0; j < VEC; j++)
+            dwa[(k * VEC + j) * nt + t] = 0.0f;
+    }
+    const float inv_n = 1.0f / (float)n;
+    for (int64_t r = r0; r < r1; r++) {
+        PK *dxr = (PK *)(dx + r * n);
+        const float s = rstd[r];
+        PK o[P];
+#pragma unroll
+        for (int k = 0; k < P; k++) {
+            int64_t c = t + (int64_t)k * nt;
+            o[k] = acc && c < nv ? dxr[c] : PK{};
+            if (r + 1 < r1 && c < nv && c % LINE == 0) {
+                prefetch_l2((const PK *)(dy + (r + 1) * n) + c);
+                prefetch_l2((const PK *)(x + (r + 1) * n) + c);
+                if (acc)
+                    prefetch_l2((const PK *)(dx + (r + 1) * n) + c);
+            }
+        }
+        float dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < P; k++) {
+            int64_t c = t + (int64_t)k * nt;
+            const PK wp = c < nv ? wv[c] : PK{};
+#pragma unroll
+            for (int j = 0; j < VEC; j++)
+                dot += to_f32(wp.v[j]) * to_f32(yp[k].v[j]) * to_f32(xp[k].v[j]);
+        }
+        dot = block_sum_sh(dot, sh);
+        const float cm = dot * s * inv_n;   /* mean(w dy xhat) */
+#pragma unroll
+        for (int k = 0; k < P; k++) {
+            int64_t c = t + (int64_t)k * nt;
+            if (c < nv) {
+                const PK wp = wv[c];
+#pragma unroll
+                for (int j = 0; j < VEC; j++) {
+                    float fy = to_f32(yp[k].v[j]), fx = to_f32(xp[k].v[j]);
+                    float gv = s * (to_f32(wp.v[j]) * fy - fx * s * cm);
+                    o[k].v[j] = from_f32<T>(acc ? to_f32(o[k].v[j]) + gv : gv);
+                    dwa[(k * VEC + j) * nt + t] += fy * fx * s;
+                }
+                dxr[c] = o[k];
+            }
+            if (r + 1 < r1) {
+                yp[k] = c < nv ? ((const PK *)(dy + (r + 1) * n))[c] : PK{};
+                xp[k] = c < nv ? ((const PK *)(x + (r + 1) * n))[c] : PK{};
+            }
+        }
+    }
+    if (part) {
+        double *pb = part + (int64_t)blockIdx.x * n;
+#pragma unroll
+        for (int k = 0; k < P; k++) {
+            int64_t c = t + (int64_t)k * nt;
+            if (c < nv)
+#pragma unroll
+                for (int j = 0; j < VEC; j++)
+                    pb[c * VEC + j] = (double)dwa[(k * VEC + j) * nt + t];
+        }
+    }
+}
+
+/* The sum over a head of qknorm_rope_bwd_kernel for heads of QKV_D = 128 (P = 2, MAXJ = 1 there:
+ * old lane l holds elements 2 l, 2 l + 1 of each half), from the K = 32 / G partials of each of
+ * the G lanes of a group that holds the head V = 2 K elements a half (its lane c the old lanes
+ * c K .. c K + K - 1): the old butterfly's offsets 16 .. K cross the group's lanes (offsets
+ * G / 2 .. 1 here), K / 2 .. 1 the thread's own partials; so the same sum, added in the same
+ * order. */
+#define QKV_D 128
+
+template <int G, int K> __device__ __forceinline__ float qkv_oldsum(float (&v)[K])
+{
+#pragma unroll
+    for (int k = 0; k < K; k++)
+        v[k] = warp_sum<G>(v[k]);
+#pragma unroll
+    for (int o = K / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int k = 0; k < o; k++)
+            v[k] = v[k] + v[k + o];
+    return v[0];
+}
+
+/* qknorm_rope_bwd for heads of QKV_D = 128, by rows: warp w of block b takes the rows
+ * b QKR_ROWS + w, + QKR_WARPS, ... (at most QKR_ROWS / QKR_WARPS of them), and each row's heads
+ * HPW at a time, as the forward's fast path does: a group of G = 64 / V adjacent lanes holds one
+ * head, lane c of the group the V elements [c V, c V + V) of each half (16-byte loads). A row's
+ * sines and cosines (the same sincosf of the same arguments as qknorm_rope_bwd_kernel) are
+ * computed once a warp, V / HPW a lane, into shared memory (shcs). dx is computed
+ * as in qknorm_rope_bwd_kernel, with the sums over a head in its order (qkv_oldsum). dw: each lane
+ * adds its elements' terms in f32 (at most QKR_ROWS / QKR_WARPS rows x heads / HPW terms), the
+ * block adds its lanes' sums in double in a fixed order into part[b] (so dw is not the first
+ * kernel's bit for bit: the order of its sums differs). The row's next heads are fetched into L2
+ * while these are computed. */
+#define QKR_WARPS 4
+#define QKR_ROWS 32
+
+template <typename T>
+__global__ void __launch_bounds__(QKR_WARPS * 32, 4)
+qknorm_rope_bwd_row_kernel(T *dx, int64_t ld, double *part, const T *xin, const T *w, const float *rstd,
+                           const int32_t *pos, const float *inv_freq, int64_t R, int heads, float eps)
+{
+    constexpr int half = QKV_D / 2, V = 16 / (int)sizeof(T), G = half / V, K = V / 2, HPW = 32 / G, VS = V / HPW;
+    static_assert(G * K == 32 && HPW * G == 32 && VS * HPW == V, "qknorm_rope_bwd_row_kernel: layout");
+    typedef Pack<T, V> PK;
+    __shared__ float shd[QKR_WARPS][HPW][QKV_D];
+    __shared__ float2 shcs[QKR_WARPS][QKV_D / 2];   /* the warp's row: (cos, sin) of frequency c V + j at j G + c */
+    const int lane = (int)threadIdx.x & 31, wid = (int)threadIdx.x >> 5, c = lane % G, slot = lane / G;
+    const int64_t rb0 = (int64_t)blockIdx.x * QKR_ROWS, rb1 = rb0 + QKR_ROWS < R ? rb0 + QKR_ROWS : R;
+    PK w1, w2;
+    float d1[V], d2[V];
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        w1.v[j] = w ? w[c * V + j] : from_f32<T>(0.0f);
+        w2.v[j] = w ? w[half + c * V + j] : from_f32<T>(0.0f);
+        d1[j] = d2[j] = 0.0f;
+    }
+    for (int64_t r = rb0 + wid; r < rb1; r += QKR_WARPS) {
+        const float fp = (float)pos[r];
+        __syncwarp();   /* the previous row's table is read no more */
+#pragma unroll
+        for (int q = 0; q < VS; q++) {   /* this lane's share: frequencies c V + slot VS + q */
+            float sn, cs;
+            sincosf(fp * inv_freq[c * V + slot * VS + q], &sn, &cs);
+            shcs[wid][(slot * VS + q) * G + c] = make_float2(cs, sn);
+        }
+        __syncwarp();
+        T *dr = dx + r * ld;
+        const T *xr = xin + r * ld;
+        for (int h0 = 0; h0 < heads; h0 += HPW) {
+            const int h = h0 + slot;
+            const bool on = h < heads;
+            T *dv = dr + (int64_t)h * QKV_D + c * V;
+            const T *xv = xr + (int64_t)h * QKV_D + c * V;
+            PK da, db, xa, xb;
+            if (on) {
+                da = *(const PK *)dv;
+                db = *(const PK *)(dv + half);
+                xa = *(const PK *)xv;
+                xb = *(const PK *)(xv + half);
+                if (h + HPW < heads && (c * V * (int)sizeof(T)) % 128 == 0) {
+                    prefetch_l2(dv + HPW * QKV_D);
+                    prefetch_l2(dv + HPW * QKV_D + half);
+                    prefetch_l2(xv + HPW * QKV_D);
+                    prefetch_l2(xv + HPW * QKV_D + half);
+                }
+            }
+            float g1[V], g2[V], x1[V], x2[V], ss[K];
+#pragma unroll
+            for (int k = 0; k < K; k++)
+                ss[k] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                const float2 t = shcs[wid][j * G + c];
+                const float u1 = on ? to_f32(da.v[j]) : 0.0f, v1 = on ? to_f32(db.v[j]) : 0.0f;
+                g1[j] = u1 * t.x + v1 * t.y;
+                g2[j] = -u1 * t.y + v1 * t.x;
+                x1[j] = on ? to_f32(xa.v[j]) : 0.0f;
+                x2[j] = on ? to_f32(xb.v[j]) : 0.0f;
+                ss[j / 2] += x1[j] * x1[j] + x2[j] * x2[j];
+            }
+            if (w) {
+                float sc;
+                if (rstd)
+                    sc = on ? rstd[r * heads + h] : 1.0f;
+                else
+                    sc = 1.0f / sqrtf(qkv_oldsum<G, K>(ss) / (float)QKV_D + eps);
+                float dot[K];
+#pragma unroll
+                for (int k = 0; k < K; k++)
+                    dot[k] = 0.0f;
+#pragma unroll
+                for (int j = 0; j < V; j++)
+                    dot[j / 2] += to_f32(w1.v[j]) * g1[j] * x1[j] + to_f32(w2.v[j]) * g2[j] * x2[j];
+                const float m = qkv_oldsum<G, K>(dot) * sc / (float)QKV_D;
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    const float xs1 = x1[j] * sc, xs2 = x2[j] * sc;
+                    if (on) {
+                        d1[j] += g1[j] * xs1;
+                        d2[j] += g2[j] * xs2;
+                    }
+                    g1[j] = sc * (to_f32(w1.v[j]) * g1[j] - x1[j] * sc * m);
+                    g2[j] = sc * (to_f32(w2.v[j]) * g2[j] - x2[j] * sc * m);
+                }
+            }
+            if (on) {
+                PK oa, ob;
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    oa.v[j] = from_f32<T>(g1[j]);
+                    ob.v[j] = from_f32<T>(g2[j]);
+                }
+                *(PK *)dv = oa;
+                *(PK *)(dv + half) = ob;
+            }
+        }
+    }
+    if (!part)
+        return;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        shd[wid][slot][c * V + j] = d1[j];
+        shd[wid][slot][half + c * V + j] = d2[j];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < QKV_D; i += blockDim.x) {
+        double s = 0.0;
+        for (int k = 0; k < QKR_WARPS; k++)
+            for (int l = 0; l < HPW; l++)
+                s += (double)shd[k][l][i];
+        part[(int64_t)blockIdx.x * QKV_D + i] = s;
     }
 }
 

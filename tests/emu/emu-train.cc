@@ -83,19 +83,31 @@ static void check(bool ok, const char *what)
 }
 
 /* ---- rmsnorm_bwd ---- */
+/* random inputs of rmsnorm_bwd: x, w, dy, the old dx and dw, and x's rstd */
+struct RmsIn {
+    std::vector<float> x, w, dy, dx0, dw0, rstd;
+};
+static RmsIn rms_inputs(int64_t R, int64_t n, bool bf)
+{
+    RmsIn in;
+    in.x = rvec((size_t)(R * n), 1, 0, bf), in.w = rvec((size_t)n, 0.3f, 1, bf), in.dy = rvec((size_t)(R * n), 1, 0, bf);
+    in.dx0 = rvec((size_t)(R * n), 1, 0, bf), in.dw0 = rvec((size_t)n, 0.1f, 0, false);
+    in.rstd.resize((size_t)R);
+    for (int64_t r = 0; r < R; r++) {
+        float ss = 0;
+        for (int64_t i = 0; i < n; i++)
+            ss += in.x[(size_t)(r * n + i)] * in.x[(size_t)(r * n + i)];
+        in.rstd[(size_t)r] = 1.0f / sqrtf(ss / n + 1e-6f);
+    }
+    return in;
+}
+
 template <typename T, int VEC, int P>
 static void t_rmsnorm(dfl_be *cpu, int64_t R, int64_t n, int threads, int nb, bool acc)
 {
     const bool bf = sizeof(T) == 2;
-    auto x = rvec((size_t)(R * n), 1, 0, bf), w = rvec((size_t)n, 0.3f, 1, bf), dy = rvec((size_t)(R * n), 1, 0, bf);
-    auto dx0 = rvec((size_t)(R * n), 1, 0, bf), dw0 = rvec((size_t)n, 0.1f, 0, false);
-    std::vector<float> rstd((size_t)R);
-    for (int64_t r = 0; r < R; r++) {
-        float ss = 0;
-        for (int64_t i = 0; i < n; i++)
-            ss += x[(size_t)(r * n + i)] * x[(size_t)(r * n + i)];
-        rstd[(size_t)r] = 1.0f / sqrtf(ss / n + 1e-6f);
-    }
+    RmsIn in = rms_inputs(R, n, bf);
+    auto &x = in.x, &w = in.w, &dy = in.dy, &dx0 = in.dx0, &dw0 = in.dw0, &rstd = in.rstd;
     auto rdx = dx0, rdw = dw0;
     cpu->ops->rmsnorm_bwd(cpu, rdx.data(), rdw.data(), dy.data(), x.data(), w.data(), rstd.data(), R, n, acc);
     auto gx = conv<T>(x), gw = conv<T>(w), gdy = conv<T>(dy), gdx = conv<T>(dx0);
@@ -106,7 +118,7 @@ static void t_rmsnorm(dfl_be *cpu, int64_t R, int64_t n, int threads, int nb, bo
     emu::launch(dim3((unsigned)nb), dim3((unsigned)threads), 0, [&] {
         rmsnorm_bwd_kernel<T, VEC, P>(gdx.data(), part.data(), gdy.data(), gx.data(), gw.data(), rstd.data(), R, n, rpb, acc);
     });
-    emu::launch(dim3((unsigned)((n + 255) / 256)), dim3(256), 0, [&] { tr_colsum_kernel(gdw.data(), part.data(), nb, n); });
+    emu::launch(dim3((unsigned)((n + 255) / 256)), dim3(256), 0, [&] { tr_colsum_kernel<1>(gdw.data(), part.data(), nb, n); });
     char wh[160];
     snprintf(wh, sizeof wh, "rmsnorm_bwd %s R%lld n%lld VEC %d P %d threads %d blocks %d%s", bf ? "bf16" : "f32",
              (long long)R, (long long)n, VEC, P, threads, nb, acc ? " acc" : "");
@@ -117,24 +129,38 @@ static void t_rmsnorm(dfl_be *cpu, int64_t R, int64_t n, int threads, int nb, bo
 }
 
 /* ---- qknorm_rope_bwd ---- */
+/* random inputs of qknorm_rope_bwd: x_in, dx, w, the old dw, the heads' rstd and positions */
+struct QkIn {
+    std::vector<float> xin, dx, w, dw0, rstd;
+    std::vector<int32_t> pos;
+};
+static QkIn qk_inputs(int64_t R, int heads, int d, int64_t ld, bool bf, float eps)
+{
+    QkIn in;
+    in.xin = rvec((size_t)(R * ld), 1, 0, bf), in.dx = rvec((size_t)(R * ld), 1, 0, bf), in.w = rvec((size_t)d, 0.3f, 1, bf);
+    in.dw0 = rvec((size_t)d, 0.1f, 0, false);
+    in.rstd.resize((size_t)(R * heads));
+    in.pos.resize((size_t)R);
+    for (int64_t r = 0; r < R; r++) {
+        in.pos[(size_t)r] = (int32_t)(rnext() % 5000);
+        for (int h = 0; h < heads; h++) {
+            float ss = 0;
+            for (int i = 0; i < d; i++)
+                ss += in.xin[(size_t)(r * ld + h * d + i)] * in.xin[(size_t)(r * ld + h * d + i)];
+            in.rstd[(size_t)(r * heads + h)] = 1.0f / sqrtf(ss / d + eps);
+        }
+    }
+    return in;
+}
+
 template <typename T, int P, int MAXJ>
 static void t_qknorm(dfl_be *cpu, int64_t R, int heads, int d, int64_t ld, bool use_w, bool use_rstd, int nb)
 {
     const bool bf = sizeof(T) == 2;
     const float eps = 1e-6f, theta = 1e6f;
-    auto xin = rvec((size_t)(R * ld), 1, 0, bf), dx = rvec((size_t)(R * ld), 1, 0, bf), w = rvec((size_t)d, 0.3f, 1, bf);
-    auto dw0 = rvec((size_t)d, 0.1f, 0, false);
-    std::vector<float> rstd((size_t)(R * heads));
-    std::vector<int32_t> pos((size_t)R);
-    for (int64_t r = 0; r < R; r++) {
-        pos[(size_t)r] = (int32_t)(rnext() % 5000);
-        for (int h = 0; h < heads; h++) {
-            float ss = 0;
-            for (int i = 0; i < d; i++)
-                ss += xin[(size_t)(r * ld + h * d + i)] * xin[(size_t)(r * ld + h * d + i)];
-            rstd[(size_t)(r * heads + h)] = 1.0f / sqrtf(ss / d + eps);
-        }
-    }
+    QkIn in = qk_inputs(R, heads, d, ld, bf, eps);
+    auto &xin = in.xin, &dx = in.dx, &w = in.w, &dw0 = in.dw0, &rstd = in.rstd;
+    auto &pos = in.pos;
     auto rdx = dx, rdw = dw0;
     cpu->ops->qknorm_rope_bwd(cpu, rdx.data(), ld, rdw.data(), xin.data(), use_w ? w.data() : nullptr,
                               use_rstd ? rstd.data() : nullptr, pos.data(), R, heads, d, eps, theta);
@@ -151,7 +177,7 @@ static void t_qknorm(dfl_be *cpu, int64_t R, int heads, int d, int64_t ld, bool 
                                            inv.data(), R, heads, d, eps, ipb);
     });
     if (use_w)
-        emu::launch(dim3((unsigned)((d + 255) / 256)), dim3(256), 0, [&] { tr_colsum_kernel(gdw.data(), part.data(), nb, d); });
+        emu::launch(dim3((unsigned)((d + 255) / 256)), dim3(256), 0, [&] { tr_colsum_kernel<1>(gdw.data(), part.data(), nb, d); });
     char wh[160];
     snprintf(wh, sizeof wh, "qknorm_rope_bwd %s R%lld h%d d%d ld%lld P %d%s%s blocks %d", bf ? "bf16" : "f32",
              (long long)R, heads, d, (long long)ld, P, use_w ? "" : " no-w", use_rstd ? "" : " recompute", nb);
@@ -160,6 +186,111 @@ static void t_qknorm(dfl_be *cpu, int64_t R, int heads, int d, int64_t ld, bool 
     cmp(wh, got.data(), rdx.data(), R, ld, bf ? 8e-3 : 2e-5, bf ? 0.99995 : 0.9999999);
     std::string w2 = std::string(wh) + ": dw";
     cmp(w2.c_str(), gdw.data(), rdw.data(), 1, d, 2e-5, 0.9999999);
+}
+
+/* The same bits: dx (T) and dw (f32) of two runs */
+template <typename T>
+static void same_bits(const char *what, const std::vector<T> &a, const std::vector<T> &b, const std::vector<float> &dwa,
+                      const std::vector<float> &dwb)
+{
+    int64_t dx = 0, dw = 0;
+    for (size_t i = 0; i < a.size(); i++)
+        dx += memcmp(&a[i], &b[i], sizeof(T)) != 0;
+    for (size_t i = 0; i < dwa.size(); i++)
+        dw += memcmp(&dwa[i], &dwb[i], 4) != 0;
+    char wh[256];
+    snprintf(wh, sizeof wh, "%s: the first kernel's bits (dx %lld, dw %lld differ)", what, (long long)dx, (long long)dw);
+    check(dx == 0 && dw == 0, wh);
+}
+
+/* ---- rmsnorm_bwd_pf_kernel (and tr_colsum_kernel<TR_COLSUM_AHEAD>): against the CPU, and the same bits as
+ * rmsnorm_bwd_kernel with tr_colsum_kernel on the same launch ---- */
+template <typename T, int VEC, int P>
+static void t_rmsnorm_pf(dfl_be *cpu, int64_t R, int64_t n, int threads, int nb, bool acc, bool inplace)
+{
+    const bool bf = sizeof(T) == 2;
+    RmsIn in = rms_inputs(R, n, bf);
+    auto &x = in.x, &w = in.w, &dy = in.dy, &dx0 = in.dx0, &dw0 = in.dw0, &rstd = in.rstd;
+    if (inplace)
+        dx0 = dy;
+    auto rdx = dx0, rdw = dw0;
+    cpu->ops->rmsnorm_bwd(cpu, rdx.data(), rdw.data(), inplace ? rdx.data() : dy.data(), x.data(), w.data(), rstd.data(),
+                          R, n, acc);
+    auto gx = conv<T>(x), gw = conv<T>(w), gdy = conv<T>(dy), gdx = conv<T>(dx0), odx = gdx, ody = gdy;
+    auto gdw = dw0, odw = dw0;
+    const int64_t rpb = (R + nb - 1) / nb;
+    nb = (int)((R + rpb - 1) / rpb);
+    std::vector<double> part((size_t)(nb * n), NAN);
+    emu::launch(dim3((unsigned)nb), dim3((unsigned)threads), rb_pf_smem_bytes(P, VEC, threads), [&] {
+        rmsnorm_bwd_pf_kernel<T, VEC, P>(inplace ? gdy.data() : gdx.data(), part.data(), gdy.data(), gx.data(),
+                                                gw.data(), rstd.data(), R, n, rpb, acc);
+    });
+    emu::launch(dim3((unsigned)((n + 63) / 64)), dim3(64), 0,
+                [&] { tr_colsum_kernel<TR_COLSUM_AHEAD>(gdw.data(), part.data(), nb, n); });
+    std::vector<double> opart((size_t)(nb * n), NAN);
+    emu::launch(dim3((unsigned)nb), dim3((unsigned)threads), 0, [&] {
+        rmsnorm_bwd_kernel<T, VEC, P>(inplace ? ody.data() : odx.data(), opart.data(), ody.data(), gx.data(), gw.data(),
+                                      rstd.data(), R, n, rpb, acc);
+    });
+    emu::launch(dim3((unsigned)((n + 255) / 256)), dim3(256), 0, [&] { tr_colsum_kernel<1>(odw.data(), opart.data(), nb, n); });
+    char wh[160];
+    snprintf(wh, sizeof wh, "rmsnorm_bwd_pf %s R%lld n%lld VEC %d P %d threads %d blocks %d%s%s", bf ? "bf16" : "f32",
+             (long long)R, (long long)n, VEC, P, threads, nb, acc ? " acc" : "",
+             inplace ? " in place" : "");
+    auto got = back(inplace ? gdy : gdx);
+    cmp(wh, got.data(), rdx.data(), R, n, bf ? 8e-3 : 2e-5, bf ? 0.99995 : 0.9999999);
+    std::string w2 = std::string(wh) + ": dw";
+    cmp(w2.c_str(), gdw.data(), rdw.data(), 1, n, 2e-5, 0.9999999);
+    same_bits(wh, inplace ? gdy : gdx, inplace ? ody : odx, gdw, odw);
+}
+
+/* ---- qknorm_rope_bwd_row_kernel: against the CPU, and dx the same bits as qknorm_rope_bwd_kernel
+ * <T, 2, 1> (dw sums in another order: against the CPU only) ---- */
+template <typename T>
+static void t_qknorm_row(dfl_be *cpu, int64_t R, int heads, int64_t ld, bool use_w, bool use_rstd, bool use_dw)
+{
+    const bool bf = sizeof(T) == 2;
+    const int d = QKV_D;
+    const float eps = 1e-6f, theta = 1e6f;
+    QkIn in = qk_inputs(R, heads, d, ld, bf, eps);
+    auto rdx = in.dx, rdw = in.dw0;
+    cpu->ops->qknorm_rope_bwd(cpu, rdx.data(), ld, use_dw ? rdw.data() : nullptr, in.xin.data(), use_w ? in.w.data() : nullptr,
+                              use_rstd ? in.rstd.data() : nullptr, in.pos.data(), R, heads, d, eps, theta);
+    std::vector<float> inv((size_t)d / 2);
+    dfl_rope_inv_freq(inv.data(), d, theta, DFL_F32);
+    auto gx = conv<T>(in.xin), gdx = conv<T>(in.dx), gw = conv<T>(in.w), odx = gdx;
+    auto gdw = in.dw0;
+    const bool dwp = use_w && use_dw;
+    const int nb = (int)((R + QKR_ROWS - 1) / QKR_ROWS);
+    std::vector<double> part((size_t)(nb * d), NAN);
+    const float *rs = use_rstd ? in.rstd.data() : nullptr;
+    emu::launch(dim3((unsigned)nb), dim3(QKR_WARPS * 32), 0, [&] {
+        qknorm_rope_bwd_row_kernel<T>(gdx.data(), ld, dwp ? part.data() : nullptr, gx.data(), use_w ? gw.data() : nullptr,
+                                          rs, in.pos.data(), inv.data(), R, heads, eps);
+    });
+    if (dwp)
+        emu::launch(dim3((unsigned)((d + 63) / 64)), dim3(64), 0,
+                    [&] { tr_colsum_kernel<TR_COLSUM_AHEAD>(gdw.data(), part.data(), nb, d); });
+    /* the first kernel's dx: 64 items a block */
+    const int64_t items = R * heads, ipb = 64, onb = (items + ipb - 1) / ipb;
+    std::vector<double> opart((size_t)(onb * d), NAN);
+    emu::launch(dim3((unsigned)onb), dim3(QKB_WARPS * 32), 0, [&] {
+        qknorm_rope_bwd_kernel<T, 2, 1>(odx.data(), ld, dwp ? opart.data() : nullptr, gx.data(), use_w ? gw.data() : nullptr,
+                                        rs, in.pos.data(), inv.data(), R, heads, d, eps, ipb);
+    });
+    char wh[160];
+    snprintf(wh, sizeof wh, "qknorm_rope_bwd_row %s R%lld h%d ld%lld%s%s%s blocks %d", bf ? "bf16" : "f32", (long long)R, heads, (long long)ld, use_w ? "" : " no-w", use_rstd ? "" : " recompute",
+             use_dw ? "" : " no-dw", nb);
+    auto got = back(gdx);
+    cmp(wh, got.data(), rdx.data(), R, ld, bf ? 8e-3 : 2e-5, bf ? 0.99995 : 0.9999999);
+    std::string w2 = std::string(wh) + ": dw";
+    cmp(w2.c_str(), gdw.data(), rdw.data(), 1, d, 2e-5, 0.9999999);
+    int64_t diff = 0;
+    for (size_t i = 0; i < gdx.size(); i++)
+        diff += memcmp(&gdx[i], &odx[i], sizeof(T)) != 0;
+    char wb[256];
+    snprintf(wb, sizeof wb, "%s: dx the first kernel's bits (%lld differ)", wh, (long long)diff);
+    check(diff == 0, wb);
 }
 
 /* ---- swiglu_bwd ---- */
@@ -379,6 +510,19 @@ int main()
     t_qknorm<bf16, 1, 1>(cpu, 9, 4, 6, 25, true, true, 2);
     t_qknorm<float, 2, 4>(cpu, 5, 2, 512, 1024, true, true, 1);
     t_qknorm<bf16, 2, 1>(cpu, 7, 4, 64, 256, false, false, 2);
+    t_rmsnorm_pf<bf16, 8, 2>(cpu, 37, 4096, 256, 10, false, false);
+    t_rmsnorm_pf<bf16, 8, 2>(cpu, 37, 4096, 256, 10, true, false);
+    t_rmsnorm_pf<bf16, 8, 1>(cpu, 9, 512, 64, 3, true, true);
+    t_rmsnorm_pf<float, 4, 2>(cpu, 20, 1000, 128, 4, true, false);
+    t_rmsnorm_pf<float, 4, 1>(cpu, 5, 248, 64, 2, false, true);
+    /* a row's heads over several blocks and groups, rows not aligned to blocks, partial last steps */
+    /* rows over several blocks (a partial last one), heads not a multiple of a warp's step */
+    t_qknorm_row<bf16>(cpu, 70, 32, 32 * 128, true, true, true);
+    t_qknorm_row<bf16>(cpu, 37, 8, 8 * 128 + 8, true, false, true);
+    t_qknorm_row<bf16>(cpu, 9, 5, 5 * 128, true, true, true);
+    t_qknorm_row<float>(cpu, 40, 3, 3 * 128 + 4, true, false, true);
+    t_qknorm_row<float>(cpu, 7, 4, 4 * 128, true, true, false);
+    t_qknorm_row<bf16>(cpu, 7, 6, 6 * 128, false, false, true);
     t_swiglu<bf16, 8>(cpu, 5, 1024);
     t_swiglu<float, 1>(cpu, 4, 99);
     t_sumsq(cpu, 100003, 16384, true);

@@ -15,8 +15,11 @@
  * 512 anchors each, block 16, 32/8 heads of 128) with full attention and with its sliding window
  * of 2048: the time each takes, and the TFLOP/s counting only the keys the window leaves.
  * --attention: the 8B drafter's attention only (no lmce, no bandwidth-bound ops).
+ * --norms: the norms' backward ops only (rmsnorm_bwd at the 8B and 27B widths, qknorm_rope_bwd on
+ * the 8B drafter's q and k), each with the first kernels (DFL_CUDA_NORM_BWD=0: "[first
+ * kernels]") and then the default.
  * Not a test: run by hand on a GPU machine (build/tests/bench-train-ops [--quick] [--window |
- * --attention]);
+ * --attention | --norms]);
  * exits 77 without a GPU. Needs about 30 GB of device memory. */
 #include <math.h>
 #include <stdint.h>
@@ -275,6 +278,7 @@ struct ew {
     int32_t *pos;
     double *out;
     int64_t R, n;
+    int heads;   /* qknorm_rope_bwd: heads of 128 a row (the row's length) */
 };
 
 static void run_ew(void *arg)
@@ -284,7 +288,8 @@ static void run_ew(void *arg)
     switch (x->kind) {
     case 0: rc = be->ops->rmsnorm_bwd(be, x->a, x->dw, x->b, x->c, x->w, x->rstd, x->R, x->n, true); break;
     case 1:
-        rc = be->ops->qknorm_rope_bwd(be, x->a, 4096, x->dw, x->b, x->w, x->rstd, x->pos, x->R, 32, 128, 1e-6f, 1e6f);
+        rc = be->ops->qknorm_rope_bwd(be, x->a, (int64_t)x->heads * 128, x->dw, x->b, x->w, x->rstd, x->pos, x->R,
+                                      x->heads, 128, 1e-6f, 1e6f);
         break;
     case 2: rc = be->ops->swiglu_bwd(be, x->c, x->a, x->b, x->R, x->n); break;
     case 3: {
@@ -307,27 +312,63 @@ static void bench_ew(const char *name, struct ew *x, double bytes, double copy_g
     printf("  %-44s %8.3f ms %7.0f GB/s (%3.0f%% of copy bandwidth)\n", name, ms, gbs, 100 * gbs / copy_gbs);
 }
 
-static void bench_bandwidth(double copy_gbs)
+/* the norms' backward: the first kernels (DFL_CUDA_NORM_BWD=0), then the default under the plain
+ * name */
+static void bench_norm(const char *name, struct ew *x, double bytes, double copy_gbs)
+{
+    char nm[96];
+    snprintf(nm, sizeof nm, "%s [first kernels]", name);
+    setenv("DFL_CUDA_NORM_BWD", "0", 1);
+    bench_ew(nm, x, bytes, copy_gbs);
+    unsetenv("DFL_CUDA_NORM_BWD");
+    bench_ew(name, x, bytes, copy_gbs);
+}
+
+static void bench_bandwidth(double copy_gbs, bool norms_only)
 {
     const int64_t R = 32768, H = 4096, I = 12288;
     printf("bandwidth-bound ops (bf16 activations):\n");
     void *a = dalloc((size_t)(R * 2 * I * 2)), *b = dalloc((size_t)(R * 2 * I * 2)), *c = dalloc((size_t)(R * 2 * I * 2));
-    void *w = dalloc((size_t)H * 2);
-    float *rstd = dalloc((size_t)R * 32 * 4), *dw = dalloc((size_t)H * 4);
+    const int64_t HW = 5120;   /* w and dw: up to the Qwen3.6-27B drafter's width */
+    void *w = dalloc((size_t)HW * 2);
+    float *rstd = dalloc((size_t)R * 32 * 4), *dw = dalloc((size_t)HW * 4);
     int32_t *pos = dalloc((size_t)R * 4);
     fill(a, (size_t)(R * 2 * I), 1.0f, 21);
     fill(b, (size_t)(R * 2 * I), 1.0f, 22);
     fill(c, (size_t)(R * 2 * I), 1.0f, 23);
-    fill(w, (size_t)H, 1.0f, 24);
-    if (be->ops->memset0(be, rstd, (size_t)R * 32 * 4) || be->ops->memset0(be, dw, (size_t)H * 4) ||
-        be->ops->memset0(be, pos, (size_t)R * 4))
+    fill(w, (size_t)HW, 1.0f, 24);
+    if (be->ops->memset0(be, rstd, (size_t)R * 32 * 4) || be->ops->memset0(be, dw, (size_t)HW * 4))
         check_sync("memset");
+    /* positions as in a step: 4 sequences of 3072 tokens, 8 block rows a token on average */
+    const int64_t RK = 45056;
+    int32_t *hp = malloc((size_t)RK * sizeof *hp);
+    if (!hp)
+        die("malloc", NULL);
+    for (int64_t r = 0; r < RK; r++)
+        hp[r] = (int32_t)((r / 8) % 3072);
+    if (be->ops->upload(be, pos, hp, (size_t)R * 4))
+        die("upload", NULL);
     struct ew e0 = {.kind = 0, .a = a, .b = b, .c = c, .w = w, .rstd = rstd, .dw = dw, .R = R, .n = H};
-    bench_ew("rmsnorm_bwd [32768,4096] dx +=, dw", &e0, 4.0 * R * H * 2, copy_gbs);
-    struct ew e1 = {.kind = 1, .a = a, .b = b, .w = w, .rstd = rstd, .dw = dw, .pos = pos, .R = R};
-    bench_ew("qknorm_rope_bwd q [32768,32x128], dw", &e1, 3.0 * R * H * 2, copy_gbs);
+    bench_norm("rmsnorm_bwd [32768,4096] dx +=, dw", &e0, 4.0 * R * H * 2, copy_gbs);
+    e0.n = HW;
+    bench_norm("rmsnorm_bwd [32768,5120] dx +=, dw", &e0, 4.0 * R * HW * 2, copy_gbs);
+    struct ew e1 = {.kind = 1, .a = a, .b = b, .w = w, .rstd = rstd, .dw = dw, .pos = pos, .R = R, .heads = 32};
+    bench_norm("qknorm_rope_bwd q [32768,32x128], dw", &e1, 3.0 * R * H * 2, copy_gbs);
     e1.rstd = NULL;
-    bench_ew("qknorm_rope_bwd q, rstd recomputed", &e1, 3.0 * R * H * 2, copy_gbs);
+    bench_norm("qknorm_rope_bwd q, rstd recomputed", &e1, 3.0 * R * H * 2, copy_gbs);
+    be->ops->free(be, pos);
+    pos = dalloc((size_t)RK * 4);
+    if (be->ops->upload(be, pos, hp, (size_t)RK * 4))
+        die("upload", NULL);
+    free(hp);
+    struct ew ek = {.kind = 1, .a = a, .b = b, .w = w, .rstd = rstd, .dw = dw, .pos = pos, .R = RK, .heads = 8};
+    bench_norm("qknorm_rope_bwd k [45056,8x128], dw", &ek, 3.0 * RK * 1024 * 2, copy_gbs);
+    if (norms_only) {
+        void *nb[] = {a, b, c, w, pos, rstd, dw};
+        for (size_t i = 0; i < sizeof nb / sizeof nb[0]; i++)
+            be->ops->free(be, nb[i]);
+        return;
+    }
     struct ew e2 = {.kind = 2, .a = a, .b = b, .c = c, .R = R, .n = I};
     bench_ew("swiglu_bwd [32768,2x12288]", &e2, 5.0 * R * I * 2, copy_gbs);
     struct ew e5 = {.kind = 5, .a = a, .n = 5 * 12288 * H};
@@ -360,10 +401,12 @@ static void bench_bandwidth(double copy_gbs)
 
 int main(int argc, char **argv)
 {
-    bool window_only = false, attention_only = false;
+    bool window_only = false, attention_only = false, norms_only = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0)
             iters = 3;
+        else if (strcmp(argv[i], "--norms") == 0)
+            norms_only = true;
         else if (strcmp(argv[i], "--window") == 0)
             window_only = true;
         else if (strcmp(argv[i], "--attention") == 0)
@@ -398,7 +441,9 @@ int main(int argc, char **argv)
     be->ops->free(be, c.a);
     be->ops->free(be, c.b);
 
-    if (window_only) {
+    if (norms_only) {
+        bench_bandwidth(copy_gbs, true);
+    } else if (window_only) {
         double full = bench_attention(peak, 4096, 0), win = bench_attention(peak, 4096, 2048);
         printf("Qwen3.6-27B drafter attention, 4 x 4096 tokens: full %.3f ms, window 2048 %.3f ms per layer "
                "(forward + backward): the window saves %.0f%%\n", full, win, 100 * (1 - win / full));
@@ -410,7 +455,7 @@ int main(int argc, char **argv)
             static const int64_t c8[] = {512, 1024, 2048, 4096, 0}, c27[] = {1024, 2048, 0};
             bench_lmce(peak, 30720, 4096, 151936, c8);
             bench_lmce(peak, 30720, 5120, 248320, c27);
-            bench_bandwidth(copy_gbs);
+            bench_bandwidth(copy_gbs, false);
         }
     }
 

@@ -191,6 +191,10 @@ static void check_rc(int rc, dfl_be *be, const char *what)
 /* ------------------------------------------------------------------------------------------ */
 /* rmsnorm_bwd */
 
+/* " [form F]" while test_norm_bwd_forms runs the tests below under DFL_CUDA_NORM_BWD=F (0: the
+ * first kernels) */
+static char g_form_tag[16];
+
 static void test_rmsnorm_bwd(void)
 {
     NEED_GPU();
@@ -219,8 +223,8 @@ static void test_rmsnorm_bwd(void)
                 T_CHECK(g_cpu->ops->rmsnorm_bwd(g_cpu, rdx, use_dw ? rdw : NULL, inplace ? rdx : dy,
                                                 x, w, rstd, R, n, acc) == 0, "cpu rmsnorm_bwd");
                 char what[160];
-                snprintf(what, sizeof what, "rmsnorm_bwd %s R%lld n%lld [%s]", md[k].name,
-                         (long long)R, (long long)n, vname[v]);
+                snprintf(what, sizeof what, "rmsnorm_bwd %s R%lld n%lld [%s]%s", md[k].name,
+                         (long long)R, (long long)n, vname[v], g_form_tag);
                 gbuf gx, gw, gdy, gdx, gdw, gr;
                 bool ok = gb_alloc(&gx, be, N, md[k].dt) && gb_alloc(&gw, be, (size_t)n, md[k].dt) &&
                           gb_alloc(&gdy, be, N, md[k].dt) && gb_alloc(&gdx, be, N, md[k].dt) &&
@@ -291,6 +295,177 @@ static void test_rmsnorm_bwd(void)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* the norms' backward kernels: the faster kernels (the default) against the first ones
+ * (DFL_CUDA_NORM_BWD=0), at the drafter's shapes and odd ones: within the CPU comparison's
+ * tolerances (and the same bytes on a second run); how many values differ from the first
+ * kernels' is printed (the faster kernels add in the first ones' order, but the compiler may
+ * fuse a multiply and an add differently, and qknorm_rope_bwd_row_kernel adds dw in another
+ * order). On the H200, dx and dw of rmsnorm_bwd and dx of qknorm_rope_bwd came out the same bits
+ * in every bf16 case. */
+
+static const char *const norm_forms[] = {"0", "1"};   /* the first kernels, the default */
+
+/* runs op under each form on the same uploaded inputs (reset() restores the outputs) and
+ * compares the default's out and dw with the first kernels': rows of `cols` values at stride ld
+ * in out */
+static void forms_same(const char *what, gbuf *out, gbuf *dw, int64_t rows, int64_t cols, int64_t ld,
+                       void (*reset)(void *), int (*op)(void *), void *arg)
+{
+    float *ref = NULL, *refw = NULL;
+    const bool bf = out->dt == DFL_BF16;
+    for (size_t f = 0; f < sizeof norm_forms / sizeof norm_forms[0]; f++) {
+        setenv("DFL_CUDA_NORM_BWD", norm_forms[f], 1);
+        uint8_t *img[2][2];
+        for (int run = 0; run < 2; run++) {
+            reset(arg);
+            check_rc(op(arg), out->be, what);
+            sync_ok(out->be, what);
+            img[run][0] = gb_image(out);
+            img[run][1] = gb_image(dw);
+        }
+        char w2[240];
+        snprintf(w2, sizeof w2, "%s [form %s]", what, norm_forms[f]);
+        cmp_same(w2, img[0][0], img[1][0], out->bytes, dfl_dtype_size(out->dt));
+        cmp_same(w2, img[0][1], img[1][1], dw->bytes, 4);
+        float *got = xmalloc(out->n * sizeof *got), *gotw = xmalloc(dw->n * sizeof *gotw);
+        gb_get(out, got);
+        gb_get(dw, gotw);
+        if (f == 0) {
+            ref = got;
+            refw = gotw;
+        } else {
+            size_t dx = 0, dwd = 0;
+            for (size_t i = 0; i < out->n; i++)
+                dx += memcmp(got + i, ref + i, 4) != 0;
+            for (size_t i = 0; i < dw->n; i++)
+                dwd += memcmp(gotw + i, refw + i, 4) != 0;
+            printf("#   %-64s %zu of %zu dx and %zu of %zu dw values differ from the first kernels'\n", what,
+                   dx, out->n, dwd, dw->n);
+            cmp_rows(w2, got, ld, ref, ld, rows, cols, bf ? 8e-3 : 2e-5, bf ? 0.99995 : 0.9999999);
+            snprintf(w2, sizeof w2, "%s [form %s]: dw", what, norm_forms[f]);
+            cmp_rows(w2, gotw, dw->n, refw, dw->n, 1, (int64_t)dw->n, 2e-5, 0.9999999);
+            free(got);
+            free(gotw);
+        }
+        for (int run = 0; run < 2; run++)
+            free(img[run][0]), free(img[run][1]);
+    }
+    unsetenv("DFL_CUDA_NORM_BWD");
+    free(ref);
+    free(refw);
+}
+
+struct nf_case {
+    dfl_be *be;
+    gbuf gx, gw, gdy, gdx, gdw, gr, gp;
+    const float *dx0, *dy, *dw0;
+    int64_t R, n, ld;
+    int heads, d;
+    bool acc, inplace, use_w, use_rstd;
+};
+
+static void nf_reset(void *arg)
+{
+    struct nf_case *c = arg;
+    gb_set(&c->gdx, c->dx0);
+    if (c->dy)
+        gb_set(&c->gdy, c->dy);
+    gb_set(&c->gdw, c->dw0);
+}
+
+static int nf_rms(void *arg)
+{
+    struct nf_case *c = arg;
+    return c->be->ops->rmsnorm_bwd(c->be, c->inplace ? c->gdy.p : c->gdx.p, (float *)c->gdw.p, c->gdy.p, c->gx.p,
+                                   c->gw.p, (const float *)c->gr.p, c->R, c->n, c->acc);
+}
+
+static int nf_qk(void *arg)
+{
+    struct nf_case *c = arg;
+    return c->be->ops->qknorm_rope_bwd(c->be, c->gdx.p, c->ld, (float *)c->gdw.p, c->gx.p, c->use_w ? c->gw.p : NULL,
+                                       c->use_rstd ? (const float *)c->gr.p : NULL, (const int32_t *)c->gp.p, c->R,
+                                       c->heads, c->d, 1e-6f, 1e6f);
+}
+
+static void test_qknorm_rope_bwd(void);
+
+static void test_norm_bwd_forms(void)
+{
+    NEED_GPU();
+    /* the CPU comparisons of rmsnorm_bwd and qknorm_rope_bwd with the first kernels too */
+    for (size_t f = 0; f < sizeof norm_forms / sizeof norm_forms[0]; f++) {
+        setenv("DFL_CUDA_NORM_BWD", norm_forms[f], 1);
+        snprintf(g_form_tag, sizeof g_form_tag, " [form %s]", norm_forms[f]);
+        test_rmsnorm_bwd();
+        test_qknorm_rope_bwd();
+    }
+    unsetenv("DFL_CUDA_NORM_BWD");
+    g_form_tag[0] = 0;
+    struct mode md[2];
+    int nm = modes(md);
+    static const int rms[][4] = {/* R, n, acc, in place */
+                                 {2048, 4096, 1, 0}, {1000, 5120, 0, 0}, {37, 4096, 0, 1}, {300, 1000, 1, 0}, {5, 7, 1, 0}};
+    static const int qk[][6] = {/* R, heads, d, pad, w, rstd */
+                                {8192, 32, 128, 0, 1, 1}, {11264, 8, 128, 0, 1, 1}, {300, 32, 128, 0, 1, 0},
+                                {37, 8, 128, 8, 1, 0},    {11, 4, 128, 0, 0, 0},   {64, 8, 256, 0, 1, 1}};
+    for (int k = 0; k < nm; k++) {
+        for (size_t i = 0; i < sizeof rms / sizeof rms[0]; i++) {
+            struct nf_case c = {.be = md[k].be, .R = rms[i][0], .n = rms[i][1], .acc = rms[i][2], .inplace = rms[i][3]};
+            const size_t N = (size_t)(c.R * c.n);
+            float *x = rnd(N, 1, 0, md[k].bf16), *w = rnd((size_t)c.n, 0.3f, 1, md[k].bf16);
+            float *dy = rnd(N, 1, 0, md[k].bf16), *dx0 = rnd(N, 1, 0, md[k].bf16);
+            float *dw0 = rnd((size_t)c.n, 0.1f, 0, false), *rstd = rnd((size_t)c.R, 0.2f, 1, false);
+            c.dx0 = c.inplace ? dy : dx0;
+            c.dy = dy;
+            c.dw0 = dw0;
+            char what[160];
+            snprintf(what, sizeof what, "rmsnorm_bwd forms %s R%lld n%lld%s%s", md[k].name, (long long)c.R,
+                     (long long)c.n, c.acc ? " acc" : "", c.inplace ? " in place" : "");
+            if (gb_alloc(&c.gx, c.be, N, md[k].dt) && gb_alloc(&c.gw, c.be, (size_t)c.n, md[k].dt) &&
+                gb_alloc(&c.gdy, c.be, N, md[k].dt) && gb_alloc(&c.gdx, c.be, N, md[k].dt) &&
+                gb_alloc(&c.gdw, c.be, (size_t)c.n, DFL_F32) && gb_alloc(&c.gr, c.be, (size_t)c.R, DFL_F32)) {
+                gb_set(&c.gx, x);
+                gb_set(&c.gw, w);
+                gb_set(&c.gr, rstd);
+                forms_same(what, c.inplace ? &c.gdy : &c.gdx, &c.gdw, c.R, c.n, c.n, nf_reset, nf_rms, &c);
+            }
+            gb_free(&c.gx), gb_free(&c.gw), gb_free(&c.gdy), gb_free(&c.gdx), gb_free(&c.gdw), gb_free(&c.gr);
+            free(x), free(w), free(dy), free(dx0), free(dw0), free(rstd);
+        }
+        for (size_t i = 0; i < sizeof qk / sizeof qk[0]; i++) {
+            struct nf_case c = {.be = md[k].be, .R = qk[i][0], .heads = qk[i][1], .d = qk[i][2],
+                                .use_w = qk[i][4], .use_rstd = qk[i][5]};
+            c.ld = (int64_t)c.heads * c.d + qk[i][3];
+            const size_t N = (size_t)(c.R * c.ld);
+            float *x = rnd(N, 1, 0, md[k].bf16), *w = rnd((size_t)c.d, 0.3f, 1, md[k].bf16);
+            float *dx0 = rnd(N, 1, 0, md[k].bf16), *dw0 = rnd((size_t)c.d, 0.1f, 0, false);
+            float *rstd = rnd((size_t)(c.R * c.heads), 0.2f, 1, false);
+            int32_t *pos = xmalloc((size_t)c.R * sizeof *pos);
+            for (int64_t r = 0; r < c.R; r++)
+                pos[r] = rng_int(0, 40000);
+            c.dx0 = dx0;
+            c.dw0 = dw0;
+            char what[160];
+            snprintf(what, sizeof what, "qknorm_rope_bwd forms %s R%lld h%d d%d ld%lld%s%s", md[k].name,
+                     (long long)c.R, c.heads, c.d, (long long)c.ld, c.use_w ? "" : " no-w",
+                     c.use_rstd ? " rstd" : " recompute");
+            if (gb_alloc(&c.gx, c.be, N, md[k].dt) && gb_alloc(&c.gw, c.be, (size_t)c.d, md[k].dt) &&
+                gb_alloc(&c.gdx, c.be, N, md[k].dt) && gb_alloc(&c.gdw, c.be, (size_t)c.d, DFL_F32) &&
+                gb_alloc(&c.gr, c.be, (size_t)(c.R * c.heads), DFL_F32) && gb_alloc(&c.gp, c.be, (size_t)c.R, DFL_I32)) {
+                gb_set(&c.gx, x);
+                gb_set(&c.gw, w);
+                gb_set(&c.gr, rstd);
+                gb_set_raw(&c.gp, pos);
+                forms_same(what, &c.gdx, &c.gdw, c.R, (int64_t)c.heads * c.d, c.ld, nf_reset, nf_qk, &c);
+            }
+            gb_free(&c.gx), gb_free(&c.gw), gb_free(&c.gdx), gb_free(&c.gdw), gb_free(&c.gr), gb_free(&c.gp);
+            free(x), free(w), free(dx0), free(dw0), free(rstd), free(pos);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* qknorm_rope_bwd */
 
 struct qk_case {
@@ -338,9 +513,9 @@ static void test_qknorm_rope_bwd(void)
                                                 c->rstd ? rstd : NULL, pos, R, c->heads, (int)d, eps,
                                                 c->theta) == 0, "cpu qknorm_rope_bwd");
             char what[160];
-            snprintf(what, sizeof what, "qknorm_rope_bwd %s R%d h%d d%d ld%lld%s%s theta %g", md[k].name,
+            snprintf(what, sizeof what, "qknorm_rope_bwd %s R%d h%d d%d ld%lld%s%s theta %g%s", md[k].name,
                      c->R, c->heads, c->d, (long long)ld, c->w ? "" : " no-w",
-                     c->rstd ? " rstd" : " recompute", (double)c->theta);
+                     c->rstd ? " rstd" : " recompute", (double)c->theta, g_form_tag);
             gbuf gx, gdx, gw, gdw, gr, gp;
             bool ok = gb_alloc(&gx, be, N, md[k].dt) && gb_alloc(&gdx, be, N, md[k].dt) &&
                       gb_alloc(&gw, be, (size_t)d, md[k].dt) && gb_alloc(&gdw, be, (size_t)d, DFL_F32) &&
@@ -1700,6 +1875,7 @@ int main(int argc, char **argv)
     T_RUN(test_swiglu_bwd);
     T_RUN(test_rmsnorm_bwd);
     T_RUN(test_qknorm_rope_bwd);
+    T_RUN(test_norm_bwd_forms);
     T_RUN(test_lmce);
     T_RUN(test_dflash_attn_empty);
     T_RUN(test_dflash_attn);
