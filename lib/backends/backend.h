@@ -39,7 +39,8 @@ typedef struct dfl_mm {
     float alpha, beta;
     const float *bias;
     const void *Cin;   /* with beta != 0, the C that is added when it is not C itself (same
-                        * dtype and ldc; C = alpha op(A) op(B) + beta Cin); NULL: C */
+                        * dtype and ldc, no overlap with C; C = alpha op(A) op(B) + beta Cin);
+                        * NULL: C */
 } dfl_mm;
 
 /* Variable-length causal attention over packed sequences (the target's prefill).
