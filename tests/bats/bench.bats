@@ -79,6 +79,23 @@ run_bench() {
     [[ "$output" == *"$T/nobuild/bin/dfl-draft is missing"* ]]
 }
 
+@test "bench/draft --base: another build's run first, its row and ours over it; a missing one is named" {
+    run -1 "$REPO/bench/draft" --shape tiny --quick --base "$T/nobuild" --out "$T/r.txt" "$DFL_BUILD"
+    [[ "$output" == *"$T/nobuild/bin/dfl-draft is missing"* ]]
+    run "$REPO/bench/draft" --shape tiny --quick --base "$DFL_BUILD" --out "$T/r.txt" "$DFL_BUILD"
+    [ "$status" -eq 0 ]
+    # the base row before ours, both with a positive tokens/s; the ratio line; its own logs
+    [ "$(grep -n '^base (file) ' "$T/r.txt" | cut -d: -f1)" -lt "$(grep -n '^ours (file) ' "$T/r.txt" | tail -1 | cut -d: -f1)" ]
+    for row in "base (file)" "ours (file)"; do
+        line=$(awk -v r="$row" 'index($0, r) == 1 && substr($0, length(r) + 1) ~ /^ +[0-9]/' "$T/r.txt")
+        [ -n "$line" ]
+    done
+    grep -Eq '^ours \(file\) / base \(file\): [0-9]+\.[0-9]{3}x$' "$T/r.txt"
+    [ -s "$T/r-logs/base-file.log" ] && [ -s "$T/r-logs/metrics-base-file.jsonl" ] && [ -s "$T/r-logs/metrics-file.jsonl" ]
+    # the goal line counts only ours
+    grep -q '^goal: none at this shape (tokens/s [0-9]' "$T/r.txt"
+}
+
 @test "bench/target --help and an unknown option; its peer hf_target.py compiles and copies into pinned buffers" {
     run --separate-stderr "$REPO/bench/target" --help
     [ "$status" -eq 0 ]
