@@ -107,12 +107,20 @@ inline Cta *&cta()
     return c;
 }
 
-/* fiber stacks, reused by every CTA */
+/* fiber stacks, reused by every CTA. Under AddressSanitizer (tests/emu/run with EMU_SANITIZE=1)
+ * a stack's shadow still holds the redzones of the frames of the fiber that last ran on it:
+ * cleared before the stack is handed out again. */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
 inline char *stack_of(int t, size_t bytes)
 {
     static std::vector<char *> st;
     while ((int)st.size() <= t)
         st.push_back((char *)malloc(bytes));
+#if defined(__SANITIZE_ADDRESS__)
+    __asan_unpoison_memory_region(st[(size_t)t], bytes);
+#endif
     return st[(size_t)t];
 }
 
@@ -193,7 +201,8 @@ inline void warp_op(int op, const void *in, size_t insz, void *out, size_t outsz
         s.op = op;
     else if (s.op != op)
         die("lanes of a warp reached different collective operations");
-    memcpy(s.in[lane], in, insz);
+    if (insz)   /* a collective without data (__syncwarp) passes no buffer */
+        memcpy(s.in[lane], in, insz);
     s.arrived++;
     if (s.arrived == lanes) {
         fn(s.in, s.out, lanes);
