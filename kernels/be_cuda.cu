@@ -664,8 +664,9 @@ extern "C" int dfl_be_cuda_open(dfl_be **out, int device, dfl_dtype act, dfl_err
      * GEMMs to be compute-bound */
     be->lmce_rows = 1024;
     const char *lr = getenv("DFL_CUDA_LMCE_ROWS");   /* a benchmark's choice (dfl-draft(1)) */
-    if (lr && atol(lr) >= 64 && atol(lr) <= 65535)
-        be->lmce_rows = atol(lr);
+    const long lrows = lr ? atol(lr) : 0;
+    if (lrows >= 64 && lrows <= 65535)
+        be->lmce_rows = lrows;
     be->impl = im;
     im->device = device;
     im->sm_count = prop.multiProcessorCount;

@@ -693,6 +693,34 @@ struct LmcePart {
     double s;
 };
 
+/* lmce's work (dfl_lmce_work(CR, V) floats) for chunks of CR rows: the [CR, V] f32 logits, [CR]
+ * w*ce and [CR] hits, then S partials a row, [CR] lse and the bf16 G [CR, ldg] (ldg = V rounded
+ * up to 8), each part 16-byte aligned. */
+struct LmceWork {
+    float *logits, *row_wce, *row_hit;
+    LmcePart *part;
+    double *lse;
+    bf16 *g;
+    int S;
+    int64_t ldg;
+};
+
+static inline void *lmce_align16(void *p) { return (void *)(((uintptr_t)p + 15) & ~(uintptr_t)15); }
+
+static inline LmceWork lmce_work_layout(float *work, int64_t CR, int64_t V)
+{
+    LmceWork w;
+    w.S = (int)((V + LMCE_SLICE - 1) / LMCE_SLICE);
+    w.ldg = (V + 7) / 8 * 8;
+    w.logits = work;
+    w.row_wce = work + CR * V;
+    w.row_hit = w.row_wce + CR;
+    w.part = (LmcePart *)lmce_align16(w.row_hit + CR);
+    w.lse = (double *)lmce_align16(w.part + CR * w.S);
+    w.g = (bf16 *)lmce_align16(w.lse + CR);
+    return w;
+}
+
 /* float4 k of row lr (elements 4k..4k+3; -inf past V) */
 __device__ __forceinline__ float4 lmce_load4(const float *lr, int64_t k, int64_t V, bool vec)
 {

@@ -410,14 +410,7 @@ int cuda_uniform_noise(dfl_be *be, void *x, int64_t n, float amp, uint64_t seed)
  *  4. dz rows = G W (cuBLASLt).
  * With a->tune, both GEMMs' algorithms are timed on the first whole chunk (dfl_cuda_matmul_tune:
  * it drains the stream; for a warm-up) and the fastest kept for every later call of the shape.
- * work (dfl_lmce_work): [chunk_rows, V] logits, [chunk_rows] w*ce and [chunk_rows] hits, then
- * [chunk_rows, S] partials, [chunk_rows] lse (double) and the bf16 G, each 16-byte aligned. */
-
-/* p rounded up to 16 bytes */
-static void *lmce_align(void *p)
-{
-    return (void *)(((uintptr_t)p + 15) & ~(uintptr_t)15);
-}
+ * work: lmce_work_layout (train_kernels.cuh). */
 
 /* a->tune: the fastest of cuBLASLt's candidate algorithms for one of lmce's GEMMs, kept in its plan */
 static int lmce_tune(dfl_be *be, const dfl_mm *m)
@@ -443,15 +436,9 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
     const bool bf = be->act == DFL_BF16;
     if (bf && be->wdt != DFL_BF16)
         return cuda_op_fail(be, DFL_EUNSUP, "lmce: bf16 activations need bf16 weights");
-    const int S = (int)((V + LMCE_SLICE - 1) / LMCE_SLICE);
-    const int64_t ldg = (V + 7) / 8 * 8, n4 = (V + 3) / 4;
-    float *logits = a->work;
-    float *row_wce = a->work + CR * V;
-    float *row_hit = row_wce + CR;
-    LmcePart *part = (LmcePart *)lmce_align(row_hit + CR);
-    double *lse = (double *)lmce_align(part + CR * S);
-    bf16 *g = (bf16 *)lmce_align(lse + CR);
-    if ((float *)(g + CR * ldg) > a->work + dfl_lmce_work(CR, V))   /* dfl_lmce_work's bound */
+    const LmceWork wl = lmce_work_layout(a->work, CR, V);
+    const int64_t n4 = (V + 3) / 4;
+    if ((float *)(wl.g + CR * wl.ldg) > a->work + dfl_lmce_work(CR, V))   /* dfl_lmce_work's bound */
         return cuda_op_fail(be, DFL_EUSAGE, "lmce: work layout past dfl_lmce_work");
     const size_t as = dfl_dtype_size(be->act);
     cudaStream_t s = cuda_of(be)->stream;
@@ -469,7 +456,7 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
         mm.bdt = be->wdt;
         mm.ldb = H;
         mm.tb = true;
-        mm.C = logits;
+        mm.C = wl.logits;
         mm.cdt = DFL_F32;
         mm.ldc = V;
         mm.alpha = 1.0f;
@@ -479,14 +466,14 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
             (rc = be->ops->matmul(be, &mm)))
             return rc;
         const bool grad = a->dz != NULL;
-        lmce_stats_kernel<<<dim3((unsigned)S, (unsigned)nr), LMCE_THREADS, 0, s>>>(
-            logits, V, r0, a->weight, part, S);
+        lmce_stats_kernel<<<dim3((unsigned)wl.S, (unsigned)nr), LMCE_THREADS, 0, s>>>(
+            wl.logits, V, r0, a->weight, wl.part, wl.S);
         if ((rc = cuda_launch_check(be, "lmce (row statistics)")))
             return rc;
         lmce_finish_kernel<<<(unsigned)((nr + LMCE_FIN_WARPS - 1) / LMCE_FIN_WARPS),
-                             LMCE_FIN_WARPS * 32, 0, s>>>(logits, V, r0, nr, a->labels, a->weight,
-                                                          part, S, lse, a->correct, a->ce_out,
-                                                          row_wce, row_hit);
+                             LMCE_FIN_WARPS * 32, 0, s>>>(wl.logits, V, r0, nr, a->labels, a->weight,
+                                                          wl.part, wl.S, wl.lse, a->correct, a->ce_out,
+                                                          wl.row_wce, wl.row_hit);
         if ((rc = cuda_launch_check(be, "lmce (rows)")))
             return rc;
         if (grad) {
@@ -494,14 +481,14 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
                           (unsigned)nr);
             if (bf)
                 lmce_grad_kernel<true><<<gg, LMCE_THREADS, 0, s>>>(
-                    logits, V, r0, a->labels, a->weight, a->grad_scale, lse, g, ldg);
+                    wl.logits, V, r0, a->labels, a->weight, a->grad_scale, wl.lse, wl.g, wl.ldg);
             else
                 lmce_grad_kernel<false><<<gg, LMCE_THREADS, 0, s>>>(
-                    logits, V, r0, a->labels, a->weight, a->grad_scale, lse, g, ldg);
+                    wl.logits, V, r0, a->labels, a->weight, a->grad_scale, wl.lse, wl.g, wl.ldg);
             if ((rc = cuda_launch_check(be, "lmce (gradient)")))
                 return rc;
         }
-        lmce_sums_kernel<<<1, 32, 0, s>>>(a->sums, row_wce, row_hit, a->weight, r0, nr);
+        lmce_sums_kernel<<<1, 32, 0, s>>>(a->sums, wl.row_wce, wl.row_hit, a->weight, r0, nr);
         if ((rc = cuda_launch_check(be, "lmce (sums)")))
             return rc;
         if (grad) {
@@ -510,9 +497,9 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
             mz.M = nr;
             mz.N = H;
             mz.K = V;
-            mz.A = bf ? (const void *)g : (const void *)logits;   /* G: bf16 or f32 in place */
+            mz.A = bf ? (const void *)wl.g : (const void *)wl.logits;   /* G: bf16 or f32 in place */
             mz.adt = be->act;
-            mz.lda = bf ? ldg : V;
+            mz.lda = bf ? wl.ldg : V;
             mz.B = a->w_lm;
             mz.bdt = be->wdt;
             mz.ldb = H;

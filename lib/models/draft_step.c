@@ -299,18 +299,15 @@ int dfl_draft_forward(dfl_draft *m, bool want_grad, dfl_err *e)
     return DFL_OK;
 }
 
-/* The gradients of the norms' weights (per layer the input norm, and q_norm..post_ln, which sit
- * together in the flat layout: dfl_draft_tensors) to 0. */
+/* The gradients no product sets (the norms' weights, the model's 1-D tensors: their kernels add
+ * over rows and layers) to 0. */
 static int zero_norm_grads(dfl_draft *m, dfl_err *e)
 {
     dfl_be *be = m->be;
-    const int64_t H = m->c.hidden;
-    OPT(be->ops->memset0(be, m->grad + m->off_hnorm, (size_t)H * sizeof(float)));
-    OPT(be->ops->memset0(be, m->grad + m->off_norm, (size_t)H * sizeof(float)));
-    for (int l = 0; l < m->c.n_layers; l++) {
-        const layer_w *w = &m->lw[l];
-        OPT(be->ops->memset0(be, m->grad + w->in_ln, (size_t)H * sizeof(float)));
-        OPT(be->ops->memset0(be, m->grad + w->q_norm, (size_t)(w->post_ln + H - w->q_norm) * sizeof(float)));
+    for (int i = 0; i < m->n_tensors; i++) {
+        const dfl_draft_tensor *t = &m->tensors[i];
+        if (t->ndim == 1)
+            OPT(be->ops->memset0(be, m->grad + t->offset, (size_t)t->numel * sizeof(float)));
     }
     return DFL_OK;
 }

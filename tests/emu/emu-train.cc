@@ -429,15 +429,10 @@ static void t_lmce(dfl_be *cpu, int64_t Q, int64_t H, int64_t V, int64_t CR, flo
     std::vector<float> gwork((size_t)dfl_lmce_work(CR, V), NAN), gce((size_t)Q, NAN), gdz((size_t)(Q * H), 0);
     std::vector<uint8_t> gcorr((size_t)Q, 7);
     double gsums[DFL_SUM_COUNT] = {0};
-    /* cuda_lmce's layout of work and its launches */
-    const int S = (int)((V + LMCE_SLICE - 1) / LMCE_SLICE);
-    const int64_t ldg = (V + 7) / 8 * 8, n4 = (V + 3) / 4;
-    auto al16 = [](void *p) { return (void *)(((uintptr_t)p + 15) & ~(uintptr_t)15); };
-    float *logits = gwork.data(), *row_wce = gwork.data() + CR * V, *row_hit = row_wce + CR;
-    LmcePart *part = (LmcePart *)al16(row_hit + CR);
-    double *lse = (double *)al16(part + CR * S);
-    bf16 *g = (bf16 *)al16(lse + CR);
-    check((float *)(g + CR * ldg) <= gwork.data() + gwork.size(), "lmce work layout within dfl_lmce_work");
+    /* cuda_lmce's layout of work (lmce_work_layout) and its launches */
+    const LmceWork wl = lmce_work_layout(gwork.data(), CR, V);
+    const int64_t n4 = (V + 3) / 4;
+    check((float *)(wl.g + CR * wl.ldg) <= gwork.data() + gwork.size(), "lmce work layout within dfl_lmce_work");
     for (int64_t r0 = 0; r0 < Q; r0 += CR) {
         const int64_t nr = std::min(CR, Q - r0);
         for (int64_t r = 0; r < nr; r++)
@@ -445,27 +440,27 @@ static void t_lmce(dfl_be *cpu, int64_t Q, int64_t H, int64_t V, int64_t CR, flo
                 float s = 0;
                 for (int64_t i = 0; i < H; i++)
                     s += z[(size_t)((r0 + r) * H + i)] * W[(size_t)(v * H + i)];
-                logits[r * V + v] = s;
+                wl.logits[r * V + v] = s;
             }
-        emu::launch(dim3((unsigned)S, (unsigned)nr), dim3(LMCE_THREADS), 0,
-                    [&] { lmce_stats_kernel(logits, V, r0, wt.data(), part, S); });
+        emu::launch(dim3((unsigned)wl.S, (unsigned)nr), dim3(LMCE_THREADS), 0,
+                    [&] { lmce_stats_kernel(wl.logits, V, r0, wt.data(), wl.part, wl.S); });
         emu::launch(dim3((unsigned)((nr + LMCE_FIN_WARPS - 1) / LMCE_FIN_WARPS)), dim3(LMCE_FIN_WARPS * 32), 0, [&] {
-            lmce_finish_kernel(logits, V, r0, nr, lab.data(), wt.data(), part, S, lse, gcorr.data(), gce.data(),
-                               row_wce, row_hit);
+            lmce_finish_kernel(wl.logits, V, r0, nr, lab.data(), wt.data(), wl.part, wl.S, wl.lse, gcorr.data(), gce.data(),
+                               wl.row_wce, wl.row_hit);
         });
         emu::launch(dim3((unsigned)((n4 + LMCE_PF * LMCE_THREADS - 1) / (LMCE_PF * LMCE_THREADS)), (unsigned)nr),
                     dim3(LMCE_THREADS), 0,
-                    [&] { lmce_grad_kernel<BF>(logits, V, r0, lab.data(), wt.data(), gscale, lse, g, ldg); });
-        emu::launch(dim3(1), dim3(32), 0, [&] { lmce_sums_kernel(gsums, row_wce, row_hit, wt.data(), r0, nr); });
+                    [&] { lmce_grad_kernel<BF>(wl.logits, V, r0, lab.data(), wt.data(), gscale, wl.lse, wl.g, wl.ldg); });
+        emu::launch(dim3(1), dim3(32), 0, [&] { lmce_sums_kernel(gsums, wl.row_wce, wl.row_hit, wt.data(), r0, nr); });
         for (int64_t r = 0; r < nr; r++)
             for (int64_t i = 0; i < H; i++) {
                 double s = 0;
                 for (int64_t v = 0; v < V; v++) {
                     float gv;
                     if (BF)
-                        gv = __bfloat162float(g[r * ldg + v]);
+                        gv = __bfloat162float(wl.g[r * wl.ldg + v]);
                     else
-                        gv = logits[r * V + v];
+                        gv = wl.logits[r * V + v];
                     s += (double)gv * W[(size_t)(v * H + i)];
                 }
                 gdz[(size_t)((r0 + r) * H + i)] = (float)s;
