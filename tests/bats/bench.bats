@@ -96,6 +96,18 @@ run_bench() {
     grep -q '^goal: none at this shape (tokens/s [0-9]' "$T/r.txt"
 }
 
+@test "bench/draft --lmce-rows: one more run named by its rows; a value that is not a count exits 1" {
+    run -1 "$REPO/bench/draft" --shape tiny --quick --lmce-rows many --out "$T/r.txt" "$DFL_BUILD"
+    [[ "$output" == *"--lmce-rows takes a count of rows"* ]]
+    [ ! -e "$T/r.txt" ]
+    run "$REPO/bench/draft" --shape tiny --quick --lmce-rows 64 --out "$T/r.txt" "$DFL_BUILD"
+    [ "$status" -eq 0 ]
+    line=$(awk 'index($0, "ours (rows-64)") == 1 && substr($0, 15) ~ /^ +[0-9]/' "$T/r.txt")
+    [ -n "$line" ]
+    [ -s "$T/r-logs/metrics-rows-64.jsonl" ]
+    run -1 grep -q '^ours (file) / base' "$T/r.txt"
+}
+
 @test "bench/target --help and an unknown option; its peer hf_target.py compiles and copies into pinned buffers" {
     run --separate-stderr "$REPO/bench/target" --help
     [ "$status" -eq 0 ]
