@@ -163,10 +163,24 @@ static const DfVariant bq64[] = {
  * with two stages); pass KV 5.739 ms against 5.998 with two stages and 8.495 for the mma.sync
  * default before it (8.459 in an earlier run against 8.593). At the Qwen3.6-27B drafter's shape
  * (4 x 4096 tokens) pass Q 4.796 ms against 7.642 with full attention, 3.902 against 6.015 with
- * the window of 2048; pass KV 7.401 against 10.986, 6.005 against 8.661. On a device other than
- * compute capability 9 df_pick takes the mma.sync variants of index 1 (pass Q: the first that
- * holds the rows of a block, the 128-row one for more than 64). */
+ * the window of 2048; pass KV 7.401 against 10.986, 6.005 against 8.661. Since 2026-12-02 pass
+ * Q's default is the pipelined form of the three-stage kernel (a tile's dQ += dS K runs on while
+ * the next tile's S and dP are issued): 3.808 / 3.837 ms against 3.908 / 3.929 (two runs), at the
+ * 27B shape 4.673 against 4.804 (full attention) and 3.829 against 3.933 (window 2048). The same
+ * change to pass KV (the next chunk's S^T, dP^T issued behind a chunk's dK) gave 5.772 / 5.783
+ * against 5.792 / 5.751 and was not kept. ncu on pass KV then showed the tensor pipe 31% busy and
+ * the warps waiting on the exponentials: a branch per element of P^T, each behind its own
+ * shared-memory load of the row tables (short scoreboard 23%, fixed-latency waits 27%, branch
+ * resolution 11% of the stall samples). Written branch-free (the exponential everywhere, the mask a
+ * select, the tables read in pairs; the same in pass Q): pass KV 3.666 ms (458 TFLOP/s of its
+ * matmuls) against 5.751, 4.700 against 7.437 at the 27B shape and 3.760 against 6.042 with the
+ * window; pass Q (pipelined) 3.785. In the 8B step the attention backward went from 62.7 to 49.3
+ * ms (27B: 70.8 to 54.9). On a device other than compute capability 9 df_pick takes the first
+ * mma.sync variant (pass Q: the first that holds the rows of a block, the 128-row one for more
+ * than 64). */
 static const DfVariant bq128[] = {
+    {"bwd-q d128 128 rows (2 warpgroups) BN64 wgmma, 3 stages, pipelined", df_bwd_q_wg3p_kernel, DQW_MMAX, DQW_THREADS,
+     DQW_SMEM(3), 64, true},
     {"bwd-q d128 128 rows (2 warpgroups) BN64 wgmma, 3 stages", df_bwd_q_wg3_kernel, DQW_MMAX, DQW_THREADS, DQW_SMEM(3), 64,
      true},
     BWDQ_VS("bwd-q d128 64 rows (4 warps) BN32 Q/dO regs 3 stages", 128, 4, 32, true, 3),

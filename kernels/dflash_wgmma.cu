@@ -35,7 +35,12 @@
  * registers, K and V K-major), P and dS in registers (masked as in df_bwd_q_kernel), dQ += dS K
  * on wgmma m64n128k16 (dS the A operand, K MN-major); on the block-key tiles P and dS also go to
  * shared memory and dV_blk, dK_blk are computed with mma.sync (bq_blk) while dQ's wgmma run.
- * delta, the row tables and the dQ store are df_bwd_q_kernel's (bq_*). */
+ * delta, the row tables and the dQ store are df_bwd_q_kernel's (bq_*). Pipelined (wg3p, the
+ * default): a tile's dQ wgmma is not waited for at the end of its step; the next step issues S and
+ * dP behind it and its first wait retires both, so S's latency overlaps dQ. That dQ reads its K
+ * stage into the next step, so tiles are loaded one ahead (three stages: tile it + 1 into the
+ * stage of tile it - 2), and a barrier after the loop keeps bq_store_dq, which writes through sQ,
+ * behind every warp's bq_blk. */
 #include "be_cuda.cuh"
 #include "dflash_ptx.cuh"
 #include "dflash_kernels.cuh"
@@ -218,15 +223,31 @@ template <bool OVL> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
         const uint32_t qst = sQ0 + (uint32_t)st * DW_TILEQ, dost = sDO0 + (uint32_t)st * DW_TILEQ;
         wg_wait<1>();   /* S^T */
         wg_hold(s);
+        /* Element e of n8 tile j: row 8 j + 2 (lane % 4) + (e & 1), key key_r0 + 8 (e >> 1). The
+         * exponential is taken everywhere and the mask applied after it as a select (a row that
+         * does not see the tile has l2 = inf: 0 either way), with each pair of rows' table words
+         * read as one 8-byte word: written as a conditional exponential with a load per element,
+         * this compiled to a branch per element, each waiting on its own shared-memory load */
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < 8; j++) {
+            const float2 l2 = *reinterpret_cast<const float2 *>(&rt.l2[ms][8 * j + 2 * t4]);
+            s[j][0] = df_exp2(fmaf(s[j][0], sl2, -l2.x));
+            s[j][1] = df_exp2(fmaf(s[j][1], sl2, -l2.y));
+            s[j][2] = df_exp2(fmaf(s[j][2], sl2, -l2.x));
+            s[j][3] = df_exp2(fmaf(s[j][3], sl2, -l2.y));
+        }
+        if (!full) {
+            const int ka = (int)key_r0, kb = ka + 8;
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int qi = 8 * j + 2 * t4 + (e & 1);
-                const int64_t key = key_r0 + 8 * (e >> 1);
-                const bool ok = full || (key >= rt.lo[ms][qi] && key < rt.hi[ms][qi]);
-                s[j][e] = ok ? df_exp2(fmaf(s[j][e], sl2, -rt.l2[ms][qi])) : 0.0f;
+            for (int j = 0; j < 8; j++) {
+                const int2 lo = *reinterpret_cast<const int2 *>(&rt.lo[ms][8 * j + 2 * t4]);
+                const int2 hi = *reinterpret_cast<const int2 *>(&rt.hi[ms][8 * j + 2 * t4]);
+                s[j][0] = ka >= lo.x && ka < hi.x ? s[j][0] : 0.0f;
+                s[j][1] = ka >= lo.y && ka < hi.y ? s[j][1] : 0.0f;
+                s[j][2] = kb >= lo.x && kb < hi.x ? s[j][2] : 0.0f;
+                s[j][3] = kb >= lo.y && kb < hi.y ? s[j][3] : 0.0f;
             }
+        }
         dw_pack(pa, s);
         wg_hold_a(pa);
         wg_hold(dv);
@@ -236,10 +257,13 @@ template <bool OVL> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
         wg_wait<1>();   /* dP^T */
         wg_hold(dp);
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                dp[j][e] = s[j][e] * (dp[j][e] - rt.dl[ms][8 * j + 2 * t4 + (e & 1)]);
+        for (int j = 0; j < 8; j++) {
+            const float2 dl = *reinterpret_cast<const float2 *>(&rt.dl[ms][8 * j + 2 * t4]);
+            dp[j][0] = s[j][0] * (dp[j][0] - dl.x);
+            dp[j][1] = s[j][1] * (dp[j][1] - dl.y);
+            dp[j][2] = s[j][2] * (dp[j][2] - dl.x);
+            dp[j][3] = s[j][3] * (dp[j][3] - dl.y);
+        }
         dw_pack(da, dp);
         wg_hold_a(da);
         wg_hold(dk);
@@ -346,8 +370,9 @@ DW_KERNEL(df_bwd_kv_wg_ovl_kernel, DW_THREADS, dw_bwd_kv<true>(p))
 /* pass Q */
 
 #ifdef DW_ON
-template <int ST> __device__ __forceinline__ void dw_bwd_q(const DfP &p)
+template <int ST, bool PIPE = false> __device__ __forceinline__ void dw_bwd_q(const DfP &p)
 {
+    static_assert(!PIPE || ST == 3, "pipelined: three stages, tiles loaded one ahead");
     constexpr int D = DW_D, BN = DQW_BN, NW = DQW_THREADS / 32, MMAX = DQW_MMAX, THREADS = DQW_THREADS;
     constexpr int ROWB = D * 2 + 16, ROWP = BN * 2 + 16, TILE = DQW_TILE, KD = D / 16, DT = D / 8;
     DF_DYN_SMEM(smem);
@@ -365,9 +390,10 @@ template <int ST> __device__ __forceinline__ void dw_bwd_q(const DfP &p)
     bq_setup<D, MMAX, THREADS>(mt, p, b0, g_kv, BN, sQ, sDO);
     const int ntiles = mt.ntiles;
     auto load_tile = [&](int it) { dw_load_kv<ST, MMAX>(mt, p, it, b0, g_kv, sK0, sV0, tid); };
-    for (int it = 0; it < ST - 1; it++)
+    constexpr int AHEAD = PIPE ? 1 : ST - 1;   /* tiles in flight before a tile's step */
+    for (int it = 0; it < AHEAD; it++)
         load_tile(it);
-    df_wait<ST - 1>();   /* Q and dO */
+    df_wait<AHEAD>();   /* Q and dO */
     __syncthreads();
 
     bq_delta<D, MMAX>(mt, p, pDO, wr0, lane, sLse2, sDelta);
@@ -392,15 +418,26 @@ template <int ST> __device__ __forceinline__ void dw_bwd_q(const DfP &p)
         for (int e = 0; e < 4; e++)
             dq[dt][e] = 0.0f;
     wg_hold(dq);
+    uint32_t da[4][4] = {};   /* dS: the A operand of dQ += dS K (pipelined: in use into the next step) */
 
     for (int it = 0; it < ntiles; it++) {
         const uint32_t st = (uint32_t)(it % ST) * TILE, kst = sK0 + st, vst = sV0 + st;
         const DfTile t = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
-        /* the stage of tile it + ST - 1 was last read in iteration it - 1 (barrier at its end) */
-        load_tile(it + ST - 1);
-        df_wait<ST - 1>();   /* tile it */
-        wg_proxy_fence();
-        __syncthreads();
+        if constexpr (!PIPE) {
+            /* the stage of tile it + ST - 1 was last read in iteration it - 1 (barrier at its end) */
+            load_tile(it + ST - 1);
+            df_wait<ST - 1>();   /* tile it */
+            wg_proxy_fence();
+            __syncthreads();
+        } else {
+            /* Pipelined: dQ += dS K of tile it - 1 may still run (it reads that tile's stage), so
+             * tile it + 1 goes to the stage of tile it - 2, whose dQ every thread waited for in
+             * step it - 1 (before this barrier) */
+            df_wait<0>();   /* tile it */
+            wg_proxy_fence();
+            __syncthreads();
+            load_tile(it + 1);
+        }
         if (t.seg != cur_seg) {
             phase_ranges<MMAX, 1>(mt, t.seg, p.bs, p.window, rlb, rj, lo, hi);
             cur_seg = t.seg;
@@ -410,7 +447,6 @@ template <int ST> __device__ __forceinline__ void dw_bwd_q(const DfP &p)
         const bool need_mask = tile_needs_mask<MMAX>(mt, t, BN);
         /* every warpgroup runs every tile's wgmma (rows without keys in it: P = 0) */
         float s[8][4], dp[8][4];
-        uint32_t da[4][4];
         wg_hold(s);
         wg_hold(dp);
         wg_fence();
@@ -418,17 +454,27 @@ template <int ST> __device__ __forceinline__ void dw_bwd_q(const DfP &p)
         wg_commit();
         dw_mma_rows(dp, dof, vst);
         wg_commit();
-        wg_wait<1>();
+        wg_wait<1>();   /* S (pipelined: and dQ of tile it - 1) */
         wg_hold(s);
-        /* P = exp(S - lse) (0 where masked) */
+        if constexpr (PIPE) {
+            wg_hold(dq);
+            wg_hold_a(da);
+        }
+        /* P = exp(S - lse), the mask applied after the exponential as a select (as pass KV's) */
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int hh = e >> 1, kj = key0 + nt * 8 + 2 * t4 + (e & 1);
-                const bool ok = !need_mask || (kj >= lo[0][hh] && kj < hi[0][hh]);
-                s[nt][e] = ok ? df_exp2(fmaf(s[nt][e], sl2, -lse2[hh])) : 0.0f;
-            }
+            for (int e = 0; e < 4; e++)
+                s[nt][e] = df_exp2(fmaf(s[nt][e], sl2, -lse2[e >> 1]));
+        if (need_mask) {
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int hh = e >> 1, kj = key0 + nt * 8 + 2 * t4 + (e & 1);
+                    s[nt][e] = kj >= lo[0][hh] && kj < hi[0][hh] ? s[nt][e] : 0.0f;
+                }
+        }
         wg_wait<0>();
         wg_hold(dp);
         /* dS = P (dP - delta) */
@@ -451,10 +497,20 @@ template <int ST> __device__ __forceinline__ void dw_bwd_q(const DfP &p)
             __syncthreads();
             bq_blk<D, BN, NW, MMAX>(mt, p, b0, g_kv, key0, sP, sDS, sQ, sDO, warp, lane);
         }
+        if constexpr (!PIPE) {
+            wg_wait<0>();
+            wg_hold(dq);
+            wg_hold_a(da);
+            __syncthreads();   /* the stage is refilled next iteration */
+        }
+        /* pipelined: dQ runs on into the next step, whose S and dP are issued behind it (P and
+         * dS are written to sP, sDS next after that step's barrier, past this step's bq_blk) */
+    }
+    if constexpr (PIPE) {
         wg_wait<0>();
         wg_hold(dq);
         wg_hold_a(da);
-        __syncthreads();   /* the stage is refilled next iteration */
+        __syncthreads();   /* every warp's bq_blk is done with sQ, which bq_store_dq writes */
     }
     bq_store_dq<D, MMAX>(mt, p, pQ, wr0, lane, dq);
 }
@@ -463,6 +519,8 @@ template <int ST> __device__ __forceinline__ void dw_bwd_q(const DfP &p)
 DW_KERNEL(df_bwd_q_wg_kernel, DQW_THREADS, dw_bwd_q<2>(p))
 
 DW_KERNEL(df_bwd_q_wg3_kernel, DQW_THREADS, dw_bwd_q<3>(p))
+
+DW_KERNEL(df_bwd_q_wg3p_kernel, DQW_THREADS, (dw_bwd_q<3, true>(p)))
 
 /* ------------------------------------------------------------------------------------------ */
 /* forward */

@@ -34,6 +34,9 @@ __global__ void df_bwd_kv_wg_ovl_kernel(const DfP p);
  * (the wg3 kernel: DQW_SMEM(3), three stages) bytes of dynamic shared memory) */
 __global__ void df_bwd_q_wg_kernel(const DfP p);
 __global__ void df_bwd_q_wg3_kernel(const DfP p);
+/* as wg3, dQ += dS K of a tile running on while the next tile's S and dP are issued (tiles loaded
+ * one ahead) */
+__global__ void df_bwd_q_wg3p_kernel(const DfP p);
 
 /* The forward (o, lse) for head dimension 128, bf16, on compute capability 9, on pass Q's CTAs
  * (grid n_bg * nkv with DQW_MMAX rows a CTA, DQW_THREADS threads) with DFW_SMEM(ST, BN) bytes of
