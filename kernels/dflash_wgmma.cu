@@ -1,9 +1,9 @@
 /* dflash_wgmma.cu: the two passes of the DFlash attention backward and its forward
  * (kernels/dflash_attn.cu has the design; df_bwd_kv_kernel, df_bwd_q_kernel and df_fwd_kernel in
  * dflash_kernels.cuh are the mma.sync forms) for head dimension 128 on Hopper's wgmma (sm_90a:
- * the Makefile compiles this file for sm_90a alone). Both passes of the backward are the d128
- * defaults on a GPU of compute capability 9; the forward's variants are not yet (dw_fwd below
- * describes them). tests/emu/emu-dflash runs the forward and pass Q in the SIMT emulator.
+ * the Makefile compiles this file for sm_90a alone). Both passes of the backward and the forward
+ * (its BN128 overlapped form; dw_fwd below describes them) are the d128 defaults on a GPU of
+ * compute capability 9. tests/emu/emu-dflash runs all three in the SIMT emulator.
  *
  * Pass KV. A CTA of two warpgroups (256 threads) owns DW_BNK = 128 context keys of one kv head, warpgroup
  * w the keys [64 w, 64 w + 64); K and V stay in shared memory. The query rows of the blocks that

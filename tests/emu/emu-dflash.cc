@@ -1,5 +1,5 @@
-/* emu-dflash.cc: runs the DFlash attention kernels (kernels/dflash_kernels.cuh; the forward and
- * pass Q of kernels/dflash_wgmma.cu on wgmma.h) in the SIMT emulator (simt.h) on small random
+/* emu-dflash.cc: runs the DFlash attention kernels (kernels/dflash_kernels.cuh; the forward, pass
+ * Q and pass KV of kernels/dflash_wgmma.cu on wgmma.h) in the SIMT emulator (simt.h) on small random
  * batches and compares them with the CPU ops (lib/backends/be_cpu_train.c), the way
  * tests/gpu/gpu-train-ops.c does on a GPU; first it checks the
  * emulator itself by running the target's flash-attention kernel (kernels/attn.cu, verified on
@@ -16,10 +16,10 @@ extern "C" {
 
 #include "../../kernels/dflash_kernels.cuh"
 #include "../../kernels/attn_tiled.cuh"   /* kernels/attn.cu's tiled kernel */
-/* the wgmma kernels of the forward and pass Q (kernels/dflash_wgmma.cu, sm_90a code) on the
- * emulated wgmma of wgmma.h (pass Q's, verified on an H200, check the emulator's wgmma layouts);
- * simt.h stands in for the file's CUDA includes. Not pass KV's: its row tables come by cp.async
- * into static shared arrays, which the emulator's shared address space does not hold. */
+/* the wgmma kernels of kernels/dflash_wgmma.cu (sm_90a code: the forward, pass Q and pass KV) on
+ * the emulated wgmma of wgmma.h (pass Q's, verified on an H200, check the emulator's wgmma
+ * layouts); simt.h stands in for the file's CUDA includes (and gives pass KV's static shared row
+ * tables shared addresses, for their cp.async) */
 #define DFL_BE_CUDA_CUH 1
 #define DFL_DFLASH_PTX_CUH 1
 #define __CUDA_ARCH_FEAT_SM90_ALL 1
@@ -243,6 +243,17 @@ static void run_bwd_kv(DfP p)
     emu::launch(dim3((unsigned)(p.n_kt * p.nkv)), dim3(C::THREADS), C::SMEM, [&] { df_bwd_kv_kernel<D, NW, QC, PIPE, SP>(p); });
 }
 
+/* pass KV's wgmma kernel K (DW_BNK keys a CTA), after the schedule */
+template <void (*K)(const DfP), size_t SMEM>
+static void run_kv_wg(DfP p)
+{
+    p.n_kt = (int)((p.T_ctx + DW_BNK - 1) / DW_BNK);
+    std::vector<int> sched((size_t)p.n_kt * 3);
+    p.sched = sched.data();
+    emu::launch(dim3(1), dim3(1024), 0, [&] { df_sched_kernel(p, sched.data(), DW_BNK); });
+    emu::launch(dim3((unsigned)(p.n_kt * p.nkv)), dim3(DW_THREADS), SMEM, [&] { K(p); });
+}
+
 /* a kernel on the query-stationary CTAs of MMAX rows (forward, pass Q) */
 template <void (*K)(const DfP), int MMAX, int THREADS, size_t SMEM>
 static void run_qs(DfP p)
@@ -305,7 +316,9 @@ template <> struct Vars<128> {
                 {"bwd-kv 8w QC64 rows prefetched", run_bwd_kv<128, 8, 64, true>, 1 << 30},
                 {"bwd-kv 4w QC32 rows prefetched", run_bwd_kv<128, 4, 32, true>, 1 << 30},
                 {"bwd-kv 8w QC64 rows prefetched, P via smem", run_bwd_kv<128, 8, 64, true, true>, 1 << 30},
-                {"bwd-kv 4w QC64 rows prefetched, P via smem", run_bwd_kv<128, 4, 64, true, true>, 1 << 30}};
+                {"bwd-kv 4w QC64 rows prefetched, P via smem", run_bwd_kv<128, 4, 64, true, true>, 1 << 30},
+                {"bwd-kv wgmma 3 stages", run_kv_wg<df_bwd_kv_wg_ovl_kernel, DW_SMEM(true)>, 1 << 30},
+                {"bwd-kv wgmma 2 stages", run_kv_wg<df_bwd_kv_wg_kernel, DW_SMEM(false)>, 1 << 30}};
     }
 };
 

@@ -293,8 +293,17 @@ inline void launch(dim3 grid, dim3 block, size_t dyn, const std::function<void()
 
 inline uint3 thread_idx() { return cta()->f[(size_t)cta()->cur].tid; }
 
+/* __shared__ variables are function statics here (one CTA runs at a time), outside the dynamic
+ * shared memory: df_smem gives them shared addresses with the top bit set, the rest their signed
+ * distance from this anchor in the same image (aligned, so that an address's alignment is its
+ * distance's), for cp.async into them (pass KV's row tables) */
+alignas(1024) inline unsigned char static_anchor[1024];
+constexpr uint32_t STATIC_SMEM = 0x80000000u;
+
 inline unsigned char *smem_at(uint32_t off, size_t n)
 {
+    if (off & STATIC_SMEM)
+        return static_anchor + ((int32_t)(off << 1) >> 1);   /* the sign-extended 31-bit distance */
     Cta *c = cta();
     if ((size_t)off + n > c->smem.size() - 16)
         die("shared memory access out of bounds");
@@ -401,9 +410,13 @@ inline uint32_t df_smem(const void *p)
 {
     const unsigned char *b = emu::cta()->smem.data();
     const unsigned char *q = (const unsigned char *)p;
-    if (q < b || q > b + emu::cta()->smem.size())
+    if (q >= b && q <= b + emu::cta()->smem.size())
+        return (uint32_t)(q - b);
+    /* a __shared__ variable (a function static): see emu::smem_at */
+    const ptrdiff_t d = q - emu::static_anchor;
+    if (d < -((ptrdiff_t)1 << 30) || d >= ((ptrdiff_t)1 << 30))
         emu::die("df_smem of a pointer outside shared memory");
-    return (uint32_t)(q - b);
+    return emu::STATIC_SMEM | ((uint32_t)d & 0x7FFFFFFFu);
 }
 
 /* cp.async of n bytes (16 or 4): destination and source n-byte aligned; zero-filled when !ok */
