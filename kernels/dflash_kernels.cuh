@@ -215,6 +215,21 @@ __device__ __forceinline__ void phase_ranges(const QsMeta<MMAX> &mt, int seg, in
         }
 }
 
+/* The start of a key tile's step on the query-stationary CTAs: the thread's mask ranges for tile
+ * t's phase where it changes (cur_seg: the phase lo and hi hold), and whether the tile needs the
+ * per-key mask */
+template <int MMAX, int MT>
+__device__ __forceinline__ bool tile_phase(const QsMeta<MMAX> &mt, const DfP &p, const DfTile &t, int BN, int &cur_seg,
+                                           const int (&rlb)[MT][2], const int (&rj)[MT][2], int (&lo)[MT][2],
+                                           int (&hi)[MT][2])
+{
+    if (t.seg != cur_seg) {
+        phase_ranges<MMAX, MT>(mt, t.seg, p.bs, p.window, rlb, rj, lo, hi);
+        cur_seg = t.seg;
+    }
+    return tile_needs_mask<MMAX>(mt, t, BN);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* forward (bf16) */
 
@@ -354,12 +369,8 @@ df_fwd_kernel(const DfP p)
                 for (int kk = 0; kk < KD; kk++)
                     df_ldm(qf[QREG ? i : 0][QREG ? kk : 0], q_lane + i * 16 * ROWB + kk * 32);
         }
-        if (t.seg != cur_seg) {
-            phase_ranges<MMAX, MT>(mt, t.seg, p.bs, p.window, rlb, rj, lo, hi);
-            cur_seg = t.seg;
-        }
+        const bool need_mask = tile_phase<MMAX, MT>(mt, p, t, BN, cur_seg, rlb, rj, lo, hi);
         const int key0 = t.key0;
-        const bool need_mask = tile_needs_mask<MMAX>(mt, t, BN);
         bool mine = false;
 #pragma unroll
         for (int i = 0; i < MT; i++)
@@ -653,13 +664,9 @@ df_bwd_q_kernel(const DfP p)
         load_tile(it + ST - 1);
         df_wait<ST - 1>();   /* tile it */
         __syncthreads();
-        if (t.seg != cur_seg) {
-            phase_ranges<MMAX, 1>(mt, t.seg, p.bs, p.window, rlb, rj, lo, hi);
-            cur_seg = t.seg;
-        }
+        const bool need_mask = tile_phase<MMAX, 1>(mt, p, t, BN, cur_seg, rlb, rj, lo, hi);
         const int key0 = t.key0;
         const bool blk = t.seg < 0;
-        const bool need_mask = tile_needs_mask<MMAX>(mt, t, BN);
         bool mine = false;
 #pragma unroll
         for (int hh = 0; hh < 2; hh++)

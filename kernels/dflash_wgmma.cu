@@ -272,6 +272,15 @@ template <bool OVL> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
         wg_commit();
     };
 
+    /* every wgmma of the chunk done: the accumulators and A operands are the thread's again */
+    auto settle = [&] {
+        wg_wait<0>();
+        wg_hold(dv);
+        wg_hold(dk);
+        wg_hold_a(pa);
+        wg_hold_a(da);
+    };
+
     kv_fetch<QC>(p, span, 0, df_smem(&raw[0][0][0]), (int)tid);
     kv_fetch<QC>(p, span, 1, df_smem(&raw[1][0][0]), (int)tid);
     df_commit();
@@ -296,11 +305,7 @@ template <bool OVL> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
             df_commit();
             issue_sdp(ci & 1);
             finish_chunk(ci & 1, ci % 3, full_cur);
-            wg_wait<0>();
-            wg_hold(dv);
-            wg_hold(dk);
-            wg_hold_a(pa);
-            wg_hold_a(da);
+            settle();
             full_cur = full_next;
         }
     } else {
@@ -329,20 +334,12 @@ template <bool OVL> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
                 load_chunk((ci + 2) % 3, (ci + 2) % 3);
             kv_fetch<QC>(p, span, ci + 3, df_smem(&raw[(ci + 1) & 1][0][0]), (int)tid);
             df_commit();
-            wg_wait<0>();
-            wg_hold(dv);
-            wg_hold(dk);
-            wg_hold_a(pa);
-            wg_hold_a(da);
+            settle();
             full_cur = full_next;
             full_next = full_next2;
         }
     }
-    wg_wait<0>();
-    wg_hold(dv);
-    wg_hold(dk);
-    wg_hold_a(pa);
-    wg_hold_a(da);
+    settle();
     df_wait<0>();
 
     /* dK * scale and dV: the thread's keys key_r0 (+ 8), columns 8 j + 2 (lane % 4) (+ 1) */
@@ -438,13 +435,9 @@ template <int ST, bool PIPE = false> __device__ __forceinline__ void dw_bwd_q(co
             __syncthreads();
             load_tile(it + 1);
         }
-        if (t.seg != cur_seg) {
-            phase_ranges<MMAX, 1>(mt, t.seg, p.bs, p.window, rlb, rj, lo, hi);
-            cur_seg = t.seg;
-        }
+        const bool need_mask = tile_phase<MMAX, 1>(mt, p, t, BN, cur_seg, rlb, rj, lo, hi);
         const int key0 = t.key0;
         const bool blk = t.seg < 0;
-        const bool need_mask = tile_needs_mask<MMAX>(mt, t, BN);
         /* every warpgroup runs every tile's wgmma (rows without keys in it: P = 0) */
         float s[8][4], dp[8][4];
         wg_hold(s);
@@ -585,11 +578,7 @@ template <int ST, bool OVL, int BN> __device__ __forceinline__ void dw_fwd(const
 
     /* S of tile t, masked, to P (its mask ranges first where its phase changes) */
     auto softmax = [&](const DfTile &t) {
-        if (t.seg != cur_seg) {
-            phase_ranges<MMAX, 1>(mt, t.seg, p.bs, p.window, rlb, rj, lo, hi);
-            cur_seg = t.seg;
-        }
-        if (tile_needs_mask<MMAX>(mt, t, BN))
+        if (tile_phase<MMAX, 1>(mt, p, t, BN, cur_seg, rlb, rj, lo, hi))
             fwd_mask(s, t.key0, t4, lo, hi);
         ft_softmax_p(s, mrow, lrow, alpha, sl2);
     };
