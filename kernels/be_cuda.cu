@@ -370,19 +370,13 @@ static int mm_plan_build(dfl_be *be, const dfl_mm *m, cuda_mm_plan *pl)
     return 0;
 }
 
-/* the C that is added: Cin when given (and beta != 0), else C in place */
-static const void *mm_cin(const dfl_mm *m)
-{
-    return m->Cin && m->beta != 0.0f ? m->Cin : m->C;
-}
-
 /* C = Cin (rows of N elements at ldc) before a product that adds C in place */
 static int mm_copy_cin(dfl_be *be, const dfl_mm *m)
 {
-    if (mm_cin(m) == m->C)
+    if (dfl_mm_cin(m) == m->C)
         return 0;
     const size_t es = dfl_dtype_size(m->cdt);
-    cudaError_t err = cudaMemcpy2DAsync(m->C, (size_t)m->ldc * es, mm_cin(m), (size_t)m->ldc * es,
+    cudaError_t err = cudaMemcpy2DAsync(m->C, (size_t)m->ldc * es, dfl_mm_cin(m), (size_t)m->ldc * es,
                                         (size_t)m->N * es, (size_t)m->M, cudaMemcpyDeviceToDevice,
                                         cuda_of(be)->stream);
     return err == cudaSuccess ? 0 : cuda_op_fail(be, DFL_EDEVICE, "matmul: copying C: %s",
@@ -401,8 +395,8 @@ static void mm_make_key(const dfl_mm *m, cuda_mm_key *k)
     k->align_a = mm_align(m->A, m->lda, dfl_dtype_size(m->adt));
     k->align_b = mm_align(m->B, m->ldb, dfl_dtype_size(m->bdt));
     k->align_c = mm_align(m->C, m->ldc, dfl_dtype_size(m->cdt));
-    if (mm_cin(m) != m->C) {
-        const int ai = mm_align(mm_cin(m), m->ldc, dfl_dtype_size(m->cdt));
+    if (dfl_mm_cin(m) != m->C) {
+        const int ai = mm_align(dfl_mm_cin(m), m->ldc, dfl_dtype_size(m->cdt));
         k->align_c = ai < k->align_c ? ai : k->align_c;
     }
     k->align_bias = m->bias ? mm_align(m->bias, 0, 4) : 0;
@@ -451,7 +445,7 @@ static int mm_run(dfl_be *be, const dfl_mm *m, cuda_mm_plan *pl, const cublasLtM
             LT_TRY(cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
         }
         LT_TRY(cublasLtMatmul(im->lt, pl->desc, &m->alpha, m->B, pl->la, m->A, pl->lb, &m->beta,
-                              mm_cin(m), pl->lc, m->C, pl->lc, algo ? algo : &pl->algo, im->ws,
+                              dfl_mm_cin(m), pl->lc, m->C, pl->lc, algo ? algo : &pl->algo, im->ws,
                               im->ws_bytes, im->stream));
     } else {
         int rc = mm_copy_cin(be, m);
@@ -1037,13 +1031,13 @@ extern "C" int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, 
     for (int i = 0; i < n; i++) {
         /* warm-up run; an algorithm that fails here is skipped */
         cublasStatus_t st = cublasLtMatmul(im->lt, pl->desc, &m->alpha, m->B, pl->la, m->A, pl->lb,
-                                           &m->beta, mm_cin(m), pl->lc, m->C, pl->lc, &res[i].algo,
+                                           &m->beta, dfl_mm_cin(m), pl->lc, m->C, pl->lc, &res[i].algo,
                                            im->ws, im->ws_bytes, im->stream);
         if (st != CUBLAS_STATUS_SUCCESS)
             continue;
         cudaEventRecord(t0, im->stream);
         for (int it = 0; it < iters; it++)
-            cublasLtMatmul(im->lt, pl->desc, &m->alpha, m->B, pl->la, m->A, pl->lb, &m->beta, mm_cin(m),
+            cublasLtMatmul(im->lt, pl->desc, &m->alpha, m->B, pl->la, m->A, pl->lb, &m->beta, dfl_mm_cin(m),
                            pl->lc, m->C, pl->lc, &res[i].algo, im->ws, im->ws_bytes, im->stream);
         cudaEventRecord(t1, im->stream);
         cudaError_t err = cudaEventSynchronize(t1);

@@ -416,6 +416,12 @@ template <int ST, bool PIPE = false> __device__ __forceinline__ void dw_bwd_q(co
             dq[dt][e] = 0.0f;
     wg_hold(dq);
     uint32_t da[4][4] = {};   /* dS: the A operand of dQ += dS K (pipelined: in use into the next step) */
+    /* dQ's wgmma done: dq and da are the thread's again */
+    auto settle = [&] {
+        wg_wait<0>();
+        wg_hold(dq);
+        wg_hold_a(da);
+    };
 
     for (int it = 0; it < ntiles; it++) {
         const uint32_t st = (uint32_t)(it % ST) * TILE, kst = sK0 + st, vst = sV0 + st;
@@ -491,18 +497,14 @@ template <int ST, bool PIPE = false> __device__ __forceinline__ void dw_bwd_q(co
             bq_blk<D, BN, NW, MMAX>(mt, p, b0, g_kv, key0, sP, sDS, sQ, sDO, warp, lane);
         }
         if constexpr (!PIPE) {
-            wg_wait<0>();
-            wg_hold(dq);
-            wg_hold_a(da);
+            settle();
             __syncthreads();   /* the stage is refilled next iteration */
         }
         /* pipelined: dQ runs on into the next step, whose S and dP are issued behind it (P and
          * dS are written to sP, sDS next after that step's barrier, past this step's bq_blk) */
     }
     if constexpr (PIPE) {
-        wg_wait<0>();
-        wg_hold(dq);
-        wg_hold_a(da);
+        settle();
         __syncthreads();   /* every warp's bq_blk is done with sQ, which bq_store_dq writes */
     }
     bq_store_dq<D, MMAX>(mt, p, pQ, wr0, lane, dq);

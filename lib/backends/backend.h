@@ -43,6 +43,12 @@ typedef struct dfl_mm {
                         * NULL: C */
 } dfl_mm;
 
+/* The C that m adds: Cin when it is given and beta != 0, else C itself (in place) */
+static inline const void *dfl_mm_cin(const dfl_mm *m)
+{
+    return m->Cin && m->beta != 0.0f ? m->Cin : m->C;
+}
+
 /* Variable-length causal attention over packed sequences (the target's prefill).
  * Sequence s occupies rows cu_seqlens[s] .. cu_seqlens[s+1]-1; a query at row t attends to keys
  * of its own sequence at rows <= t. GQA: query head h uses kv head h / (n_heads / n_kv).

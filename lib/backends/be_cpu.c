@@ -80,8 +80,7 @@ static int cpu_matmul(dfl_be *be, const dfl_mm *m)
     }
     float *C = m->C;
     size_t nc = (size_t)(m->M - 1) * (size_t)m->ldc + (size_t)m->N;
-    /* the C added: Cin when given, else C in place */
-    const void *cin = m->Cin && m->beta != 0.0f ? m->Cin : m->C;
+    const void *cin = dfl_mm_cin(m);
     if (m->cdt != DFL_F32) {
         tc = malloc(nc * sizeof *tc);
         if (!tc) {

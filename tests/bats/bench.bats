@@ -108,6 +108,15 @@ run_bench() {
     run -1 grep -q '^ours (file) / base' "$T/r.txt"
 }
 
+@test "bench/draft: an option that takes a value, given none, is named; exit 1, nothing written" {
+    for o in --base --lmce-rows --out --shape --warmup --steps; do
+        run -1 "$REPO/bench/draft" --shape tiny --quick --out "$T/r.txt" "$o"
+        [[ "$output" == *"bench/draft: $o takes a value"* ]]
+        [[ "$output" != *"unbound variable"* ]]
+        [ ! -e "$T/r.txt" ]
+    done
+}
+
 @test "bench/target --help and an unknown option; its peer hf_target.py compiles and copies into pinned buffers" {
     run --separate-stderr "$REPO/bench/target" --help
     [ "$status" -eq 0 ]
