@@ -894,8 +894,8 @@ __device__ __forceinline__ void kv_fetch(const DfP &p, const KvSpan &k, int ci, 
 }
 
 /* The row tables of chunk ci from its raw stage at raw (complete: waited on) into stage ms;
- * *any: a row sees the tile; returns whether no row needs the per-key mask. Uniform: every thread
- * of the CTA calls it; two barriers. */
+ * *any: a row sees the tile (any null: not computed); returns whether no row needs the per-key
+ * mask. Uniform: every thread of the CTA calls it; two barriers (one with a null any). */
 template <int MS, int QC>
 __device__ __forceinline__ bool kv_finish(KvRows<MS, QC> &rt, const DfP &p, const KvSpan &k, int ci,
                                           const unsigned char *raw, int ms, int tid, bool *any)
@@ -928,7 +928,8 @@ __device__ __forceinline__ bool kv_finish(KvRows<MS, QC> &rt, const DfP &p, cons
         rt.lo[ms][tid] = lo;
         rt.hi[ms][tid] = hi;
     }
-    *any = __syncthreads_or(sees);
+    if (any)   /* a null any (known where kv_finish is inlined): one barrier, not two */
+        *any = __syncthreads_or(sees);
     return __syncthreads_and(fullt);
 }
 

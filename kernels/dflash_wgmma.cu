@@ -285,8 +285,7 @@ template <bool OVL> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
     kv_fetch<QC>(p, span, 1, df_smem(&raw[1][0][0]), (int)tid);
     df_commit();
     df_wait<0>();
-    bool any;
-    bool full_cur = kv_finish<MS, QC>(rt, p, span, 0, raw_at(0), 0, (int)tid, &any);
+    bool full_cur = kv_finish<MS, QC>(rt, p, span, 0, raw_at(0), 0, (int)tid, nullptr);
     load_chunk(0, 0);
     if constexpr (!OVL) {
         /* chunk ci: its Q, dO in stage ci & 1, its row tables in stage ci % 3, its raw words in
@@ -298,7 +297,7 @@ template <bool OVL> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
         for (int ci = 0; ci < nch; ci++) {
             df_wait<0>();
             wg_proxy_fence();   /* the cp.async writes, seen by wgmma (after the barriers below) */
-            const bool full_next = kv_finish<MS, QC>(rt, p, span, ci + 1, raw_at((ci + 1) & 1), (ci + 1) % 3, (int)tid, &any);
+            const bool full_next = kv_finish<MS, QC>(rt, p, span, ci + 1, raw_at((ci + 1) & 1), (ci + 1) % 3, (int)tid, nullptr);
             if (ci + 1 < nch)
                 load_chunk((ci + 1) & 1, (ci + 1) % 3);
             kv_fetch<QC>(p, span, ci + 2, df_smem(&raw[ci & 1][0][0]), (int)tid);
@@ -319,7 +318,7 @@ template <bool OVL> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
         df_commit();
         df_wait<0>();
         wg_proxy_fence();
-        bool full_next = kv_finish<MS, QC>(rt, p, span, 1, raw_at(1), 1, (int)tid, &any);
+        bool full_next = kv_finish<MS, QC>(rt, p, span, 1, raw_at(1), 1, (int)tid, nullptr);
         if (1 < nch)
             load_chunk(1, 1);
         kv_fetch<QC>(p, span, 3, df_smem(&raw[1][0][0]), (int)tid);
@@ -329,7 +328,7 @@ template <bool OVL> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
             finish_chunk(ci % 3, ci % 3, full_cur);
             df_wait<0>();
             wg_proxy_fence();
-            const bool full_next2 = kv_finish<MS, QC>(rt, p, span, ci + 2, raw_at(ci & 1), (ci + 2) % 3, (int)tid, &any);
+            const bool full_next2 = kv_finish<MS, QC>(rt, p, span, ci + 2, raw_at(ci & 1), (ci + 2) % 3, (int)tid, nullptr);
             if (ci + 2 < nch)
                 load_chunk((ci + 2) % 3, (ci + 2) % 3);
             kv_fetch<QC>(p, span, ci + 3, df_smem(&raw[(ci + 1) & 1][0][0]), (int)tid);
