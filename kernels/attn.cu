@@ -13,8 +13,8 @@
  * first), with all heads of a sequence adjacent so that GQA groups share K/V in L2.
  *
  * On Hopper (sm_90) the d128 default is kernels/attn_wgmma.cu's wgmma kernel instead (variants 4
- * and 5 below; DFL_CUDA_ATTN_WGMMA=0 keeps the mma.sync one); other GPUs given a wgmma variant
- * run variant 0.
+ * to 6 below, 6 the default; DFL_CUDA_ATTN_WGMMA=0 keeps the mma.sync one); other GPUs given a
+ * wgmma variant run variant 0.
  *
  * f32 path (and bf16 inputs the tiled kernel cannot take: other head dims, unaligned strides):
  * one warp per (row, head), online softmax over the keys one at a time, f32 throughout. Slow,
@@ -62,18 +62,27 @@ static const AttnVariant variants128[] = {
     VARIANT("d128 BM64 BN32 4 warps x 16 rows, Q regs, 3 CTAs/SM", 128, 1, 4, 32, true, 3),
     {"d128 wgmma BM128 BN128 2 warpgroups, P V overlapped (sm_90)", NULL, AW_BM, AW_THREADS, AW_SMEM, 0},
     {"d128 wgmma BM128 BN128 2 warpgroups, plain (sm_90)", NULL, AW_BM, AW_THREADS, AW_SMEM, 1},
+    {"d128 wgmma BM128 BN128 warp-specialized, persistent (sm_90)", NULL, AW_BM, AW_WS_THREADS, AW_WS_SMEM, 2},
 };
 #define ATTN_WGMMA_VARIANT 4   /* the first wgmma entry of variants128 */
-/* Whether the wgmma kernel (overlapped schedule) is the d128 default on sm_90; DFL_CUDA_ATTN_WGMMA=0
- * (or 1) in the environment at open overrides it, dfl_cuda_attn_set_variant after. Measured on
+#define ATTN_WS_VARIANT 6      /* the warp-specialized one */
+/* The d128 default on sm_90: 0 the mma.sync kernel (variant 0), 1 the wgmma kernel's overlapped
+ * schedule (variant 4), 2 its warp-specialized persistent form (variant 6);
+ * DFL_CUDA_ATTN_WGMMA=0, 1 or 2 in the environment at open overrides it, dfl_cuda_attn_set_variant
+ * after. Measured on
  * the H200 (bench-ops --quick --attn, causal TFLOP/s, d128 8 x 2048; variant 0, the mma.sync
  * default before, in brackets): heads 32/8 358.0 (279.8), 16/8 354.3 (275.7), 32/4 355.7
  * (279.7); mixed lengths 1..4096, 32/8, 350.6 (274.7); 1 x 16384 410.1 (310.9); the plain
  * schedule (variant 5) 2-4% behind the overlapped one. gpu-ops' attention cases within their
  * bounds for both, compute-sanitizer memcheck clean on test_attn_tiles128. In the Qwen3-1.7B
  * shape's forward (bench/target --quick, 10 batches) attention took 15.1% of the GPU's forward
- * time (0.125 s of 0.826 s) against 18.7% with the mma.sync kernel. */
-#define ATTN_WGMMA_DEFAULT 1
+ * time (0.125 s of 0.826 s) against 18.7% with the mma.sync kernel. The warp-specialized
+ * persistent form (variant 6; 2026-12-02, same run, bench-ops --quick --attn, H200): 8 x 2048
+ * heads 32/8 458.9 TFLOP/s against 358.5 for variant 4 (16/8 448.1 / 355.5, 32/4 453.8 / 353.8),
+ * mixed lengths 422.6 / 350.3, 1 x 16384 527.6 / 412.7; the same bits as variant 4 (tests/emu);
+ * gpu-ops' attention cases pass on every variant; compute-sanitizer memcheck and racecheck clean
+ * on test_attn_tiles128 with it. It is the default. */
+#define ATTN_WGMMA_DEFAULT 2
 static const AttnVariant variants256[] = {
     VARIANT("d256 BM64 BN32 4 warps x 16 rows, Q smem", 256, 1, 4, 32, false, 0),
     VARIANT("d256 BM128 BN32 8 warps x 16 rows, Q smem", 256, 1, 8, 32, false, 0),
@@ -128,9 +137,10 @@ int cuda_attn_init(dfl_be *be, dfl_err *e)
         im->attn_variant[di] = 0;
     }
     const char *wv = getenv("DFL_CUDA_ATTN_WGMMA");
-    bool wgmma = wv && (wv[0] == '0' || wv[0] == '1') && !wv[1] ? wv[0] == '1' : ATTN_WGMMA_DEFAULT;
-    if (wgmma && cuda_attn_wgmma_fits(im->device) && variants128[ATTN_WGMMA_VARIANT].smem <= im->smem_optin)
-        im->attn_variant[cuda_attn_dim_index(128)] = ATTN_WGMMA_VARIANT;
+    const int wgmma = wv && wv[0] >= '0' && wv[0] <= '2' && !wv[1] ? wv[0] - '0' : ATTN_WGMMA_DEFAULT;
+    const int wvar = wgmma == 2 ? ATTN_WS_VARIANT : ATTN_WGMMA_VARIANT;
+    if (wgmma && cuda_attn_wgmma_fits(im->device) && variants128[wvar].smem <= im->smem_optin)
+        im->attn_variant[cuda_attn_dim_index(128)] = wvar;
     return 0;
 }
 
@@ -264,7 +274,7 @@ int cuda_attn_varlen(dfl_be *be, const dfl_attn_varlen *a)
         int64_t gy = ((int64_t)a->max_len + v->bm - 1) / v->bm;
         if (gx <= INT32_MAX && gy <= 65535) {
             if (v->wg >= 0)
-                cuda_attn_wgmma(p, v->wg, dim3((unsigned)gx, (unsigned)gy), s);
+                cuda_attn_wgmma(p, v->wg, dim3((unsigned)gx, (unsigned)gy), im->sm_count, s);
             else
                 v->kernel<<<dim3((unsigned)gx, (unsigned)gy), v->threads, v->smem, s>>>(p);
             return cuda_launch_check(be, "attn_varlen");

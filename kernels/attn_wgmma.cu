@@ -24,7 +24,12 @@
  * diagonal. Every warpgroup runs every wgmma of the block's tiles (a wgmma on a path that ptxas
  * cannot prove uniform is serialized), masked P being zeros. Rows past the sequence end read
  * zeros and are not stored; keys past it read zeros and are masked (they lie above the diagonal
- * of every stored row). CTAs are ordered as attn.cu's tiled kernel's. */
+ * of every stored row). CTAs are ordered as attn.cu's tiled kernel's.
+ *
+ * Kernel 2 (attn_fwd_ws_kernel, below; attn.cu's default) is the overlapped schedule in a
+ * warp-specialized persistent block: a loading warpgroup and two multiplying ones that hand
+ * stages over through mbarriers instead of block barriers (8 x 2048, 32/8 heads on the H200:
+ * 459 TFLOP/s against 359). */
 #include "be_cuda.cuh"
 #include "dflash_ptx.cuh"
 #include "attn_tiled.cuh"
@@ -49,16 +54,18 @@ __device__ __forceinline__ void aw_hold_a(uint32_t (&a)[8][1][4])
 }
 
 /* cp.async of rows row0 .. row0 + 127 of g (row stride ld; rows at or past len: zeros) into the
- * tile at dst: thread tid of 256 takes 16-byte chunk tid % 16 of rows tid / 16 + 16 i */
+ * tile at dst: thread tid of NT takes 16-byte chunk tid % 16 of rows tid / 16 + (NT / 16) i */
+template <int NT = AW_THREADS>
 __device__ __forceinline__ void aw_load_tile(uint32_t dst, const bf16 *g, int64_t ld, int row0, int len,
                                              uint32_t tid)
 {
+    constexpr int RS = NT / 16;   /* rows a pass */
     const uint32_t ch = tid % 16, r0 = tid / 16, off = aw_off(AW_BM, r0, ch);
 #pragma unroll
-    for (int i = 0; i < AW_LOADS; i++) {
-        const int row = row0 + (int)r0 + 16 * i;
+    for (int i = 0; i < AW_BN / RS; i++) {
+        const int row = row0 + (int)r0 + RS * i;
         const bool ok = row < len;
-        df_cp16(dst + off + (uint32_t)i * 16 * AW_ROWB, ok ? g + (int64_t)row * ld + ch * 8 : g, ok);
+        df_cp16(dst + off + (uint32_t)i * RS * AW_ROWB, ok ? g + (int64_t)row * ld + ch * 8 : g, ok);
     }
 }
 
@@ -93,6 +100,35 @@ __device__ __forceinline__ void aw_mask(float (&s)[1][16][4], int r0, int n0, ui
             if (kj > qi)
                 s[0][nt][e] = -INFINITY;
         }
+}
+
+/* O / l of the warp's 16 rows (rows wrow .. wrow + 15 of the tile, from m0 of the sequence at
+ * s0), staged as bf16 in those rows of the shared tile at tile, then stored 16 bytes at a time
+ * (rows at or past len: not stored) */
+__device__ __forceinline__ void aw_store_o(const AttnParams &p, const float (&o)[1][16][4], const float (&lrow)[1][2],
+                                           uint8_t *tile, uint32_t wrow, uint32_t lane, int s0, int head,
+                                           int m0, int len)
+{
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const float l = ft_row_sum(lrow[0][hh]);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const uint32_t r = wrow + lane / 4 + 8 * hh;
+#pragma unroll
+        for (int dt = 0; dt < 16; dt++)
+            *reinterpret_cast<uint32_t *>(tile + aw_off(AW_BM, r, (uint32_t)dt) + 4 * (lane % 4)) =
+                df_pack(o[0][dt][2 * hh] * inv, o[0][dt][2 * hh + 1] * inv);
+    }
+    __syncwarp();
+    bf16 *og = (bf16 *)p.o + (int64_t)s0 * p.ldo + (int64_t)head * AW_D;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const uint32_t c = lane + 32 * i, r = c / 16, ch = c % 16;
+        const int row = m0 + (int)(wrow + r);
+        if (row < len)
+            *reinterpret_cast<uint4 *>(og + (int64_t)row * p.ldo + ch * 8) =
+                *reinterpret_cast<const uint4 *>(tile + aw_off(AW_BM, wrow + r, ch));
+    }
 }
 
 #endif
@@ -251,29 +287,189 @@ __global__ void __launch_bounds__(AW_THREADS, 1) attn_fwd_wgmma_kernel(const Att
     if (!live)
         return;
 
-    /* O / l, staged through the warp's own 16 Q rows (no other warp reads them: the warpgroup's
-     * wgmma are done), then 16-byte stores */
-    const uint32_t wrow = 64 * wg + 16 * warp;   /* the warp's first row in the tile */
-    uint8_t *tile = smem + (sQ - sbase);
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        const float l = ft_row_sum(lrow[0][hh]);
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        const uint32_t r = wrow + lane / 4 + 8 * hh;
-#pragma unroll
-        for (int dt = 0; dt < 16; dt++)
-            *reinterpret_cast<uint32_t *>(tile + aw_off(AW_BM, r, (uint32_t)dt) + 4 * (lane % 4)) =
-                df_pack(o[0][dt][2 * hh] * inv, o[0][dt][2 * hh + 1] * inv);
-    }
+    /* through the warp's own 16 Q rows (no other warp reads them: the warpgroup's wgmma are done) */
+    aw_store_o(p, o, lrow, smem + (sQ - sbase), 64 * wg + 16 * warp, lane, s0, head, m0, len);
+#else
+    __trap();   /* built without sm_90a: attn.cu never launches it */
+#endif
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The warp-specialized persistent form (kernel 2; AW_WS_* in attn_wgmma.h). One block an SM
+ * (gridDim.x of them) walks the work items b, b + gridDim.x, ... of the other forms' grid in their
+ * order (item t: x = t % gx, y = t / gx; heaviest tile first), so that no block is launched and
+ * no prologue waits per tile. Warpgroup 2 (AW_WS_LT threads) only loads: for each item Q once the
+ * multiplying warpgroups are done with the last one's (qempty), then K and V of every key tile
+ * into a ring of AW_WS_ST stages, each once the wgmma that last read it are done (kempty,
+ * vempty); every loading thread's cp.async arrive on the stage's qfull / kfull / vfull when they
+ * land; it gives registers back (setmaxnreg: AW_WS_LREGS), the multiplying ones take them
+ * (AW_WS_MREGS; 3 warpgroups alone would leave 168 a thread). Warpgroups 0 and 1
+ * only multiply (rows [64 w, +64) of the item), the overlapped schedule of kernel 0 (P V
+ * of tile j - 1 on the tensor cores while the softmax of tile j runs), each waiting on the
+ * stages' mbarriers instead of block barriers, so that the two drift apart and one's softmax
+ * runs under the other's wgmma; a warp hands a stage back (one arrival of the 8 a stage counts)
+ * once its wgmma reading it are done. O / l is staged through a tile of its own (Q's may already
+ * hold the next item's). The products, the softmax and the roundings are kernel 0's, step for
+ * step: the same results bit for bit. */
+#ifdef AW_ON
+/* x, y of work item t (grid gx x gy); returns whether it has a query tile (else: skipped) */
+__device__ __forceinline__ bool aw_item(const AttnParams &p, int64_t t, int64_t gx, int *head, int *s0,
+                                        int *len, int *m0)
+{
+    const int x = (int)(t % gx), y = (int)(t / gx);
+    *head = x % p.n_heads;
+    const int seq = x / p.n_heads;
+    *s0 = p.cu[seq];
+    *len = p.cu[seq + 1] - *s0;
+    const int mt = (*len + AW_BM - 1) / AW_BM - 1 - y;
+    *m0 = mt * AW_BM;
+    return mt >= 0;
+}
+
+/* one arrival of the warp on bar once all its lanes are here (lane 0's) */
+__device__ __forceinline__ void aw_warp_arrive(uint32_t bar, uint32_t lane)
+{
     __syncwarp();
-    bf16 *og = (bf16 *)p.o + (int64_t)s0 * p.ldo + (int64_t)head * AW_D;
+    if (lane == 0)
+        wg_bar_arrive(bar);
+}
+#endif
+
+static_assert(AW_WS_SMEM <= 227 * 1024, "the warp-specialized form's shared memory: one block an SM");
+static_assert(AW_WS_LT * AW_WS_LREGS + 256 * AW_WS_MREGS <= 65536, "setmaxnreg budgets: the register file");
+
+__global__ void __launch_bounds__(AW_WS_THREADS, 1) attn_fwd_ws_kernel(const AttnParams p, int64_t gx, int64_t n_items)
+{
+#ifdef AW_ON
+    DF_DYN_SMEM(smem);
+    const uint32_t sbase = df_smem(smem), sQ = (sbase + 1023u) & ~1023u;
+    const uint32_t sK0 = sQ + AW_TILEB, sV0 = sK0 + AW_WS_ST * AW_TILEB, sO = sV0 + AW_WS_ST * AW_TILEB;
+    const uint32_t qfull = sO + AW_TILEB, qempty = qfull + 8, kfull = qempty + 8;
+    const uint32_t kempty = kfull + 8 * AW_WS_ST, vfull = kempty + 8 * AW_WS_ST, vempty = vfull + 8 * AW_WS_ST;
+    const uint32_t tid = threadIdx.x, wg = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
+    if (tid == 0) {
+        wg_bar_init(qfull, AW_WS_LT);   /* every loading thread's cp.async */
+        wg_bar_init(qempty, 8);    /* every multiplying warp */
+        for (int st = 0; st < AW_WS_ST; st++) {
+            wg_bar_init(kfull + 8 * st, AW_WS_LT);
+            wg_bar_init(kempty + 8 * st, 8);
+            wg_bar_init(vfull + 8 * st, AW_WS_LT);
+            wg_bar_init(vempty + 8 * st, 8);
+        }
+    }
+    __syncthreads();
+    int head, s0, len, m0;
+    uint32_t kv = 0, j = 0;   /* key tiles and items this block has gone through */
+    if (wg == 2) {   /* the loading warpgroup */
+        wg_regs_dec<AW_WS_LREGS>();
+        const uint32_t lt = tid - 256;
+        for (int64_t t = blockIdx.x; t < n_items; t += gridDim.x) {
+            if (!aw_item(p, t, gx, &head, &s0, &len, &m0))
+                continue;
+            const int kvh = head / p.group;
+            const bf16 *kg = (const bf16 *)p.k + (int64_t)s0 * p.ldk + (int64_t)kvh * AW_D;
+            const bf16 *vg = (const bf16 *)p.v + (int64_t)s0 * p.ldv + (int64_t)kvh * AW_D;
+            wg_bar_wait(qempty, (j & 1) ^ 1);   /* item 0: passes at once */
+            aw_load_tile<AW_WS_LT>(sQ, (const bf16 *)p.q + (int64_t)s0 * p.ldq + (int64_t)head * AW_D, p.ldq,
+                              m0, len, lt);
+            wg_bar_arrive_cp(qfull);
+            const int n_tiles = (min(len, m0 + AW_BM) + AW_BN - 1) / AW_BN;
+            for (int it = 0; it < n_tiles; it++, kv++) {
+                const uint32_t st = kv % AW_WS_ST, par = ((kv / AW_WS_ST) & 1) ^ 1;
+                wg_bar_wait(kempty + 8 * st, par);
+                aw_load_tile<AW_WS_LT>(sK0 + st * AW_TILEB, kg, p.ldk, it * AW_BN, len, lt);
+                wg_bar_arrive_cp(kfull + 8 * st);
+                wg_bar_wait(vempty + 8 * st, par);
+                aw_load_tile<AW_WS_LT>(sV0 + st * AW_TILEB, vg, p.ldv, it * AW_BN, len, lt);
+                wg_bar_arrive_cp(vfull + 8 * st);
+            }
+            j++;
+        }
+        df_wait<0>();
+        return;
+    }
+    wg_regs_inc<AW_WS_MREGS>();
+    const uint32_t cw = wg;   /* the multiplying warpgroup: rows [64 cw, 64 cw + 64) */
+    const float sl2 = p.scale_log2;
+    for (int64_t t = blockIdx.x; t < n_items; t += gridDim.x) {
+        if (!aw_item(p, t, gx, &head, &s0, &len, &m0))
+            continue;
+        const int wr0 = m0 + 64 * (int)cw;                       /* the warpgroup's first row */
+        const int r0 = wr0 + 16 * (int)warp + (int)(lane / 4);   /* the thread's rows: r0, r0 + 8 */
+        const int n_tiles = (min(len, m0 + AW_BM) + AW_BN - 1) / AW_BN;
+        float o[1][16][4], s[1][16][4], mrow[1][2], lrow[1][2], alpha[1][2];
+        uint32_t pa[8][1][4];
+        ft_init(o, mrow, lrow);
+        auto kbar = [&](uint32_t c, uint32_t base) { return base + 8 * (c % AW_WS_ST); };
+        auto kpar = [&](uint32_t c) { return (c / AW_WS_ST) & 1; };
+        wg_bar_wait(qfull, j & 1);
+        wg_bar_wait(kbar(kv, kfull), kpar(kv));
+        __syncwarp();
+        {
+            wg_hold(s[0]);
+            wg_fence();
+            aw_issue_s(s[0], sQ, sK0 + (kv % AW_WS_ST) * AW_TILEB, cw);
+            wg_wait<0>();
+            wg_hold(s[0]);
+            aw_warp_arrive(kbar(kv, kempty), lane);
+            if (n_tiles == 1)
+                aw_warp_arrive(qempty, lane);
+            if (AW_BN - 1 > wr0)   /* tile 0 crosses the diagonal (then it is the only one) */
+                aw_mask(s, r0, 0, lane);
+            ft_softmax_p(s, mrow, lrow, alpha, sl2);
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const uint32_t c = lane + 32 * i, r = c / 16, ch = c % 16;
-        const int row = m0 + (int)(wrow + r);
-        if (row < len)
-            *reinterpret_cast<uint4 *>(og + (int64_t)row * p.ldo + ch * 8) =
-                *reinterpret_cast<const uint4 *>(tile + aw_off(AW_BM, wrow + r, ch));
+            for (int kb = 0; kb < AW_BN / 16; kb++)
+                ft_pack_p(pa[kb], s, kb);
+        }
+        for (int it = 1; it < n_tiles; it++) {
+            const uint32_t c = kv + (uint32_t)it, pc = c - 1;
+            const int n0 = it * AW_BN;
+            wg_bar_wait(kbar(c, kfull), kpar(c));
+            wg_bar_wait(kbar(pc, vfull), kpar(pc));
+            __syncwarp();
+            wg_hold(s[0]);
+            wg_hold(o[0]);
+            aw_hold_a(pa);
+            wg_fence();
+            aw_issue_s(s[0], sQ, sK0 + (c % AW_WS_ST) * AW_TILEB, cw);
+            aw_issue_pv(o[0], pa, sV0 + (pc % AW_WS_ST) * AW_TILEB);
+            wg_wait<1>();   /* S(it): its K stage and, on the last tile, Q go back */
+            wg_hold(s[0]);
+            aw_warp_arrive(kbar(c, kempty), lane);
+            if (it == n_tiles - 1)
+                aw_warp_arrive(qempty, lane);
+            if (n0 + AW_BN - 1 > wr0)
+                aw_mask(s, r0, n0, lane);
+            ft_softmax_p(s, mrow, lrow, alpha, sl2);
+            wg_wait<0>();   /* P V of tile it - 1: its V stage goes back */
+            wg_hold(o[0]);
+            aw_hold_a(pa);
+            aw_warp_arrive(kbar(pc, vempty), lane);
+            ft_rescale_o(o, alpha);
+#pragma unroll
+            for (int kb = 0; kb < AW_BN / 16; kb++)
+                ft_pack_p(pa[kb], s, kb);
+        }
+        {
+            const uint32_t lc = kv + (uint32_t)n_tiles - 1;
+            wg_bar_wait(kbar(lc, vfull), kpar(lc));
+            __syncwarp();
+            wg_hold(o[0]);
+            aw_hold_a(pa);
+            wg_fence();
+            aw_issue_pv(o[0], pa, sV0 + (lc % AW_WS_ST) * AW_TILEB);
+            wg_wait<0>();
+            wg_hold(o[0]);
+            aw_warp_arrive(kbar(lc, vempty), lane);
+        }
+        kv += (uint32_t)n_tiles;
+        j++;
+        if (wr0 >= len)
+            continue;   /* every row of the warpgroup past the sequence end */
+        /* through the warp's own 16 rows of the staging tile (its last reads of them, in the
+         * previous item, are behind this __syncwarp) */
+        __syncwarp();
+        aw_store_o(p, o, lrow, smem + (sO - sbase), 64 * cw + 16 * warp, lane, s0, head, m0, len);
     }
 #else
     __trap();   /* built without sm_90a: attn.cu never launches it */
@@ -281,6 +477,8 @@ __global__ void __launch_bounds__(AW_THREADS, 1) attn_fwd_wgmma_kernel(const Att
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* the host side (nvcc only: tests/emu includes this file for its kernels) */
+#ifdef __CUDACC__
 
 static int aw_major[64];   /* a device's compute capability major, 0 until asked */
 
@@ -301,10 +499,20 @@ static void (*aw_kernel(int which))(const AttnParams)
 
 cudaError_t cuda_attn_wgmma_init(int which)
 {
+    if (which == 2)
+        return cuda_allow_smem(attn_fwd_ws_kernel, AW_WS_SMEM);
     return cuda_allow_smem(aw_kernel(which), AW_SMEM);
 }
 
-void cuda_attn_wgmma(const AttnParams &p, int which, dim3 grid, cudaStream_t s)
+void cuda_attn_wgmma(const AttnParams &p, int which, dim3 grid, int sms, cudaStream_t s)
 {
+    if (which == 2) {
+        const int64_t n_items = (int64_t)grid.x * grid.y;
+        const unsigned nb = (unsigned)(n_items < sms ? n_items : sms);
+        attn_fwd_ws_kernel<<<nb, AW_WS_THREADS, AW_WS_SMEM, s>>>(p, (int64_t)grid.x, n_items);
+        return;
+    }
     aw_kernel(which)<<<grid, AW_THREADS, AW_SMEM, s>>>(p);
 }
+
+#endif

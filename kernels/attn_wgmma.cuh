@@ -7,7 +7,7 @@
 
 #include "attn_tiled.cuh"
 
-#define AW_KERNELS 2   /* 0: the overlapped schedule, 1: the plain one */
+#define AW_KERNELS 3   /* 0: the overlapped schedule, 1: the plain one, 2: warp-specialized, persistent */
 
 /* Whether device runs the wgmma kernel (compute capability 9) */
 bool cuda_attn_wgmma_fits(int device);
@@ -15,7 +15,8 @@ bool cuda_attn_wgmma_fits(int device);
 cudaError_t cuda_attn_wgmma_init(int which);
 /* Launches kernel which for head dimension 128 (bf16, 16-byte aligned, row strides multiples of
  * 8, as the tiled kernel needs) on s, grid as the tiled kernel's (x: sequence * heads + head,
- * y: query tiles of AW_BM rows); a launch error is left for the caller's check. */
-void cuda_attn_wgmma(const AttnParams &p, int which, dim3 grid, cudaStream_t s);
+ * y: query tiles of AW_BM rows; kernel 2 runs at most sms blocks that go through that grid's
+ * tiles); a launch error is left for the caller's check. */
+void cuda_attn_wgmma(const AttnParams &p, int which, dim3 grid, int sms, cudaStream_t s);
 
 #endif

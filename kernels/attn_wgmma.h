@@ -23,6 +23,16 @@
 #define AW_LOADS (AW_BN * AW_D / 8 / AW_THREADS)      /* 16-byte chunks a thread loads a tile */
 #define AW_TILEB (AW_BN * AW_D * 2)                   /* bytes of a tile (Q, K or V) */
 #define AW_SMEM (5 * AW_TILEB + 1024)                 /* Q, 2 stages of K and V, room to align */
+/* the warp-specialized persistent form (kernel 2): two multiplying warpgroups and a loading
+ * warp; Q, AW_WS_ST stages of K and of V, O's staging tile, then the mbarriers (qfull, qempty,
+ * kfull[ST], kempty[ST], vfull[ST], vempty[ST]: 8 bytes each) */
+#define AW_WS_LT 128                                  /* loading threads */
+#define AW_WS_THREADS (256 + AW_WS_LT)
+#define AW_WS_LREGS 56                                /* registers a loading thread (setmaxnreg) */
+#define AW_WS_MREGS 224                               /* and a multiplying one: 128 x 56 + 256 x 224 <= 64 Ki */
+#define AW_WS_ST 2
+#define AW_WS_BARB (8 * (2 + 4 * AW_WS_ST))
+#define AW_WS_SMEM ((2 + 2 * AW_WS_ST) * AW_TILEB + AW_WS_BARB + 1024)
 
 /* Byte offset of the 16-byte chunk ch (0..15) of row r in a tile of rows rows */
 MW_HD uint32_t aw_off(uint32_t rows, uint32_t r, uint32_t ch)

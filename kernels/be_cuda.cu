@@ -4,6 +4,7 @@
  * in ops.cu, attention in attn.cu. Every op is enqueued on the backend's compute stream; an op
  * that fails records its message, which the next sync reports. */
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -619,6 +620,17 @@ extern "C" int dfl_be_cuda_open(dfl_be **out, int device, dfl_dtype act, dfl_err
     if (act != DFL_BF16 && act != DFL_F32)
         return dfl_fail(e, DFL_EUSAGE, "--device cuda computes in bf16 or f32 (asked for %s)",
                         dfl_dtype_lower(act));
+    /* a benchmark's choice of the LM head's chunk (dfl-draft(1)): checked before anything is made */
+    long lrows = 0;
+    const char *lr = getenv("DFL_CUDA_LMCE_ROWS");
+    if (lr && *lr) {
+        char *end = NULL;
+        errno = 0;
+        lrows = strtol(lr, &end, 10);
+        if (errno || end == lr || *end || lrows < 64 || lrows > 65535)
+            return dfl_fail(e, DFL_EUSAGE, "DFL_CUDA_LMCE_ROWS=%s: the LM head's rows a chunk must "
+                            "be a number from 64 to 65535", lr);
+    }
     int n = dfl_be_cuda_count();
     if (n <= 0)
         return dfl_fail(e, DFL_EDEVICE, "cuda:%d: no CUDA GPU found (use --device cpu)", device);
@@ -656,11 +668,7 @@ extern "C" int dfl_be_cuda_open(dfl_be **out, int device, dfl_dtype act, dfl_err
     be->fuse_residual = true;
     /* each chunk of the LM head re-reads the whole [V, H] head: chunks must be large for the two
      * GEMMs to be compute-bound */
-    be->lmce_rows = 1024;
-    const char *lr = getenv("DFL_CUDA_LMCE_ROWS");   /* a benchmark's choice (dfl-draft(1)) */
-    const long lrows = lr ? atol(lr) : 0;
-    if (lrows >= 64 && lrows <= 65535)
-        be->lmce_rows = lrows;
+    be->lmce_rows = lrows ? lrows : 1024;
     be->impl = im;
     im->device = device;
     im->sm_count = prop.multiProcessorCount;

@@ -72,7 +72,7 @@ static_assert(MwTile6::SMEM + 4 * MW_TAB_MAX <= 227 * 1024, "tile 6 and its tabl
 #endif
 
 #ifdef MW_ON
-#include "wgmma_ptx.cuh" /* wg_fence, wg_commit, wg_wait, wg_proxy_fence */
+#include "wgmma_ptx.cuh" /* wg_fence, wg_commit, wg_wait, wg_proxy_fence, wg_bar_* */
 /* keeps the compiler from moving accumulator accesses across the asynchronous wgmma */
 template <int R> __device__ __forceinline__ void mw_hold(float (&d)[R])
 {
@@ -159,31 +159,6 @@ template <> __device__ __forceinline__ void mw_mma<128>(float (&d)[64], uint64_t
 template <> __device__ __forceinline__ void mw_mma<256>(float (&d)[128], uint64_t da, uint64_t db)
 {
     mw_mma256(d, da, db);
-}
-
-/* mbarriers (WS) */
-__device__ __forceinline__ void mw_bar_init(uint32_t bar, uint32_t count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mw_bar_arrive(uint32_t bar)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-/* arrives on bar when this thread's earlier cp.async have landed (counted in bar's init) */
-__device__ __forceinline__ void mw_bar_arrive_cp(uint32_t bar)
-{
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-/* waits until the phase of bar with parity par has completed */
-__device__ __forceinline__ void mw_bar_wait(uint32_t bar, uint32_t par)
-{
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(par) : "memory");
-    } while (!done);
 }
 
 /* The row starts of loading thread lt_id's chunks: A rows (through rows with GATHER; NULL past
@@ -331,8 +306,8 @@ __global__ void __launch_bounds__(CF::THREADS, 1)
     const uint32_t full = s0 + CF::BAR, empty = full + 8 * CF::ST;
     if (tid == 0)
         for (int s = 0; s < CF::ST; s++) {
-            mw_bar_init(full + 8 * s, CF::LT);       /* every loading thread's cp.async */
-            mw_bar_init(empty + 8 * s, MW_THREADS);  /* every multiplying thread */
+            wg_bar_init(full + 8 * s, CF::LT);       /* every loading thread's cp.async */
+            wg_bar_init(empty + 8 * s, MW_THREADS);  /* every multiplying thread */
         }
     __syncthreads();
     if (tid < CF::LT) { /* the loads: stage kt into slot kt % ST once its last reads are done */
@@ -340,9 +315,9 @@ __global__ void __launch_bounds__(CF::THREADS, 1)
         const uint32_t off = mw_load_off(tid, 0, CF::LT);
         for (int kt = 0; kt < nk; kt++) {
             const uint32_t slot = (uint32_t)(kt % CF::ST), round = (uint32_t)(kt / CF::ST);
-            mw_bar_wait(empty + 8 * slot, (round & 1) ^ 1); /* round 0: passes at once */
+            wg_bar_wait(empty + 8 * slot, (round & 1) ^ 1); /* round 0: passes at once */
             mw_load<CF>(s0 + slot * CF::STB, off, ap, wp, W, (int64_t)kt * MW_BK);
-            mw_bar_arrive_cp(full + 8 * slot);
+            wg_bar_arrive_cp(full + 8 * slot);
         }
         df_wait<0>();
         return;
@@ -353,13 +328,13 @@ __global__ void __launch_bounds__(CF::THREADS, 1)
         acc[i] = 0.0f;
     for (int kt = 0; kt < nk; kt++) {
         const uint32_t slot = (uint32_t)(kt % CF::ST);
-        mw_bar_wait(full + 8 * slot, (uint32_t)(kt / CF::ST) & 1);
+        wg_bar_wait(full + 8 * slot, (uint32_t)(kt / CF::ST) & 1);
         wg_proxy_fence();
         mw_stage_mma<CF>(acc, s0 + slot * CF::STB, wg);
         wg_wait<1>(); /* step kt - 1 done: its slot goes back to the loads */
         mw_hold(acc);
         if (kt > 0)
-            mw_bar_arrive(empty + 8 * (uint32_t)((kt - 1) % CF::ST));
+            wg_bar_arrive(empty + 8 * (uint32_t)((kt - 1) % CF::ST));
     }
     wg_wait<0>();
     mw_hold(acc);

@@ -1,7 +1,7 @@
 /* wgmma_ptx.cuh: PTX helpers of Hopper's warpgroup MMA (wgmma; sm_90a code only: include it
  * under __CUDA_ARCH_FEAT_SM90_ALL) for kernels/attn_wgmma.cu, kernels/moe_wgmma.cu and
- * kernels/dflash_wgmma.cu: the fences, commit and wait, the proxy fence after cp.async, and the
- * operand lists of m64n64 and m64n128 f32 accumulators held as 8 or 16 n8 tiles of 4 (d[j][e]:
+ * kernels/dflash_wgmma.cu: the fences, commit and wait, the proxy fence after cp.async, mbarriers
+ * and the register budget of warp-specialized kernels, and the operand lists of m64n64 and m64n128 f32 accumulators held as 8 or 16 n8 tiles of 4 (d[j][e]:
  * n8 tile j, the mma.sync accumulator order). */
 #ifndef DFL_WGMMA_PTX_CUH
 #define DFL_WGMMA_PTX_CUH
@@ -16,6 +16,37 @@ __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.s
 template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 /* cp.async's shared-memory writes (generic proxy) made visible to wgmma's reads (async proxy) */
 __device__ __forceinline__ void wg_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* mbarriers in shared memory (bar: its shared address, 8-byte aligned), for warp-specialized
+ * kernels whose loading warps hand stages to multiplying ones: init (one thread, then a block
+ * barrier), arrive, arrive once this thread's earlier cp.async have landed (.noinc: the arrival
+ * is one of the count given at init), and wait until the phase of parity par has completed (a
+ * fresh barrier is in phase 0, so waiting on parity 1 passes at once) */
+__device__ __forceinline__ void wg_bar_init(uint32_t bar, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void wg_bar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void wg_bar_arrive_cp(uint32_t bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void wg_bar_wait(uint32_t bar, uint32_t par)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(par) : "memory");
+    } while (!done);
+}
+/* a warpgroup's register budget from here on (every warp of the warpgroup runs it; N a multiple
+ * of 8 from 24 to 256): a loading warpgroup gives registers back, multiplying ones take them */
+template <int N> __device__ __forceinline__ void wg_regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N> __device__ __forceinline__ void wg_regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
 /* the read-write operands of accumulator float d[N][4] (N = 8: %0..%31, N = 16: %0..%63) */
 #define WG_ACC4(d, i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])

@@ -3,7 +3,9 @@
  * batches and compares them with the CPU ops (lib/backends/be_cpu_train.c), the way
  * tests/gpu/gpu-train-ops.c does on a GPU; first it checks the
  * emulator itself by running the target's flash-attention kernel (kernels/attn.cu, verified on
- * an H200) against the CPU attention. Built and run by tests/emu/run (not by make check: it
+ * an H200) against the CPU attention, then the target's wgmma attention (kernels/attn_wgmma.cu:
+ * the overlapped kernel and its warp-specialized persistent form on mbarriers, which must give
+ * the same bits; --only attn runs these alone). Built and run by tests/emu/run (not by make check: it
  * takes a minute or more). Exit 0 when everything agrees. */
 #include "simt.h"
 
@@ -25,6 +27,10 @@ extern "C" {
 #define __CUDA_ARCH_FEAT_SM90_ALL 1
 #include "wgmma.h"
 #include "../../kernels/dflash_wgmma.cu"
+/* and the target's wgmma attention (kernels/attn_wgmma.cu: its kernels, not its host side, whose
+ * header would bring in cuda_runtime.h) */
+#define DFL_ATTN_WGMMA_CUH 1
+#include "../../kernels/attn_wgmma.cu"
 
 static int failures;
 
@@ -114,31 +120,75 @@ static void cmp(const char *what, const float *got, const float *ref, int64_t R,
 /* ------------------------------------------------------------------------------------------ */
 /* the emulator against kernels/attn.cu (hardware-verified) */
 
+/* A batch for the target's attention: random q, k, v (nh / nkv heads of D) over the sequences of
+ * cu, the CPU attention's output (ref), the bf16 inputs and the kernels' parameters (output into
+ * ob, filled with NaN so that a row never written fails) */
+struct AttnBatch {
+    std::vector<int32_t> cu;
+    int nseq, T, max_len, nh, D;
+    std::vector<float> ref;
+    std::vector<bf16> qb, kb, vb, ob;
+    AttnParams p;
+    AttnBatch(dfl_be *cpu, std::vector<int32_t> cu_, int max_len_, int nh_, int nkv, int D_)
+        : cu(std::move(cu_)), nseq((int)cu.size() - 1), T(cu.back()), max_len(max_len_), nh(nh_), D(D_)
+    {
+        auto q = rvec((size_t)T * nh * D, 1), k = rvec((size_t)T * nkv * D, 1), v = rvec((size_t)T * nkv * D, 1);
+        ref.resize((size_t)T * nh * D);
+        dfl_attn_varlen a = {};
+        a.q = q.data(), a.ldq = nh * D, a.k = k.data(), a.ldk = nkv * D, a.v = v.data(), a.ldv = nkv * D;
+        a.o = ref.data(), a.ldo = nh * D, a.cu_seqlens = cu.data(), a.n_seqs = nseq, a.max_len = max_len;
+        a.T = T, a.n_heads = nh, a.n_kv = nkv, a.d = D, a.scale = 1.0f / sqrtf((float)D);
+        cpu->ops->attn_varlen(cpu, &a);
+        qb = tobf(q), kb = tobf(k), vb = tobf(v);
+        ob.assign((size_t)T * nh * D, __float2bfloat16_rn(NAN));
+        p.q = qb.data(), p.k = kb.data(), p.v = vb.data(), p.o = ob.data();
+        p.ldq = nh * D, p.ldk = nkv * D, p.ldv = nkv * D, p.ldo = nh * D, p.cu = cu.data();
+        p.n_seqs = nseq, p.n_heads = nh, p.group = nh / nkv, p.d = D, p.T = T;
+        p.scale = a.scale, p.scale_log2 = a.scale * 1.4426950408889634f;
+    }
+    void check(const char *name)
+    {
+        auto got = fromb(ob);
+        cmp(name, got.data(), ref.data(), (int64_t)T * nh, D, 1e-2, 0.9999);
+    }
+};
+
 template <int D, int MT, int NW, int BN, bool QREG>
 static void check_attn_varlen(dfl_be *cpu, const char *name)
 {
-    const int nh = 4, nkv = 2;
-    std::vector<int32_t> cu = {0, 70, 100, 133};
-    const int nseq = 3, T = cu[nseq], max_len = 70;
-    auto q = rvec((size_t)T * nh * D, 1), k = rvec((size_t)T * nkv * D, 1), v = rvec((size_t)T * nkv * D, 1);
-    std::vector<float> ref((size_t)T * nh * D);
-    dfl_attn_varlen a = {};
-    a.q = q.data(), a.ldq = nh * D, a.k = k.data(), a.ldk = nkv * D, a.v = v.data(), a.ldv = nkv * D;
-    a.o = ref.data(), a.ldo = nh * D, a.cu_seqlens = cu.data(), a.n_seqs = nseq, a.max_len = max_len, a.T = T;
-    a.n_heads = nh, a.n_kv = nkv, a.d = D, a.scale = 1.0f / sqrtf((float)D);
-    cpu->ops->attn_varlen(cpu, &a);
-    auto qb = tobf(q), kb = tobf(k), vb = tobf(v);
-    std::vector<bf16> ob((size_t)T * nh * D);
-    AttnParams p;
-    p.q = qb.data(), p.k = kb.data(), p.v = vb.data(), p.o = ob.data();
-    p.ldq = nh * D, p.ldk = nkv * D, p.ldv = nkv * D, p.ldo = nh * D, p.cu = cu.data();
-    p.n_seqs = nseq, p.n_heads = nh, p.group = nh / nkv, p.d = D, p.T = T;
-    p.scale = a.scale, p.scale_log2 = a.scale * 1.4426950408889634f;
+    AttnBatch b(cpu, {0, 70, 100, 133}, 70, 4, 2, D);
     typedef AttnCfg<D, MT, NW, BN, QREG, 0> C;
-    emu::launch(dim3(nseq * nh, (max_len + C::BM - 1) / C::BM), dim3(C::THREADS), C::SMEM,
-                [&] { attn_fwd_bf16_kernel<D, MT, NW, BN, QREG, 0>(p); });
-    auto got = fromb(ob);
-    cmp(name, got.data(), ref.data(), (int64_t)T * nh, D, 1e-2, 0.9999);
+    emu::launch(dim3(b.nseq * b.nh, (b.max_len + C::BM - 1) / C::BM), dim3(C::THREADS), C::SMEM,
+                [&] { attn_fwd_bf16_kernel<D, MT, NW, BN, QREG, 0>(b.p); });
+    b.check(name);
+}
+
+/* kernels/attn_wgmma.cu's kernel which (0: overlapped, 1: plain, both verified on an H200; 2:
+ * warp-specialized and persistent, run on nb blocks so that each goes through several work
+ * items, its mbarrier phases running on across them) against the CPU attention: sequences of
+ * several query and key tiles, a partial last tile, GQA 2; and, after kernel 0, against its bits */
+static std::vector<bf16> attn_wgmma_first;   /* kernel 0's output on the same inputs */
+static void check_attn_wgmma(dfl_be *cpu, int which, unsigned nb, const char *name)
+{
+    rs = EMU_SEED ^ 0xA77Eull;   /* the same inputs for every kernel */
+    AttnBatch b(cpu, {0, 300, 429, 469, 725}, 300, 4, 2, AW_D);
+    const int64_t gx = (int64_t)b.nseq * b.nh, gy = (b.max_len + AW_BM - 1) / AW_BM;
+    const AttnParams p = b.p;
+    if (which == 2)
+        emu::launch(dim3(nb), dim3(AW_WS_THREADS), AW_WS_SMEM, [&] { attn_fwd_ws_kernel(p, gx, gx * gy); });
+    else
+        emu::launch(dim3((unsigned)gx, (unsigned)gy), dim3(AW_THREADS), AW_SMEM,
+                    [&] { which == 0 ? attn_fwd_wgmma_kernel<true>(p) : attn_fwd_wgmma_kernel<false>(p); });
+    b.check(name);
+    if (which == 0) {
+        attn_wgmma_first = b.ob;
+    } else if (!attn_wgmma_first.empty()) {   /* the same operations: the same bits */
+        size_t diff = 0;
+        for (size_t i = 0; i < b.ob.size(); i++)
+            diff += memcmp(&b.ob[i], &attn_wgmma_first[i], sizeof(bf16)) != 0;
+        printf("  %-78s %zu of %zu outputs differ from kernel 0's%s\n", name, diff, b.ob.size(), diff ? "  FAIL" : "");
+        failures += diff != 0;
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -525,11 +575,20 @@ int main(int argc, char **argv)
             only = argv[++i];
     }
     setvbuf(stdout, nullptr, _IOLBF, 0);
-    if (!only) {
+    /* the target's attention kernels (--only attn: these alone) */
+    auto want_t = [&](const char *name) { return !only || strstr(name, only); };
+    if (want_t("attn_varlen"))
         printf("emulator check: kernels/attn.cu's forward against the CPU attention\n");
+    if (want_t("attn_varlen d128"))
         check_attn_varlen<128, 2, 4, 32, false>(cpu, "attn_varlen d128 BM128 BN32 Q smem");
+    if (want_t("attn_varlen d64"))
         check_attn_varlen<64, 2, 4, 64, true>(cpu, "attn_varlen d64 BM128 BN64 Q regs");
-    }
+    if (want_t("attn_wgmma kernel 0"))
+        check_attn_wgmma(cpu, 0, 0, "attn_wgmma kernel 0 (overlapped)");
+    if (want_t("attn_wgmma kernel 2"))
+        check_attn_wgmma(cpu, 2, 3, "attn_wgmma kernel 2 (warp-specialized, 3 blocks)");
+    if (want_t("attn_wgmma kernel 2 many"))
+        check_attn_wgmma(cpu, 2, 60, "attn_wgmma kernel 2 many (warp-specialized, more blocks than items)");
     if (failures) {
         printf("the emulator does not reproduce kernels/attn.cu: its PTX semantics are wrong\n");
         return 1;

@@ -5,7 +5,8 @@
  * __shfl_sync, __shfl_up_sync, __any_sync, __ballot_sync, __popc, atomicAdd (int),
  * threadIdx/blockIdx/blockDim/gridDim, __shared__ variables (function statics: one CTA runs at
  * a time), dynamic shared memory, and the PTX helpers of kernels/dflash_ptx.cuh:
- * cp.async (copied at once; commit/wait are no-ops), ldmatrix .x4 (.trans), mma.sync
+ * cp.async (copied at once; commit/wait are no-ops; so a cp.async's mbarrier arrival is at once),
+ * mbarriers (tests/emu/wgmma.h: a waiting thread polls, letting the others run), ldmatrix .x4 (.trans), mma.sync
  * m16n8k16 bf16 -> f32 (float sums in k order) and ex2.approx (exp2f), built from the fragment
  * layouts of the PTX ISA, independently of how the kernels use them. Shared-memory addresses are
  * offsets into the CTA's dynamic buffer and are bounds-checked; a warp whose lanes reach
@@ -132,7 +133,14 @@ inline char *stack_of(int t, size_t bytes)
     abort();
 }
 
-inline void yield()
+inline long &spins()   /* spin() calls since a fiber last stopped for anything else */
+{
+    static long n = 0;
+    return n;
+}
+
+/* the running fiber hands the CPU back to the scheduler */
+inline void to_scheduler()
 {
     Cta *c = cta();
 #ifdef EMU_FAST_SWITCH
@@ -140,6 +148,21 @@ inline void yield()
 #else
     swapcontext(&c->f[c->cur].ctx, &c->main);
 #endif
+}
+
+inline void yield()
+{
+    spins() = 0;
+    to_scheduler();
+}
+
+/* A thread polling for a condition that other threads will make true (an mbarrier's phase):
+ * it stays runnable and lets the others run. Only polling threads left, for long: a deadlock. */
+inline void spin()
+{
+    if (++spins() > 100000000L)
+        die("deadlock: every live thread polls an mbarrier that no thread will complete");
+    to_scheduler();
 }
 
 inline void trampoline()

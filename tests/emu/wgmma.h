@@ -135,6 +135,55 @@ inline void wg_fence() {}
 inline void wg_commit() {}
 template <int N> inline void wg_wait() {}
 inline void wg_proxy_fence() {}
+
+/* mbarriers (kernels/wgmma_ptx.cuh's wg_bar_*): 8 bytes of shared memory, the arrivals still
+ * expected in the current phase, then a tag, the count and the phase bit (so that an arrival
+ * on memory never initialized, or one arrival too many, stops the emulator); cp.async lands at
+ * once here, so its arrival is an arrival. A waiting thread polls (emu::spin). setmaxnreg is a
+ * no-op. */
+namespace emu {
+constexpr uint32_t BAR_TAG = 0xB0000000u;
+inline uint32_t *bar_at(uint32_t bar)
+{
+    if (bar % 8)
+        die("mbarrier not 8-byte aligned");
+    return (uint32_t *)smem_at(bar, 8);
+}
+} /* namespace emu */
+inline void wg_bar_init(uint32_t bar, uint32_t count)
+{
+    if (count == 0 || count >= (1u << 20))
+        emu::die("mbarrier count out of range");
+    uint32_t *w = emu::bar_at(bar);
+    w[0] = count;
+    w[1] = emu::BAR_TAG | count << 1;
+}
+inline void wg_bar_arrive(uint32_t bar)
+{
+    uint32_t *w = emu::bar_at(bar);
+    if ((w[1] & 0xF0000000u) != emu::BAR_TAG)
+        emu::die("arrival on an mbarrier that was never initialized");
+    if (w[0] == 0)
+        emu::die("mbarrier: more arrivals than its count");
+    if (--w[0] == 0) {
+        w[0] = (w[1] & 0x0FFFFFFFu) >> 1;
+        w[1] ^= 1u;
+    }
+}
+inline void wg_bar_arrive_cp(uint32_t bar) { wg_bar_arrive(bar); }
+inline void wg_bar_wait(uint32_t bar, uint32_t par)
+{
+    for (;;) {
+        const uint32_t *w = emu::bar_at(bar);
+        if ((w[1] & 0xF0000000u) != emu::BAR_TAG)
+            emu::die("wait on an mbarrier that was never initialized");
+        if ((w[1] & 1u) != (par & 1u))   /* the phase of parity par has completed */
+            return;
+        emu::spin();
+    }
+}
+template <int N> inline void wg_regs_dec() {}
+template <int N> inline void wg_regs_inc() {}
 template <int N> inline void wg_hold(float (&)[N][4]) {}
 template <int N> inline void wg_hold_a(uint32_t (&)[N][4]) {}
 

@@ -12,7 +12,8 @@
  *    --no-pipeline (the AdamW step count after the skip comes from the device); --max-bad-steps 1
  *    stops with 2 naming the last good checkpoint;
  *  - sizing: a stream without --max-tokens is refused before the first step; a batch larger than
- *    --max-tokens stops with a message naming the batch and both sizes.
+ *    --max-tokens stops with a message naming the batch and both sizes;
+ *  - DFL_CUDA_LMCE_ROWS not a number from 64 to 65535 stops the run (exit 1, the variable named).
  * DFL_TEST_DEVICE=cpu runs the same comparisons with --device cpu (a check of this test itself,
  * without a GPU; the sizing test is skipped there: the CPU grows); DFL_GPU_SMALL=1 makes the
  * runs 12 steps instead of 44. Skips without a GPU (77). */
@@ -267,6 +268,36 @@ static void test_sizing(void)
     T_CHECK(rc == 0, "a stream with --max-tokens 1024: exit %d (see %s/pipe-ok.err)", rc, dir);
 }
 
+/* DFL_CUDA_LMCE_ROWS out of range or not a number: exit 1 before the GPU is opened, the message
+ * naming the variable and its value, no checkpoint directory made; in range: the run works. */
+static void test_lmce_rows_env(void)
+{
+    if (!have_device() || strcmp(device, "cpu") == 0)
+        T_SKIP(strcmp(device, "cpu") == 0 ? "a CUDA backend variable" : "no GPU");
+    static const char *bad[] = {"63", "65536", "abc", "128x", "-1"};
+    char p[4400], in[4400];
+    snprintf(in, sizeof in, "%s/h.dfl", dir);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        sh("rm -rf '%s/lmrows'", dir);
+        int rc = sh("DFL_CUDA_LMCE_ROWS='%s' '%s/dfl-draft' %s --device %s --out '%s/lmrows' "
+                    "--total-steps 2 '%s' > /dev/null 2> '%s/lmrows.err'", bad[i], bin, common, device,
+                    dir, in, dir);
+        T_CHECK(rc == 1, "DFL_CUDA_LMCE_ROWS=%s: exit %d, want 1", bad[i], rc);
+        snprintf(p, sizeof p, "%s/lmrows.err", dir);
+        char *err = slurp(p), want[64];
+        snprintf(want, sizeof want, "DFL_CUDA_LMCE_ROWS=%s:", bad[i]);
+        T_CHECK(err && strstr(err, want) && strstr(err, "64 to 65535"),
+                "the message names the variable and the range:\n%s", err ? err : "");
+        free(err);
+        T_CHECK(sh("test -e '%s/lmrows/latest'", dir) != 0, "DFL_CUDA_LMCE_ROWS=%s: a checkpoint was written",
+                bad[i]);
+    }
+    sh("rm -rf '%s/lmrows'", dir);
+    int rc = sh("DFL_CUDA_LMCE_ROWS=64 '%s/dfl-draft' %s --device %s --out '%s/lmrows' --total-steps 2 "
+                "'%s' > /dev/null 2> '%s/lmrows.err'", bin, common, device, dir, in, dir);
+    T_CHECK(rc == 0, "DFL_CUDA_LMCE_ROWS=64: exit %d (see %s/lmrows.err)", rc, dir);
+}
+
 int main(int argc, char **argv)
 {
     t_init(argv[0]);
@@ -282,5 +313,6 @@ int main(int argc, char **argv)
     T_RUN(test_tracks_cpu);
     T_RUN(test_skip_one_late);
     T_RUN(test_sizing);
+    T_RUN(test_lmce_rows_env);
     return t_done();
 }
