@@ -41,9 +41,10 @@
  *    same CTAs, schedule and row chunks, its four matmuls on wgmma (two warpgroups of 64 keys,
  *    P^T and dS^T in registers); pass Q with CTAs of 128 rows, S, dP and dQ on wgmma (two
  *    warpgroups of 64 rows, Q, dO, P, dS in registers), the block keys' part on mma.sync. The
- *    forward has wgmma variants there too (not the default): pass Q's CTAs, S = Q K^T and
- *    O += P V on wgmma with Q and P in registers, key tiles of 64 or 128 rows, P V of a key tile
- *    overlapped with the softmax of the next in three of them.
+ *    forward's d128 default is there too: pass Q's CTAs, S = Q K^T and O += P V on wgmma with Q
+ *    and P in registers, key tiles of 64 or 128 rows, P V of a key tile overlapped with the
+ *    softmax of the next in most forms; the default is warp-specialized (a loading warpgroup
+ *    handing stages to the two multiplying ones through mbarriers).
  *  Scratch (the schedule) lives in the backend's cuBLAS workspace (no GEMM runs in between).
  *
  * f32 path (act F32, and bf16 shapes the tiled kernels do not take: head dims other than 32, 64,
@@ -126,14 +127,20 @@ static const DfVariant fwd64[] = {
     FWD_V("fwd d64 128 rows (4 warps x 32) BN64 Q regs", 64, 2, 4, 64, true),
     FWD_V("fwd d64 128 rows (8 warps x 16) BN64 Q regs", 64, 1, 8, 64, true),
 };
-/* d128 forward: the default (index 0) on compute capability 9 is the wgmma kernel with key tiles
- * of 128 and P V overlapped (kernels/dflash_wgmma.cu dw_fwd); H200, bench-train-ops --quick
- * --attention (8B drafter attention, 4 x 3072 tokens, 512 anchors): 2.551 ms against 3.409 for
- * the mma.sync default before it (index 1, which df_pick takes elsewhere), 2.698-2.959 for the
- * BN64 wgmma forms; --window (4 x 4096 tokens): 3.205 against 4.609 ms with full attention,
- * 2.580 against 3.303 with the window of 2048. gpu-train-ops passed every case with each of these;
- * a BN128 plain form of two stages gave wrong results there (o cos 0.13) and was removed. */
+/* d128 forward: the default (index 0) on compute capability 9 is the warp-specialized wgmma
+ * kernel (kernels/dflash_wgmma.cu dw_fwd_ws: a loading warpgroup hands K and V stages to the two
+ * multiplying ones through mbarriers); H200, bench-train-ops --quick --attention, same run (8B
+ * drafter attention, 4 x 3072 tokens, 512 anchors): 2.043 ms (410.9 TFLOP/s) against 2.575-3.074
+ * for the BN128 overlapped kernel (index 1, the default before) and 2.72-2.74 for the BN64 ones;
+ * --window (4 x 4096 tokens, full attention): 2.534 against 3.409-3.792. Before that (index 1 the
+ * default): 2.551 ms against 3.409 for the mma.sync default before it (index 2, which df_pick
+ * takes elsewhere), 2.698-2.959 for the BN64 wgmma forms; --window: 3.205 against 4.609 ms with
+ * full attention, 2.580 against 3.303 with the window of 2048. gpu-train-ops passed every case
+ * with each of these; a BN128 plain form of two stages gave wrong results there (o cos 0.13) and
+ * was removed. */
 static const DfVariant fwd128[] = {
+    {"fwd d128 128 rows (2 warpgroups + a loading one) BN64 wgmma, warp-specialized, 4 stages", df_fwd_ws_kernel,
+     DQW_MMAX, DFWS_THREADS, DFWS_SMEM, 64, true},
     {"fwd d128 128 rows (2 warpgroups) BN128 wgmma, P V overlapped, 3 stages", df_fwd_wg128_ovl3_kernel, DQW_MMAX,
      DQW_THREADS, DFW_SMEM(3, 128), 128, true},
     FWD_V("fwd d128 128 rows (4 warps x 32) BN32 Q smem", 128, 2, 4, 32, false),

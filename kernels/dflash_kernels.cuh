@@ -178,12 +178,14 @@ __device__ __forceinline__ void load_kv_tile(const DfTile &t, int64_t ldk, uint3
     }
 }
 
-/* load MMAX rows of a [Q, n_heads*d] array (the CTA's query rows) into shared memory */
+/* load MMAX rows of a [Q, n_heads*d] array (the CTA's query rows) into shared memory: THREADS
+ * threads, this one tid of them (default: the whole CTA, threadIdx.x) */
 template <int D, int MMAX, int THREADS>
-__device__ __forceinline__ void load_rows(const QsMeta<MMAX> &mt, const bf16 *src, uint32_t dst)
+__device__ __forceinline__ void load_rows(const QsMeta<MMAX> &mt, const bf16 *src, uint32_t dst,
+                                          int tid = (int)threadIdx.x)
 {
     constexpr int CH = D / 8, ROWB = D * 2 + 16;
-    for (int c = threadIdx.x; c < MMAX * CH; c += THREADS) {
+    for (int c = tid; c < MMAX * CH; c += THREADS) {
         int r = c / CH, ch = c % CH;
         long long off = mt.row_off[r];
         df_cp16(dst + r * ROWB + ch * 16, off >= 0 ? src + off + ch * 8 : src, off >= 0);

@@ -655,6 +655,139 @@ template <int ST, bool OVL, int BN> __device__ __forceinline__ void dw_fwd(const
 }
 #endif
 
+#ifdef DW_ON
+/* The forward, warp-specialized (df_fwd_ws_kernel): dw_fwd's CTAs, tiles and overlapped schedule
+ * (BN = 64, the P V of tile it - 1 under the softmax of tile it), with a third warpgroup that
+ * only loads (setmaxnreg DFWS_LREGS; the multiplying two DFWS_MREGS): Q once, then K and V of
+ * each key tile into rings of DFWS_ST stages (Q has its own rows, so nothing aliases). Every
+ * loading thread's cp.async arrive on the stage's mbarrier (qfull, kfull, vfull); a multiplying
+ * warp hands a K stage back once its S is done and a V stage once its P V is (kempty, vempty: one
+ * arrival a warp), and the loads of a stage wait for that. No block barrier after the start: the
+ * two multiplying warpgroups drift apart, one's softmax under the other's wgmma. The products,
+ * masks and roundings are dw_fwd's, step for step (df_fwd_wg_ovl3_kernel's operations in its order). */
+static_assert(DFWS_SMEM + sizeof(QsMeta<DQW_MMAX>) <= 227 * 1024, "df_fwd_ws_kernel's shared memory");
+static_assert(128 * DFWS_LREGS + 256 * DFWS_MREGS <= 65536, "setmaxnreg budgets: the register file");
+
+__device__ __forceinline__ void dw_fwd_ws(const DfP &p)
+{
+    constexpr int D = DW_D, MMAX = DQW_MMAX, BN = 64, ST = DFWS_ST, TILE = DFW_TILE(BN);
+    constexpr int KD = D / 16, NT = BN / 8;
+    DF_DYN_SMEM(smem);
+    __shared__ QsMeta<MMAX> mt;
+    const uint32_t sbase = df_smem(smem), sK0 = (sbase + 1023u) & ~1023u, sV0 = sK0 + ST * TILE;
+    const uint32_t sQ = sV0 + ST * TILE, qfull = sQ + DFW_QBYTES, kfull = qfull + 8;
+    const uint32_t kempty = kfull + 8 * ST, vfull = kempty + 8 * ST, vempty = vfull + 8 * ST;
+    const int g_kv = qs_kv(p), b0 = qs_b0(p);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (tid == 0) {
+        wg_bar_init(qfull, 128);   /* every loading thread's cp.async */
+        for (int st = 0; st < ST; st++) {
+            wg_bar_init(kfull + 8 * st, 128);
+            wg_bar_init(kempty + 8 * st, 8);   /* every multiplying warp */
+            wg_bar_init(vfull + 8 * st, 128);
+            wg_bar_init(vempty + 8 * st, 8);
+        }
+    }
+    qs_setup<MMAX>(mt, p, b0, g_kv, BN);   /* ends with a block barrier */
+    const int ntiles = mt.ntiles;
+    if (tid >= 256) {   /* the loading warpgroup */
+        wg_regs_dec<DFWS_LREGS>();
+        const int lt = tid - 256, ch = lt % 16;
+        load_rows<D, MMAX, 128>(mt, (const bf16 *)p.q, sQ, lt);
+        wg_bar_arrive_cp(qfull);
+        for (int it = 0; it < ntiles; it++) {
+            const DfTile t = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
+            const uint32_t st = (uint32_t)(it % ST), par = ((uint32_t)(it / ST) & 1) ^ 1;   /* round 0: at once */
+            for (int kv = 0; kv < 2; kv++) {
+                const bf16 *src = kv ? t.v : t.k;
+                const uint32_t dst = (kv ? sV0 : sK0) + st * TILE;
+                wg_bar_wait((kv ? vempty : kempty) + 8 * st, par);
+#pragma unroll
+                for (int i = 0; i < BN * 16 / 128; i++) {
+                    const int r = lt / 16 + 8 * i;
+                    const bool ok = r < t.nvalid;
+                    df_cp16(dst + aw_off(BN, (uint32_t)r, (uint32_t)ch), src + (ok ? (int64_t)r * p.ldk + ch * 8 : 0), ok);
+                }
+                wg_bar_arrive_cp((kv ? vfull : kfull) + 8 * st);
+            }
+        }
+        df_wait<0>();
+        return;
+    }
+    wg_regs_inc<DFWS_MREGS>();
+    const int t4 = lane & 3, g = lane >> 2;
+    const int wr0 = warp * 16;   /* the warp's rows (warpgroup warp / 4: rows 64 (warp / 4) ..) */
+    wg_bar_wait(qfull, 0);
+    uint32_t qf[KD][4];
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+        df_ldm(qf[kk], sQ + wr0 * (D * 2 + 16) + lane_a(lane, D * 2 + 16) + kk * 32);
+    int rlb[1][2], rj[1][2], lo[1][2], hi[1][2];
+    qs_rows<MMAX, 1>(mt, p, wr0 + g, rlb, rj);
+    int cur_seg = -2;
+    const float sl2 = p.sl2;
+    float o[1][16][4], s[1][NT][4], mrow[1][2], lrow[1][2], alpha[1][2];
+    uint32_t pa[NT / 2][4] = {};
+    ft_init(o, mrow, lrow);
+    wg_hold(o[0]);
+    auto release = [&](uint32_t bar) {   /* one arrival of the warp, its lanes all here */
+        __syncwarp();
+        if (lane == 0)
+            wg_bar_arrive(bar);
+    };
+    auto step = [&](int it, auto PV) {
+        const uint32_t st = (uint32_t)(it % ST), pst = (uint32_t)((it + ST - 1) % ST);
+        const DfTile t = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
+        wg_bar_wait(kfull + 8 * st, (uint32_t)(it / ST) & 1);
+        if constexpr (decltype(PV)::value)
+            wg_bar_wait(vfull + 8 * pst, (uint32_t)((it - 1) / ST) & 1);
+        __syncwarp();
+        wg_hold(s[0]);
+        wg_hold(o[0]);
+        wg_hold_a(pa);
+        wg_fence();
+        dw_mma_rows(s[0], qf, sK0 + st * TILE);
+        wg_commit();
+        if constexpr (decltype(PV)::value)
+            dw_mma_keys(o[0], pa, sV0 + pst * TILE);   /* tile it - 1 */
+        wg_commit();
+        wg_wait<1>();   /* S: its K stage goes back */
+        wg_hold(s[0]);
+        release(kempty + 8 * st);
+        if (tile_phase<MMAX, 1>(mt, p, t, BN, cur_seg, rlb, rj, lo, hi))
+            fwd_mask(s, t.key0, t4, lo, hi);
+        ft_softmax_p(s, mrow, lrow, alpha, sl2);
+        wg_wait<0>();   /* P V of tile it - 1: its V stage goes back */
+        wg_hold(o[0]);
+        wg_hold_a(pa);
+        if constexpr (decltype(PV)::value)
+            release(vempty + 8 * pst);
+        ft_rescale_o(o, alpha);
+        dw_pack(pa, s[0]);
+    };
+    step(0, std::false_type());
+    for (int it = 1; it < ntiles; it++)
+        step(it, std::true_type());
+    {   /* the last tile's P V */
+        const uint32_t lst = (uint32_t)((ntiles - 1) % ST);
+        wg_bar_wait(vfull + 8 * lst, (uint32_t)((ntiles - 1) / ST) & 1);
+        __syncwarp();
+        wg_hold(o[0]);
+        wg_hold_a(pa);
+        wg_fence();
+        dw_mma_keys(o[0], pa, sV0 + lst * TILE);
+        wg_commit();
+        wg_wait<0>();
+        wg_hold(o[0]);
+        wg_hold_a(pa);
+    }
+    /* through the warp's own Q rows (only this warp read them, into qf) */
+    fwd_store<D, MMAX, 1>(mt, p, smem + (sQ - sbase), wr0, lane, o, mrow, lrow);
+}
+#endif
+
+DW_KERNEL(df_fwd_ws_kernel, DFWS_THREADS, dw_fwd_ws(p))
+
 DW_KERNEL(df_fwd_wg_kernel, DQW_THREADS, dw_fwd<3, false, 64>(p))
 
 DW_KERNEL(df_fwd_wg_ovl3_kernel, DQW_THREADS, dw_fwd<3, true, 64>(p))

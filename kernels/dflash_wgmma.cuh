@@ -55,5 +55,13 @@ __global__ void df_fwd_wg_kernel(const DfP p);
 __global__ void df_fwd_wg_ovl3_kernel(const DfP p);
 __global__ void df_fwd_wg_ovl4_kernel(const DfP p);
 __global__ void df_fwd_wg128_ovl3_kernel(const DfP p);
+/* The forward warp-specialized (BN 64, overlapped; a loading warpgroup and two multiplying ones
+ * handing stages over through mbarriers): DFWS_THREADS threads, DFWS_SMEM bytes */
+#define DFWS_ST 4
+#define DFWS_THREADS 384
+#define DFWS_LREGS 72
+#define DFWS_MREGS 216
+#define DFWS_SMEM (2 * DFWS_ST * DFW_TILE(64) + DFW_QBYTES + 8 * (1 + 4 * DFWS_ST) + 1024)
+__global__ void df_fwd_ws_kernel(const DfP p);
 
 #endif

@@ -346,7 +346,8 @@ template <> struct Vars<128> {
                 {"fwd wgmma overlapped 3 stages", run_qs<df_fwd_wg_ovl3_kernel, DQW_MMAX, DQW_THREADS, DFW_SMEM(3, 64)>, DQW_MMAX},
                 {"fwd wgmma overlapped 4 stages", run_qs<df_fwd_wg_ovl4_kernel, DQW_MMAX, DQW_THREADS, DFW_SMEM(4, 64)>, DQW_MMAX},
                 {"fwd wgmma 3 stages", run_qs<df_fwd_wg_kernel, DQW_MMAX, DQW_THREADS, DFW_SMEM(3, 64)>, DQW_MMAX},
-                {"fwd wgmma BN128 overlapped 3 stages", run_qs<df_fwd_wg128_ovl3_kernel, DQW_MMAX, DQW_THREADS, DFW_SMEM(3, 128)>, DQW_MMAX}};
+                {"fwd wgmma BN128 overlapped 3 stages", run_qs<df_fwd_wg128_ovl3_kernel, DQW_MMAX, DQW_THREADS, DFW_SMEM(3, 128)>, DQW_MMAX},
+                {"fwd wgmma warp-specialized", run_qs<df_fwd_ws_kernel, DQW_MMAX, DFWS_THREADS, DFWS_SMEM>, DQW_MMAX}};
     }
     static std::vector<Variant> bq()
     {
