@@ -182,10 +182,16 @@ static const DfVariant bq64[] = {
  * select, the tables read in pairs; the same in pass Q): pass KV 3.666 ms (458 TFLOP/s of its
  * matmuls) against 5.751, 4.700 against 7.437 at the 27B shape and 3.760 against 6.042 with the
  * window; pass Q (pipelined) 3.785. In the 8B step the attention backward went from 62.7 to 49.3
- * ms (27B: 70.8 to 54.9). On a device other than compute capability 9 df_pick takes the first
+ * ms (27B: 70.8 to 54.9). Later the same day pass Q's default became the pipelined form with
+ * its stages handed over through mbarriers (df_bwd_q_wg3m_kernel: no block barrier a step, the
+ * warpgroups up to a step apart): 3.759 ms against 3.869 (same run), at the 27B shape with full
+ * attention 4.528 against 4.673; pass KV with one block barrier a chunk instead of two (kv_finish
+ * without `any`): 3.606-3.636 ms against 3.666 before. On a device other than compute capability 9 df_pick takes the first
  * mma.sync variant (pass Q: the first that holds the rows of a block, the 128-row one for more
  * than 64). */
 static const DfVariant bq128[] = {
+    {"bwd-q d128 128 rows (2 warpgroups) BN64 wgmma, 3 stages, pipelined, mbarriers", df_bwd_q_wg3m_kernel, DQW_MMAX,
+     DQW_THREADS, DQW_SMEM(3), 64, true},
     {"bwd-q d128 128 rows (2 warpgroups) BN64 wgmma, 3 stages, pipelined", df_bwd_q_wg3p_kernel, DQW_MMAX, DQW_THREADS,
      DQW_SMEM(3), 64, true},
     {"bwd-q d128 128 rows (2 warpgroups) BN64 wgmma, 3 stages", df_bwd_q_wg3_kernel, DQW_MMAX, DQW_THREADS, DQW_SMEM(3), 64,

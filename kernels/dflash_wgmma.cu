@@ -366,9 +366,10 @@ DW_KERNEL(df_bwd_kv_wg_ovl_kernel, DW_THREADS, dw_bwd_kv<true>(p))
 /* pass Q */
 
 #ifdef DW_ON
-template <int ST, bool PIPE = false> __device__ __forceinline__ void dw_bwd_q(const DfP &p)
+template <int ST, bool PIPE = false, bool MB = false> __device__ __forceinline__ void dw_bwd_q(const DfP &p)
 {
     static_assert(!PIPE || ST == 3, "pipelined: three stages, tiles loaded one ahead");
+    static_assert(!MB || PIPE, "mbarriers: the pipelined form");
     constexpr int D = DW_D, BN = DQW_BN, NW = DQW_THREADS / 32, MMAX = DQW_MMAX, THREADS = DQW_THREADS;
     constexpr int ROWB = D * 2 + 16, ROWP = BN * 2 + 16, TILE = DQW_TILE, KD = D / 16, DT = D / 8;
     DF_DYN_SMEM(smem);
@@ -383,9 +384,34 @@ template <int ST, bool PIPE = false> __device__ __forceinline__ void dw_bwd_q(co
     const int g = lane >> 2, t4 = lane & 3;
     const int wr0 = warp * 16;   /* the warp's rows (warpgroup warp / 4: rows 64 (warp / 4) ..) */
 
-    bq_setup<D, MMAX, THREADS>(mt, p, b0, g_kv, BN, sQ, sDO);
+    /* MB: a stage's mbarriers after its K and V: full (every thread's cp.async) and empty (every
+     * warp, once the wgmma reading it are done) */
+    __shared__ __align__(8) uint64_t bars[MB ? 2 * ST : 1];
+    const uint32_t full = df_smem(&bars[0]), empty = full + 8 * ST;
+    if (MB && tid == 0)
+        for (int st = 0; st < ST; st++) {
+            wg_bar_init(full + 8 * st, THREADS);
+            wg_bar_init(empty + 8 * st, NW);
+        }
+    bq_setup<D, MMAX, THREADS>(mt, p, b0, g_kv, BN, sQ, sDO);   /* a block barrier */
     const int ntiles = mt.ntiles;
-    auto load_tile = [&](int it) { dw_load_kv<ST, MMAX>(mt, p, it, b0, g_kv, sK0, sV0, tid); };
+    auto load_tile = [&](int it) {
+        if constexpr (MB) {   /* into the stage of tile it - ST once every warp has handed it back */
+            if (it >= ntiles)
+                return;
+            const uint32_t st = (uint32_t)(it % ST);
+            wg_bar_wait(empty + 8 * st, ((uint32_t)(it / ST) & 1) ^ 1);
+            dw_load_kv<ST, MMAX>(mt, p, it, b0, g_kv, sK0, sV0, tid);
+            wg_bar_arrive_cp(full + 8 * st);
+        } else {
+            dw_load_kv<ST, MMAX>(mt, p, it, b0, g_kv, sK0, sV0, tid);
+        }
+    };
+    auto release = [&](int it) {   /* one arrival of the warp for tile it's stage */
+        __syncwarp();
+        if (lane == 0)
+            wg_bar_arrive(empty + 8 * (uint32_t)(it % ST));
+    };
     constexpr int AHEAD = PIPE ? 1 : ST - 1;   /* tiles in flight before a tile's step */
     for (int it = 0; it < AHEAD; it++)
         load_tile(it);
@@ -431,13 +457,21 @@ template <int ST, bool PIPE = false> __device__ __forceinline__ void dw_bwd_q(co
             df_wait<ST - 1>();   /* tile it */
             wg_proxy_fence();
             __syncthreads();
-        } else {
+        } else if constexpr (!MB) {
             /* Pipelined: dQ += dS K of tile it - 1 may still run (it reads that tile's stage), so
              * tile it + 1 goes to the stage of tile it - 2, whose dQ every thread waited for in
              * step it - 1 (before this barrier) */
             df_wait<0>();   /* tile it */
             wg_proxy_fence();
             __syncthreads();
+            load_tile(it + 1);
+        } else {
+            /* mbarriers: tile it has landed (every thread's part); tile it + 1 goes to the stage
+             * of tile it - 2 once every warp has handed that back (in its step it - 1): no block
+             * barrier, so the warpgroups drift apart by up to a step */
+            wg_bar_wait(full + 8 * (uint32_t)(it % ST), (uint32_t)(it / ST) & 1);
+            wg_proxy_fence();
+            __syncwarp();
             load_tile(it + 1);
         }
         const bool need_mask = tile_phase<MMAX, 1>(mt, p, t, BN, cur_seg, rlb, rj, lo, hi);
@@ -458,6 +492,9 @@ template <int ST, bool PIPE = false> __device__ __forceinline__ void dw_bwd_q(co
             wg_hold(dq);
             wg_hold_a(da);
         }
+        if constexpr (MB)
+            if (it > 0)
+                release(it - 1);   /* its dP (step it - 1) and dQ are done */
         /* P = exp(S - lse), the mask applied after the exponential as a select (as pass KV's) */
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
@@ -481,8 +518,11 @@ template <int ST, bool PIPE = false> __device__ __forceinline__ void dw_bwd_q(co
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 dp[nt][e] = s[nt][e] * (dp[nt][e] - dlt[e >> 1]);
-        if (blk)
+        if (blk) {
+            if constexpr (MB)
+                __syncthreads();   /* every warp's bq_blk of the last block-key tile is done with sP, sDS */
             bq_put_pds<8>(pP, pDS, ROWP, wr0, lane, s, dp);
+        }
         /* dQ += dS K (K the MN-major B operand), on the tensor cores while a block-key tile's
          * dV_blk, dK_blk are computed */
         dw_pack(da, dp);
@@ -515,6 +555,8 @@ DW_KERNEL(df_bwd_q_wg_kernel, DQW_THREADS, dw_bwd_q<2>(p))
 DW_KERNEL(df_bwd_q_wg3_kernel, DQW_THREADS, dw_bwd_q<3>(p))
 
 DW_KERNEL(df_bwd_q_wg3p_kernel, DQW_THREADS, (dw_bwd_q<3, true>(p)))
+
+DW_KERNEL(df_bwd_q_wg3m_kernel, DQW_THREADS, (dw_bwd_q<3, true, true>(p)))
 
 /* ------------------------------------------------------------------------------------------ */
 /* forward */

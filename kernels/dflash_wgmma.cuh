@@ -37,6 +37,9 @@ __global__ void df_bwd_q_wg3_kernel(const DfP p);
 /* as wg3, dQ += dS K of a tile running on while the next tile's S and dP are issued (tiles loaded
  * one ahead) */
 __global__ void df_bwd_q_wg3p_kernel(const DfP p);
+/* as wg3p, the stages handed over through mbarriers (a full and an empty one a stage) instead of
+ * a block barrier a step (block barriers only around the block-key tiles' shared P and dS) */
+__global__ void df_bwd_q_wg3m_kernel(const DfP p);
 
 /* The forward (o, lse) for head dimension 128, bf16, on compute capability 9, on pass Q's CTAs
  * (grid n_bg * nkv with DQW_MMAX rows a CTA, DQW_THREADS threads) with DFW_SMEM(ST, BN) bytes of

@@ -356,6 +356,7 @@ template <> struct Vars<128> {
                 {"bwd-q 4w BN32 regs 3 stages", run_bwd_q<128, 4, 32, true, 3>, 16 * 4},
                 {"bwd-q 8w BN32 regs 3 stages", run_bwd_q<128, 8, 32, true, 3>, 16 * 8},
                 {"bwd-q wgmma 3 stages, pipelined", run_qs<df_bwd_q_wg3p_kernel, DQW_MMAX, DQW_THREADS, DQW_SMEM(3)>, DQW_MMAX},
+                {"bwd-q wgmma 3 stages, pipelined, mbarriers", run_qs<df_bwd_q_wg3m_kernel, DQW_MMAX, DQW_THREADS, DQW_SMEM(3)>, DQW_MMAX},
                 {"bwd-q wgmma 3 stages", run_qs<df_bwd_q_wg3_kernel, DQW_MMAX, DQW_THREADS, DQW_SMEM(3)>, DQW_MMAX},
                 {"bwd-q wgmma 2 stages", run_qs<df_bwd_q_wg_kernel, DQW_MMAX, DQW_THREADS, DQW_SMEM(2)>, DQW_MMAX}};
     }
