@@ -705,7 +705,9 @@ df_bwd_q_kernel(const DfP p)
                     df_mma(dp[2 * np + 1], ad, b[2], b[3]);
                 }
             }
-            /* P = exp(S - lse) (0 where masked), dS = P (dP - delta) */
+            /* P = exp(S - lse) (0 where masked), dS = P (dP - delta); the exponential is taken
+             * everywhere and the mask applied after it as a select (as the wgmma kernels do:
+             * a conditional exponential compiles to a branch per element) */
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -713,7 +715,8 @@ df_bwd_q_kernel(const DfP p)
                     const int hh = e >> 1;
                     const int kj = key0 + nt * 8 + 2 * t4 + (e & 1);
                     const bool ok = !need_mask || (kj >= lo[0][hh] && kj < hi[0][hh]);
-                    const float pv = ok ? df_exp2(fmaf(s[nt][e], sl2, -lse2[hh])) : 0.0f;
+                    const float ex = df_exp2(fmaf(s[nt][e], sl2, -lse2[hh]));   /* everywhere: no branch */
+                    const float pv = ok ? ex : 0.0f;
                     s[nt][e] = pv;
                     dp[nt][e] = pv * (dp[nt][e] - dlt[hh]);
                 }
@@ -1086,7 +1089,8 @@ df_bwd_kv_kernel(const DfP p)
                     const int qi = sc * 32 + nt * 8 + 2 * t4 + (e & 1);
                     const int64_t key = key_r0 + 8 * (e >> 1);
                     const bool ok = full || (key >= sLo[ms][qi] && key < sHi[ms][qi]);
-                    const float pv = ok ? df_exp2(fmaf(s[nt][e], sl2, -sL2[ms][qi])) : 0.0f;
+                    const float ex = df_exp2(fmaf(s[nt][e], sl2, -sL2[ms][qi]));   /* everywhere: no branch */
+                    const float pv = ok ? ex : 0.0f;
                     s[nt][e] = pv;
                     dp[nt][e] = pv * (dp[nt][e] - sDl[ms][qi]);
                 }
@@ -1160,7 +1164,8 @@ df_bwd_kv_kernel(const DfP p)
                     const int qi = wq * 32 + nt * 8 + 2 * t4 + (e & 1);
                     const int64_t key = c0 + wk * 32 + mi * 16 + g + 8 * (e >> 1);
                     const bool ok = full || (key >= sLo[ms][qi] && key < sHi[ms][qi]);
-                    const float pv = ok ? df_exp2(fmaf(s[mi][nt][e], sl2, -sL2[ms][qi])) : 0.0f;
+                    const float ex = df_exp2(fmaf(s[mi][nt][e], sl2, -sL2[ms][qi]));   /* everywhere: no branch */
+                    const float pv = ok ? ex : 0.0f;
                     s[mi][nt][e] = pv;
                     dp[mi][nt][e] = pv * (dp[mi][nt][e] - sDl[ms][qi]);
                 }
