@@ -508,7 +508,10 @@ void cuda_attn_wgmma(const AttnParams &p, int which, dim3 grid, int sms, cudaStr
 {
     if (which == 2) {
         const int64_t n_items = (int64_t)grid.x * grid.y;
-        const unsigned nb = (unsigned)(n_items < sms ? n_items : sms);
+        if (n_items <= 0)
+            return;   /* nothing to do (attn.cu sends no empty batch here) */
+        const int64_t nsm = sms > 0 ? sms : 1;
+        const unsigned nb = (unsigned)(n_items < nsm ? n_items : nsm);
         attn_fwd_ws_kernel<<<nb, AW_WS_THREADS, AW_WS_SMEM, s>>>(p, (int64_t)grid.x, n_items);
         return;
     }
