@@ -616,6 +616,9 @@ int main(int argc, char **argv)
         {"bs 32, GQA 4", 8, 2, 128, 32, 1, {100}, {4}, 0, 1},
         {"bs 32, GQA 8: exact kernels for fwd/bwd-q", 8, 1, 128, 32, 1, {90}, {3}, 0, 1},
         {"large scores", 8, 2, 128, 16, 1, {97}, {5}, 0, 8},
+        /* more key tiles a CTA than any kernel has stages: every ring wraps, and a loading warp
+         * runs ahead until a stage comes back */
+        {"long context, the stages wrap", 8, 2, 128, 16, 1, {700}, {6}, 0, 1},
     };
     auto want = [&](const Case &c) { return !only || strstr(c.name, only); };
     for (auto &c : c32)

@@ -5,15 +5,16 @@
  * __shfl_sync, __shfl_up_sync, __any_sync, __ballot_sync, __popc, atomicAdd (int),
  * threadIdx/blockIdx/blockDim/gridDim, __shared__ variables (function statics: one CTA runs at
  * a time), dynamic shared memory, and the PTX helpers of kernels/dflash_ptx.cuh:
- * cp.async (copied at once; commit/wait are no-ops; so a cp.async's mbarrier arrival is at once),
+ * cp.async (landing at the issuing thread's wait for its group, or at its cp.async mbarrier
+ * arrival: as late as the GPU may; see emu_cp),
  * mbarriers (tests/emu/wgmma.h: a waiting thread polls, letting the others run), ldmatrix .x4 (.trans), mma.sync
  * m16n8k16 bf16 -> f32 (float sums in k order) and ex2.approx (exp2f), built from the fragment
  * layouts of the PTX ISA, independently of how the kernels use them. Shared-memory addresses are
  * offsets into the CTA's dynamic buffer and are bounds-checked; a warp whose lanes reach
  * different collectives, or a barrier some threads never reach, aborts with a message.
  *
- * Not emulated: timing, asynchrony (so a missing cp.async wait or barrier before reading a
- * stage goes unnoticed), bank conflicts, register limits. */
+ * Not emulated: timing, the asynchrony of wgmma (a read of an accumulator before its wait goes
+ * unnoticed), bank conflicts, register limits. */
 #ifndef DFL_SIMT_H
 #define DFL_SIMT_H
 
@@ -73,6 +74,14 @@ emu_switch:
 
 namespace emu {
 
+/* a cp.async in flight: its bytes (read at issue), where they land, its commit group */
+struct CpPending {
+    uint32_t dst;
+    unsigned n;
+    int group;
+    unsigned char data[16];
+};
+
 struct Fiber {
     ucontext_t ctx;
     void *sp;
@@ -80,6 +89,8 @@ struct Fiber {
     int lin;          /* linear thread index */
     bool done;
     int wait;         /* 0 runnable, 1 block barrier, 2 warp collective */
+    std::vector<CpPending> cp;   /* this thread's cp.async not yet landed */
+    int group = 0;    /* the open (uncommitted) group's number; groups below it are committed */
 };
 
 struct WarpSlot {
@@ -165,10 +176,13 @@ inline void spin()
     to_scheduler();
 }
 
+inline void cp_land(Fiber &f, int below);
+
 inline void trampoline()
 {
     Cta *c = cta();
     c->body();
+    cp_land(c->f[c->cur], 1 << 30);   /* what is still in flight lands before the block ends */
     c->f[c->cur].done = true;
     c->live--;
     /* a barrier may now be complete without this thread */
@@ -442,24 +456,55 @@ inline uint32_t df_smem(const void *p)
     return emu::STATIC_SMEM | ((uint32_t)d & 0x7FFFFFFFu);
 }
 
-/* cp.async of n bytes (16 or 4): destination and source n-byte aligned; zero-filled when !ok */
+/* cp.async of n bytes (16 or 4): destination and source n-byte aligned; zero-filled when !ok.
+ * Asynchronous as on the GPU, at its latest: the source is read at issue, but the bytes land in
+ * shared memory only when the issuing thread waits for their group (df_wait), arrives on an
+ * mbarrier through cp.async.mbarrier.arrive (everything it issued), or ends. A read of the stage
+ * before that (a missing wait, or a barrier that does not follow every loading thread's wait)
+ * sees the old bytes. */
 inline void emu_cp(uint32_t dst, const void *src, bool ok, unsigned n)
 {
-    unsigned char *d = emu::smem_at(dst, n);
+    emu::smem_at(dst, n);   /* bounds */
     if (dst % n)
         emu::die("cp.async destination not aligned to its size");
+    emu::Fiber &f = emu::cta()->f[(size_t)emu::cta()->cur];
+    emu::CpPending c;
+    c.dst = dst;
+    c.n = n;
+    c.group = f.group;
     if (ok) {
         if ((uintptr_t)src % n)
             emu::die("cp.async source not aligned to its size");
-        memcpy(d, src, n);
+        memcpy(c.data, src, n);
     } else {
-        memset(d, 0, n);
+        memset(c.data, 0, n);
     }
+    f.cp.push_back(c);
 }
+namespace emu {
+/* the thread's cp.async of the groups below group `below` land, in issue order */
+inline void cp_land(Fiber &f, int below)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < f.cp.size(); i++) {
+        if (f.cp[i].group < below)
+            memcpy(smem_at(f.cp[i].dst, f.cp[i].n), f.cp[i].data, f.cp[i].n);
+        else
+            f.cp[k++] = f.cp[i];
+    }
+    f.cp.resize(k);
+}
+inline Fiber &cur_fiber() { return cta()->f[(size_t)cta()->cur]; }
+} /* namespace emu */
 inline void df_cp16(uint32_t dst, const void *src, bool ok) { emu_cp(dst, src, ok, 16); }
 inline void df_cp4(uint32_t dst, const void *src, bool ok) { emu_cp(dst, src, ok, 4); }
-inline void df_commit() {}
-template <int N> inline void df_wait() {}
+inline void df_commit() { emu::cur_fiber().group++; }
+/* every committed group but the N most recent lands (uncommitted ones do not) */
+template <int N> inline void df_wait()
+{
+    emu::Fiber &f = emu::cur_fiber();
+    emu::cp_land(f, f.group - N);
+}
 
 /* ldmatrix .x4: lane 8i + r gives the address of row r of matrix i; lane l receives, of matrix
  * i, the two elements at (row l/4, cols 2 (l%4), +1) (.trans: (rows 2 (l%4), +1, col l/4)). */

@@ -138,8 +138,8 @@ inline void wg_proxy_fence() {}
 
 /* mbarriers (kernels/wgmma_ptx.cuh's wg_bar_*): 8 bytes of shared memory, the arrivals still
  * expected in the current phase, then a tag, the count and the phase bit (so that an arrival
- * on memory never initialized, or one arrival too many, stops the emulator); cp.async lands at
- * once here, so its arrival is an arrival. A waiting thread polls (emu::spin). setmaxnreg is a
+ * on memory never initialized, or one arrival too many, stops the emulator); a cp.async
+ * arrival lands the thread's cp.async first. A waiting thread polls (emu::spin). setmaxnreg is a
  * no-op. */
 namespace emu {
 constexpr uint32_t BAR_TAG = 0xB0000000u;
@@ -170,7 +170,12 @@ inline void wg_bar_arrive(uint32_t bar)
         w[1] ^= 1u;
     }
 }
-inline void wg_bar_arrive_cp(uint32_t bar) { wg_bar_arrive(bar); }
+/* the arrival once every cp.async this thread issued has landed (made to land now) */
+inline void wg_bar_arrive_cp(uint32_t bar)
+{
+    emu::cp_land(emu::cur_fiber(), 1 << 30);
+    wg_bar_arrive(bar);
+}
 inline void wg_bar_wait(uint32_t bar, uint32_t par)
 {
     for (;;) {
