@@ -384,8 +384,8 @@ template <int ST, bool PIPE = false, bool MB = false> __device__ __forceinline__
     const int g = lane >> 2, t4 = lane & 3;
     const int wr0 = warp * 16;   /* the warp's rows (warpgroup warp / 4: rows 64 (warp / 4) ..) */
 
-    /* MB: a stage's mbarriers after its K and V: full (every thread's cp.async) and empty (every
-     * warp, once the wgmma reading it are done) */
+    /* MB: each K/V stage's two mbarriers (static shared memory): full (every thread's cp.async
+     * of the tile, 256 arrivals) and empty (every warp, once the wgmma reading it are done) */
     __shared__ __align__(8) uint64_t bars[MB ? 2 * ST : 1];
     const uint32_t full = df_smem(&bars[0]), empty = full + 8 * ST;
     if (MB && tid == 0)
