@@ -4,7 +4,6 @@
  * in ops.cu, attention in attn.cu. Every op is enqueued on the backend's compute stream; an op
  * that fails records its message, which the next sync reports. */
 #include <dlfcn.h>
-#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -621,16 +620,12 @@ extern "C" int dfl_be_cuda_open(dfl_be **out, int device, dfl_dtype act, dfl_err
         return dfl_fail(e, DFL_EUSAGE, "--device cuda computes in bf16 or f32 (asked for %s)",
                         dfl_dtype_lower(act));
     /* a benchmark's choice of the LM head's chunk (dfl-draft(1)): checked before anything is made */
-    long lrows = 0;
+    int64_t lrows = 0;
     const char *lr = getenv("DFL_CUDA_LMCE_ROWS");
-    if (lr && *lr) {
-        char *end = NULL;
-        errno = 0;
-        lrows = strtol(lr, &end, 10);
-        if (errno || end == lr || *end || lrows < 64 || lrows > 65535)
-            return dfl_fail(e, DFL_EUSAGE, "DFL_CUDA_LMCE_ROWS=%s: the LM head's rows a chunk must "
-                            "be a number from 64 to 65535", lr);
-    }
+    dfl_err pe = {0};
+    if (lr && *lr && dfl_parse_i64(lr, 64, 65535, &lrows, "DFL_CUDA_LMCE_ROWS", &pe))
+        return dfl_fail(e, DFL_EUSAGE, "DFL_CUDA_LMCE_ROWS=%s: the LM head's rows a chunk must be a "
+                        "number from 64 to 65535", lr);
     int n = dfl_be_cuda_count();
     if (n <= 0)
         return dfl_fail(e, DFL_EDEVICE, "cuda:%d: no CUDA GPU found (use --device cpu)", device);

@@ -514,6 +514,29 @@ static void test_all_finite(void)
     free(x);
 }
 
+/* DFL_CUDA_LMCE_ROWS that is not a number from 64 to 65535: the CUDA backend refuses to open,
+ * naming the variable, before it looks for a GPU (so this runs on a machine without one); a CUDA
+ * build only. */
+static void test_lmce_rows_env(void)
+{
+#ifdef DFL_CUDA
+    static const char *bad[] = {"63", "65536", "abc", "128x", "-1", " 64"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("DFL_CUDA_LMCE_ROWS", bad[i], 1);
+        dfl_be *be = NULL;
+        dfl_err e = {0};
+        const int rc = dfl_be_cuda_open(&be, 0, DFL_BF16, &e);
+        char want[64];
+        snprintf(want, sizeof want, "DFL_CUDA_LMCE_ROWS=%s:", bad[i]);
+        T_CHECK(rc == DFL_EUSAGE && be == NULL && strstr(e.msg, want) && strstr(e.msg, "64 to 65535"),
+                "DFL_CUDA_LMCE_ROWS='%s': rc %d, message '%s'", bad[i], rc, e.msg);
+    }
+    unsetenv("DFL_CUDA_LMCE_ROWS");
+#else
+    T_SKIP("a build without CUDA");
+#endif
+}
+
 int main(int argc, char **argv)
 {
     t_init(argv[0]);
@@ -527,5 +550,6 @@ int main(int argc, char **argv)
     T_RUN(test_lm_head_rows);
     T_RUN(test_init_random);
     T_RUN(test_all_finite);
+    T_RUN(test_lmce_rows_env);
     return t_done();
 }
