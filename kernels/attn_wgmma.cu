@@ -325,14 +325,6 @@ __device__ __forceinline__ bool aw_item(const AttnParams &p, int64_t t, int64_t 
     *m0 = mt * AW_BM;
     return mt >= 0;
 }
-
-/* one arrival of the warp on bar once all its lanes are here (lane 0's) */
-__device__ __forceinline__ void aw_warp_arrive(uint32_t bar, uint32_t lane)
-{
-    __syncwarp();
-    if (lane == 0)
-        wg_bar_arrive(bar);
-}
 #endif
 
 static_assert(AW_WS_SMEM <= 227 * 1024, "the warp-specialized form's shared memory: one block an SM");
@@ -411,9 +403,9 @@ __global__ void __launch_bounds__(AW_WS_THREADS, 1) attn_fwd_ws_kernel(const Att
             aw_issue_s(s[0], sQ, sK0 + (kv % AW_WS_ST) * AW_TILEB, cw);
             wg_wait<0>();
             wg_hold(s[0]);
-            aw_warp_arrive(kbar(kv, kempty), lane);
+            wg_bar_arrive_warp(kbar(kv, kempty), lane);
             if (n_tiles == 1)
-                aw_warp_arrive(qempty, lane);
+                wg_bar_arrive_warp(qempty, lane);
             if (AW_BN - 1 > wr0)   /* tile 0 crosses the diagonal (then it is the only one) */
                 aw_mask(s, r0, 0, lane);
             ft_softmax_p(s, mrow, lrow, alpha, sl2);
@@ -435,16 +427,16 @@ __global__ void __launch_bounds__(AW_WS_THREADS, 1) attn_fwd_ws_kernel(const Att
             aw_issue_pv(o[0], pa, sV0 + (pc % AW_WS_ST) * AW_TILEB);
             wg_wait<1>();   /* S(it): its K stage and, on the last tile, Q go back */
             wg_hold(s[0]);
-            aw_warp_arrive(kbar(c, kempty), lane);
+            wg_bar_arrive_warp(kbar(c, kempty), lane);
             if (it == n_tiles - 1)
-                aw_warp_arrive(qempty, lane);
+                wg_bar_arrive_warp(qempty, lane);
             if (n0 + AW_BN - 1 > wr0)
                 aw_mask(s, r0, n0, lane);
             ft_softmax_p(s, mrow, lrow, alpha, sl2);
             wg_wait<0>();   /* P V of tile it - 1: its V stage goes back */
             wg_hold(o[0]);
             aw_hold_a(pa);
-            aw_warp_arrive(kbar(pc, vempty), lane);
+            wg_bar_arrive_warp(kbar(pc, vempty), lane);
             ft_rescale_o(o, alpha);
 #pragma unroll
             for (int kb = 0; kb < AW_BN / 16; kb++)
@@ -460,7 +452,7 @@ __global__ void __launch_bounds__(AW_WS_THREADS, 1) attn_fwd_ws_kernel(const Att
             aw_issue_pv(o[0], pa, sV0 + (lc % AW_WS_ST) * AW_TILEB);
             wg_wait<0>();
             wg_hold(o[0]);
-            aw_warp_arrive(kbar(lc, vempty), lane);
+            wg_bar_arrive_warp(kbar(lc, vempty), lane);
         }
         kv += (uint32_t)n_tiles;
         j++;

@@ -20,7 +20,6 @@
 #define AW_BN 128        /* keys of a tile */
 #define AW_ROWB 128      /* bytes of a shared row (64 columns) */
 #define AW_THREADS 256
-#define AW_LOADS (AW_BN * AW_D / 8 / AW_THREADS)      /* 16-byte chunks a thread loads a tile */
 #define AW_TILEB (AW_BN * AW_D * 2)                   /* bytes of a tile (Q, K or V) */
 #define AW_SMEM (5 * AW_TILEB + 1024)                 /* Q, 2 stages of K and V, room to align */
 /* the warp-specialized persistent form (kernel 2): two multiplying warpgroups and a loading

@@ -1,9 +1,10 @@
 /* dflash_wgmma.cu: the two passes of the DFlash attention backward and its forward
  * (kernels/dflash_attn.cu has the design; df_bwd_kv_kernel, df_bwd_q_kernel and df_fwd_kernel in
  * dflash_kernels.cuh are the mma.sync forms) for head dimension 128 on Hopper's wgmma (sm_90a:
- * the Makefile compiles this file for sm_90a alone). Both passes of the backward and the forward
- * (its BN128 overlapped form; dw_fwd below describes them) are the d128 defaults on a GPU of
- * compute capability 9. tests/emu/emu-dflash runs all three in the SIMT emulator.
+ * the Makefile compiles this file for sm_90a alone). Both passes of the backward (pass Q's
+ * mbarrier form) and the forward (its warp-specialized form, dw_fwd_ws; dw_fwd describes the
+ * others) are the d128 defaults on a GPU of compute capability 9. tests/emu/emu-dflash runs them
+ * all in the SIMT emulator.
  *
  * Pass KV. A CTA of two warpgroups (256 threads) owns DW_BNK = 128 context keys of one kv head, warpgroup
  * w the keys [64 w, 64 w + 64); K and V stay in shared memory. The query rows of the blocks that
@@ -407,11 +408,6 @@ template <int ST, bool PIPE = false, bool MB = false> __device__ __forceinline__
             dw_load_kv<ST, MMAX>(mt, p, it, b0, g_kv, sK0, sV0, tid);
         }
     };
-    auto release = [&](int it) {   /* one arrival of the warp for tile it's stage */
-        __syncwarp();
-        if (lane == 0)
-            wg_bar_arrive(empty + 8 * (uint32_t)(it % ST));
-    };
     constexpr int AHEAD = PIPE ? 1 : ST - 1;   /* tiles in flight before a tile's step */
     for (int it = 0; it < AHEAD; it++)
         load_tile(it);
@@ -494,7 +490,7 @@ template <int ST, bool PIPE = false, bool MB = false> __device__ __forceinline__
         }
         if constexpr (MB)
             if (it > 0)
-                release(it - 1);   /* its dP (step it - 1) and dQ are done */
+                wg_bar_arrive_warp(empty + 8 * (uint32_t)((it - 1) % ST), lane);   /* its dP and dQ are done */
         /* P = exp(S - lse), the mask applied after the exponential as a select (as pass KV's) */
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
@@ -772,11 +768,6 @@ __device__ __forceinline__ void dw_fwd_ws(const DfP &p)
     uint32_t pa[NT / 2][4] = {};
     ft_init(o, mrow, lrow);
     wg_hold(o[0]);
-    auto release = [&](uint32_t bar) {   /* one arrival of the warp, its lanes all here */
-        __syncwarp();
-        if (lane == 0)
-            wg_bar_arrive(bar);
-    };
     auto step = [&](int it, auto PV) {
         const uint32_t st = (uint32_t)(it % ST), pst = (uint32_t)((it + ST - 1) % ST);
         const DfTile t = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
@@ -795,7 +786,7 @@ __device__ __forceinline__ void dw_fwd_ws(const DfP &p)
         wg_commit();
         wg_wait<1>();   /* S: its K stage goes back */
         wg_hold(s[0]);
-        release(kempty + 8 * st);
+        wg_bar_arrive_warp(kempty + 8 * st, lane);
         if (tile_phase<MMAX, 1>(mt, p, t, BN, cur_seg, rlb, rj, lo, hi))
             fwd_mask(s, t.key0, t4, lo, hi);
         ft_softmax_p(s, mrow, lrow, alpha, sl2);
@@ -803,7 +794,7 @@ __device__ __forceinline__ void dw_fwd_ws(const DfP &p)
         wg_hold(o[0]);
         wg_hold_a(pa);
         if constexpr (decltype(PV)::value)
-            release(vempty + 8 * pst);
+            wg_bar_arrive_warp(vempty + 8 * pst, lane);
         ft_rescale_o(o, alpha);
         dw_pack(pa, s[0]);
     };

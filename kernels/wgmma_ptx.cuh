@@ -43,6 +43,14 @@ __device__ __forceinline__ void wg_bar_wait(uint32_t bar, uint32_t par)
                      : "=r"(done) : "r"(bar), "r"(par) : "memory");
     } while (!done);
 }
+/* one arrival of the warp on bar, once all its lanes are here (lane 0's): for barriers that count
+ * warps */
+__device__ __forceinline__ void wg_bar_arrive_warp(uint32_t bar, uint32_t lane)
+{
+    __syncwarp();
+    if (lane == 0)
+        wg_bar_arrive(bar);
+}
 /* a warpgroup's register budget from here on (every warp of the warpgroup runs it; N a multiple
  * of 8 from 24 to 256): a loading warpgroup gives registers back, multiplying ones take them */
 template <int N> __device__ __forceinline__ void wg_regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }

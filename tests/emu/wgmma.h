@@ -187,6 +187,12 @@ inline void wg_bar_wait(uint32_t bar, uint32_t par)
         emu::spin();
     }
 }
+inline void wg_bar_arrive_warp(uint32_t bar, uint32_t lane)
+{
+    __syncwarp();
+    if (lane == 0)
+        wg_bar_arrive(bar);
+}
 template <int N> inline void wg_regs_dec() {}
 template <int N> inline void wg_regs_inc() {}
 template <int N> inline void wg_hold(float (&)[N][4]) {}

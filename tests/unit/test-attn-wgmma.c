@@ -93,17 +93,18 @@ static void test_tiles_vs_wgmma(void)
     T_CHECK(mismatches(q, k0, v0, 1, 1) > 0, "V read K-major must not pass");
 }
 
-/* aw_load_tile's split: thread t of AW_THREADS, chunk t % 16 of rows t / 16 + 16 i; every chunk
- * of the tile written once (no chunk twice, as many writes as chunks) */
-static void test_tile_loads(void)
+/* aw_load_tile's split for NT threads (AW_THREADS: kernels 0 and 1; AW_WS_LT: the loading
+ * warpgroup of kernel 2): thread t, chunk t % 16 of rows t / 16 + (NT / 16) i; every chunk of the
+ * tile written once (no chunk twice, as many writes as chunks) */
+static void check_tile_loads(uint32_t nt)
 {
-    const uint32_t n = AW_TILEB / 16;
+    const uint32_t n = AW_TILEB / 16, rs = nt / 16, loads = AW_BN / rs;
     uint8_t *seen = calloc(n, 1);
     int64_t twice = 0, outside = 0, writes = 0;
-    for (uint32_t t = 0; t < AW_THREADS; t++)
-        for (uint32_t i = 0; i < AW_LOADS; i++, writes++) {
-            const uint32_t off = aw_off(AW_BM, t / 16, t % 16) + i * 16 * AW_ROWB;
-            T_EQ_INT(off, aw_off(AW_BM, t / 16 + 16 * i, t % 16), "the row's phase is the same for every i");
+    for (uint32_t t = 0; t < nt; t++)
+        for (uint32_t i = 0; i < loads; i++, writes++) {
+            const uint32_t off = aw_off(AW_BM, t / 16, t % 16) + i * rs * AW_ROWB;
+            T_EQ_INT(off, aw_off(AW_BM, t / 16 + rs * i, t % 16), "the row's phase is the same for every i");
             if (off / 16 >= n)
                 outside++;
             else
@@ -113,6 +114,12 @@ static void test_tile_loads(void)
     T_EQ_INT(outside, 0, "chunks outside the tile");
     T_EQ_INT(twice, 0, "chunks written twice");
     free(seen);
+}
+
+static void test_tile_loads(void)
+{
+    check_tile_loads(AW_THREADS);
+    check_tile_loads(AW_WS_LT);
 }
 
 int main(int argc, char **argv)
