@@ -119,6 +119,9 @@ inline Cta *&cta()
     return c;
 }
 
+/* the thread running now */
+inline Fiber &cur_fiber() { return cta()->f[(size_t)cta()->cur]; }
+
 /* fiber stacks, reused by every CTA. Under AddressSanitizer (tests/emu/run with EMU_SANITIZE=1)
  * a stack's shadow still holds the redzones of the frames of the fiber that last ran on it:
  * cleared before the stack is handed out again. */
@@ -182,8 +185,8 @@ inline void trampoline()
 {
     Cta *c = cta();
     c->body();
-    cp_land(c->f[c->cur], 1 << 30);   /* what is still in flight lands before the block ends */
-    c->f[c->cur].done = true;
+    cp_land(cur_fiber(), 1 << 30);   /* what is still in flight lands before the block ends */
+    cur_fiber().done = true;
     c->live--;
     /* a barrier may now be complete without this thread */
     if (c->live > 0 && c->bar_arrived > 0 && c->bar_arrived == c->live) {
@@ -328,7 +331,7 @@ inline void launch(dim3 grid, dim3 block, size_t dyn, const std::function<void()
             }
 }
 
-inline uint3 thread_idx() { return cta()->f[(size_t)cta()->cur].tid; }
+inline uint3 thread_idx() { return cur_fiber().tid; }
 
 /* __shared__ variables are function statics here (one CTA runs at a time), outside the dynamic
  * shared memory: df_smem gives them shared addresses with the top bit set, the rest their signed
@@ -467,7 +470,7 @@ inline void emu_cp(uint32_t dst, const void *src, bool ok, unsigned n)
     emu::smem_at(dst, n);   /* bounds */
     if (dst % n)
         emu::die("cp.async destination not aligned to its size");
-    emu::Fiber &f = emu::cta()->f[(size_t)emu::cta()->cur];
+    emu::Fiber &f = emu::cur_fiber();
     emu::CpPending c;
     c.dst = dst;
     c.n = n;
@@ -494,7 +497,6 @@ inline void cp_land(Fiber &f, int below)
     }
     f.cp.resize(k);
 }
-inline Fiber &cur_fiber() { return cta()->f[(size_t)cta()->cur]; }
 } /* namespace emu */
 inline void df_cp16(uint32_t dst, const void *src, bool ok) { emu_cp(dst, src, ok, 16); }
 inline void df_cp4(uint32_t dst, const void *src, bool ok) { emu_cp(dst, src, ok, 4); }
