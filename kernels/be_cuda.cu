@@ -559,6 +559,7 @@ static void cuda_ops_fill(void)
     cuda_ops.adamw = cuda_adamw;
     cuda_ops.uniform_noise = cuda_uniform_noise;
     cuda_ops.gather_rows = cuda_gather_rows;
+    cuda_ops.segment_sum = cuda_segment_sum;
     /* mixture of experts: moe.cu */
     cuda_ops.moe_route = cuda_moe_route;
     cuda_ops.moe_gather = cuda_moe_gather;

@@ -207,6 +207,8 @@ int cuda_block_metrics(dfl_be *be, double *out, const uint8_t *correct, const fl
                        int64_t n_blocks, int bs);
 int cuda_adamw(dfl_be *be, const dfl_adamw *a);
 int cuda_uniform_noise(dfl_be *be, void *x, int64_t n, float amp, uint64_t seed);
+int cuda_segment_sum(dfl_be *be, void *dst, const void *src, const int32_t *off, int64_t n,
+                     int64_t w);
 int cuda_gather_rows(dfl_be *be, void *dst, const void *src, const int32_t *rows, int64_t n,
                      int64_t row_bytes);
 int cuda_dflash_attn(dfl_be *be, const dfl_dflash_attn *a);

@@ -517,6 +517,40 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* segment_sum: one thread per (segment, column), the columns of a warp adjacent (coalesced);
+ * each adds its segment's rows in order in f32 and rounds once, as the CPU op does. */
+template <typename T>
+static __global__ void segment_sum_kernel(T *dst, const T *src, const int32_t *off, int64_t n,
+                                          int64_t w)
+{
+    const int64_t total = n * w;
+    for (int64_t x = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; x < total;
+         x += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t i = x / w, k = x - i * w;
+        float acc = 0.0f;
+        for (int64_t r = off[i]; r < off[i + 1]; r++)
+            acc += to_f32(src[r * w + k]);
+        dst[x] = from_f32<T>(acc);
+    }
+}
+
+int cuda_segment_sum(dfl_be *be, void *dst, const void *src, const int32_t *off, int64_t n,
+                     int64_t w)
+{
+    if (n <= 0 || w <= 0)
+        return 0;
+    int rc = cuda_enter(be);
+    if (rc)
+        return rc;
+    cudaStream_t s = cuda_of(be)->stream;
+    const unsigned g = grid_for(n * w, TR_THREADS, tr_max_blocks(be));
+    if (be->act == DFL_BF16)
+        segment_sum_kernel<bf16><<<g, TR_THREADS, 0, s>>>((bf16 *)dst, (const bf16 *)src, off, n, w);
+    else
+        segment_sum_kernel<float><<<g, TR_THREADS, 0, s>>>((float *)dst, (const float *)src, off, n, w);
+    return cuda_launch_check(be, "segment_sum");
+}
+
 /* gather_rows: one thread per word of the output (16-byte words when the row size and both
  * pointers allow, else 4-byte, else bytes); a copy, so the result is the CPU op's bit for bit. */
 

@@ -268,19 +268,33 @@ def drafter_flops(c, T, Q, anchor_pos, bs):
     H, nh, nkv, d, I, V = (c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"],
                            c["intermediate_size"], c["vocab_size"])
     K, Ld = len(c["target_layer_ids"]), c["num_draft_layers"]
+    N, Qs = Q // bs, Q - Q // bs                     # blocks; the scored rows: slots 1..bs-1
     fc = 2 * T * K * H * H * 2                       # forward + weight gradient (inputs need no grad)
-    per_layer = 2 * Q * H * (nh * d + 2 * nkv * d) + 2 * T * H * 2 * nkv * d + 2 * Q * nh * d * H + 2 * Q * H * 3 * I
 
-    def keys(a, w):   # the keys a block anchored at a sees, over its bs slots (window w, 0: full)
+    def layer(rq, rkv, ro):   # a layer's products: queries, block keys/values, output proj + MLP rows
+        return 2 * rq * H * nh * d + 2 * (rkv + T) * H * 2 * nkv * d + 2 * ro * nh * d * H + 2 * ro * H * 3 * I
+    # The first layer's block rows hold 2 distinct inputs a block (the anchor's token, the mask
+    # token at every other slot): its queries, keys and values are model work at N + 1 rows (dfl
+    # makes them at 2 rows a block). The last layer's slot-0 rows are keys and values of their
+    # block, but their query, attention output, output projection and MLP reach only slot 0's
+    # logits, which are never scored: not model work (dfl skips the output projection and the
+    # MLP there). Likewise the LM head: slot 0 (the anchor's own token) is never scored, so its
+    # logits are not model work (dfl skips them; a peer that computes them does more).
+    rq, rkv, ro = [Q] * Ld, [Q] * Ld, [Q] * Ld
+    rq[0] = rkv[0] = N + 1
+    rq[-1], ro[-1] = min(rq[-1], Qs), Qs
+    layers = sum(layer(rq[l], rkv[l], ro[l]) for l in range(Ld))
+
+    def keys(a, w, j0=0):   # the keys a block anchored at a sees, over its slots j0.. (window w, 0: full)
         if w <= 0:
-            return bs * (a + bs)
-        return sum(a - min(a, max(0, a + j - (w - 1))) + j + 1 for j in range(bs))
+            return (bs - j0) * (a + bs)
+        return sum(a - min(a, max(0, a + j - (w - 1))) + j + 1 for j in range(j0, bs))
+    wins = layer_windows(c)
     # the attention FLOPs of each layer: only the keys its window leaves
-    attn = sum(sum(4 * keys(a, w) * nh * d for a in anchor_pos) for w in layer_windows(c))
-    # the LM head of the rows that are scored: slot 0 of a block (the anchor's own token) never
-    # is, so its logits are not model work (dfl skips them; a peer that computes them does more)
-    head = 2 * (Q - Q // bs) * H * V
-    return fc + Ld * 3 * per_layer + 3.5 * attn + 2 * head
+    attn = sum(sum(4 * keys(a, w, 1 if l == len(wins) - 1 else 0) * nh * d for a in anchor_pos)
+               for l, w in enumerate(wins))
+    head = 2 * Qs * H * V
+    return fc + 3 * layers + 3.5 * attn + 2 * head
 
 
 def bench(a):

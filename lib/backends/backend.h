@@ -438,6 +438,12 @@ typedef struct dfl_be_ops {
      * is -1 at the slot-0 rows. */
     int (*gather_rows)(dfl_be *be, void *dst, const void *src, const int32_t *rows, int64_t n,
                        int64_t row_bytes);
+    /* For i < n: dst row i = the sum of src rows off[i] .. off[i+1]-1 (act, rows of w; off:
+     * int32 [n+1], non-decreasing, backend memory), added in row order in f32 and rounded to
+     * act once; 0 for an empty segment. dst and src do not overlap. The drafter sums the
+     * gradients at a block's mask-token rows of its first layer with it (draft_step.c). */
+    int (*segment_sum)(dfl_be *be, void *dst, const void *src, const int32_t *off, int64_t n,
+                       int64_t w);
 
     /* mixture of experts (the target's sparse MLPs; see dfl_moe_route) */
     int (*moe_route)(dfl_be *be, const dfl_moe_route *r);

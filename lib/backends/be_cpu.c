@@ -156,6 +156,7 @@ static const dfl_be_ops cpu_ops = {
     .adamw = dfl_cpu_adamw,
     .uniform_noise = dfl_cpu_uniform_noise,
     .gather_rows = dfl_cpu_gather_rows,
+    .segment_sum = dfl_cpu_segment_sum,
     .moe_route = dfl_cpu_moe_route,
     .moe_gather = dfl_cpu_moe_gather,
     .moe_matmul = dfl_cpu_moe_matmul,

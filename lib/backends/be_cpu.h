@@ -86,6 +86,8 @@ int dfl_cpu_adamw(dfl_be *be, const dfl_adamw *a);
 int dfl_cpu_uniform_noise(dfl_be *be, void *x, int64_t n, float amp, uint64_t seed);
 int dfl_cpu_gather_rows(dfl_be *be, void *dst, const void *src, const int32_t *rows, int64_t n,
                         int64_t row_bytes);
+int dfl_cpu_segment_sum(dfl_be *be, void *dst, const void *src, const int32_t *off, int64_t n,
+                        int64_t w);
 /* be_cpu_device.c: fills the device-plumbing ops of the table. */
 void dfl_cpu_device_ops(dfl_be_ops *o);
 

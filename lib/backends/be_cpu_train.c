@@ -533,6 +533,24 @@ int dfl_cpu_uniform_noise(dfl_be *be, void *xv, int64_t n, float amp, uint64_t s
     return 0;
 }
 
+/* f32 activations: the sum in row order is already the rounding the op defines */
+int dfl_cpu_segment_sum(dfl_be *be, void *dstv, const void *srcv, const int32_t *off, int64_t n,
+                        int64_t w)
+{
+    float *dst = dstv;
+    const float *src = srcv;
+#pragma omp parallel for schedule(static) if (PAR(n * w))
+    for (int64_t i = 0; i < n; i++) {
+        float *d = dst + i * w;
+        for (int64_t k = 0; k < w; k++)
+            d[k] = 0.0f;
+        for (int64_t r = off[i]; r < off[i + 1]; r++)
+            for (int64_t k = 0; k < w; k++)
+                d[k] += src[r * w + k];
+    }
+    return 0;
+}
+
 int dfl_cpu_gather_rows(dfl_be *be, void *dstv, const void *srcv, const int32_t *rows, int64_t n,
                         int64_t row_bytes)
 {

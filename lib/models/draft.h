@@ -216,7 +216,10 @@ int dfl_draft_warmup(dfl_draft *m, dfl_err *e);
  * blocked; zeros on the CPU). */
 void dfl_draft_host_waits(const dfl_draft *m, uint64_t *syncs, uint64_t *event_waits);
 
-/* Activations of the last forward, for tests (host copies, f32). */
+/* Activations of the last step, for tests (host copies, f32; read after dfl_draft_step: the
+ * last layer's and z use the step's gradient scratch). The last layer runs its output
+ * projection and MLP at the scored rows only (slots 1..bs-1: slot 0's output is never scored),
+ * so its output and z are 0 at slot 0. */
 enum { DFL_DRAFT_ACT_CTX,      /* C [T, H] */
        DFL_DRAFT_ACT_LAYER,    /* output of layer `layer` [Q, H] */
        DFL_DRAFT_ACT_OUT,      /* z after the final norm [Q, H] (computed again from the last

@@ -135,6 +135,14 @@ struct dfl_draft {
      * row_scored. Both maps depend on bs alone and are written once by dfl_draft_reserve. */
     int32_t *scored_rows;        /* [capB*(bs-1)] the row of each scored row */
     int32_t *row_scored;         /* [capB*bs] the scored row of each row, -1 at slot 0 */
+    /* The first layer's block rows are the anchor's token at slot 0 and the mask token at every
+     * other slot, so before its attention a block has two distinct rows: its queries, keys and
+     * values are made for 2 rows a block (the "pair" rows: slot 0, slot 1) and spread, and its
+     * weight gradients take, per block, slot 0's gradient and the sum of the other slots' (see
+     * layer_forward). Like the maps above, these depend on bs alone. */
+    int32_t *pair_rows;          /* [2 capB] the row of pair row p: b bs (p = 2b), b bs + 1 */
+    int32_t *row_pair;           /* [capB*bs] the pair row of each row: 2b at slot 0, else 2b+1 */
+    int32_t *pair_off;           /* [2 capB + 1] the rows each pair row sums: b bs, b bs + 1 */
     int32_t *labels_s;           /* [Qs] */
     float *weight_s;             /* [Qs] */
     uint8_t *correct_s;          /* [Qs] */
@@ -144,9 +152,9 @@ struct dfl_draft {
     void *cpre, *C;              /* [T, H] */
     float *rstdc;                /* [T] */
     layer_acts *la;              /* [layers] */
-    void *hL;                    /* [Q, H] the last layer's output */
-    float *rstd_s;               /* [Qs] the final norm's, of the scored rows */
-    float *rstdf;                /* [Q] the same at the rows (0 at slot 0), for the backward */
+    void *os;                    /* [Qs, nH*d] the last layer's attention output, scored rows */
+    void *hL;                    /* [Qs, H] the last layer's output, at the scored rows only */
+    float *rstd_s;               /* [Qs] the final norm's */
     float *lm_work;              /* [dfl_lmce_work(chunk, V)] */
     void *dh, *dx;               /* [Q, H] */
     void *dact;                  /* [Q, I] */

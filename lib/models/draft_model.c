@@ -326,6 +326,7 @@ int dfl_draft_activation(dfl_draft *m, int which, int layer, float *dst, int64_t
 {
     dfl_be *be = m->be;
     const int64_t H = m->c.hidden;
+    const size_t as = dfl_dtype_size(be->act);
     const void *src = NULL;
     int64_t need = 0;
     switch (which) {
@@ -333,12 +334,20 @@ int dfl_draft_activation(dfl_draft *m, int which, int layer, float *dst, int64_t
     case DFL_DRAFT_ACT_LAYER:
         if (layer < 0 || layer >= m->c.n_layers)
             return dfl_fail(e, DFL_EUSAGE, "no layer %d", layer);
-        src = layer + 1 < m->c.n_layers ? m->la[layer + 1].hin : m->hL;
         need = m->Q * H;
+        if (layer + 1 < m->c.n_layers) {
+            src = m->la[layer + 1].hin;
+            break;
+        }
+        /* the last layer's output exists at the scored rows only: spread, 0 at slot 0 */
+        TRY(be->ops->gather_rows(be, m->dx, m->hL, m->row_scored, m->Q, H * (int64_t)as));
+        src = m->dx;
         break;
-    case DFL_DRAFT_ACT_OUT:   /* z is kept for the scored rows only: the norm again, into dx */
-        TRY(be->ops->rmsnorm(be, m->dx, NULL, m->hL, (const char *)m->wts + m->off_norm *
-                             dfl_dtype_size(be->wdt), m->Q, H, (float)m->c.rms_eps));
+    case DFL_DRAFT_ACT_OUT:   /* z: the norm again (of the scored rows, into dh), spread into dx */
+        TRY(be->ops->rmsnorm(be, m->dh, NULL, m->hL, (const char *)m->wts + m->off_norm *
+                             dfl_dtype_size(be->wdt), m->B * (m->c.block_size - 1), H,
+                             (float)m->c.rms_eps));
+        TRY(be->ops->gather_rows(be, m->dx, m->dh, m->row_scored, m->Q, H * (int64_t)as));
         src = m->dx;
         need = m->Q * H;
         break;

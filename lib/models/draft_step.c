@@ -157,7 +157,33 @@ static double attn_flops(const dfl_draft *m, int64_t W)
     return 4.0 * (double)c->head_dim * (double)c->n_heads * keys;
 }
 
-/* Layer l: la[l].hin -> hout, keeping what the backward needs in la[l]. */
+/* y [Q, out] = x W^T at the step's block rows (W at offset off, [out, in]). With pairs (the first
+ * layer: see pair_rows), from the pair rows' xp [2B, in] instead: made into tmp [2B, out] and
+ * spread over the rows. A block's rows at slots 1..bs-1 hold the same input there, so each gets
+ * what a product over every row would give it. */
+static int block_linear(dfl_draft *m, bool pairs, void *y, const void *x, const void *xp, void *tmp,
+                        int64_t off, int64_t out, int64_t in)
+{
+    if (!pairs)
+        return linear(m, y, x, m->Q, off, out, in, NULL);
+    int rc = linear(m, tmp, xp, 2 * m->B, off, out, in, NULL);
+    if (!rc) {
+        int sp = dfl_span_begin(m->prof, DFL_DP_EW);
+        rc = m->be->ops->gather_rows(m->be, y, tmp, m->row_pair, m->Q,
+                                     out * (int64_t)dfl_dtype_size(m->be->act));
+        dfl_span_end(m->prof, sp, 0);
+    }
+    return rc;
+}
+
+/* Layer l: la[l].hin -> hout, keeping what the backward needs in la[l].
+ *
+ * The last layer is cut after its attention: only the rows of block slots 1..bs-1 (the scored
+ * rows, see scored_rows) go through its output projection, its MLP and the final norm. Its slot-0
+ * rows are still needed up to there (they are keys and values of their block), but their output
+ * reaches only the LM head's slot 0, which is never scored, so it can change neither the loss
+ * nor a gradient. Their attention output (a->o) and the residual are gathered (m->os, and dx,
+ * free until the final norm); hout has the Qs scored rows. */
 static int layer_forward(dfl_draft *m, int l, void *hout, dfl_err *e)
 {
     dfl_be *be = m->be;
@@ -165,33 +191,86 @@ static int layer_forward(dfl_draft *m, int l, void *hout, dfl_err *e)
     const layer_w *w = &m->lw[l];
     layer_acts *a = &m->la[l];
     const step_dims d = dims_of(m);
+    const bool last = l == c->n_layers - 1;
+    const int64_t R = last ? m->B * (c->block_size - 1) : d.Q;   /* the rows after attention */
 
     EW(be->ops->rmsnorm(be, a->x, a->rstd1, a->hin, W(m, w->in_ln), d.Q, d.H, d.eps));
+    /* The first layer's block rows: 2 distinct rows a block (see pair_rows), gathered into dx
+     * (free until the last layer), their products made into dq, dk and dv (free until the
+     * backward) and spread over the rows. */
+    const bool pairs = l == 0;
+    if (pairs)
+        EW(be->ops->gather_rows(be, m->dx, a->x, m->pair_rows, 2 * m->B, d.H * (int64_t)d.as));
     /* queries */
-    TRY(linear(m, a->qraw, a->x, d.Q, w->wq, d.NQ, d.H, NULL));
+    TRY(block_linear(m, pairs, a->qraw, a->x, m->dx, m->dq, w->wq, d.NQ, d.H));
     EW(be->ops->copy(be, a->q, a->qraw, (size_t)(d.Q * d.NQ) * d.as));
     EW(be->ops->qknorm_rope(be, a->q, d.NQ, a->rstdq, W(m, w->q_norm), m->in.pos + d.T, d.Q,
                              c->n_heads, c->head_dim, d.eps, d.theta));
     /* keys and values: rows [context | block slots] */
     TRY(linear(m, a->kraw, m->C, d.T, w->wk, d.NK, d.H, NULL));
-    TRY(linear(m, ACT(m, a->kraw, d.T, d.NK), a->x, d.Q, w->wk, d.NK, d.H, NULL));
+    TRY(block_linear(m, pairs, ACT(m, a->kraw, d.T, d.NK), a->x, m->dx, m->dk, w->wk, d.NK, d.H));
     EW(be->ops->copy(be, a->k, a->kraw, (size_t)((d.T + d.Q) * d.NK) * d.as));
     EW(be->ops->qknorm_rope(be, a->k, d.NK, a->rstdk, W(m, w->k_norm), m->in.pos, d.T + d.Q,
                              c->n_kv, c->head_dim, d.eps, d.theta));
     TRY(linear(m, a->v, m->C, d.T, w->wv, d.NK, d.H, NULL));
-    TRY(linear(m, ACT(m, a->v, d.T, d.NK), a->x, d.Q, w->wv, d.NK, d.H, NULL));
+    TRY(block_linear(m, pairs, ACT(m, a->v, d.T, d.NK), a->x, m->dx, m->dv, w->wv, d.NK, d.H));
     const dfl_dflash_attn at = layer_attn(m, l);
     OPF(DFL_DP_ATTN_FWD, m->attn_fl[c->sliding[l] ? 1 : 0], be->ops->dflash_attn(be, &at));
     /* residual + MLP (the products add the residual as they write) */
-    TRY(linear(m, a->hmid, a->o, d.Q, w->wo, d.H, d.NQ, a->hin));
-    EW(be->ops->rmsnorm(be, a->y, a->rstd2, a->hmid, W(m, w->post_ln), d.Q, d.H, d.eps));
-    TRY(linear(m, a->gu, a->y, d.Q, w->wgu, 2 * d.I, d.H, NULL));
-    EW(be->ops->swiglu(be, a->act, a->gu, d.Q, d.I));
-    TRY(linear(m, hout, a->act, d.Q, w->wdown, d.H, d.I, a->hmid));
+    const void *o = a->o, *res = a->hin;
+    if (last) {
+        EW(be->ops->gather_rows(be, m->os, a->o, m->scored_rows, R, d.NQ * (int64_t)d.as));
+        EW(be->ops->gather_rows(be, m->dx, a->hin, m->scored_rows, R, d.H * (int64_t)d.as));
+        o = m->os;
+        res = m->dx;
+    }
+    TRY(linear(m, a->hmid, o, R, w->wo, d.H, d.NQ, res));
+    EW(be->ops->rmsnorm(be, a->y, a->rstd2, a->hmid, W(m, w->post_ln), R, d.H, d.eps));
+    TRY(linear(m, a->gu, a->y, R, w->wgu, 2 * d.I, d.H, NULL));
+    EW(be->ops->swiglu(be, a->act, a->gu, R, d.I));
+    TRY(linear(m, hout, a->act, R, w->wdown, d.H, d.I, a->hmid));
     return DFL_OK;
 }
 
-/* On entry m->dh = dL/d(output of layer l); on exit dL/d(input of layer l). dC accumulates. */
+/* The first layer's queries, keys and values, backward (the end of layer_backward for l = 0;
+ * at->dq, dk_blk, dv_blk hold the gradients at every block row). Its block rows have 2 distinct
+ * inputs a block (see pair_rows): x at slot 0 and the mask token's x at the others. So each
+ * weight's gradient over the block rows, sum_r dy_r x_r^T, is a product over the 2B pair rows
+ * with dy at pair row 2b+1 the sum of the block's slots 1..bs-1 (segment_sum, in f32); likewise
+ * the input norm's weight gradient, sum_r dx_r * x_r rstd_r, with dx at the pair rows (dx is
+ * linear in dy). The layer's input gradient is not made: the embeddings are frozen, so nothing
+ * reads it (dh is left as scratch). Scratch, free after the attention's backward: each sum in
+ * turn in dout or dq (after its own sum), the pair rows' x and then h in dh, rstd in delta. */
+static int layer0_qkv_backward(dfl_draft *m, const dfl_dflash_attn *at, dfl_err *e)
+{
+    dfl_be *be = m->be;
+    const layer_w *w = &m->lw[0];
+    layer_acts *a = &m->la[0];
+    const step_dims d = dims_of(m);
+    const int64_t P = 2 * m->B;
+    EW(be->ops->gather_rows(be, m->dh, a->x, m->pair_rows, P, d.H * (int64_t)d.as));
+    EW(be->ops->segment_sum(be, m->dout, m->dq, m->pair_off, P, d.NQ));
+    TRY(linear_dw(m, w->wq, m->dout, m->dh, P, d.NQ, d.H, 0.0f));
+    TRY(linear_dx(m, m->dx, m->dout, P, w->wq, d.NQ, d.H, 0.0f));
+    EW(be->ops->segment_sum(be, m->dq, at->dk_blk, m->pair_off, P, d.NK));
+    TRY(linear_dw(m, w->wk, m->dq, m->dh, P, d.NK, d.H, 0.0f));
+    TRY(linear_dw(m, w->wk, m->dk, m->C, d.T, d.NK, d.H, 1.0f));
+    TRY(linear_dx(m, m->dx, m->dq, P, w->wk, d.NK, d.H, 1.0f));
+    EW(be->ops->segment_sum(be, m->dout, at->dv_blk, m->pair_off, P, d.NK));
+    TRY(linear_dw(m, w->wv, m->dout, m->dh, P, d.NK, d.H, 0.0f));
+    TRY(linear_dw(m, w->wv, m->dv, m->C, d.T, d.NK, d.H, 1.0f));
+    TRY(linear_dx(m, m->dx, m->dout, P, w->wv, d.NK, d.H, 1.0f));
+    TRY(linear_dx(m, m->dC, m->dk, d.T, w->wk, d.NK, d.H, 1.0f));
+    TRY(linear_dx(m, m->dC, m->dv, d.T, w->wv, d.NK, d.H, 1.0f));
+    EW(be->ops->gather_rows(be, m->dh, a->hin, m->pair_rows, P, d.H * (int64_t)d.as));
+    EW(be->ops->gather_rows(be, m->delta, a->rstd1, m->pair_rows, P, 4));
+    EW(be->ops->rmsnorm_bwd(be, m->dx, m->grad + w->in_ln, m->dx, m->dh, W(m, w->in_ln),
+                             m->delta, P, d.H, false));
+    return DFL_OK;
+}
+
+/* On entry m->dh = dL/d(output of layer l) (the last layer: m->dx, at its scored rows only; see
+ * layer_forward); on exit m->dh = dL/d(input of layer l). dC accumulates. */
 static int layer_backward(dfl_draft *m, int l, dfl_err *e)
 {
     dfl_be *be = m->be;
@@ -199,18 +278,31 @@ static int layer_backward(dfl_draft *m, int l, dfl_err *e)
     const layer_w *w = &m->lw[l];
     layer_acts *a = &m->la[l];
     const step_dims d = dims_of(m);
+    const bool last = l == c->n_layers - 1;
+    const int64_t R = last ? m->B * (c->block_size - 1) : d.Q;   /* the rows after attention */
+    void *dho = last ? m->dx : m->dh;   /* dL/d(output), then dL/d(hmid) */
+    void *dy = last ? m->dh : m->dx;    /* dL/d(y) */
 
     /* MLP: h_out = hmid + act Wdown^T */
-    TRY(linear_dx(m, m->dact, m->dh, d.Q, w->wdown, d.H, d.I, 0.0f));
-    TRY(linear_dw(m, w->wdown, m->dh, a->act, d.Q, d.H, d.I, 0.0f));
-    EW(be->ops->swiglu_bwd(be, m->dgu, m->dact, a->gu, d.Q, d.I));
-    TRY(linear_dw(m, w->wgu, m->dgu, a->y, d.Q, 2 * d.I, d.H, 0.0f));
-    TRY(linear_dx(m, m->dx, m->dgu, d.Q, w->wgu, 2 * d.I, d.H, 0.0f));
-    EW(be->ops->rmsnorm_bwd(be, m->dh, m->grad + w->post_ln, m->dx, a->hmid, W(m, w->post_ln),
-                             a->rstd2, d.Q, d.H, true));
-    /* attention: hmid = hin + o Wo^T */
-    TRY(linear_dx(m, m->dout, m->dh, d.Q, w->wo, d.H, d.NQ, 0.0f));
-    TRY(linear_dw(m, w->wo, m->dh, a->o, d.Q, d.H, d.NQ, 0.0f));
+    TRY(linear_dx(m, m->dact, dho, R, w->wdown, d.H, d.I, 0.0f));
+    TRY(linear_dw(m, w->wdown, dho, a->act, R, d.H, d.I, 0.0f));
+    EW(be->ops->swiglu_bwd(be, m->dgu, m->dact, a->gu, R, d.I));
+    TRY(linear_dw(m, w->wgu, m->dgu, a->y, R, 2 * d.I, d.H, 0.0f));
+    TRY(linear_dx(m, dy, m->dgu, R, w->wgu, 2 * d.I, d.H, 0.0f));
+    EW(be->ops->rmsnorm_bwd(be, dho, m->grad + w->post_ln, dy, a->hmid, W(m, w->post_ln),
+                             a->rstd2, R, d.H, true));
+    /* attention: hmid = hin + o Wo^T. The last layer's dL/d(o) at the scored rows goes to dq
+     * (free until the attention's backward) and is spread over the rows, 0 at slot 0, as is
+     * dL/d(hmid) into dh, the residual's gradient. */
+    if (last) {
+        TRY(linear_dx(m, m->dq, dho, R, w->wo, d.H, d.NQ, 0.0f));
+        TRY(linear_dw(m, w->wo, dho, m->os, R, d.H, d.NQ, 0.0f));
+        EW(be->ops->gather_rows(be, m->dout, m->dq, m->row_scored, d.Q, d.NQ * (int64_t)d.as));
+        EW(be->ops->gather_rows(be, m->dh, dho, m->row_scored, d.Q, d.H * (int64_t)d.as));
+    } else {
+        TRY(linear_dx(m, m->dout, m->dh, d.Q, w->wo, d.H, d.NQ, 0.0f));
+        TRY(linear_dw(m, w->wo, m->dh, a->o, d.Q, d.H, d.NQ, 0.0f));
+    }
     dfl_dflash_attn at = layer_attn(m, l);
     at.dout = m->dout;
     at.delta = m->delta;
@@ -226,6 +318,8 @@ static int layer_backward(dfl_draft *m, int l, dfl_err *e)
     EW(be->ops->qknorm_rope_bwd(be, m->dk, d.NK, m->grad + w->k_norm, a->kraw, W(m, w->k_norm),
                                  a->rstdk, m->in.pos, d.T + d.Q, c->n_kv, c->head_dim, d.eps,
                                  d.theta));
+    if (l == 0)
+        return layer0_qkv_backward(m, &at, e);
     const void *dk_blk = at.dk_blk, *dv_blk = at.dv_blk;
     TRY(linear_dw(m, w->wq, m->dq, a->x, d.Q, d.NQ, d.H, 0.0f));
     TRY(linear_dw(m, w->wk, dk_blk, a->x, d.Q, d.NK, d.H, 0.0f));
@@ -278,12 +372,10 @@ int dfl_draft_forward(dfl_draft *m, bool want_grad, dfl_err *e)
             return rc;
     }
 
-    /* The final norm, the LM head and the loss on the scored rows only (see scored_rows): hL's
-     * rows at slots 1..bs-1 into dh, z = norm(them) into dx (both free until the backward), the
-     * gradient at z into dh. */
+    /* The final norm, the LM head and the loss on the scored rows only (see scored_rows; hL has
+     * only them): z = norm(hL) into dx (free until the backward), the gradient at z into dh. */
     const int64_t Qs = m->B * (c->block_size - 1);
-    EW(be->ops->gather_rows(be, m->dh, m->hL, m->scored_rows, Qs, H * (int64_t)d.as));
-    EW(be->ops->rmsnorm(be, m->dx, m->rstd_s, m->dh, W(m, m->off_norm), Qs, H, d.eps));
+    EW(be->ops->rmsnorm(be, m->dx, m->rstd_s, m->hL, W(m, m->off_norm), Qs, H, d.eps));
     const dfl_lmce lm = {
         .z = m->dx, .w_lm = m->lm_head, .labels = m->labels_s, .weight = m->weight_s, .Q = Qs,
         .H = H, .V = c->vocab, .sums = m->sums, .correct = m->correct_s, .ce_out = m->ce,
@@ -329,12 +421,10 @@ int dfl_draft_backward(dfl_draft *m, dfl_err *e)
     if (zr)
         return zr;
 
-    /* the final norm over every row: dz and rstd the scored rows', 0 at slot 0 (where the
-     * gradient is 0 and so, exactly, is what the norm's backward gives and adds to dw) */
-    EW(be->ops->gather_rows(be, m->dx, m->dh, m->row_scored, Q, H * (int64_t)d.as));
-    EW(be->ops->gather_rows(be, m->rstdf, m->rstd_s, m->row_scored, Q, 4));
-    EW(be->ops->rmsnorm_bwd(be, m->dh, m->grad + m->off_norm, m->dx, m->hL, W(m, m->off_norm),
-                             m->rstdf, Q, H, false));
+    /* the final norm, at the scored rows (the last layer's only rows): dL/dz in dh, dL/dhL into
+     * dx, where the last layer's backward takes it */
+    EW(be->ops->rmsnorm_bwd(be, m->dx, m->grad + m->off_norm, m->dh, m->hL, W(m, m->off_norm),
+                             m->rstd_s, m->B * (c->block_size - 1), H, false));
     /* the layers, last first; dC collects the context rows' gradients */
     EW(be->ops->memset0(be, m->dC, (size_t)(T * H) * d.as));
     for (int l = c->n_layers - 1; l >= 0; l--) {

@@ -37,11 +37,12 @@ two() {
 
 losses() { grep -o '"loss":[^,]*' "$1" | cut -d: -f2; }
 
-# every tensor of two checkpoints within 1e-6 (absolute; the weights are about 0.02)
+# same_weights A B [TOL]: every tensor of two checkpoints within TOL (absolute; default 1e-6: the
+# weights are about 0.02, and each step moves an element by up to lr = 6e-4)
 same_weights() {
     run dfl-ckpt --diff "$1/model.safetensors" "$2/model.safetensors"
     [ "$status" -le 1 ]
-    awk 'NR > 1 && /^[a-z]/ && !($2 <= 1e-6) { print "differs: " $0; bad = 1 } END { exit bad }' <<< "$output"
+    awk -v tol="${3:-1e-6}" 'NR > 1 && /^[a-z]/ && !($2 <= tol) { print "differs: " $0; bad = 1 } END { exit bad }' <<< "$output"
 }
 
 @test "two ranks on their own streams train as one rank on the merged batches" {
@@ -51,7 +52,11 @@ same_weights() {
     [ "$(losses "$T/r2/metrics.jsonl" | wc -l)" -eq 4 ]   # rank 0 alone wrote the metrics
     paste <(losses "$T/r1/metrics.jsonl") <(losses "$T/r2/metrics.jsonl") |
         awk '{ d = $1 - $2; if (d < 0) d = -d; if (!(d <= 1e-6 * $1)) { print "loss " $0; bad = 1 } } END { exit bad }'
-    same_weights "$T/r1/latest" "$T/r2/latest"
+    # 1e-5: a batch lost or counted twice moves many elements by ~1e-4. Not tighter: two ranks
+    # add the same gradients in another order than one, and AdamW divides each element by its
+    # own magnitude (+1e-8), so an element whose gradient cancels to near 1e-8 carries its sum's
+    # rounding into the update (seen: 1.4e-6 in o_proj)
+    same_weights "$T/r1/latest" "$T/r2/latest" 1e-5
     # each rank saw its own stream; the checkpoint holds both ranks' positions
     grep -q 'rank 0 of 2' "$T/dp.err0"
     grep -q 'rank 1 of 2' "$T/dp.err1"

@@ -2,7 +2,7 @@
  * against the CPU reference ops (lib/backends/be_cpu_train.c) on random inputs, in bf16 mode
  * (be->act = bf16) and f32 mode: rmsnorm_bwd, qknorm_rope_bwd, swiglu_bwd, dflash_attn (forward
  * and backward; every tile variant, the exact f32 kernels, odd shapes), lmce, sumsq, clip_scale,
- * adamw, uniform_noise and gather_rows. Without a GPU (or in a build without CUDA) every case is skipped and
+ * adamw, uniform_noise, gather_rows and segment_sum. Without a GPU (or in a build without CUDA) every case is skipped and
  * the program exits 77.
  *
  * Inputs are drawn in f32 and, in bf16 mode, rounded to bf16 first, so both backends see the
@@ -23,7 +23,7 @@
  *   lmce: ce per row |diff| <= 2e-4 + 1e-5 |ce|; loss sum rel 1e-5; weight sum, scored count
  *         exact; hits exact except rows whose top-2 logit gap is below 1e-3 (counted, allowed);
  *         dz rel 1e-2 / cos 0.9999 (bf16: G is rounded to bf16), rel 1e-4 (f32)
- *   sumsq rel 1e-12; clip_scale, block_metrics, gather_rows bit-exact; uniform_noise bit-exact (bf16: the
+ *   sumsq rel 1e-12; clip_scale, block_metrics, gather_rows, segment_sum bit-exact; uniform_noise bit-exact (bf16: the
  *         rounded CPU value);
  *   adamw |diff| <= 2^-20 |value| per element (the arithmetic is the CPU's operation for
  *         operation; the count of bitwise-different elements is printed, expected 0).
@@ -1608,6 +1608,69 @@ static void test_block_metrics(void)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* segment_sum: each output element adds its segment's rows in order in f32 and rounds once, so
+ * it is bit-exact against the same sum on the host (f32 mode: the CPU op; bf16 mode: the bf16
+ * inputs added in f32, rounded to bf16). Segments as the drafter's first layer has them (1 row,
+ * bs - 1 rows), empty ones and long ones; odd widths. */
+
+static void test_segment_sum(void)
+{
+    NEED_GPU();
+    static const struct { int64_t n_blk, bs, w; } cases[] = {
+        {1, 2, 1}, {7, 16, 33}, {2048, 16, 1024}, {300, 3, 4096}, {5, 100, 257},
+    };
+    struct mode md[2];
+    int nm = modes(md);
+    for (int mi = 0; mi < nm; mi++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            dfl_be *be = md[mi].be;
+            const int64_t nb = cases[ci].n_blk, bs = cases[ci].bs, w = cases[ci].w;
+            const int64_t R = nb * bs, n = 2 * nb + 1;   /* the last segment: empty */
+            int32_t *off = xmalloc((size_t)(n + 1) * sizeof *off);
+            for (int64_t b = 0; b <= nb; b++) {
+                off[2 * b] = (int32_t)(b * bs);
+                if (b < nb)
+                    off[2 * b + 1] = (int32_t)(b * bs + 1);
+            }
+            off[n] = off[n - 1];
+            float *src = rnd((size_t)(R * w), 1.0f, 0.0f, md[mi].bf16);
+            float *ref = xmalloc((size_t)(n * w) * 4), *got = xmalloc((size_t)(n * w) * 4);
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t k = 0; k < w; k++) {
+                    float acc = 0.0f;
+                    for (int64_t r = off[i]; r < off[i + 1]; r++)
+                        acc += src[r * w + k];
+                    ref[i * w + k] = acc;
+                }
+            for (int64_t i = 0; md[mi].bf16 && i < n * w; i++)
+                ref[i] = round_bf16(ref[i]);
+            char what[100];
+            snprintf(what, sizeof what, "segment_sum %s: %lld blocks of %lld, width %lld",
+                     md[mi].name, (long long)nb, (long long)bs, (long long)w);
+            gbuf gs, gd, go;
+            if (gb_alloc(&gs, be, (size_t)(R * w), md[mi].dt) &&
+                gb_alloc(&gd, be, (size_t)(n * w), md[mi].dt) &&
+                gb_alloc(&go, be, (size_t)(n + 1), DFL_I32)) {
+                gb_set(&gs, src);
+                gb_set_raw(&go, off);
+                check_rc(be->ops->segment_sum(be, gd.p, gs.p, (const int32_t *)go.p, n, w), be, what);
+                sync_ok(be, what);
+                gb_get(&gd, got);
+                int64_t bad = 0;
+                for (int64_t i = 0; i < n * w; i++)
+                    bad += memcmp(&got[i], &ref[i], 4) != 0;
+                printf("#   %-64s %lld values differ\n", what, (long long)bad);
+                T_CHECK(bad == 0, "%s: %lld values differ from the host sum", what, (long long)bad);
+                gb_check_guards(&gd, what);
+            }
+            gb_free(&gs);
+            gb_free(&gd);
+            gb_free(&go);
+            free(off), free(src), free(ref), free(got);
+        }
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* gather_rows: a copy, so bit-exact against the CPU op; rows of 1, 4, 6, 12, 2H (bf16) and 4H
  * bytes, aligned and misaligned buffers (the 16-, 4- and 1-byte paths), -1 rows zeroed. */
 
@@ -1869,6 +1932,7 @@ int main(int argc, char **argv)
     T_RUN(test_clip_scale);
     T_RUN(test_block_metrics);
     T_RUN(test_gather_rows);
+    T_RUN(test_segment_sum);
     T_RUN(test_uniform_noise);
     T_RUN(test_sumsq);
     T_RUN(test_adamw);

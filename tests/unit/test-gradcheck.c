@@ -591,6 +591,20 @@ static void test_gather_rows(void)
         T_CHECK(back[q] == (q % 4 ? z[q] : 0.0f), "row %d through the scored rows and back", q);
 }
 
+static void test_segment_sum(void)
+{
+    /* 5 rows of 3; segments [0,1) [1,4) [4,4) (empty: 0) [4,5) */
+    const float src[5 * 3] = {1, 2, 3,   .5f, -1, 1e8f,   .25f, 2, 1,   .125f, 4, -1e8f,   7, 8, 9};
+    const int32_t off[5] = {0, 1, 4, 4, 5};
+    float dst[4 * 3];
+    memset(dst, 0xEE, sizeof dst);
+    T_CHECK(be->ops->segment_sum(be, dst, src, off, 4, 3) == 0, "segment_sum");
+    /* in row order, in f32: (1e8 + 1) - 1e8 is 0 in f32, not 1 */
+    const float want[4 * 3] = {1, 2, 3,   .875f, 5, (1e8f + 1.0f) - 1e8f,   0, 0, 0,   7, 8, 9};
+    for (int i = 0; i < 12; i++)
+        T_CHECK(dst[i] == want[i], "segment_sum element %d: %g, want %g", i, dst[i], want[i]);
+}
+
 /* matmul with a separate added C (dfl_mm.Cin; the drafter's residual products): the same bits
  * as copying Cin into C and adding in place, f32 and bf16 C, padded rows; Cin unchanged, C's
  * padding untouched; beta 0 ignores Cin */
@@ -677,6 +691,7 @@ int main(int argc, char **argv)
     T_RUN(test_sumsq_clip);
     T_RUN(test_block_metrics);
     T_RUN(test_gather_rows);
+    T_RUN(test_segment_sum);
     T_RUN(test_uniform_noise);
     T_RUN(test_matmul_cin);
     dfl_be_close(be);
