@@ -154,7 +154,7 @@ int cuda_rmsnorm(dfl_be *be, void *y, float *rstd, const void *x, const void *w,
                  int64_t n, float eps);
 int cuda_add_rmsnorm(dfl_be *be, void *h, const void *d, void *y, float *rstd, const void *w,
                      int64_t R, int64_t n, float eps);
-int cuda_qknorm_rope(dfl_be *be, void *x, int64_t ld, float *rstd, const void *w,
+int cuda_qknorm_rope(dfl_be *be, void *x, const void *src, int64_t ld, float *rstd, const void *w,
                      const int32_t *pos, int64_t R, int heads, int d, float eps, float theta);
 /* ops.cu: the device table of RoPE inverse frequencies for (theta, d, be->rope_dtype)
  * (host-computed by dfl_rope_inv_freq like the CPU ops), uploaded on the compute stream the

@@ -256,8 +256,9 @@ int cuda_add_rmsnorm(dfl_be *be, void *h, const void *d, void *y, float *rstd, c
 #define QK_WARPS 8
 
 template <typename T, int P, int MAXJ>
-__global__ void qknorm_rope_kernel(T *x, int64_t ld, float *rstd, const T *w, const int32_t *pos,
-                                   const float *inv_freq, int64_t R, int heads, int d, float eps)
+__global__ void qknorm_rope_kernel(T *x, const T *src, int64_t ld, float *rstd, const T *w,
+                                   const int32_t *pos, const float *inv_freq, int64_t R, int heads,
+                                   int d, float eps)
 {
     typedef Pack<T, P> PK;
     int64_t gw = (int64_t)blockIdx.x * QK_WARPS + (threadIdx.x >> 5);
@@ -268,13 +269,14 @@ __global__ void qknorm_rope_kernel(T *x, int64_t ld, float *rstd, const T *w, co
     int h = (int)(gw % heads);
     int half = d / 2;
     T *v = x + r * ld + (int64_t)h * d;
+    const T *vi = (src ? src : x) + r * ld + (int64_t)h * d;
     float x1[MAXJ][P], x2[MAXJ][P];
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < MAXJ; j++) {
         int i0 = (lane + 32 * j) * P;
         if (i0 < half) {
-            PK a = *(const PK *)(v + i0), b = *(const PK *)(v + half + i0);
+            PK a = *(const PK *)(vi + i0), b = *(const PK *)(vi + half + i0);
 #pragma unroll
             for (int p = 0; p < P; p++) {
                 x1[j][p] = to_f32(a.v[p]);
@@ -330,7 +332,7 @@ __global__ void qknorm_rope_kernel(T *x, int64_t ld, float *rstd, const T *w, co
  * or loaded once per row instead of once per head. The per-head sum of squares is a shuffle over
  * the G lanes of the group. Same arithmetic per element as qknorm_rope_kernel. */
 template <typename T, int V, int G>
-__global__ void qknorm_rope_vec_kernel(T *x, int64_t ld, float *rstd, const T *w,
+__global__ void qknorm_rope_vec_kernel(T *x, const T *src, int64_t ld, float *rstd, const T *w,
                                        const int32_t *pos, const float *inv_freq, int64_t R,
                                        int heads, int d, float eps)
 {
@@ -356,13 +358,15 @@ __global__ void qknorm_rope_vec_kernel(T *x, int64_t ld, float *rstd, const T *w
         }
     }
     T *row = x + r * ld;
+    const T *rowi = (src ? src : x) + r * ld;
     for (int h0 = 0; h0 < heads; h0 += HPW) {
         int h = h0 + slot;
         bool on = h < heads;
         T *v = row + (int64_t)h * d;
+        const T *vi = rowi + (int64_t)h * d;
         float x1[V], x2[V], ss = 0.0f;
         if (on) {
-            PK a = *(const PK *)(v + i0), b = *(const PK *)(v + half + i0);
+            PK a = *(const PK *)(vi + i0), b = *(const PK *)(vi + half + i0);
 #pragma unroll
             for (int j = 0; j < V; j++) {
                 x1[j] = to_f32(a.v[j]);
@@ -401,13 +405,14 @@ __global__ void qknorm_rope_vec_kernel(T *x, int64_t ld, float *rstd, const T *w
 /* Launches the fast path when its conditions hold (16-byte aligned rows and weight, d/2 a
  * power-of-two multiple of the vector width, at most 32 vectors); false otherwise. */
 template <typename T>
-static bool launch_qk_vec(cudaStream_t s, T *x, int64_t ld, float *rstd, const T *w,
+static bool launch_qk_vec(cudaStream_t s, T *x, const T *src, int64_t ld, float *rstd, const T *w,
                           const int32_t *pos, const float *inv, int64_t R, int heads, int d,
                           float eps)
 {
     constexpr int V = 16 / sizeof(T);
     int half = d / 2;
-    if (half % V || ld % V || !is_aligned(x, 16) || (w && !is_aligned(w, 16)))
+    if (half % V || ld % V || !is_aligned(x, 16) || (src && !is_aligned(src, 16)) ||
+        (w && !is_aligned(w, 16)))
         return false;
     int g = half / V;
     if ((int64_t)(R + QK_WARPS - 1) / QK_WARPS > INT32_MAX)
@@ -415,8 +420,9 @@ static bool launch_qk_vec(cudaStream_t s, T *x, int64_t ld, float *rstd, const T
     unsigned blocks = (unsigned)((R + QK_WARPS - 1) / QK_WARPS);
 #define QKV_CASE(G)                                                                            \
     case G:                                                                                   \
-        qknorm_rope_vec_kernel<T, V, G><<<blocks, QK_WARPS * 32, 0, s>>>(x, ld, rstd, w, pos,    \
-                                                                       inv, R, heads, d, eps); \
+        qknorm_rope_vec_kernel<T, V, G><<<blocks, QK_WARPS * 32, 0, s>>>(x, src, ld, rstd, w,    \
+                                                                       pos, inv, R, heads, d,  \
+                                                                       eps);                   \
         return true;
     switch (g) {
         QKV_CASE(1)
@@ -432,14 +438,14 @@ static bool launch_qk_vec(cudaStream_t s, T *x, int64_t ld, float *rstd, const T
 }
 
 template <typename T, int P>
-static void launch_qk(cudaStream_t s, unsigned blocks, int maxj, T *x, int64_t ld, float *rstd,
-                      const T *w, const int32_t *pos, const float *inv, int64_t R, int heads, int d,
-                      float eps)
+static void launch_qk(cudaStream_t s, unsigned blocks, int maxj, T *x, const T *src, int64_t ld,
+                      float *rstd, const T *w, const int32_t *pos, const float *inv, int64_t R,
+                      int heads, int d, float eps)
 {
 #define QK_CASE(J)                                                                             \
     case J:                                                                                   \
-        qknorm_rope_kernel<T, P, J><<<blocks, QK_WARPS * 32, 0, s>>>(x, ld, rstd, w, pos, inv,   \
-                                                                    R, heads, d, eps);        \
+        qknorm_rope_kernel<T, P, J><<<blocks, QK_WARPS * 32, 0, s>>>(x, src, ld, rstd, w, pos,   \
+                                                                    inv, R, heads, d, eps);   \
         break;
     switch (maxj) {
         QK_CASE(1)
@@ -489,7 +495,7 @@ int cuda_rope_table(dfl_be *be, float theta, int d, const float **out)
     return 0;
 }
 
-int cuda_qknorm_rope(dfl_be *be, void *x, int64_t ld, float *rstd, const void *w,
+int cuda_qknorm_rope(dfl_be *be, void *x, const void *src, int64_t ld, float *rstd, const void *w,
                      const int32_t *pos, int64_t R, int heads, int d, float eps, float theta)
 {
     if (R <= 0 || heads <= 0)
@@ -505,7 +511,7 @@ int cuda_qknorm_rope(dfl_be *be, void *x, int64_t ld, float *rstd, const void *w
         return rc;
     int half = d / 2;
     size_t es = dfl_dtype_size(be->act);
-    int P = (half % 2 == 0 && ld % 2 == 0 && is_aligned(x, 2 * es)) ? 2 : 1;
+    int P = (half % 2 == 0 && ld % 2 == 0 && is_aligned(x, 2 * es) && (!src || is_aligned(src, 2 * es))) ? 2 : 1;
     int need = (half + 32 * P - 1) / (32 * P), maxj = 1;
     while (maxj < need)
         maxj *= 2;
@@ -516,20 +522,20 @@ int cuda_qknorm_rope(dfl_be *be, void *x, int64_t ld, float *rstd, const void *w
     unsigned blocks = (unsigned)((warps + QK_WARPS - 1) / QK_WARPS);
     cudaStream_t s = cuda_of(be)->stream;
     bool fast = be->act == DFL_BF16
-                    ? launch_qk_vec<bf16>(s, (bf16 *)x, ld, rstd, (const bf16 *)w, pos, inv, R, heads, d, eps)
-                    : launch_qk_vec<float>(s, (float *)x, ld, rstd, (const float *)w, pos, inv, R, heads, d, eps);
+                    ? launch_qk_vec<bf16>(s, (bf16 *)x, (const bf16 *)src, ld, rstd, (const bf16 *)w, pos, inv, R, heads, d, eps)
+                    : launch_qk_vec<float>(s, (float *)x, (const float *)src, ld, rstd, (const float *)w, pos, inv, R, heads, d, eps);
     if (fast)
         return cuda_launch_check(be, "qknorm_rope");
     if (be->act == DFL_BF16) {
         if (P == 2)
-            launch_qk<bf16, 2>(s, blocks, maxj, (bf16 *)x, ld, rstd, (const bf16 *)w, pos, inv, R, heads, d, eps);
+            launch_qk<bf16, 2>(s, blocks, maxj, (bf16 *)x, (const bf16 *)src, ld, rstd, (const bf16 *)w, pos, inv, R, heads, d, eps);
         else
-            launch_qk<bf16, 1>(s, blocks, maxj, (bf16 *)x, ld, rstd, (const bf16 *)w, pos, inv, R, heads, d, eps);
+            launch_qk<bf16, 1>(s, blocks, maxj, (bf16 *)x, (const bf16 *)src, ld, rstd, (const bf16 *)w, pos, inv, R, heads, d, eps);
     } else {
         if (P == 2)
-            launch_qk<float, 2>(s, blocks, maxj, (float *)x, ld, rstd, (const float *)w, pos, inv, R, heads, d, eps);
+            launch_qk<float, 2>(s, blocks, maxj, (float *)x, (const float *)src, ld, rstd, (const float *)w, pos, inv, R, heads, d, eps);
         else
-            launch_qk<float, 1>(s, blocks, maxj, (float *)x, ld, rstd, (const float *)w, pos, inv, R, heads, d, eps);
+            launch_qk<float, 1>(s, blocks, maxj, (float *)x, (const float *)src, ld, rstd, (const float *)w, pos, inv, R, heads, d, eps);
     }
     return cuda_launch_check(be, "qknorm_rope");
 }

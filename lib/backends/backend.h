@@ -356,12 +356,14 @@ typedef struct dfl_be_ops {
      * dx may be dy when !accumulate_dx. */
     int (*rmsnorm_bwd)(dfl_be *be, void *dx, float *dw, const void *dy, const void *x,
                        const void *w, const float *rstd, int64_t R, int64_t n, bool accumulate_dx);
-    /* In place on x [R, ld] (heads at columns [h*d, (h+1)*d) for h < heads): per-head RMSNorm
-     * with w [d] (skipped when w == NULL; rstd [R*heads] f32 saved if non-NULL), then RoPE
-     * rotate-half with position pos[r] and base theta (inv_freq computed in f32, then rounded
-     * to be->rope_dtype when that is DFL_BF16 or DFL_F16). */
-    int (*qknorm_rope)(dfl_be *be, void *x, int64_t ld, float *rstd, const void *w,
-                       const int32_t *pos, int64_t R, int heads, int d, float eps, float theta);
+    /* x [R, ld] (heads at columns [h*d, (h+1)*d) for h < heads) = per-head RMSNorm of src (the
+     * same layout; NULL: x itself, in place; otherwise src and x do not overlap) with w [d]
+     * (skipped when w == NULL; rstd [R*heads] f32 saved if non-NULL), then RoPE rotate-half with
+     * position pos[r] and base theta (inv_freq computed in f32, then rounded to be->rope_dtype
+     * when that is DFL_BF16 or DFL_F16). Columns outside the heads are left as they are. */
+    int (*qknorm_rope)(dfl_be *be, void *x, const void *src, int64_t ld, float *rstd,
+                       const void *w, const int32_t *pos, int64_t R, int heads, int d, float eps,
+                       float theta);
     /* Backward of qknorm_rope: dx [R, ld] holds the gradient of the output and is replaced by the
      * gradient of the input; x_in is the op's input (saved before the in-place op); dw += (f32).
      * rstd may be NULL (then recomputed from x_in). */

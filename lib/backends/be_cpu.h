@@ -39,7 +39,7 @@ int dfl_cpu_rmsnorm(dfl_be *be, void *y, float *rstd, const void *x, const void 
                     int64_t n, float eps);
 int dfl_cpu_add_rmsnorm(dfl_be *be, void *h, const void *d, void *y, float *rstd, const void *w,
                         int64_t R, int64_t n, float eps);
-int dfl_cpu_qknorm_rope(dfl_be *be, void *x, int64_t ld, float *rstd, const void *w,
+int dfl_cpu_qknorm_rope(dfl_be *be, void *x, const void *src, int64_t ld, float *rstd, const void *w,
                         const int32_t *pos, int64_t R, int heads, int d, float eps, float theta);
 int dfl_cpu_swiglu(dfl_be *be, void *out, const void *gu, int64_t R, int64_t I);
 int dfl_cpu_add(dfl_be *be, void *y, const void *x, int64_t n);

@@ -63,11 +63,12 @@ int dfl_cpu_add_rmsnorm(dfl_be *be, void *hv, const void *dv, void *yv, float *r
     return 0;
 }
 
-int dfl_cpu_qknorm_rope(dfl_be *be, void *xv, int64_t ld, float *rstd, const void *wv,
-                        const int32_t *pos, int64_t R, int heads, int d, float eps, float theta)
+int dfl_cpu_qknorm_rope(dfl_be *be, void *xv, const void *srcv, int64_t ld, float *rstd,
+                        const void *wv, const int32_t *pos, int64_t R, int heads, int d, float eps,
+                        float theta)
 {
     float *x = xv;
-    const float *w = wv;
+    const float *w = wv, *src = srcv;
     float inv[512];
     if (d > 1024 || d % 2)
         return DFL_EUNSUP;
@@ -77,6 +78,8 @@ int dfl_cpu_qknorm_rope(dfl_be *be, void *xv, int64_t ld, float *rstd, const voi
     for (int64_t r = 0; r < R; r++) {
         float c[512], s[512];
         dfl_cpu_rope_cs(c, s, pos[r], inv, half);
+        if (src && src != x)
+            memcpy(x + r * ld, src + r * ld, (size_t)heads * (size_t)d * sizeof *x);
         for (int h = 0; h < heads; h++) {
             float *v = x + r * ld + (int64_t)h * d;
             if (w) {

@@ -203,15 +203,13 @@ static int layer_forward(dfl_draft *m, int l, void *hout, dfl_err *e)
         EW(be->ops->gather_rows(be, m->dx, a->x, m->pair_rows, 2 * m->B, d.H * (int64_t)d.as));
     /* queries */
     TRY(block_linear(m, pairs, a->qraw, a->x, m->dx, m->dq, w->wq, d.NQ, d.H));
-    EW(be->ops->copy(be, a->q, a->qraw, (size_t)(d.Q * d.NQ) * d.as));
-    EW(be->ops->qknorm_rope(be, a->q, d.NQ, a->rstdq, W(m, w->q_norm), m->in.pos + d.T, d.Q,
-                             c->n_heads, c->head_dim, d.eps, d.theta));
+    EW(be->ops->qknorm_rope(be, a->q, a->qraw, d.NQ, a->rstdq, W(m, w->q_norm), m->in.pos + d.T,
+                             d.Q, c->n_heads, c->head_dim, d.eps, d.theta));
     /* keys and values: rows [context | block slots] */
     TRY(linear(m, a->kraw, m->C, d.T, w->wk, d.NK, d.H, NULL));
     TRY(block_linear(m, pairs, ACT(m, a->kraw, d.T, d.NK), a->x, m->dx, m->dk, w->wk, d.NK, d.H));
-    EW(be->ops->copy(be, a->k, a->kraw, (size_t)((d.T + d.Q) * d.NK) * d.as));
-    EW(be->ops->qknorm_rope(be, a->k, d.NK, a->rstdk, W(m, w->k_norm), m->in.pos, d.T + d.Q,
-                             c->n_kv, c->head_dim, d.eps, d.theta));
+    EW(be->ops->qknorm_rope(be, a->k, a->kraw, d.NK, a->rstdk, W(m, w->k_norm), m->in.pos,
+                             d.T + d.Q, c->n_kv, c->head_dim, d.eps, d.theta));
     TRY(linear(m, a->v, m->C, d.T, w->wv, d.NK, d.H, NULL));
     TRY(block_linear(m, pairs, ACT(m, a->v, d.T, d.NK), a->x, m->dx, m->dv, w->wv, d.NK, d.H));
     const dfl_dflash_attn at = layer_attn(m, l);

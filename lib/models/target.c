@@ -793,9 +793,9 @@ static int attention(const dfl_target_fwd *f, const dfl_target_layer *w)
             (rc = ops->qknorm_rope_partial(be, dfl_act_at(qkv, qw, act), nqkv, w->k_norm, ws->pos, T,
                                            (int)c->n_kv_heads, (int)d, (int)c->rot_dim, eps, theta)))
             return rc;
-    } else if ((rc = ops->qknorm_rope(be, qkv, nqkv, NULL, w->q_norm, ws->pos, T, (int)c->n_heads,
+    } else if ((rc = ops->qknorm_rope(be, qkv, NULL, nqkv, NULL, w->q_norm, ws->pos, T, (int)c->n_heads,
                                       (int)d, eps, theta)) ||
-               (rc = ops->qknorm_rope(be, dfl_act_at(qkv, nq, act), nqkv, NULL, w->k_norm, ws->pos, T,
+               (rc = ops->qknorm_rope(be, dfl_act_at(qkv, nq, act), NULL, nqkv, NULL, w->k_norm, ws->pos, T,
                                       (int)c->n_kv_heads, (int)d, eps, theta))) {
         return rc;
     }

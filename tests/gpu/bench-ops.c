@@ -411,9 +411,9 @@ static void run_ew(void *arg)
     case 1: rc = be->ops->add_rmsnorm(be, x->a, x->b, x->c, NULL, x->w, x->T, x->H, 1e-6f); break;
     case 2: rc = be->ops->swiglu(be, x->c, x->a, x->T, x->I); break;
     case 3:   /* q and k heads of a fused QKV row [T, 6144] */
-        rc = be->ops->qknorm_rope(be, x->a, 6144, NULL, x->w, x->pos, x->T, 32, 128, 1e-6f, 1e6f);
+        rc = be->ops->qknorm_rope(be, x->a, NULL, 6144, NULL, x->w, x->pos, x->T, 32, 128, 1e-6f, 1e6f);
         if (!rc)
-            rc = be->ops->qknorm_rope(be, (uint16_t *)x->a + 4096, 6144, NULL, x->w, x->pos, x->T, 8,
+            rc = be->ops->qknorm_rope(be, (uint16_t *)x->a + 4096, NULL, 6144, NULL, x->w, x->pos, x->T, 8,
                                       128, 1e-6f, 1e6f);
         break;
     case 4: rc = be->ops->add(be, x->a, x->b, x->T * x->H); break;

@@ -73,16 +73,16 @@ static void test_rope_scaled(void)
         float *x = rnd((size_t)R * ld, 1.0f, 0.0f, false), *want = fdup(x, (size_t)R * ld);
         float *got = xmalloc(sizeof(float) * R * ld);
         cpu->rope_scaling = gpu->rope_scaling = &sc[s];
-        T_CHECK(cpu->ops->qknorm_rope(cpu, want, ld, NULL, NULL, pos, R, heads, d, 1e-6f, 5e5f) == 0,
+        T_CHECK(cpu->ops->qknorm_rope(cpu, want, NULL, ld, NULL, NULL, pos, R, heads, d, 1e-6f, 5e5f) == 0,
                 "cpu");
         /* the default frequencies differ: the op must use the scaling */
         float *plain = fdup(x, (size_t)R * ld);
         cpu->rope_scaling = NULL;
-        cpu->ops->qknorm_rope(cpu, plain, ld, NULL, NULL, pos, R, heads, d, 1e-6f, 5e5f);
+        cpu->ops->qknorm_rope(cpu, plain, NULL, ld, NULL, NULL, pos, R, heads, d, 1e-6f, 5e5f);
         T_CHECK(!(rel_err(plain, want, (size_t)R * ld) <= 1e-3), "%s changes the rotation",
                 dfl_rope_kind_name(sc[s].kind));
         gb_set(&gx, x);
-        T_CHECK(gpu->ops->qknorm_rope(gpu, gx.p, ld, NULL, NULL, (const int32_t *)gp.p, R, heads, d,
+        T_CHECK(gpu->ops->qknorm_rope(gpu, gx.p, NULL, ld, NULL, NULL, (const int32_t *)gp.p, R, heads, d,
                                       1e-6f, 5e5f) == 0, "cuda");
         sync_ok(gpu, "rope");
         gb_get(&gx, got);

@@ -696,7 +696,7 @@ static void test_qknorm_rope(void)
             for (int r = 0; r < q->R; r++)
                 pos[r] = r == 0 ? q->maxpos : rng_int(0, q->maxpos);
             memcpy(ref, x, N * sizeof *x);
-            g_cpu->ops->qknorm_rope(g_cpu, ref + q->col0, q->ld, q->rstd ? rref : NULL, q->w ? w : NULL,
+            g_cpu->ops->qknorm_rope(g_cpu, ref + q->col0, NULL, q->ld, q->rstd ? rref : NULL, q->w ? w : NULL,
                                     pos, q->R, q->heads, q->d, 1e-6f, q->theta);
             gbuf gx, gw, gp, gr;
             if (gb_alloc(&gx, be, N, md[k].dt) && gb_alloc(&gw, be, q->d, md[k].dt) &&
@@ -711,7 +711,7 @@ static void test_qknorm_rope(void)
                          q->R, q->heads, q->d, q->ld, q->col0, q->w ? "" : " no norm",
                          q->rstd ? " rstd" : "");
                 size_t es = dfl_dtype_size(md[k].dt);
-                int rc = be->ops->qknorm_rope(be, gx.p + (size_t)q->col0 * es, q->ld,
+                int rc = be->ops->qknorm_rope(be, gx.p + (size_t)q->col0 * es, NULL, q->ld,
                                               q->rstd ? (float *)gr.p : NULL, q->w ? gw.p : NULL,
                                               (const int32_t *)gp.p, q->R, q->heads, q->d, 1e-6f, q->theta);
                 T_CHECK(rc == 0, "%s: rc %d", what, rc);
@@ -738,6 +738,38 @@ static void test_qknorm_rope(void)
                     snprintf(w2, sizeof w2, "%s: rstd", what);
                     cmp_rows(w2, rgot, (int64_t)nr, rref, (int64_t)nr, 1, (int64_t)nr, 1e-5, 0.9999999);
                 }
+                /* out of place (src: a copy of the input; the drafter's use): the same bytes as
+                 * in place at the heads, the rest of the output and the input untouched */
+                gbuf gs, gd;
+                if (gb_alloc(&gs, be, N, md[k].dt) && gb_alloc(&gd, be, N, md[k].dt)) {
+                    uint8_t *fill = xmalloc(gd.bytes), *od = xmalloc(gd.bytes), *os = xmalloc(gs.bytes);
+                    for (size_t i = 0; i < gd.bytes; i++)
+                        fill[i] = (uint8_t)(i * 7 + 3);
+                    gb_set_raw(&gs, before);
+                    gb_set_raw(&gd, fill);
+                    rc = be->ops->qknorm_rope(be, gd.p + (size_t)q->col0 * es, gs.p + (size_t)q->col0 * es,
+                                              q->ld, NULL, q->w ? gw.p : NULL, (const int32_t *)gp.p,
+                                              q->R, q->heads, q->d, 1e-6f, q->theta);
+                    T_CHECK(rc == 0, "%s out of place: rc %d", what, rc);
+                    sync_ok(be, what);
+                    gb_get_raw(&gd, od);
+                    gb_get_raw(&gs, os);
+                    int64_t bad = 0;
+                    for (int r = 0; r < q->R; r++) {
+                        size_t row = (size_t)r * q->ld * es, a = (size_t)q->col0 * es,
+                               b = (size_t)(q->col0 + span) * es;
+                        bad += memcmp(od + row + a, after + row + a, b - a) != 0;
+                        bad += memcmp(od + row, fill + row, a) != 0;
+                        bad += memcmp(od + row + b, fill + row + b, (size_t)q->ld * es - b) != 0;
+                    }
+                    T_CHECK(bad == 0, "%s out of place: %lld rows differ from in place or wrote "
+                            "outside the heads", what, (long long)bad);
+                    T_CHECK(!memcmp(os, before, gs.bytes), "%s out of place: the input changed", what);
+                    gb_check_guards(&gd, what);
+                    free(fill), free(od), free(os);
+                }
+                gb_free(&gs);
+                gb_free(&gd);
                 gb_check_guards(&gx, what);
                 gb_check_guards(&gr, what);
                 free(before);

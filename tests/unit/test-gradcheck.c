@@ -178,7 +178,17 @@ static void qk_case(bool with_w, bool with_rstd)
     float *r = frand(R * ld, -1, 1);
     float *y = malloc(R * ld * 4), *rstd = calloc(R * heads, 4), *dw = calloc(d, 4);
     memcpy(y, x, R * ld * 4);
-    T_CHECK(be->ops->qknorm_rope(be, y, ld, rstd, w, pos, R, heads, d, 1e-6f, 1e6f) == 0, "fwd");
+    T_CHECK(be->ops->qknorm_rope(be, y, NULL, ld, rstd, w, pos, R, heads, d, 1e-6f, 1e6f) == 0, "fwd");
+    /* out of place: the same values at the heads, the output's other columns untouched */
+    float *yo = malloc(R * ld * 4);
+    for (int64_t i = 0; i < R * ld; i++)
+        yo[i] = -7.0f;
+    T_CHECK(be->ops->qknorm_rope(be, yo, x, ld, NULL, w, pos, R, heads, d, 1e-6f, 1e6f) == 0, "fwd src");
+    for (int64_t rr = 0; rr < R; rr++)
+        for (int64_t i = 0; i < ld; i++)
+            T_CHECK(yo[rr * ld + i] == (i < heads * d ? y[rr * ld + i] : -7.0f),
+                    "out of place, row %lld column %lld", (long long)rr, (long long)i);
+    free(yo);
     qk_ctx c = {to_d(x, R * ld), w ? to_d(w, d) : NULL, to_d(r, R * ld), pos, R, ld, heads, d,
                 1e-6, 1e6};
     double *ref = calloc(R * ld, 8);
