@@ -62,8 +62,8 @@ typedef struct res_slot {
 /* Saved activations of one drafter layer. */
 typedef struct layer_acts {
     void *hin;       /* [Q, H] residual in (h[l]; h[0] = embeddings) */
-    void *x;         /* [Q, H] input_layernorm(hin) */
-    float *rstd1;    /* [Q] */
+    void *x;         /* [Q, H] input_layernorm(hin) (the first layer: its 2B pair rows only) */
+    float *rstd1;    /* [Q] (the first layer: [2B]) */
     void *qraw;      /* [Q, nH*d] x Wq^T */
     void *q;         /* [Q, nH*d] after q_norm + RoPE */
     float *rstdq;    /* [Q*nH] */
@@ -73,7 +73,7 @@ typedef struct layer_acts {
     void *v;         /* [T+Q, nKV*d] */
     void *o;         /* [Q, nH*d] attention output */
     float *lse;      /* [Q*nH] */
-    void *hmid;      /* [Q, H] hin + o Wo^T */
+    void *hmid;      /* [Q, H] hin + o Wo^T (the last layer: Qs scored rows; y, gu, act too) */
     float *rstd2;    /* [Q] */
     void *y;         /* [Q, H] post_attention_layernorm(hmid) */
     void *gu;        /* [Q, 2I] y [Wgate; Wup]^T */

@@ -194,24 +194,28 @@ static int layer_forward(dfl_draft *m, int l, void *hout, dfl_err *e)
     const bool last = l == c->n_layers - 1;
     const int64_t R = last ? m->B * (c->block_size - 1) : d.Q;   /* the rows after attention */
 
-    EW(be->ops->rmsnorm(be, a->x, a->rstd1, a->hin, W(m, w->in_ln), d.Q, d.H, d.eps));
-    /* The first layer's block rows: 2 distinct rows a block (see pair_rows), gathered into dx
-     * (free until the last layer), their products made into dq, dk and dv (free until the
-     * backward) and spread over the rows. */
+    /* The first layer's block rows: 2 distinct rows a block (see pair_rows). Its input norm runs
+     * at those (gathered into dx, free until the last layer; x and rstd kept for the pair rows
+     * only), and its products are made into dq, dk and dv (free until the backward) and spread
+     * over the rows. */
     const bool pairs = l == 0;
-    if (pairs)
-        EW(be->ops->gather_rows(be, m->dx, a->x, m->pair_rows, 2 * m->B, d.H * (int64_t)d.as));
+    if (pairs) {
+        EW(be->ops->gather_rows(be, m->dx, a->hin, m->pair_rows, 2 * m->B, d.H * (int64_t)d.as));
+        EW(be->ops->rmsnorm(be, a->x, a->rstd1, m->dx, W(m, w->in_ln), 2 * m->B, d.H, d.eps));
+    } else {
+        EW(be->ops->rmsnorm(be, a->x, a->rstd1, a->hin, W(m, w->in_ln), d.Q, d.H, d.eps));
+    }
     /* queries */
-    TRY(block_linear(m, pairs, a->qraw, a->x, m->dx, m->dq, w->wq, d.NQ, d.H));
+    TRY(block_linear(m, pairs, a->qraw, a->x, a->x, m->dq, w->wq, d.NQ, d.H));
     EW(be->ops->qknorm_rope(be, a->q, a->qraw, d.NQ, a->rstdq, W(m, w->q_norm), m->in.pos + d.T,
                              d.Q, c->n_heads, c->head_dim, d.eps, d.theta));
     /* keys and values: rows [context | block slots] */
     TRY(linear(m, a->kraw, m->C, d.T, w->wk, d.NK, d.H, NULL));
-    TRY(block_linear(m, pairs, ACT(m, a->kraw, d.T, d.NK), a->x, m->dx, m->dk, w->wk, d.NK, d.H));
+    TRY(block_linear(m, pairs, ACT(m, a->kraw, d.T, d.NK), a->x, a->x, m->dk, w->wk, d.NK, d.H));
     EW(be->ops->qknorm_rope(be, a->k, a->kraw, d.NK, a->rstdk, W(m, w->k_norm), m->in.pos,
                              d.T + d.Q, c->n_kv, c->head_dim, d.eps, d.theta));
     TRY(linear(m, a->v, m->C, d.T, w->wv, d.NK, d.H, NULL));
-    TRY(block_linear(m, pairs, ACT(m, a->v, d.T, d.NK), a->x, m->dx, m->dv, w->wv, d.NK, d.H));
+    TRY(block_linear(m, pairs, ACT(m, a->v, d.T, d.NK), a->x, a->x, m->dv, w->wv, d.NK, d.H));
     const dfl_dflash_attn at = layer_attn(m, l);
     OPF(DFL_DP_ATTN_FWD, m->attn_fl[c->sliding[l] ? 1 : 0], be->ops->dflash_attn(be, &at));
     /* residual + MLP (the products add the residual as they write) */
@@ -237,8 +241,9 @@ static int layer_forward(dfl_draft *m, int l, void *hout, dfl_err *e)
  * with dy at pair row 2b+1 the sum of the block's slots 1..bs-1 (segment_sum, in f32); likewise
  * the input norm's weight gradient, sum_r dx_r * x_r rstd_r, with dx at the pair rows (dx is
  * linear in dy). The layer's input gradient is not made: the embeddings are frozen, so nothing
- * reads it (dh is left as scratch). Scratch, free after the attention's backward: each sum in
- * turn in dout or dq (after its own sum), the pair rows' x and then h in dh, rstd in delta. */
+ * reads it (dh is left as scratch). x and rstd are the pair rows' (layer_forward); scratch, free
+ * after the attention's backward: each sum in turn in dout or dq (after its own sum), the pair
+ * rows' h in dh. */
 static int layer0_qkv_backward(dfl_draft *m, const dfl_dflash_attn *at, dfl_err *e)
 {
     dfl_be *be = m->be;
@@ -246,29 +251,28 @@ static int layer0_qkv_backward(dfl_draft *m, const dfl_dflash_attn *at, dfl_err 
     layer_acts *a = &m->la[0];
     const step_dims d = dims_of(m);
     const int64_t P = 2 * m->B;
-    EW(be->ops->gather_rows(be, m->dh, a->x, m->pair_rows, P, d.H * (int64_t)d.as));
     EW(be->ops->segment_sum(be, m->dout, m->dq, m->pair_off, P, d.NQ));
-    TRY(linear_dw(m, w->wq, m->dout, m->dh, P, d.NQ, d.H, 0.0f));
+    TRY(linear_dw(m, w->wq, m->dout, a->x, P, d.NQ, d.H, 0.0f));
     TRY(linear_dx(m, m->dx, m->dout, P, w->wq, d.NQ, d.H, 0.0f));
     EW(be->ops->segment_sum(be, m->dq, at->dk_blk, m->pair_off, P, d.NK));
-    TRY(linear_dw(m, w->wk, m->dq, m->dh, P, d.NK, d.H, 0.0f));
+    TRY(linear_dw(m, w->wk, m->dq, a->x, P, d.NK, d.H, 0.0f));
     TRY(linear_dw(m, w->wk, m->dk, m->C, d.T, d.NK, d.H, 1.0f));
     TRY(linear_dx(m, m->dx, m->dq, P, w->wk, d.NK, d.H, 1.0f));
     EW(be->ops->segment_sum(be, m->dout, at->dv_blk, m->pair_off, P, d.NK));
-    TRY(linear_dw(m, w->wv, m->dout, m->dh, P, d.NK, d.H, 0.0f));
+    TRY(linear_dw(m, w->wv, m->dout, a->x, P, d.NK, d.H, 0.0f));
     TRY(linear_dw(m, w->wv, m->dv, m->C, d.T, d.NK, d.H, 1.0f));
     TRY(linear_dx(m, m->dx, m->dout, P, w->wv, d.NK, d.H, 1.0f));
     TRY(linear_dx(m, m->dC, m->dk, d.T, w->wk, d.NK, d.H, 1.0f));
     TRY(linear_dx(m, m->dC, m->dv, d.T, w->wv, d.NK, d.H, 1.0f));
     EW(be->ops->gather_rows(be, m->dh, a->hin, m->pair_rows, P, d.H * (int64_t)d.as));
-    EW(be->ops->gather_rows(be, m->delta, a->rstd1, m->pair_rows, P, 4));
     EW(be->ops->rmsnorm_bwd(be, m->dx, m->grad + w->in_ln, m->dx, m->dh, W(m, w->in_ln),
-                             m->delta, P, d.H, false));
+                             a->rstd1, P, d.H, false));
     return DFL_OK;
 }
 
 /* On entry m->dh = dL/d(output of layer l) (the last layer: m->dx, at its scored rows only; see
- * layer_forward); on exit m->dh = dL/d(input of layer l). dC accumulates. */
+ * layer_forward); on exit m->dh = dL/d(input of layer l) (not for the first layer: see
+ * layer0_qkv_backward). dC accumulates. */
 static int layer_backward(dfl_draft *m, int l, dfl_err *e)
 {
     dfl_be *be = m->be;
