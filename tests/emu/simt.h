@@ -1,8 +1,9 @@
 /* simt.h: a small SIMT emulator that runs CUDA kernel code on the CPU, for checking the index
  * arithmetic of the tensor-core kernels on a machine without a GPU (tests/emu/README). One CTA
  * at a time; every CUDA thread is a fiber (ucontext) that runs until it reaches a barrier or a
- * warp-collective operation. Emulated: __syncthreads(_or/_and), __syncwarp, __shfl_xor_sync,
- * __shfl_sync, __shfl_up_sync, __any_sync, __ballot_sync, __popc, atomicAdd (int),
+ * warp-collective operation (the fibers in turn, or on a random schedule: EMU_SCHED, sched_seed
+ * below). Emulated: __syncthreads(_or/_and), __syncwarp, __shfl_xor_sync,
+ * __shfl_sync, __shfl_up_sync, __any_sync, __all_sync, __ballot_sync, __popc, atomicAdd (int),
  * threadIdx/blockIdx/blockDim/gridDim, __shared__ variables (function statics: one CTA runs at
  * a time), dynamic shared memory, and the PTX helpers of kernels/dflash_ptx.cuh:
  * cp.async (landing at the issuing thread's wait for its group, or at its cp.async mbarrier
@@ -28,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <ucontext.h>
 #include <vector>
 
@@ -258,6 +260,20 @@ inline void warp_op(int op, const void *in, size_t insz, void *out, size_t outsz
         memcpy(out, s.out[lane], outsz);
 }
 
+/* EMU_SCHED=N (N > 0) in the environment: a random schedule (seed N) instead of round robin.
+ * Each CTA gives each warp a speed from 1/8 to 1; in each pass of the scheduler a warp's threads
+ * run with that probability, so that warps drift apart as they may on a GPU: a missing wait of
+ * one warp for another (an mbarrier not waited on) then shows up as a wrong result or a
+ * deadlock, which round robin, keeping the warps in step, can hide. Unset or 0: round robin. */
+inline uint64_t sched_seed()
+{
+    static const uint64_t s = [] {
+        const char *e = getenv("EMU_SCHED");
+        return e ? (uint64_t)strtoull(e, nullptr, 10) : 0ull;
+    }();
+    return s;
+}
+
 /* Run kernel body() for every block of grid with `block` threads and `dyn` bytes of dynamic
  * shared memory. */
 inline void launch(dim3 grid, dim3 block, size_t dyn, const std::function<void()> &body)
@@ -302,8 +318,19 @@ inline void launch(dim3 grid, dim3 block, size_t dyn, const std::function<void()
                     makecontext(&f.ctx, trampoline, 0);
 #endif
                 }
+                const uint64_t seed = sched_seed();
+                std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + ((uint64_t)bz << 42) + ((uint64_t)by << 21) + bx);
+                std::uniform_real_distribution<double> u01(0.0, 1.0);
+                std::vector<double> speed(c.warps.size(), 1.0);
+                std::vector<char> go(c.warps.size(), 1);
+                if (seed)
+                    for (auto &x : speed)
+                        x = 0.125 + 0.875 * u01(rng);
                 for (;;) {
                     bool any = false, alive = false;
+                    if (seed)
+                        for (size_t w = 0; w < go.size(); w++)
+                            go[w] = u01(rng) < speed[w];
                     for (int t = 0; t < nt; t++) {
                         Fiber &f = c.f[(size_t)t];
                         if (f.done)
@@ -312,6 +339,8 @@ inline void launch(dim3 grid, dim3 block, size_t dyn, const std::function<void()
                         if (f.wait)
                             continue;
                         any = true;
+                        if (!go[(size_t)t / 32])
+                            continue;   /* runnable, but its warp sits this pass out */
                         c.cur = t;
 #ifdef EMU_FAST_SWITCH
                         emu_switch(&c.main_sp, f.sp);
@@ -398,21 +427,27 @@ template <class T> inline T __shfl_up_sync(unsigned, T v, int d)
     return r;
 }
 
-inline bool __any_sync(unsigned, int pred)
+namespace emu {
+/* a warp vote: every lane gets the lanes' predicates folded with `any` (or) or not (and) */
+inline bool vote(int op, int pred, bool any)
 {
     int p = pred != 0, r;
-    emu::warp_op(3, &p, sizeof p, &r, sizeof r, [](auto &in, auto &out, int lanes) {
-        int a = 0;
+    warp_op(op, &p, sizeof p, &r, sizeof r, [any](auto &in, auto &out, int lanes) {
+        int a = any ? 0 : 1;
         for (int l = 0; l < lanes; l++) {
             int x;
             memcpy(&x, in[l], sizeof x);
-            a |= x;
+            a = any ? (a | x) : (a & x);
         }
         for (int l = 0; l < lanes; l++)
             memcpy(out[l], &a, sizeof a);
     });
     return r != 0;
 }
+} /* namespace emu */
+
+inline bool __any_sync(unsigned, int pred) { return emu::vote(3, pred, true); }
+inline bool __all_sync(unsigned, int pred) { return emu::vote(8, pred, false); }
 
 inline unsigned __ballot_sync(unsigned, int pred)
 {
