@@ -158,6 +158,7 @@ template <int MODE> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
      * "no row needs the mask" votes beside the tables */
     __shared__ __align__(8) uint64_t bars[MB ? 3 * MS : 1];
     __shared__ int sfl[MB ? MS : 1][QC / 32];
+    static_assert(QC == 64, "MB: the tables' two building warps (sfl's two votes)");
     const uint32_t tfull = df_smem(&bars[0]), qfull = tfull + 8 * MS, empty = qfull + 8 * MS;
     const uint32_t sbase = df_smem(smem), sK = (sbase + 1023u) & ~1023u, sV = sK + DW_TILEK;
     const uint32_t sQ0 = sV + DW_TILEK, sDO0 = sQ0 + NST * DW_TILEQ;   /* stage st: + st * DW_TILEQ */

@@ -140,9 +140,11 @@ struct dfl_draft {
      * values are made for 2 rows a block (the "pair" rows: slot 0, slot 1) and spread, and its
      * weight gradients take, per block, slot 0's gradient and the sum of the other slots' (see
      * layer_forward). Like the maps above, these depend on bs alone. */
-    int32_t *pair_rows;          /* [2 capB] the row of pair row p: b bs (p = 2b), b bs + 1 */
+    int32_t *pair_rows;          /* [2 capB + 1] the row of pair row p: b bs (p = 2b), b bs + 1
+                                  * (p = 2b + 1), then capB bs. A gather map of the pair rows, and
+                                  * the segments of segment_sum: pair row 2b sums slot 0, 2b + 1
+                                  * slots 1..bs-1 */
     int32_t *row_pair;           /* [capB*bs] the pair row of each row: 2b at slot 0, else 2b+1 */
-    int32_t *pair_off;           /* [2 capB + 1] the rows each pair row sums: b bs, b bs + 1 */
     int32_t *labels_s;           /* [Qs] */
     float *weight_s;             /* [Qs] */
     uint8_t *correct_s;          /* [Qs] */

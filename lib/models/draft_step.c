@@ -251,14 +251,14 @@ static int layer0_qkv_backward(dfl_draft *m, const dfl_dflash_attn *at, dfl_err 
     layer_acts *a = &m->la[0];
     const step_dims d = dims_of(m);
     const int64_t P = 2 * m->B;
-    EW(be->ops->segment_sum(be, m->dout, m->dq, m->pair_off, P, d.NQ));
+    EW(be->ops->segment_sum(be, m->dout, m->dq, m->pair_rows, P, d.NQ));
     TRY(linear_dw(m, w->wq, m->dout, a->x, P, d.NQ, d.H, 0.0f));
     TRY(linear_dx(m, m->dx, m->dout, P, w->wq, d.NQ, d.H, 0.0f));
-    EW(be->ops->segment_sum(be, m->dq, at->dk_blk, m->pair_off, P, d.NK));
+    EW(be->ops->segment_sum(be, m->dq, at->dk_blk, m->pair_rows, P, d.NK));
     TRY(linear_dw(m, w->wk, m->dq, a->x, P, d.NK, d.H, 0.0f));
     TRY(linear_dw(m, w->wk, m->dk, m->C, d.T, d.NK, d.H, 1.0f));
     TRY(linear_dx(m, m->dx, m->dq, P, w->wk, d.NK, d.H, 1.0f));
-    EW(be->ops->segment_sum(be, m->dout, at->dv_blk, m->pair_off, P, d.NK));
+    EW(be->ops->segment_sum(be, m->dout, at->dv_blk, m->pair_rows, P, d.NK));
     TRY(linear_dw(m, w->wv, m->dout, a->x, P, d.NK, d.H, 0.0f));
     TRY(linear_dw(m, w->wv, m->dv, m->C, d.T, d.NK, d.H, 1.0f));
     TRY(linear_dx(m, m->dx, m->dout, P, w->wv, d.NK, d.H, 1.0f));

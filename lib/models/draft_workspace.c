@@ -80,9 +80,8 @@ static void carve_all(dfl_draft *m, carver *cv)
         carve_set(m, cv, &m->sets[i], false);
     m->scored_rows = carve(cv, (size_t)Qs * 4);
     m->row_scored = carve(cv, (size_t)Q * 4);
-    m->pair_rows = carve(cv, (size_t)(2 * m->capB) * 4);
+    m->pair_rows = carve(cv, (size_t)(2 * m->capB + 1) * 4);
     m->row_pair = carve(cv, (size_t)Q * 4);
-    m->pair_off = carve(cv, (size_t)(2 * m->capB + 1) * 4);
     m->labels_s = carve(cv, (size_t)Qs * 4);
     m->weight_s = carve(cv, (size_t)Qs * 4);
     m->correct_s = carve(cv, (size_t)Qs);
@@ -133,10 +132,10 @@ static int upload_row_maps(dfl_draft *m, dfl_err *e)
 {
     const int bs = m->c.block_size;
     const int64_t B = m->capB, Q = B * bs, Qs = B * (bs - 1);
-    int32_t *h = malloc((size_t)(2 * Q + Qs + 4 * B + 1) * sizeof *h);
+    int32_t *h = malloc((size_t)(2 * Q + Qs + 2 * B + 1) * sizeof *h);
     if (!h)
         return dfl_fail(e, DFL_ENOMEM, "out of memory");
-    int32_t *sr = h, *rs = h + Qs, *pr = rs + Q, *rp = pr + 2 * B, *po = rp + Q;
+    int32_t *sr = h, *rs = h + Qs, *pr = rs + Q, *rp = pr + 2 * B + 1;
     for (int64_t q = 0; q < Q; q++) {
         const int64_t j = q % bs, i = q / bs * (bs - 1) + j - 1;
         rs[q] = j ? (int32_t)i : -1;
@@ -144,22 +143,15 @@ static int upload_row_maps(dfl_draft *m, dfl_err *e)
             sr[i] = (int32_t)q;
         rp[q] = (int32_t)(2 * (q / bs) + (j ? 1 : 0));
     }
-    for (int64_t b = 0; b <= B; b++) {
-        if (b < B)
-            pr[2 * b] = (int32_t)(b * bs), pr[2 * b + 1] = (int32_t)(b * bs + 1);
-        po[2 * b] = (int32_t)(b * bs);
-        if (b < B)
-            po[2 * b + 1] = (int32_t)(b * bs + 1);
-    }
+    for (int64_t p = 0; p <= 2 * B; p++)
+        pr[p] = (int32_t)(p / 2 * bs + p % 2);
     int rc = m->be->ops->upload(m->be, m->scored_rows, sr, (size_t)Qs * sizeof *h);
     if (!rc)
         rc = m->be->ops->upload(m->be, m->row_scored, rs, (size_t)Q * sizeof *h);
     if (!rc)
-        rc = m->be->ops->upload(m->be, m->pair_rows, pr, (size_t)(2 * B) * sizeof *h);
+        rc = m->be->ops->upload(m->be, m->pair_rows, pr, (size_t)(2 * B + 1) * sizeof *h);
     if (!rc)
         rc = m->be->ops->upload(m->be, m->row_pair, rp, (size_t)Q * sizeof *h);
-    if (!rc)
-        rc = m->be->ops->upload(m->be, m->pair_off, po, (size_t)(2 * B + 1) * sizeof *h);
     free(h);
     return rc ? dfl_fail(e, rc, "drafter workspace: cannot upload the row maps") : DFL_OK;
 }
