@@ -223,8 +223,6 @@ static const DfVariant bkv128[] = {
     BWDKV_VP("bwd-kv d128 64 keys (4 warps) QC32 rows prefetched", 128, 4, 32, true),
     BWDKV_VS("bwd-kv d128 64 keys (4 warps) QC64 rows prefetched, P via smem", 128, 4, 64, true, true),
     {"bwd-kv d128 128 keys (2 warpgroups) QC64 wgmma", df_bwd_kv_wg_kernel, DW_BNK, DW_THREADS, DW_SMEM(false), 0, true},
-    {"bwd-kv d128 128 keys (2 warpgroups) QC64 wgmma, 3 stages on mbarriers", df_bwd_kv_wg_mb_kernel, DW_BNK,
-     DW_THREADS, DW_SMEM(true), 0, true},
 };
 
 #define NV(a) ((int)(sizeof a / sizeof a[0]))

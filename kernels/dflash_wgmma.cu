@@ -143,23 +143,12 @@ __device__ __forceinline__ void dw_load_kv(const QsMeta<MMAX> &mt, const DfP &p,
 #endif
 
 #ifdef DW_ON
-/* MODE 0: two Q / dO stages, block barriers; 1 (OVL): three, a chunk's wgmma overlapping the next
- * chunks' tables and loads; 2 (MB): as 1, with the stages handed over through mbarriers instead of
- * block barriers (see the loop) */
-template <int MODE> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
+template <bool OVL> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
 {
-    constexpr bool OVL = MODE >= 1, MB = MODE == 2;
-    constexpr int QC = DW_QC, MS = 3, BNK = DW_BNK, D = DW_D, NST = OVL ? 3 : 2, NW = DW_THREADS / 32;
+    constexpr int QC = DW_QC, MS = 3, BNK = DW_BNK, D = DW_D, NST = OVL ? 3 : 2;
     DF_DYN_SMEM(smem);
     __shared__ KvRows<MS, QC> rt;
     __shared__ __align__(16) int raw[2][4][QC];   /* kv_fetch's raw stages */
-    /* MB: per stage, tables full (the QC / 32 building warps), Q / dO full (every thread's
-     * cp.async) and empty (every warp, once its wgmma of the chunk are done); the building warps'
-     * "no row needs the mask" votes beside the tables */
-    __shared__ __align__(8) uint64_t bars[MB ? 3 * MS : 1];
-    __shared__ int sfl[MB ? MS : 1][QC / 32];
-    static_assert(QC == 64, "MB: the tables' two building warps (sfl's two votes)");
-    const uint32_t tfull = df_smem(&bars[0]), qfull = tfull + 8 * MS, empty = qfull + 8 * MS;
     const uint32_t sbase = df_smem(smem), sK = (sbase + 1023u) & ~1023u, sV = sK + DW_TILEK;
     const uint32_t sQ0 = sV + DW_TILEK, sDO0 = sQ0 + NST * DW_TILEQ;   /* stage st: + st * DW_TILEQ */
     const KvSpan span = kv_span(p, BNK, QC);
@@ -293,20 +282,12 @@ template <int MODE> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
         wg_hold_a(da);
     };
 
-    if (MB && tid == 0)
-        for (int st = 0; st < MS; st++) {
-            wg_bar_init(tfull + 8 * st, QC / 32);
-            wg_bar_init(qfull + 8 * st, DW_THREADS);
-            wg_bar_init(empty + 8 * st, NW);
-        }
     kv_fetch<QC>(p, span, 0, df_smem(&raw[0][0][0]), (int)tid);
     kv_fetch<QC>(p, span, 1, df_smem(&raw[1][0][0]), (int)tid);
     df_commit();
     df_wait<0>();
-    bool full_cur = kv_finish<MS, QC>(rt, p, span, 0, raw_at(0), 0, (int)tid, nullptr);   /* (MB: after the inits) */
+    bool full_cur = kv_finish<MS, QC>(rt, p, span, 0, raw_at(0), 0, (int)tid, nullptr);
     load_chunk(0, 0);
-    if constexpr (MB)
-        wg_bar_arrive_cp(qfull);
     if constexpr (!OVL) {
         /* chunk ci: its Q, dO in stage ci & 1, its row tables in stage ci % 3, its raw words in
          * raw stage ci & 1; iteration ci waits for chunk ci's Q / dO and chunk ci + 1's raw words
@@ -341,49 +322,9 @@ template <int MODE> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
         bool full_next = kv_finish<MS, QC>(rt, p, span, 1, raw_at(1), 1, (int)tid, nullptr);
         if (1 < nch)
             load_chunk(1, 1);
-        if (MB && 1 < nch)
-            wg_bar_arrive_cp(qfull + 8);
         kv_fetch<QC>(p, span, 3, df_smem(&raw[1][0][0]), (int)tid);
         df_commit();
-        for (int ci = 0; MB && ci < nch; ci++) {
-            /* chunk ci: its Q / dO and tables in stage ci % 3, its raw words in raw stage ci & 1.
-             * Wait for every thread's Q / dO of chunk ci (its tables were waited on before they
-             * were loaded), issue its wgmma; while dV and dK run, the building warps (tid < QC)
-             * make chunk ci + 2's tables once every warp has handed back its stage (chunk
-             * ci - 1's, in iteration ci - 1) and fetch chunk ci + 3's raw words; everyone loads
-             * chunk ci + 2's Q / dO once its tables are there; then waits for its wgmma and hands
-             * stage ci % 3 back. No block barrier: the warps drift apart by up to a chunk. */
-            const int st = ci % 3, st2 = (ci + 2) % 3;
-            wg_bar_wait(qfull + 8 * st, (uint32_t)(ci / 3) & 1);
-            wg_proxy_fence();
-            const bool full = ci == 0 ? full_cur : ci == 1 ? full_next : (sfl[st][0] & sfl[st][1]) != 0;
-            issue_sdp(st);
-            finish_chunk(st, st, full);
-            if (ci + 2 < nch) {
-                if (tid < QC) {
-                    df_wait<0>();   /* this thread's raw words of chunk ci + 2 */
-                    if (ci >= 1)
-                        wg_bar_wait(empty + 8 * st2, (uint32_t)((ci - 1) / 3) & 1);
-                    bool sees = false, fullt = true;
-                    kv_rows<MS, QC>(rt, p, span, ci + 2, raw_at(ci & 1), st2, (int)tid, &sees, &fullt);
-                    const bool wfull = __all_sync(0xffffffffu, fullt);
-                    if (lane == 0)
-                        sfl[st2][tid / 32] = wfull;
-                    wg_bar_arrive_warp(tfull + 8 * st2, lane);
-                    kv_fetch<QC>(p, span, ci + 3, df_smem(&raw[(ci + 1) & 1][0][0]), (int)tid);
-                    df_commit();
-                }
-                /* (the prologue built chunks 0 and 1 without it: chunk c >= 2 is its stage's
-                 * (c - 2) / 3-th use) */
-                wg_bar_wait(tfull + 8 * st2, (uint32_t)(ci / 3) & 1);
-                load_chunk(st2, st2);
-                wg_bar_arrive_cp(qfull + 8 * st2);
-                df_commit();   /* (tracked by the mbarrier; committed so that the last wait covers it) */
-            }
-            settle();
-            wg_bar_arrive_warp(empty + 8 * st, lane);
-        }
-        for (int ci = 0; !MB && ci < nch; ci++) {
+        for (int ci = 0; ci < nch; ci++) {
             issue_sdp(ci % 3);
             finish_chunk(ci % 3, ci % 3, full_cur);
             df_wait<0>();
@@ -418,11 +359,9 @@ template <int MODE> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
 }
 #endif
 
-DW_KERNEL(df_bwd_kv_wg_kernel, DW_THREADS, dw_bwd_kv<0>(p))
+DW_KERNEL(df_bwd_kv_wg_kernel, DW_THREADS, dw_bwd_kv<false>(p))
 
-DW_KERNEL(df_bwd_kv_wg_ovl_kernel, DW_THREADS, dw_bwd_kv<1>(p))
-
-DW_KERNEL(df_bwd_kv_wg_mb_kernel, DW_THREADS, dw_bwd_kv<2>(p))
+DW_KERNEL(df_bwd_kv_wg_ovl_kernel, DW_THREADS, dw_bwd_kv<true>(p))
 
 /* ------------------------------------------------------------------------------------------ */
 /* pass Q */

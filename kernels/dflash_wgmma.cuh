@@ -18,12 +18,9 @@
  * (built for sm_90a; elsewhere they trap): grid n_kt * nkv of DW_THREADS threads, DW_SMEM(false)
  * (the _ovl kernel: DW_SMEM(true)) bytes of dynamic shared memory, after df_sched_kernel with
  * DW_BNK keys a tile (as df_bwd_kv_kernel). The _ovl kernel loads chunks two ahead (three
- * stages) and builds the next chunks' row tables while a chunk's dK runs; the _mb kernel
- * (DW_SMEM(true)) does the same with the stages handed over through mbarriers, no block barrier
- * in its loop (not yet the default: not measured on a GPU). */
+ * stages) and builds the next chunks' row tables while a chunk's dK runs. */
 __global__ void df_bwd_kv_wg_kernel(const DfP p);
 __global__ void df_bwd_kv_wg_ovl_kernel(const DfP p);
-__global__ void df_bwd_kv_wg_mb_kernel(const DfP p);
 
 #define DQW_MMAX 128                       /* pass Q: query rows of a CTA, two warpgroups of m64 */
 #define DQW_BN 64                          /* keys of a K/V tile */

@@ -370,7 +370,6 @@ template <> struct Vars<128> {
                 {"bwd-kv 8w QC64 rows prefetched, P via smem", run_bwd_kv<128, 8, 64, true, true>, 1 << 30},
                 {"bwd-kv 4w QC64 rows prefetched, P via smem", run_bwd_kv<128, 4, 64, true, true>, 1 << 30},
                 {"bwd-kv wgmma 3 stages", run_kv_wg<df_bwd_kv_wg_ovl_kernel, DW_SMEM(true)>, 1 << 30},
-                {"bwd-kv wgmma 3 stages, mbarriers", run_kv_wg<df_bwd_kv_wg_mb_kernel, DW_SMEM(true)>, 1 << 30},
                 {"bwd-kv wgmma 2 stages", run_kv_wg<df_bwd_kv_wg_kernel, DW_SMEM(false)>, 1 << 30}};
     }
 };
