@@ -672,16 +672,19 @@ __device__ __forceinline__ Smx smx_combine(Smx x, Smx y)
     return r;
 }
 
-/* The lmce row work of a chunk, in three kernels over the f32 logits [nr, V] (rows of weight 0
- * are not read: their results are 0, their G rows 0):
+/* The lmce row work of a chunk, in three kernels over the logits [nr, V] (row stride ld): f32 in
+ * f32 mode; in bf16 mode bf16, as a bf16 model's LM head gives them (the GEMM accumulates in f32
+ * and rounds once), which halves the traffic of the two passes over them. Rows of weight 0 are
+ * not read: their results are 0, their G rows 0.
  *  1. lmce_stats_kernel: block (s, r) reduces slice s (LMCE_SLICE logits) of row r to a partial
  *     (max, sum of exp(x - max) in double, first argmax);
  *  2. lmce_finish_kernel: one warp a row combines its partials in a fixed order (so the result
  *     does not depend on scheduling) into the log-sum-exp; writes ce, the hit and the row sums;
- *  3. lmce_grad_kernel: G = grad_scale w (exp(x - lse) - onehot(label)), elementwise: in bf16
- *     mode into a separate [nr, ldg] bf16 buffer (the dz GEMM's A), in f32 mode in place.
- * Every kernel reads the logits as float4s, LMCE_PF of them a thread at a time (their loads
- * issued together); rows whose V is not a multiple of 4 take the same path with scalar loads. */
+ *  3. lmce_grad_kernel: G = grad_scale w (exp(x - lse) - onehot(label)), elementwise, in place
+ *     over the logits in their own type (the dz GEMM's A).
+ * Every kernel reads the logits in groups of 4 (a float4, or 4 bf16 in 8 bytes), LMCE_PF groups a
+ * thread at a time (their loads issued together); rows whose V is not a multiple of 4 take the
+ * same path with scalar loads. */
 #define LMCE_PF 4
 #define LMCE_SLICE (LMCE_PF * 4 * LMCE_THREADS * 2)   /* logits a statistics block reduces */
 #define LMCE_FIN_WARPS 8
@@ -693,9 +696,10 @@ struct LmcePart {
     double s;
 };
 
-/* lmce's work (dfl_lmce_work(CR, V) floats) for chunks of CR rows: the [CR, V] f32 logits, [CR]
- * w*ce and [CR] hits, then S partials a row, [CR] lse and the bf16 G [CR, ldg] (ldg = V rounded
- * up to 8), each part 16-byte aligned. */
+/* lmce's work (dfl_lmce_work(CR, V) floats) for chunks of CR rows: the [CR, V] f32 logits (f32
+ * mode), [CR] w*ce and [CR] hits, then S partials a row, [CR] lse and the [CR, ldg] bf16 logits
+ * (bf16 mode; ldg = V rounded up to 8, so that every row starts 16-byte aligned), each part
+ * 16-byte aligned. The logits of the mode, then G in place: x, row stride ldx. */
 struct LmceWork {
     float *logits, *row_wce, *row_hit;
     LmcePart *part;
@@ -703,11 +707,13 @@ struct LmceWork {
     bf16 *g;
     int S;
     int64_t ldg;
+    void *x;
+    int64_t ldx;
 };
 
 static inline void *lmce_align16(void *p) { return (void *)(((uintptr_t)p + 15) & ~(uintptr_t)15); }
 
-static inline LmceWork lmce_work_layout(float *work, int64_t CR, int64_t V)
+static inline LmceWork lmce_work_layout(float *work, int64_t CR, int64_t V, bool bf)
 {
     LmceWork w;
     w.S = (int)((V + LMCE_SLICE - 1) / LMCE_SLICE);
@@ -718,17 +724,26 @@ static inline LmceWork lmce_work_layout(float *work, int64_t CR, int64_t V)
     w.part = (LmcePart *)lmce_align16(w.row_hit + CR);
     w.lse = (double *)lmce_align16(w.part + CR * w.S);
     w.g = (bf16 *)lmce_align16(w.lse + CR);
+    w.x = bf ? (void *)w.g : (void *)w.logits;
+    w.ldx = bf ? w.ldg : V;
     return w;
 }
 
-/* float4 k of row lr (elements 4k..4k+3; -inf past V) */
-__device__ __forceinline__ float4 lmce_load4(const float *lr, int64_t k, int64_t V, bool vec)
+/* group k of row lr (elements 4k..4k+3; -inf past V) */
+template <typename T>
+__device__ __forceinline__ float4 lmce_load4(const T *lr, int64_t k, int64_t V, bool vec)
 {
-    if (vec)
-        return ((const float4 *)lr)[k];
+    if (vec) {
+        if constexpr (sizeof(T) == 4) {
+            return ((const float4 *)lr)[k];
+        } else {
+            const Pack<T, 4> b = ((const Pack<T, 4> *)lr)[k];
+            return make_float4(to_f32(b.v[0]), to_f32(b.v[1]), to_f32(b.v[2]), to_f32(b.v[3]));
+        }
+    }
     const int64_t v = 4 * k;
-    return make_float4(v < V ? lr[v] : -INFINITY, v + 1 < V ? lr[v + 1] : -INFINITY,
-                       v + 2 < V ? lr[v + 2] : -INFINITY, v + 3 < V ? lr[v + 3] : -INFINITY);
+    return make_float4(v < V ? to_f32(lr[v]) : -INFINITY, v + 1 < V ? to_f32(lr[v + 1]) : -INFINITY,
+                       v + 2 < V ? to_f32(lr[v + 2]) : -INFINITY, v + 3 < V ? to_f32(lr[v + 3]) : -INFINITY);
 }
 
 __device__ __forceinline__ float f4at(const float4 &x, int j)
@@ -755,15 +770,16 @@ __device__ __forceinline__ Smx smx_warp(Smx t)
  * takes the maximum of its LMCE_PF float4s (the first index of it: its elements come in
  * increasing order), rescales its running sum once, then adds the group's exponentials: no
  * branch per element. The warps' results are combined in warp order. */
+template <typename X>
 __global__ void __launch_bounds__(LMCE_THREADS)
-lmce_stats_kernel(const float *logits, int64_t V, int64_t r0, const float *weight, LmcePart *part,
+lmce_stats_kernel(const X *logits, int64_t V, int64_t ld, int64_t r0, const float *weight, LmcePart *part,
                   int S)
 {
     const int64_t r = blockIdx.y, T = blockDim.x;
     if (!(weight[r0 + r] > 0))
         return;
-    const float *lr = logits + r * V;
-    const bool vec = V % 4 == 0;   /* rows 16-byte aligned (work is) */
+    const X *lr = logits + r * ld;
+    const bool vec = V % 4 == 0;   /* rows 16-byte aligned (work is, and ld keeps them) */
     const int64_t n4 = (V + 3) / 4, lo = (int64_t)blockIdx.x * (LMCE_SLICE / 4);
     const int64_t hi = lo + LMCE_SLICE / 4 < n4 ? lo + LMCE_SLICE / 4 : n4;
     Smx t = {-INFINITY, 0.0, 0};
@@ -826,8 +842,9 @@ lmce_stats_kernel(const float *logits, int64_t V, int64_t r0, const float *weigh
 /* Warp w of block b: row r = b LMCE_FIN_WARPS + w of nr. Lane i combines partials i, i + 32, ...
  * in order, then the lanes combine (smx_warp); lane 0 writes lse[r] (0 for a row of weight 0),
  * the row's w ce and hit, and correct/ce_out when given. */
+template <typename X>
 __global__ void __launch_bounds__(LMCE_FIN_WARPS * 32)
-lmce_finish_kernel(const float *logits, int64_t V, int64_t r0, int64_t nr, const int32_t *labels,
+lmce_finish_kernel(const X *logits, int64_t ld, int64_t r0, int64_t nr, const int32_t *labels,
                    const float *weight, const LmcePart *part, int S, double *lse, uint8_t *correct,
                    float *ce_out, float *row_wce, float *row_hit)
 {
@@ -858,7 +875,7 @@ lmce_finish_kernel(const float *logits, int64_t V, int64_t r0, int64_t nr, const
     if (lane == 0) {
         const int32_t label = labels[q];
         const double l = (double)t.m + log(t.s);
-        const double ce = l - (double)logits[r * V + label];
+        const double ce = l - (double)to_f32(logits[r * ld + label]);
         const bool hit = t.a == (int64_t)label;
         lse[r] = l;
         row_wce[r] = (float)((double)w * ce);
@@ -870,16 +887,15 @@ lmce_finish_kernel(const float *logits, int64_t V, int64_t r0, int64_t nr, const
     }
 }
 
-/* Block (b, r): float4s [b LMCE_PF LMCE_THREADS, (b + 1) LMCE_PF LMCE_THREADS) of row r's G:
- * bf16 into g (row stride ldg, a multiple of 4) when BF16G, else f32 in place over the logits. */
-template <bool BF16G>
+/* Block (b, r): groups [b LMCE_PF LMCE_THREADS, (b + 1) LMCE_PF LMCE_THREADS) of row r's G, in
+ * place over the logits (row stride ld), in their type. */
+template <typename X>
 __global__ void __launch_bounds__(LMCE_THREADS)
-lmce_grad_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, const float *weight,
-                 float grad_scale, const double *lse, bf16 *g, int64_t ldg)
+lmce_grad_kernel(X *logits, int64_t V, int64_t ld, int64_t r0, const int32_t *labels, const float *weight,
+                 float grad_scale, const double *lse)
 {
     const int64_t r = blockIdx.y, q = r0 + r, T = blockDim.x;
-    float *lr = logits + r * V;
-    bf16 *gr = g + r * ldg;
+    X *lr = logits + r * ld;
     const bool vec = V % 4 == 0;
     const int64_t n4 = (V + 3) / 4, k0 = (int64_t)blockIdx.x * LMCE_PF * T + threadIdx.x;
     const float w = weight[q];
@@ -910,26 +926,17 @@ lmce_grad_kernel(float *logits, int64_t V, int64_t r0, const int32_t *labels, co
                     o[j] -= gw;
             }
         }
-        if (BF16G) {
-            Pack<bf16, 4> b;
+        if (vec) {
+            Pack<X, 4> b;
 #pragma unroll
             for (int j = 0; j < 4; j++)
-                b.v[j] = __float2bfloat16_rn(o[j]);
-            if (vec) {
-                *(Pack<bf16, 4> *)(gr + 4 * k) = b;
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    if (4 * k + j < V)
-                        gr[4 * k + j] = b.v[j];
-            }
-        } else if (vec) {
-            *(float4 *)(lr + 4 * k) = make_float4(o[0], o[1], o[2], o[3]);
+                b.v[j] = from_f32<X>(o[j]);
+            *(Pack<X, 4> *)(lr + 4 * k) = b;
         } else {
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 if (4 * k + j < V)
-                    lr[4 * k + j] = o[j];
+                    lr[4 * k + j] = from_f32<X>(o[j]);
         }
     }
 }

@@ -399,13 +399,14 @@ int cuda_uniform_noise(dfl_be *be, void *x, int64_t n, float amp, uint64_t seed)
 
 /* ------------------------------------------------------------------------------------------ */
 /* lmce: per chunk of nr rows,
- *  1. logits [nr, V] f32 = z W^T (cuBLASLt, into work);
+ *  1. logits [nr, V] = z W^T (cuBLASLt, into work): f32 in f32 mode; in bf16 mode bf16 (f32
+ *     accumulation, one rounding), the logits a bf16 model's LM head gives, as the public
+ *     trainer and the PyTorch peer have them;
  *  2. the row work (train_kernels.cuh): lmce_stats_kernel reduces each slice of each scored row
  *     to a (max, sum of exp in double, first argmax) partial, lmce_finish_kernel combines a row's
  *     partials in a fixed order into its log-sum-exp, ce and hit; then, if dz is wanted,
- *     lmce_grad_kernel writes G = grad_scale w (softmax - onehot(label)): in bf16 mode into a bf16
- *     [nr, ldg] part of work (ldg = V rounded up to 8), in f32 mode in place. Rows with w == 0
- *     get G = 0;
+ *     lmce_grad_kernel writes G = grad_scale w (softmax - onehot(label)) in place over the logits
+ *     (bf16 mode: rows of ldg = V rounded up to 8). Rows with w == 0 get G = 0;
  *  3. one warp adds the chunk's per-row w*ce, w, hits and counts into sums in a fixed order;
  *  4. dz rows = G W (cuBLASLt).
  * With a->tune, both GEMMs' algorithms are timed on the first whole chunk (dfl_cuda_matmul_tune:
@@ -436,7 +437,7 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
     const bool bf = be->act == DFL_BF16;
     if (bf && be->wdt != DFL_BF16)
         return cuda_op_fail(be, DFL_EUNSUP, "lmce: bf16 activations need bf16 weights");
-    const LmceWork wl = lmce_work_layout(a->work, CR, V);
+    const LmceWork wl = lmce_work_layout(a->work, CR, V, bf);
     const int64_t n4 = (V + 3) / 4;
     if ((float *)(wl.g + CR * wl.ldg) > a->work + dfl_lmce_work(CR, V))   /* dfl_lmce_work's bound */
         return cuda_op_fail(be, DFL_EUSAGE, "lmce: work layout past dfl_lmce_work");
@@ -456,9 +457,9 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
         mm.bdt = be->wdt;
         mm.ldb = H;
         mm.tb = true;
-        mm.C = wl.logits;
-        mm.cdt = DFL_F32;
-        mm.ldc = V;
+        mm.C = wl.x;
+        mm.cdt = bf ? DFL_BF16 : DFL_F32;
+        mm.ldc = wl.ldx;
         mm.alpha = 1.0f;
         mm.beta = 0.0f;
         const bool tune = a->tune && r0 == 0 && nr == CR;
@@ -466,25 +467,30 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
             (rc = be->ops->matmul(be, &mm)))
             return rc;
         const bool grad = a->dz != NULL;
-        lmce_stats_kernel<<<dim3((unsigned)wl.S, (unsigned)nr), LMCE_THREADS, 0, s>>>(
-            wl.logits, V, r0, a->weight, wl.part, wl.S);
+        const dim3 gs((unsigned)wl.S, (unsigned)nr);
+        const unsigned gf = (unsigned)((nr + LMCE_FIN_WARPS - 1) / LMCE_FIN_WARPS);
+        if (bf) {
+            lmce_stats_kernel<<<gs, LMCE_THREADS, 0, s>>>(wl.g, V, wl.ldx, r0, a->weight, wl.part, wl.S);
+            lmce_finish_kernel<<<gf, LMCE_FIN_WARPS * 32, 0, s>>>(wl.g, wl.ldx, r0, nr, a->labels, a->weight,
+                                                                  wl.part, wl.S, wl.lse, a->correct,
+                                                                  a->ce_out, wl.row_wce, wl.row_hit);
+        } else {
+            lmce_stats_kernel<<<gs, LMCE_THREADS, 0, s>>>(wl.logits, V, wl.ldx, r0, a->weight, wl.part, wl.S);
+            lmce_finish_kernel<<<gf, LMCE_FIN_WARPS * 32, 0, s>>>(wl.logits, wl.ldx, r0, nr, a->labels,
+                                                                  a->weight, wl.part, wl.S, wl.lse, a->correct,
+                                                                  a->ce_out, wl.row_wce, wl.row_hit);
+        }
         if ((rc = cuda_launch_check(be, "lmce (row statistics)")))
-            return rc;
-        lmce_finish_kernel<<<(unsigned)((nr + LMCE_FIN_WARPS - 1) / LMCE_FIN_WARPS),
-                             LMCE_FIN_WARPS * 32, 0, s>>>(wl.logits, V, r0, nr, a->labels, a->weight,
-                                                          wl.part, wl.S, wl.lse, a->correct, a->ce_out,
-                                                          wl.row_wce, wl.row_hit);
-        if ((rc = cuda_launch_check(be, "lmce (rows)")))
             return rc;
         if (grad) {
             const dim3 gg((unsigned)((n4 + LMCE_PF * LMCE_THREADS - 1) / (LMCE_PF * LMCE_THREADS)),
                           (unsigned)nr);
             if (bf)
-                lmce_grad_kernel<true><<<gg, LMCE_THREADS, 0, s>>>(
-                    wl.logits, V, r0, a->labels, a->weight, a->grad_scale, wl.lse, wl.g, wl.ldg);
+                lmce_grad_kernel<<<gg, LMCE_THREADS, 0, s>>>(wl.g, V, wl.ldx, r0, a->labels, a->weight,
+                                                             a->grad_scale, wl.lse);
             else
-                lmce_grad_kernel<false><<<gg, LMCE_THREADS, 0, s>>>(
-                    wl.logits, V, r0, a->labels, a->weight, a->grad_scale, wl.lse, wl.g, wl.ldg);
+                lmce_grad_kernel<<<gg, LMCE_THREADS, 0, s>>>(wl.logits, V, wl.ldx, r0, a->labels, a->weight,
+                                                             a->grad_scale, wl.lse);
             if ((rc = cuda_launch_check(be, "lmce (gradient)")))
                 return rc;
         }
@@ -497,9 +503,9 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
             mz.M = nr;
             mz.N = H;
             mz.K = V;
-            mz.A = bf ? (const void *)wl.g : (const void *)wl.logits;   /* G: bf16 or f32 in place */
+            mz.A = wl.x;   /* G, in place over the logits */
             mz.adt = be->act;
-            mz.lda = bf ? wl.ldg : V;
+            mz.lda = wl.ldx;
             mz.B = a->w_lm;
             mz.bdt = be->wdt;
             mz.ldb = H;

@@ -155,7 +155,10 @@ enum {
  * correct[q] = (w[q] > 0 && argmax == label); ce_out[q] = ce (0 where w == 0). If dz is
  * non-NULL, writes dz = grad_scale * w * (softmax - onehot(label)) W (zero rows where w == 0):
  * the gradient of grad_scale * loss_num with respect to z. Rows with w == 0 contribute
- * nothing. work: backend f32 scratch of dfl_lmce_work(chunk_rows, V) elements. */
+ * nothing. The logits are those of the backend's activation type: with bf16 activations (a GPU
+ * backend) the product is summed in f32 and rounded to bf16 once, as a bf16 model's LM head
+ * gives them, and ce, the argmax and G come from those. work: backend f32 scratch of
+ * dfl_lmce_work(chunk_rows, V) elements. */
 /* f32 elements of lmce's work for chunks of r rows and a vocabulary of V: the chunk's [r, V]
  * logits and two [r] row sums, then room for a backend's own per-row state (up to one 16-byte
  * partial per 1024 logits of a row, and 8 bytes a row) and a bf16 copy of the chunk with rows

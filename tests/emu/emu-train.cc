@@ -430,27 +430,74 @@ static void t_lmce(dfl_be *cpu, int64_t Q, int64_t H, int64_t V, int64_t CR, flo
     std::vector<uint8_t> gcorr((size_t)Q, 7);
     double gsums[DFL_SUM_COUNT] = {0};
     /* cuda_lmce's layout of work (lmce_work_layout) and its launches */
-    const LmceWork wl = lmce_work_layout(gwork.data(), CR, V);
+    const LmceWork wl = lmce_work_layout(gwork.data(), CR, V, BF);
     const int64_t n4 = (V + 3) / 4;
     check((float *)(wl.g + CR * wl.ldg) <= gwork.data() + gwork.size(), "lmce work layout within dfl_lmce_work");
+    /* bf16 mode: the kernels get bf16 logits (the GEMM's output there), so the reference is this
+     * one, on the same rounded logits: ce, the hit, the sums and dz (G = gscale w (p - onehot)) */
+    double rsums[DFL_SUM_COUNT] = {0};
+    std::vector<double> xr((size_t)V);
     for (int64_t r0 = 0; r0 < Q; r0 += CR) {
         const int64_t nr = std::min(CR, Q - r0);
-        for (int64_t r = 0; r < nr; r++)
+        for (int64_t r = 0; r < nr; r++) {
+            const int64_t q = r0 + r;
             for (int64_t v = 0; v < V; v++) {
                 float s = 0;
                 for (int64_t i = 0; i < H; i++)
-                    s += z[(size_t)((r0 + r) * H + i)] * W[(size_t)(v * H + i)];
-                wl.logits[r * V + v] = s;
+                    s += z[(size_t)(q * H + i)] * W[(size_t)(v * H + i)];
+                if (BF)
+                    wl.g[r * wl.ldg + v] = __float2bfloat16_rn(s);
+                else
+                    wl.logits[r * V + v] = s;
+                xr[(size_t)v] = BF ? (double)__bfloat162float(__float2bfloat16_rn(s)) : s;
             }
-        emu::launch(dim3((unsigned)wl.S, (unsigned)nr), dim3(LMCE_THREADS), 0,
-                    [&] { lmce_stats_kernel(wl.logits, V, r0, wt.data(), wl.part, wl.S); });
+            const double w = wt[(size_t)q];
+            if (!BF || !(w > 0))
+                continue;
+            double m = -INFINITY, se = 0;
+            int64_t am = 0;
+            for (int64_t v = 0; v < V; v++)
+                if (xr[(size_t)v] > m) {
+                    m = xr[(size_t)v];
+                    am = v;
+                }
+            for (int64_t v = 0; v < V; v++)
+                se += exp(xr[(size_t)v] - m);
+            const double l = m + log(se), c = l - xr[(size_t)lab[(size_t)q]];
+            ce[(size_t)q] = (float)c;
+            corr[(size_t)q] = am == lab[(size_t)q];
+            rsums[DFL_SUM_LOSS_NUM] += w * c;
+            rsums[DFL_SUM_LOSS_DEN] += w;
+            rsums[DFL_SUM_ACC_NUM] += corr[(size_t)q];
+            rsums[DFL_SUM_ACC_DEN] += 1;
+            for (int64_t i = 0; i < H; i++) {
+                double a = 0;
+                for (int64_t v = 0; v < V; v++)
+                    a += gscale * w * (exp(xr[(size_t)v] - l) - (v == lab[(size_t)q] ? 1.0 : 0.0)) * W[(size_t)(v * H + i)];
+                dz[(size_t)(q * H + i)] = (float)a;
+            }
+        }
+        emu::launch(dim3((unsigned)wl.S, (unsigned)nr), dim3(LMCE_THREADS), 0, [&] {
+            if (BF)
+                lmce_stats_kernel(wl.g, V, wl.ldx, r0, wt.data(), wl.part, wl.S);
+            else
+                lmce_stats_kernel(wl.logits, V, wl.ldx, r0, wt.data(), wl.part, wl.S);
+        });
         emu::launch(dim3((unsigned)((nr + LMCE_FIN_WARPS - 1) / LMCE_FIN_WARPS)), dim3(LMCE_FIN_WARPS * 32), 0, [&] {
-            lmce_finish_kernel(wl.logits, V, r0, nr, lab.data(), wt.data(), wl.part, wl.S, wl.lse, gcorr.data(), gce.data(),
-                               wl.row_wce, wl.row_hit);
+            if (BF)
+                lmce_finish_kernel(wl.g, wl.ldx, r0, nr, lab.data(), wt.data(), wl.part, wl.S, wl.lse, gcorr.data(),
+                                   gce.data(), wl.row_wce, wl.row_hit);
+            else
+                lmce_finish_kernel(wl.logits, wl.ldx, r0, nr, lab.data(), wt.data(), wl.part, wl.S, wl.lse, gcorr.data(),
+                                   gce.data(), wl.row_wce, wl.row_hit);
         });
         emu::launch(dim3((unsigned)((n4 + LMCE_PF * LMCE_THREADS - 1) / (LMCE_PF * LMCE_THREADS)), (unsigned)nr),
-                    dim3(LMCE_THREADS), 0,
-                    [&] { lmce_grad_kernel<BF>(wl.logits, V, r0, lab.data(), wt.data(), gscale, wl.lse, wl.g, wl.ldg); });
+                    dim3(LMCE_THREADS), 0, [&] {
+                        if (BF)
+                            lmce_grad_kernel(wl.g, V, wl.ldx, r0, lab.data(), wt.data(), gscale, wl.lse);
+                        else
+                            lmce_grad_kernel(wl.logits, V, wl.ldx, r0, lab.data(), wt.data(), gscale, wl.lse);
+                    });
         emu::launch(dim3(1), dim3(32), 0, [&] { lmce_sums_kernel(gsums, wl.row_wce, wl.row_hit, wt.data(), r0, nr); });
         for (int64_t r = 0; r < nr; r++)
             for (int64_t i = 0; i < H; i++) {
@@ -466,6 +513,8 @@ static void t_lmce(dfl_be *cpu, int64_t Q, int64_t H, int64_t V, int64_t CR, flo
                 gdz[(size_t)((r0 + r) * H + i)] = (float)s;
             }
     }
+    if (BF)
+        std::copy(rsums, rsums + DFL_SUM_COUNT, sums);
     char wh[160];
     snprintf(wh, sizeof wh, "lmce %s Q%lld H%lld V%lld chunk %lld scale %g", BF ? "bf16" : "f32", (long long)Q,
              (long long)H, (long long)V, (long long)CR, (double)gscale);

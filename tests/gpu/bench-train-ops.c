@@ -236,14 +236,14 @@ static void bench_lmce(double peak, int64_t Q, int64_t H, int64_t V, const int64
         die("upload", NULL);
     free(hl);
     free(hw);
-    printf("lmce: Q %lld, H %lld, V %lld (bf16 z and W, f32 logits)\n", (long long)Q, (long long)H, (long long)V);
+    printf("lmce: Q %lld, H %lld, V %lld (bf16 z and W, bf16 logits as the GEMM writes them)\n", (long long)Q, (long long)H, (long long)V);
     dfl_err e = {0};
     const double fl = 4.0 * Q * V * H;
     for (const int64_t *cp = chunks; *cp; cp++) {
         const int64_t CR = *cp;
         /* the two GEMMs alone (tuned), as lmce runs them */
         dfl_mm m1 = {.M = CR, .N = V, .K = H, .A = z, .adt = DFL_BF16, .lda = H, .B = W, .bdt = DFL_BF16,
-                     .ldb = H, .tb = true, .C = work, .cdt = DFL_F32, .ldc = V, .alpha = 1, .beta = 0};
+                     .ldb = H, .tb = true, .C = work, .cdt = DFL_BF16, .ldc = (V + 7) / 8 * 8, .alpha = 1, .beta = 0};
         dfl_mm m2 = {.M = CR, .N = H, .K = V, .A = work, .adt = DFL_BF16, .lda = (V + 7) / 8 * 8, .B = W, .bdt = DFL_BF16,
                      .ldb = H, .C = dz, .cdt = DFL_BF16, .ldc = H, .alpha = 1, .beta = 0};
         float b1 = 0, h1 = 0, b2 = 0, h2 = 0;
