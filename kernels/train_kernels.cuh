@@ -696,10 +696,11 @@ struct LmcePart {
     double s;
 };
 
-/* lmce's work (dfl_lmce_work(CR, V) floats) for chunks of CR rows: the [CR, V] f32 logits (f32
- * mode), [CR] w*ce and [CR] hits, then S partials a row, [CR] lse and the [CR, ldg] bf16 logits
- * (bf16 mode; ldg = V rounded up to 8, so that every row starts 16-byte aligned), each part
- * 16-byte aligned. The logits of the mode, then G in place: x, row stride ldx. */
+/* lmce's work (dfl_lmce_work_act(CR, V, act) floats) for chunks of CR rows: in f32 mode the
+ * [CR, V] f32 logits first; then [CR] w*ce and [CR] hits, S partials a row and [CR] lse; in bf16
+ * mode the [CR, ldg] bf16 logits last (ldg = V rounded up to 8, so that every row starts 16-byte
+ * aligned); each part 16-byte aligned. The logits of the mode, then G in place: x, row stride
+ * ldx; end: the end of the parts used. */
 struct LmceWork {
     float *logits, *row_wce, *row_hit;
     LmcePart *part;
@@ -709,6 +710,7 @@ struct LmceWork {
     int64_t ldg;
     void *x;
     int64_t ldx;
+    const void *end;
 };
 
 static inline void *lmce_align16(void *p) { return (void *)(((uintptr_t)p + 15) & ~(uintptr_t)15); }
@@ -718,14 +720,15 @@ static inline LmceWork lmce_work_layout(float *work, int64_t CR, int64_t V, bool
     LmceWork w;
     w.S = (int)((V + LMCE_SLICE - 1) / LMCE_SLICE);
     w.ldg = (V + 7) / 8 * 8;
-    w.logits = work;
-    w.row_wce = work + CR * V;
+    w.logits = bf ? nullptr : work;
+    w.row_wce = bf ? work : work + CR * V;
     w.row_hit = w.row_wce + CR;
     w.part = (LmcePart *)lmce_align16(w.row_hit + CR);
     w.lse = (double *)lmce_align16(w.part + CR * w.S);
     w.g = (bf16 *)lmce_align16(w.lse + CR);
     w.x = bf ? (void *)w.g : (void *)w.logits;
     w.ldx = bf ? w.ldg : V;
+    w.end = bf ? (const void *)(w.g + CR * w.ldg) : (const void *)(w.lse + CR);
     return w;
 }
 

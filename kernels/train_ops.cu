@@ -439,8 +439,8 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
         return cuda_op_fail(be, DFL_EUNSUP, "lmce: bf16 activations need bf16 weights");
     const LmceWork wl = lmce_work_layout(a->work, CR, V, bf);
     const int64_t n4 = (V + 3) / 4;
-    if ((float *)(wl.g + CR * wl.ldg) > a->work + dfl_lmce_work(CR, V))   /* dfl_lmce_work's bound */
-        return cuda_op_fail(be, DFL_EUSAGE, "lmce: work layout past dfl_lmce_work");
+    if ((const char *)wl.end > (const char *)(a->work + dfl_lmce_work_act(CR, V, be->act)))
+        return cuda_op_fail(be, DFL_EUSAGE, "lmce: work layout past dfl_lmce_work_act");
     const size_t as = dfl_dtype_size(be->act);
     cudaStream_t s = cuda_of(be)->stream;
     for (int64_t r0 = 0; r0 < a->Q; r0 += CR) {

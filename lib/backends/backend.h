@@ -158,11 +158,16 @@ enum {
  * nothing. The logits are those of the backend's activation type: with bf16 activations (a GPU
  * backend) the product is summed in f32 and rounded to bf16 once, as a bf16 model's LM head
  * gives them, and ce, the argmax and G come from those. work: backend f32 scratch of
- * dfl_lmce_work(chunk_rows, V) elements. */
-/* f32 elements of lmce's work for chunks of r rows and a vocabulary of V: the chunk's [r, V]
- * logits and two [r] row sums, then room for a backend's own per-row state (up to one 16-byte
- * partial per 1024 logits of a row, and 8 bytes a row) and a bf16 copy of the chunk with rows
- * padded to a multiple of 8, each part aligned to 16 bytes. */
+ * dfl_lmce_work_act(chunk_rows, V, be->act) elements (or dfl_lmce_work's). */
+/* f32 elements of lmce's work for chunks of r rows and a vocabulary of V with activations of
+ * type act: two [r] row sums and the chunk's logits (f32: [r, V] f32 first; bf16: [r, V] bf16
+ * with rows padded to a multiple of 8, last), and room for a backend's own per-row state (up to
+ * one 16-byte partial per 1024 logits of a row, and 8 bytes a row), each part aligned to 16
+ * bytes. dfl_lmce_work(r, V) is enough for either type. */
+static inline int64_t dfl_lmce_work_act(int64_t r, int64_t V, dfl_dtype act)
+{
+    return (act == DFL_BF16 ? 4 * r * ((V + 7) / 8) : r * V) + 2 * r + 4 * r * ((V + 1023) / 1024) + 2 * r + 16;
+}
 static inline int64_t dfl_lmce_work(int64_t r, int64_t V)
 {
     return r * (V + 2) + 4 * r * ((V + 1023) / 1024) + 2 * r + 4 * r * ((V + 7) / 8) + 16;
@@ -179,7 +184,7 @@ typedef struct dfl_lmce {
     float *ce_out;          /* [Q] or NULL */
     void *dz;               /* [Q, H] act, or NULL */
     float grad_scale;
-    float *work;            /* [dfl_lmce_work(chunk_rows, V)] f32 scratch */
+    float *work;            /* [dfl_lmce_work_act(chunk_rows, V, be->act)] f32 scratch */
     int64_t chunk_rows;
     bool tune;              /* time the GEMMs' candidate algorithms on the first whole chunk and
                              * keep the fastest (matmul_tune; a GPU's warm-up); else ignored */

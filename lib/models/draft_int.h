@@ -157,7 +157,7 @@ struct dfl_draft {
     void *os;                    /* [Qs, nH*d] the last layer's attention output, scored rows */
     void *hL;                    /* [Qs, H] the last layer's output, at the scored rows only */
     float *rstd_s;               /* [Qs] the final norm's */
-    float *lm_work;              /* [dfl_lmce_work(chunk, V)] */
+    float *lm_work;              /* [dfl_lmce_work_act(chunk, V, act)] */
     void *dh, *dx;               /* [Q, H] */
     void *dact;                  /* [Q, I] */
     void *dgu;                   /* [Q, 2I] */

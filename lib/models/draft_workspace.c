@@ -114,7 +114,7 @@ static void carve_all(dfl_draft *m, carver *cv)
     m->os = carve(cv, (size_t)Qs * NQ * as);
     m->hL = carve(cv, (size_t)Qs * H * as);
     m->rstd_s = carve(cv, (size_t)Qs * 4);
-    m->lm_work = carve(cv, (size_t)dfl_lmce_work(m->chunk, c->vocab) * 4);
+    m->lm_work = carve(cv, (size_t)dfl_lmce_work_act(m->chunk, c->vocab, m->be->act) * 4);
     m->dh = carve(cv, (size_t)Q * H * as);
     m->dx = carve(cv, (size_t)Q * H * as);
     m->dact = carve(cv, (size_t)Q * I * as);

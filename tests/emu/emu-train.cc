@@ -426,13 +426,15 @@ static void t_lmce(dfl_be *cpu, int64_t Q, int64_t H, int64_t V, int64_t CR, flo
     a.work = work.data(), a.chunk_rows = CR;
     cpu->ops->lmce(cpu, &a);
     /* the GPU op's kernels on host-computed logits */
-    std::vector<float> gwork((size_t)dfl_lmce_work(CR, V), NAN), gce((size_t)Q, NAN), gdz((size_t)(Q * H), 0);
+    std::vector<float> gwork((size_t)dfl_lmce_work_act(CR, V, BF ? DFL_BF16 : DFL_F32), NAN), gce((size_t)Q, NAN), gdz((size_t)(Q * H), 0);
     std::vector<uint8_t> gcorr((size_t)Q, 7);
     double gsums[DFL_SUM_COUNT] = {0};
     /* cuda_lmce's layout of work (lmce_work_layout) and its launches */
     const LmceWork wl = lmce_work_layout(gwork.data(), CR, V, BF);
     const int64_t n4 = (V + 3) / 4;
-    check((float *)(wl.g + CR * wl.ldg) <= gwork.data() + gwork.size(), "lmce work layout within dfl_lmce_work");
+    check((const char *)wl.end <= (const char *)(gwork.data() + dfl_lmce_work_act(CR, V, BF ? DFL_BF16 : DFL_F32)) &&
+              dfl_lmce_work_act(CR, V, BF ? DFL_BF16 : DFL_F32) <= (int64_t)gwork.size(),
+          "lmce work layout within dfl_lmce_work_act");
     /* bf16 mode: the kernels get bf16 logits (the GEMM's output there), so the reference is this
      * one, on the same rounded logits: ce, the hit, the sums and dz (G = gscale w (p - onehot)) */
     double rsums[DFL_SUM_COUNT] = {0};

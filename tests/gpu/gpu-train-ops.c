@@ -1394,7 +1394,7 @@ static void test_lmce(void)
                 int r = rng_int(0, 9);
                 wt[q] = r < 2 ? 0.0f : r < 4 ? 1.0f : (float)exp(-(double)rng_int(1, 15) / 7.0);
             }
-            float *work = xmalloc((size_t)dfl_lmce_work(CR, V) * sizeof *work);
+            float *work = xmalloc((size_t)dfl_lmce_work_act(CR, V, DFL_F32) * sizeof *work);
             double sums[DFL_SUM_COUNT] = {0};
             uint8_t *corr = xmalloc((size_t)Q);
             float *ce = xmalloc((size_t)Q * sizeof *ce), *dz = xmalloc((size_t)(Q * H) * sizeof *dz);
@@ -1417,7 +1417,7 @@ static void test_lmce(void)
                       gb_alloc(&gl, be, (size_t)Q, DFL_I32) && gb_alloc(&gwt, be, (size_t)Q, DFL_F32) &&
                       gb_alloc(&gs, be, DFL_SUM_COUNT, DFL_F64) && gb_alloc(&gc, be, (size_t)Q, DFL_U8) &&
                       gb_alloc(&gce, be, (size_t)Q, DFL_F32) && gb_alloc(&gdz, be, (size_t)(Q * H), md[k].dt) &&
-                      gb_alloc(&gwork, be, (size_t)dfl_lmce_work(CR, V), DFL_F32);
+                      gb_alloc(&gwork, be, (size_t)dfl_lmce_work_act(CR, V, md[k].dt), DFL_F32);
             if (ok) {
                 gb_set(&gz, z);
                 gb_set(&gW, W);
