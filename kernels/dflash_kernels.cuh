@@ -898,16 +898,15 @@ __device__ __forceinline__ void kv_fetch(const DfP &p, const KvSpan &k, int ci, 
     }
 }
 
-/* Thread tid's row of chunk ci's tables (tid < QC; no-op otherwise), from its words in the raw
- * stage at raw (its own cp.async waited on) into stage ms, no barrier. *sees: the row sees the
- * tile; *fullt: it needs no per-key mask (both unchanged past QC). */
+/* The row tables of chunk ci from its raw stage at raw (complete: waited on) into stage ms;
+ * *any: a row sees the tile (any null: not computed); returns whether no row needs the per-key
+ * mask. Uniform: every thread of the CTA calls it; two barriers (one with a null any). */
 template <int MS, int QC>
-__device__ __forceinline__ void kv_rows(KvRows<MS, QC> &rt, const DfP &p, const KvSpan &k, int ci,
-                                        const unsigned char *raw, int ms, int tid, bool *sees_out,
-                                        bool *fullt_out)
+__device__ __forceinline__ bool kv_finish(KvRows<MS, QC> &rt, const DfP &p, const KvSpan &k, int ci,
+                                          const unsigned char *raw, int ms, int tid, bool *any)
 {
+    bool sees = false, fullt = true;
     if (tid < QC) {
-        bool sees = false, fullt = true;
         long long off = -1;
         float l2 = INFINITY, dl = 0.0f;
         int lo = 0, hi = 0;
@@ -933,20 +932,7 @@ __device__ __forceinline__ void kv_rows(KvRows<MS, QC> &rt, const DfP &p, const 
         rt.dl[ms][tid] = dl;
         rt.lo[ms][tid] = lo;
         rt.hi[ms][tid] = hi;
-        *sees_out = sees;
-        *fullt_out = fullt;
     }
-}
-
-/* The row tables of chunk ci from its raw stage at raw (complete: waited on) into stage ms;
- * *any: a row sees the tile (any null: not computed); returns whether no row needs the per-key
- * mask. Uniform: every thread of the CTA calls it; two barriers (one with a null any). */
-template <int MS, int QC>
-__device__ __forceinline__ bool kv_finish(KvRows<MS, QC> &rt, const DfP &p, const KvSpan &k, int ci,
-                                          const unsigned char *raw, int ms, int tid, bool *any)
-{
-    bool sees = false, fullt = true;
-    kv_rows<MS, QC>(rt, p, k, ci, raw, ms, tid, &sees, &fullt);
     if (any)   /* a null any (known where kv_finish is inlined): one barrier, not two */
         *any = __syncthreads_or(sees);
     return __syncthreads_and(fullt);

@@ -170,7 +170,8 @@ static inline int64_t dfl_lmce_work_act(int64_t r, int64_t V, dfl_dtype act)
 }
 static inline int64_t dfl_lmce_work(int64_t r, int64_t V)
 {
-    return r * (V + 2) + 4 * r * ((V + 1023) / 1024) + 2 * r + 4 * r * ((V + 7) / 8) + 16;
+    const int64_t f = dfl_lmce_work_act(r, V, DFL_F32), b = dfl_lmce_work_act(r, V, DFL_BF16);
+    return f > b ? f : b;
 }
 
 typedef struct dfl_lmce {

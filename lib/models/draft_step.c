@@ -106,7 +106,8 @@ static inline void *ACT(dfl_draft *m, void *base, int64_t rows_off, int64_t widt
 
 /* The sizes of the step being run. */
 typedef struct step_dims {
-    int64_t T, Q;          /* context rows (tokens), block rows (n_blocks * bs) */
+    int64_t T, Q, Qs;      /* context rows (tokens), block rows (n_blocks * bs), scored rows
+                            * (n_blocks * (bs - 1): see scored_rows) */
     int64_t H, I, NQ, NK;  /* hidden, MLP, query and key/value widths */
     size_t as;             /* bytes of an activation */
     float eps, theta;
@@ -116,7 +117,7 @@ static step_dims dims_of(const dfl_draft *m)
 {
     const dfl_draft_config *c = &m->c;
     return (step_dims){
-        .T = m->T, .Q = m->Q, .H = c->hidden, .I = c->intermediate,
+        .T = m->T, .Q = m->Q, .Qs = m->B * (c->block_size - 1), .H = c->hidden, .I = c->intermediate,
         .NQ = (int64_t)c->n_heads * c->head_dim, .NK = (int64_t)c->n_kv * c->head_dim,
         .as = dfl_dtype_size(m->be->act), .eps = (float)c->rms_eps, .theta = (float)c->rope_theta,
     };
@@ -158,15 +159,15 @@ static double attn_flops(const dfl_draft *m, int64_t W)
 }
 
 /* y [Q, out] = x W^T at the step's block rows (W at offset off, [out, in]). With pairs (the first
- * layer: see pair_rows), from the pair rows' xp [2B, in] instead: made into tmp [2B, out] and
- * spread over the rows. A block's rows at slots 1..bs-1 hold the same input there, so each gets
- * what a product over every row would give it. */
-static int block_linear(dfl_draft *m, bool pairs, void *y, const void *x, const void *xp, void *tmp,
-                        int64_t off, int64_t out, int64_t in)
+ * layer: see pair_rows), x holds the pair rows only ([2B, in]): the product is made into tmp
+ * [2B, out] and spread over the rows. A block's rows at slots 1..bs-1 hold the same input there,
+ * so each gets what a product over every row would give it. */
+static int block_linear(dfl_draft *m, bool pairs, void *y, const void *x, void *tmp, int64_t off,
+                        int64_t out, int64_t in)
 {
     if (!pairs)
         return linear(m, y, x, m->Q, off, out, in, NULL);
-    int rc = linear(m, tmp, xp, 2 * m->B, off, out, in, NULL);
+    int rc = linear(m, tmp, x, 2 * m->B, off, out, in, NULL);
     if (!rc) {
         int sp = dfl_span_begin(m->prof, DFL_DP_EW);
         rc = m->be->ops->gather_rows(m->be, y, tmp, m->row_pair, m->Q,
@@ -192,7 +193,7 @@ static int layer_forward(dfl_draft *m, int l, void *hout, dfl_err *e)
     layer_acts *a = &m->la[l];
     const step_dims d = dims_of(m);
     const bool last = l == c->n_layers - 1;
-    const int64_t R = last ? m->B * (c->block_size - 1) : d.Q;   /* the rows after attention */
+    const int64_t R = last ? d.Qs : d.Q;   /* the rows after attention */
 
     /* The first layer's block rows: 2 distinct rows a block (see pair_rows). Its input norm runs
      * at those (gathered into dx, free until the last layer; x and rstd kept for the pair rows
@@ -206,16 +207,16 @@ static int layer_forward(dfl_draft *m, int l, void *hout, dfl_err *e)
         EW(be->ops->rmsnorm(be, a->x, a->rstd1, a->hin, W(m, w->in_ln), d.Q, d.H, d.eps));
     }
     /* queries */
-    TRY(block_linear(m, pairs, a->qraw, a->x, a->x, m->dq, w->wq, d.NQ, d.H));
+    TRY(block_linear(m, pairs, a->qraw, a->x, m->dq, w->wq, d.NQ, d.H));
     EW(be->ops->qknorm_rope(be, a->q, a->qraw, d.NQ, a->rstdq, W(m, w->q_norm), m->in.pos + d.T,
                              d.Q, c->n_heads, c->head_dim, d.eps, d.theta));
     /* keys and values: rows [context | block slots] */
     TRY(linear(m, a->kraw, m->C, d.T, w->wk, d.NK, d.H, NULL));
-    TRY(block_linear(m, pairs, ACT(m, a->kraw, d.T, d.NK), a->x, a->x, m->dk, w->wk, d.NK, d.H));
+    TRY(block_linear(m, pairs, ACT(m, a->kraw, d.T, d.NK), a->x, m->dk, w->wk, d.NK, d.H));
     EW(be->ops->qknorm_rope(be, a->k, a->kraw, d.NK, a->rstdk, W(m, w->k_norm), m->in.pos,
                              d.T + d.Q, c->n_kv, c->head_dim, d.eps, d.theta));
     TRY(linear(m, a->v, m->C, d.T, w->wv, d.NK, d.H, NULL));
-    TRY(block_linear(m, pairs, ACT(m, a->v, d.T, d.NK), a->x, a->x, m->dv, w->wv, d.NK, d.H));
+    TRY(block_linear(m, pairs, ACT(m, a->v, d.T, d.NK), a->x, m->dv, w->wv, d.NK, d.H));
     const dfl_dflash_attn at = layer_attn(m, l);
     OPF(DFL_DP_ATTN_FWD, m->attn_fl[c->sliding[l] ? 1 : 0], be->ops->dflash_attn(be, &at));
     /* residual + MLP (the products add the residual as they write) */
@@ -281,7 +282,7 @@ static int layer_backward(dfl_draft *m, int l, dfl_err *e)
     layer_acts *a = &m->la[l];
     const step_dims d = dims_of(m);
     const bool last = l == c->n_layers - 1;
-    const int64_t R = last ? m->B * (c->block_size - 1) : d.Q;   /* the rows after attention */
+    const int64_t R = last ? d.Qs : d.Q;   /* the rows after attention */
     void *dho = last ? m->dx : m->dh;   /* dL/d(output), then dL/d(hmid) */
     void *dy = last ? m->dh : m->dx;    /* dL/d(y) */
 
@@ -376,7 +377,7 @@ int dfl_draft_forward(dfl_draft *m, bool want_grad, dfl_err *e)
 
     /* The final norm, the LM head and the loss on the scored rows only (see scored_rows; hL has
      * only them): z = norm(hL) into dx (free until the backward), the gradient at z into dh. */
-    const int64_t Qs = m->B * (c->block_size - 1);
+    const int64_t Qs = d.Qs;
     EW(be->ops->rmsnorm(be, m->dx, m->rstd_s, m->hL, W(m, m->off_norm), Qs, H, d.eps));
     const dfl_lmce lm = {
         .z = m->dx, .w_lm = m->lm_head, .labels = m->labels_s, .weight = m->weight_s, .Q = Qs,
@@ -426,7 +427,7 @@ int dfl_draft_backward(dfl_draft *m, dfl_err *e)
     /* the final norm, at the scored rows (the last layer's only rows): dL/dz in dh, dL/dhL into
      * dx, where the last layer's backward takes it */
     EW(be->ops->rmsnorm_bwd(be, m->dx, m->grad + m->off_norm, m->dh, m->hL, W(m, m->off_norm),
-                             m->rstd_s, m->B * (c->block_size - 1), H, false));
+                             m->rstd_s, d.Qs, H, false));
     /* the layers, last first; dC collects the context rows' gradients */
     EW(be->ops->memset0(be, m->dC, (size_t)(T * H) * d.as));
     for (int l = c->n_layers - 1; l >= 0; l--) {
