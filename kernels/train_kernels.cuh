@@ -682,12 +682,22 @@ __device__ __forceinline__ Smx smx_combine(Smx x, Smx y)
  *     does not depend on scheduling) into the log-sum-exp; writes ce, the hit and the row sums;
  *  3. lmce_grad_kernel: G = grad_scale w (exp(x - lse) - onehot(label)), elementwise, in place
  *     over the logits in their own type (the dz GEMM's A).
- * Every kernel reads the logits in groups of 4 (a float4, or 4 bf16 in 8 bytes), LMCE_PF groups a
- * thread at a time (their loads issued together); rows whose V is not a multiple of 4 take the
- * same path with scalar loads. */
+ * Every kernel reads the logits in 16-byte groups (LMCE_G(X) elements: 4 f32 or 8 bf16), LMCE_PF
+ * groups a thread at a time (their loads issued together); rows whose V is not a multiple of the
+ * group take the same path with scalar loads and stores.
+ *
+ * Both passes are bandwidth-bound only if their arithmetic stays off the GPU's slow pipes
+ * (conversions to and from double and the exponential run at 16 a clock an SM, double
+ * arithmetic at 64, f32 at 128). So a statistics thread sums its LMCE_PF groups' exponentials in
+ * f32 (at most 32 terms, each <= 1) and adds that to its running double sum once; the block
+ * combines its threads at the block's maximum (one exponential a thread) instead of pairwise;
+ * and a slice is LMCE_SLICE = 32768 logits (4 or 8 passes of a block), so that a row has few
+ * partials. In bf16 mode the gradient's exponent is (x - lh) - ll, lse split into two floats
+ * (G is rounded to bf16 after: the double form's exponent differs by at most an ulp or two). */
 #define LMCE_PF 4
-#define LMCE_SLICE (LMCE_PF * 4 * LMCE_THREADS * 2)   /* logits a statistics block reduces */
+#define LMCE_SLICE 32768   /* logits a statistics block reduces */
 #define LMCE_FIN_WARPS 8
+#define LMCE_G(X) (16 / (int)sizeof(X))
 
 /* one statistics partial (16 bytes) */
 struct LmcePart {
@@ -702,12 +712,10 @@ struct LmcePart {
  * aligned); each part 16-byte aligned. The logits of the mode, then G in place: x, row stride
  * ldx; end: the end of the parts used. */
 struct LmceWork {
-    float *logits, *row_wce, *row_hit;
+    float *row_wce, *row_hit;
     LmcePart *part;
     double *lse;
-    bf16 *g;
     int S;
-    int64_t ldg;
     void *x;
     int64_t ldx;
     const void *end;
@@ -719,39 +727,43 @@ static inline LmceWork lmce_work_layout(float *work, int64_t CR, int64_t V, bool
 {
     LmceWork w;
     w.S = (int)((V + LMCE_SLICE - 1) / LMCE_SLICE);
-    w.ldg = (V + 7) / 8 * 8;
-    w.logits = bf ? nullptr : work;
     w.row_wce = bf ? work : work + CR * V;
     w.row_hit = w.row_wce + CR;
     w.part = (LmcePart *)lmce_align16(w.row_hit + CR);
     w.lse = (double *)lmce_align16(w.part + CR * w.S);
-    w.g = (bf16 *)lmce_align16(w.lse + CR);
-    w.x = bf ? (void *)w.g : (void *)w.logits;
-    w.ldx = bf ? w.ldg : V;
-    w.end = bf ? (const void *)(w.g + CR * w.ldg) : (const void *)(w.lse + CR);
+    bf16 *g = (bf16 *)lmce_align16(w.lse + CR);
+    w.x = bf ? (void *)g : (void *)work;
+    w.ldx = bf ? (V + 7) / 8 * 8 : V;
+    w.end = bf ? (const void *)(g + CR * w.ldx) : (const void *)(w.lse + CR);
     return w;
 }
 
-/* group k of row lr (elements 4k..4k+3; -inf past V) */
-template <typename T>
-__device__ __forceinline__ float4 lmce_load4(const T *lr, int64_t k, int64_t V, bool vec)
+/* The launches' grids for a chunk of nr rows (blocks of LMCE_THREADS; the finish kernel's of
+ * LMCE_FIN_WARPS warps): statistics (S, nr), finish, gradient */
+static inline dim3 lmce_stats_grid(const LmceWork &w, int64_t nr) { return dim3((unsigned)w.S, (unsigned)nr); }
+static inline dim3 lmce_finish_grid(int64_t nr) { return dim3((unsigned)((nr + LMCE_FIN_WARPS - 1) / LMCE_FIN_WARPS)); }
+static inline dim3 lmce_grad_grid(int64_t V, int64_t nr, bool bf)
 {
-    if (vec) {
-        if constexpr (sizeof(T) == 4) {
-            return ((const float4 *)lr)[k];
-        } else {
-            const Pack<T, 4> b = ((const Pack<T, 4> *)lr)[k];
-            return make_float4(to_f32(b.v[0]), to_f32(b.v[1]), to_f32(b.v[2]), to_f32(b.v[3]));
-        }
-    }
-    const int64_t v = 4 * k;
-    return make_float4(v < V ? to_f32(lr[v]) : -INFINITY, v + 1 < V ? to_f32(lr[v + 1]) : -INFINITY,
-                       v + 2 < V ? to_f32(lr[v + 2]) : -INFINITY, v + 3 < V ? to_f32(lr[v + 3]) : -INFINITY);
+    const int64_t per = (int64_t)LMCE_PF * LMCE_THREADS * (bf ? LMCE_G(bf16) : LMCE_G(float));
+    return dim3((unsigned)((V + per - 1) / per), (unsigned)nr);
 }
 
-__device__ __forceinline__ float f4at(const float4 &x, int j)
+/* the group at element e of row lr into x (LMCE_G(T) floats): one 16-byte load (vec), or scalar
+ * loads of the elements before hi (-inf past it) */
+template <typename T>
+__device__ __forceinline__ void lmce_load(const T *lr, int64_t e, int64_t hi, bool vec, float *x)
 {
-    return j == 0 ? x.x : j == 1 ? x.y : j == 2 ? x.z : x.w;
+    constexpr int G = LMCE_G(T);
+    if (vec) {
+        const Pack<T, G> b = *(const Pack<T, G> *)(lr + e);
+#pragma unroll
+        for (int j = 0; j < G; j++)
+            x[j] = to_f32(b.v[j]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < G; j++)
+            x[j] = e + j < hi ? to_f32(lr[e + j]) : -INFINITY;
+    }
 }
 
 /* t combined with the other lanes' of the warp (a fixed butterfly); every lane gets a result,
@@ -770,75 +782,106 @@ __device__ __forceinline__ Smx smx_warp(Smx t)
 }
 
 /* Block (s, r): the partial of logits [s LMCE_SLICE, (s + 1) LMCE_SLICE) of row r. A thread
- * takes the maximum of its LMCE_PF float4s (the first index of it: its elements come in
- * increasing order), rescales its running sum once, then adds the group's exponentials: no
- * branch per element. The warps' results are combined in warp order. */
+ * takes the maximum of its LMCE_PF groups (the first index of it: its elements come in
+ * increasing order), rescales its running sum when that maximum is a new one, then adds the
+ * groups' exponentials, summed in f32: no branch per element. The block then takes its maximum
+ * M, each thread's sum rescaled to M (one exponential), their sum in a fixed order (a butterfly
+ * in each warp, the warps in order) and the least first-argmax of the threads whose maximum is M. */
 template <typename X>
 __global__ void __launch_bounds__(LMCE_THREADS)
 lmce_stats_kernel(const X *logits, int64_t V, int64_t ld, int64_t r0, const float *weight, LmcePart *part,
                   int S)
 {
+    constexpr int G = LMCE_G(X), NE = LMCE_PF * G;
     const int64_t r = blockIdx.y, T = blockDim.x;
     if (!(weight[r0 + r] > 0))
         return;
     const X *lr = logits + r * ld;
-    const bool vec = V % 4 == 0;   /* rows 16-byte aligned (work is, and ld keeps them) */
-    const int64_t n4 = (V + 3) / 4, lo = (int64_t)blockIdx.x * (LMCE_SLICE / 4);
-    const int64_t hi = lo + LMCE_SLICE / 4 < n4 ? lo + LMCE_SLICE / 4 : n4;
-    Smx t = {-INFINITY, 0.0, 0};
-    for (int64_t k0 = lo + threadIdx.x; k0 < hi; k0 += LMCE_PF * T) {
-        float4 x[LMCE_PF];
+    const bool vec = V % G == 0;   /* rows 16-byte aligned (work is, and ld keeps them) */
+    const int64_t lo = (int64_t)blockIdx.x * LMCE_SLICE, hi = lo + LMCE_SLICE < V ? lo + LMCE_SLICE : V;
+    float tm = -INFINITY;
+    double ts = 0.0;
+    int64_t ta = 0;
+    for (int64_t e0 = lo + threadIdx.x * G; e0 < hi; e0 += LMCE_PF * T * G) {
+        float x[NE];
 #pragma unroll
         for (int p = 0; p < LMCE_PF; p++) {
-            const int64_t k = k0 + p * T;
-            x[p] = k < hi ? lmce_load4(lr, k, V, vec) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-        }
-        float gm = -INFINITY;
-        int64_t ga = 0;
+            const int64_t e = e0 + p * T * G;
+            if (e < hi) {
+                lmce_load(lr, e, hi, vec, x + p * G);
+            } else {
 #pragma unroll
-        for (int p = 0; p < LMCE_PF; p++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const float v = f4at(x[p], j);
-                if (v > gm) {
-                    gm = v;
-                    ga = 4 * (k0 + p * T) + j;
-                }
+                for (int j = 0; j < G; j++)
+                    x[p * G + j] = -INFINITY;
             }
-        if (gm > t.m) {
-            t.s *= exp((double)t.m - (double)gm);   /* 0 while t.m is -inf (a NaN sum stays NaN) */
-            t.m = gm;
-            t.a = ga;
         }
-        const float ref = t.m > -INFINITY ? t.m : 0.0f;
-        double acc = 0.0;
+        float gm = x[0];
 #pragma unroll
-        for (int p = 0; p < LMCE_PF; p++)
+        for (int i = 1; i < NE; i++)
+            gm = fmaxf(gm, x[i]);   /* NaN is never the maximum, as with v > gm */
+        if (gm > tm) {
+            int fi = 0;
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                acc += (double)expf(f4at(x[p], j) - ref);
-        t.s += acc;
+            for (int i = NE - 1; i >= 0; i--)
+                if (x[i] == gm)
+                    fi = i;
+            ts *= exp((double)tm - (double)gm);   /* 0 while tm is -inf (a NaN sum stays NaN) */
+            tm = gm;
+            ta = e0 + (int64_t)(fi / G) * T * G + fi % G;
+        }
+        const float ref = tm > -INFINITY ? tm : 0.0f;
+        float acc[LMCE_PF];
+#pragma unroll
+        for (int p = 0; p < LMCE_PF; p++) {
+            acc[p] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < G; j++)
+                acc[p] += expf(x[p * G + j] - ref);
+        }
+#pragma unroll
+        for (int w = LMCE_PF / 2; w > 0; w >>= 1)
+#pragma unroll
+            for (int p = 0; p < w; p++)
+                acc[p] += acc[p + w];
+        ts += (double)acc[0];
     }
-    if (t.m == -INFINITY && t.s != 0.0)   /* only NaN seen: make the combine keep the NaN */
-        t.m = INFINITY;
+    if (tm == -INFINITY && ts != 0.0)   /* only NaN seen: make the block's result NaN */
+        tm = INFINITY;
     __shared__ float shm[LMCE_THREADS / 32];
     __shared__ double shs[LMCE_THREADS / 32];
     __shared__ int64_t sha[LMCE_THREADS / 32];
-    t = smx_warp(t);
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float m = tm;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0)
+        shm[wid] = m;
+    __syncthreads();
+    float M = shm[0];
+    for (int i = 1; i < nw; i++)
+        M = fmaxf(M, shm[i]);
+    double f = tm == -INFINITY ? 0.0 : ts * exp((double)(tm - M));
+    int64_t a = tm == M ? ta : INT64_MAX;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        f += __shfl_xor_sync(0xffffffffu, f, o);
+        const int64_t b = __shfl_xor_sync(0xffffffffu, a, o);
+        a = b < a ? b : a;
+    }
     if (lane == 0) {
-        shm[wid] = t.m;
-        shs[wid] = t.s;
-        sha[wid] = t.a;
+        shs[wid] = f;
+        sha[wid] = a;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        Smx tot = {shm[0], shs[0], sha[0]};
+        double s = shs[0];
+        int64_t am = sha[0];
         for (int i = 1; i < nw; i++) {
-            Smx u = {shm[i], shs[i], sha[i]};
-            tot = smx_combine(tot, u);
+            s += shs[i];
+            am = sha[i] < am ? sha[i] : am;
         }
-        part[r * S + blockIdx.x] = LmcePart{tot.m, (int32_t)tot.a, tot.s};
+        part[r * S + blockIdx.x] = LmcePart{M, (int32_t)am, s};
     }
 }
 
@@ -891,55 +934,63 @@ lmce_finish_kernel(const X *logits, int64_t ld, int64_t r0, int64_t nr, const in
 }
 
 /* Block (b, r): groups [b LMCE_PF LMCE_THREADS, (b + 1) LMCE_PF LMCE_THREADS) of row r's G, in
- * place over the logits (row stride ld), in their type. */
+ * place over the logits (row stride ld), in their type. The exponent x - lse: in f32 mode in
+ * double and rounded once; in bf16 mode (x - lh) - ll in f32, lse = lh + ll. */
 template <typename X>
 __global__ void __launch_bounds__(LMCE_THREADS)
 lmce_grad_kernel(X *logits, int64_t V, int64_t ld, int64_t r0, const int32_t *labels, const float *weight,
                  float grad_scale, const double *lse)
 {
+    constexpr int G = LMCE_G(X);
     const int64_t r = blockIdx.y, q = r0 + r, T = blockDim.x;
     X *lr = logits + r * ld;
-    const bool vec = V % 4 == 0;
-    const int64_t n4 = (V + 3) / 4, k0 = (int64_t)blockIdx.x * LMCE_PF * T + threadIdx.x;
+    const bool vec = V % G == 0;
+    const int64_t e0 = ((int64_t)blockIdx.x * LMCE_PF * T + threadIdx.x) * G;
     const float w = weight[q];
     const bool scored = w > 0;
     const float gw = grad_scale * w;
     const double l = lse[r];
-    const int32_t label = labels[q];
-    float4 x[LMCE_PF];
+    const float lh = (float)l, ll = (float)(l - (double)lh);
+    const int64_t label = labels[q];
+    float x[LMCE_PF][G];
     if (scored)
 #pragma unroll
         for (int p = 0; p < LMCE_PF; p++) {
-            const int64_t k = k0 + p * T;
-            if (k < n4)
-                x[p] = lmce_load4(lr, k, V, vec);
+            const int64_t e = e0 + p * T * G;
+            if (e < V)
+                lmce_load(lr, e, V, vec, x[p]);
         }
 #pragma unroll
     for (int p = 0; p < LMCE_PF; p++) {
-        const int64_t k = k0 + p * T;
-        if (k >= n4)
+        const int64_t e = e0 + p * T * G;
+        if (e >= V)
             break;
-        float o[4];
+        float o[G];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < G; j++) {
             o[j] = 0.0f;
             if (scored) {
-                o[j] = gw * expf((float)((double)f4at(x[p], j) - l));
-                if (4 * k + j == label)
+                float d;
+                if constexpr (sizeof(X) == 4)
+                    d = (float)((double)x[p][j] - l);
+                else
+                    d = (x[p][j] - lh) - ll;
+                o[j] = gw * expf(d);
+                if (e + j == label)
                     o[j] -= gw;
             }
         }
         if (vec) {
-            Pack<X, 4> b;
+            Pack<X, G> b;
 #pragma unroll
-            for (int j = 0; j < 4; j++)
+            for (int j = 0; j < G; j++)
                 b.v[j] = from_f32<X>(o[j]);
-            *(Pack<X, 4> *)(lr + 4 * k) = b;
+            *(Pack<X, G> *)(lr + e) = b;
         } else {
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                if (4 * k + j < V)
-                    lr[4 * k + j] = from_f32<X>(o[j]);
+            for (int j = 0; j < G; j++)
+                if (e + j < V)
+                    lr[e + j] = from_f32<X>(o[j]);
         }
     }
 }

@@ -421,6 +421,22 @@ static int lmce_tune(dfl_be *be, const dfl_mm *m)
     return rc ? cuda_op_fail(be, rc, "lmce: timing the GEMM's algorithms: %s", te.msg) : 0;
 }
 
+/* the row work of the chunk of rows [r0, r0 + nr) over its logits x (row stride wl.ldx), in their
+ * type: statistics, finish, and G when grad */
+template <typename X>
+static void lmce_rows(cudaStream_t s, const LmceWork &wl, X *x, const dfl_lmce *a, int64_t r0, int64_t nr,
+                      bool grad)
+{
+    lmce_stats_kernel<<<lmce_stats_grid(wl, nr), LMCE_THREADS, 0, s>>>(x, a->V, wl.ldx, r0, a->weight, wl.part,
+                                                                       wl.S);
+    lmce_finish_kernel<<<lmce_finish_grid(nr), LMCE_FIN_WARPS * 32, 0, s>>>(
+        x, wl.ldx, r0, nr, a->labels, a->weight, wl.part, wl.S, wl.lse, a->correct, a->ce_out, wl.row_wce,
+        wl.row_hit);
+    if (grad)
+        lmce_grad_kernel<<<lmce_grad_grid(a->V, nr, sizeof(X) == 2), LMCE_THREADS, 0, s>>>(
+            x, a->V, wl.ldx, r0, a->labels, a->weight, a->grad_scale, wl.lse);
+}
+
 int cuda_lmce(dfl_be *be, const dfl_lmce *a)
 {
     if (a->Q <= 0)
@@ -438,7 +454,6 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
     if (bf && be->wdt != DFL_BF16)
         return cuda_op_fail(be, DFL_EUNSUP, "lmce: bf16 activations need bf16 weights");
     const LmceWork wl = lmce_work_layout(a->work, CR, V, bf);
-    const int64_t n4 = (V + 3) / 4;
     if ((const char *)wl.end > (const char *)(a->work + dfl_lmce_work_act(CR, V, be->act)))
         return cuda_op_fail(be, DFL_EUSAGE, "lmce: work layout past dfl_lmce_work_act");
     const size_t as = dfl_dtype_size(be->act);
@@ -467,33 +482,12 @@ int cuda_lmce(dfl_be *be, const dfl_lmce *a)
             (rc = be->ops->matmul(be, &mm)))
             return rc;
         const bool grad = a->dz != NULL;
-        const dim3 gs((unsigned)wl.S, (unsigned)nr);
-        const unsigned gf = (unsigned)((nr + LMCE_FIN_WARPS - 1) / LMCE_FIN_WARPS);
-        if (bf) {
-            lmce_stats_kernel<<<gs, LMCE_THREADS, 0, s>>>(wl.g, V, wl.ldx, r0, a->weight, wl.part, wl.S);
-            lmce_finish_kernel<<<gf, LMCE_FIN_WARPS * 32, 0, s>>>(wl.g, wl.ldx, r0, nr, a->labels, a->weight,
-                                                                  wl.part, wl.S, wl.lse, a->correct,
-                                                                  a->ce_out, wl.row_wce, wl.row_hit);
-        } else {
-            lmce_stats_kernel<<<gs, LMCE_THREADS, 0, s>>>(wl.logits, V, wl.ldx, r0, a->weight, wl.part, wl.S);
-            lmce_finish_kernel<<<gf, LMCE_FIN_WARPS * 32, 0, s>>>(wl.logits, wl.ldx, r0, nr, a->labels,
-                                                                  a->weight, wl.part, wl.S, wl.lse, a->correct,
-                                                                  a->ce_out, wl.row_wce, wl.row_hit);
-        }
-        if ((rc = cuda_launch_check(be, "lmce (row statistics)")))
+        if (bf)
+            lmce_rows(s, wl, (bf16 *)wl.x, a, r0, nr, grad);
+        else
+            lmce_rows(s, wl, (float *)wl.x, a, r0, nr, grad);
+        if ((rc = cuda_launch_check(be, "lmce (row statistics, gradient)")))
             return rc;
-        if (grad) {
-            const dim3 gg((unsigned)((n4 + LMCE_PF * LMCE_THREADS - 1) / (LMCE_PF * LMCE_THREADS)),
-                          (unsigned)nr);
-            if (bf)
-                lmce_grad_kernel<<<gg, LMCE_THREADS, 0, s>>>(wl.g, V, wl.ldx, r0, a->labels, a->weight,
-                                                             a->grad_scale, wl.lse);
-            else
-                lmce_grad_kernel<<<gg, LMCE_THREADS, 0, s>>>(wl.logits, V, wl.ldx, r0, a->labels, a->weight,
-                                                             a->grad_scale, wl.lse);
-            if ((rc = cuda_launch_check(be, "lmce (gradient)")))
-                return rc;
-        }
         lmce_sums_kernel<<<1, 32, 0, s>>>(a->sums, wl.row_wce, wl.row_hit, a->weight, r0, nr);
         if ((rc = cuda_launch_check(be, "lmce (sums)")))
             return rc;

@@ -431,7 +431,8 @@ static void t_lmce(dfl_be *cpu, int64_t Q, int64_t H, int64_t V, int64_t CR, flo
     double gsums[DFL_SUM_COUNT] = {0};
     /* cuda_lmce's layout of work (lmce_work_layout) and its launches */
     const LmceWork wl = lmce_work_layout(gwork.data(), CR, V, BF);
-    const int64_t n4 = (V + 3) / 4;
+    bf16 *const xg = (bf16 *)wl.x;     /* the logits of the mode, then G */
+    float *const xf = (float *)wl.x;
     check((const char *)wl.end <= (const char *)(gwork.data() + dfl_lmce_work_act(CR, V, BF ? DFL_BF16 : DFL_F32)) &&
               dfl_lmce_work_act(CR, V, BF ? DFL_BF16 : DFL_F32) <= (int64_t)gwork.size(),
           "lmce work layout within dfl_lmce_work_act");
@@ -448,9 +449,9 @@ static void t_lmce(dfl_be *cpu, int64_t Q, int64_t H, int64_t V, int64_t CR, flo
                 for (int64_t i = 0; i < H; i++)
                     s += z[(size_t)(q * H + i)] * W[(size_t)(v * H + i)];
                 if (BF)
-                    wl.g[r * wl.ldg + v] = __float2bfloat16_rn(s);
+                    xg[r * wl.ldx + v] = __float2bfloat16_rn(s);
                 else
-                    wl.logits[r * V + v] = s;
+                    xf[r * wl.ldx + v] = s;
                 xr[(size_t)v] = BF ? (double)__bfloat162float(__float2bfloat16_rn(s)) : s;
             }
             const double w = wt[(size_t)q];
@@ -479,27 +480,26 @@ static void t_lmce(dfl_be *cpu, int64_t Q, int64_t H, int64_t V, int64_t CR, flo
                 dz[(size_t)(q * H + i)] = (float)a;
             }
         }
-        emu::launch(dim3((unsigned)wl.S, (unsigned)nr), dim3(LMCE_THREADS), 0, [&] {
+        emu::launch(lmce_stats_grid(wl, nr), dim3(LMCE_THREADS), 0, [&] {
             if (BF)
-                lmce_stats_kernel(wl.g, V, wl.ldx, r0, wt.data(), wl.part, wl.S);
+                lmce_stats_kernel(xg, V, wl.ldx, r0, wt.data(), wl.part, wl.S);
             else
-                lmce_stats_kernel(wl.logits, V, wl.ldx, r0, wt.data(), wl.part, wl.S);
+                lmce_stats_kernel(xf, V, wl.ldx, r0, wt.data(), wl.part, wl.S);
         });
-        emu::launch(dim3((unsigned)((nr + LMCE_FIN_WARPS - 1) / LMCE_FIN_WARPS)), dim3(LMCE_FIN_WARPS * 32), 0, [&] {
+        emu::launch(lmce_finish_grid(nr), dim3(LMCE_FIN_WARPS * 32), 0, [&] {
             if (BF)
-                lmce_finish_kernel(wl.g, wl.ldx, r0, nr, lab.data(), wt.data(), wl.part, wl.S, wl.lse, gcorr.data(),
+                lmce_finish_kernel(xg, wl.ldx, r0, nr, lab.data(), wt.data(), wl.part, wl.S, wl.lse, gcorr.data(),
                                    gce.data(), wl.row_wce, wl.row_hit);
             else
-                lmce_finish_kernel(wl.logits, wl.ldx, r0, nr, lab.data(), wt.data(), wl.part, wl.S, wl.lse, gcorr.data(),
+                lmce_finish_kernel(xf, wl.ldx, r0, nr, lab.data(), wt.data(), wl.part, wl.S, wl.lse, gcorr.data(),
                                    gce.data(), wl.row_wce, wl.row_hit);
         });
-        emu::launch(dim3((unsigned)((n4 + LMCE_PF * LMCE_THREADS - 1) / (LMCE_PF * LMCE_THREADS)), (unsigned)nr),
-                    dim3(LMCE_THREADS), 0, [&] {
-                        if (BF)
-                            lmce_grad_kernel(wl.g, V, wl.ldx, r0, lab.data(), wt.data(), gscale, wl.lse);
-                        else
-                            lmce_grad_kernel(wl.logits, V, wl.ldx, r0, lab.data(), wt.data(), gscale, wl.lse);
-                    });
+        emu::launch(lmce_grad_grid(V, nr, BF), dim3(LMCE_THREADS), 0, [&] {
+            if (BF)
+                lmce_grad_kernel(xg, V, wl.ldx, r0, lab.data(), wt.data(), gscale, wl.lse);
+            else
+                lmce_grad_kernel(xf, V, wl.ldx, r0, lab.data(), wt.data(), gscale, wl.lse);
+        });
         emu::launch(dim3(1), dim3(32), 0, [&] { lmce_sums_kernel(gsums, wl.row_wce, wl.row_hit, wt.data(), r0, nr); });
         for (int64_t r = 0; r < nr; r++)
             for (int64_t i = 0; i < H; i++) {
@@ -507,9 +507,9 @@ static void t_lmce(dfl_be *cpu, int64_t Q, int64_t H, int64_t V, int64_t CR, flo
                 for (int64_t v = 0; v < V; v++) {
                     float gv;
                     if (BF)
-                        gv = __bfloat162float(wl.g[r * wl.ldg + v]);
+                        gv = __bfloat162float(xg[r * wl.ldx + v]);
                     else
-                        gv = wl.logits[r * V + v];
+                        gv = xf[r * wl.ldx + v];
                     s += (double)gv * W[(size_t)(v * H + i)];
                 }
                 gdz[(size_t)((r0 + r) * H + i)] = (float)s;
@@ -581,12 +581,16 @@ int main()
     t_block_metrics(cpu, 3, 2);
     t_lmce<true>(cpu, 13, 64, 1000, 5, 1.0f);
     t_lmce<false>(cpu, 9, 32, 4100, 4, 0.5f);
-    t_lmce<true>(cpu, 3, 32, 9000, 3, 2.0f);   /* two statistics slices a row */
-    t_lmce<true>(cpu, 4, 32, 5003, 2, 1.0f);   /* odd V: scalar loads and stores */
-    /* rows of several slices and gradient blocks (of 8192 and 4096 logits), float4 and scalar */
+    t_lmce<true>(cpu, 3, 32, 9000, 3, 2.0f);
+    t_lmce<true>(cpu, 4, 32, 5003, 2, 1.0f);   /* V not a multiple of 8: scalar loads and stores */
+    t_lmce<true>(cpu, 3, 32, 4100, 2, 1.0f);   /* a multiple of 4, not of 8: scalar in bf16 */
+    t_lmce<false>(cpu, 3, 32, 1001, 2, 1.0f);  /* odd V in f32 */
+    /* rows of several statistics slices (32768 logits) and gradient blocks (8192 bf16 or 4096 f32
+     * logits), the last one partial; 16-byte and scalar groups */
     t_lmce<true>(cpu, 3, 8, 70000, 2, 1.0f);
     t_lmce<true>(cpu, 2, 8, 70001, 1, 0.5f);
     t_lmce<false>(cpu, 2, 8, 40004, 2, 1.0f);
+    t_lmce<false>(cpu, 2, 8, 65539, 1, 1.0f);
     t_lmce<true>(cpu, 40, 8, 8190, 40, 1.0f);   /* more rows than a grid of finish warps */
     printf(failures ? "FAILED: %d checks\n" : "all checks passed\n", failures);
     dfl_be_close(cpu);

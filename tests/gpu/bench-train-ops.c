@@ -15,11 +15,12 @@
  * 512 anchors each, block 16, 32/8 heads of 128) with full attention and with its sliding window
  * of 2048: the time each takes, and the TFLOP/s counting only the keys the window leaves.
  * --attention: the 8B drafter's attention only (no lmce, no bandwidth-bound ops).
+ * --lmce: lmce only, chunks of 1024 rows, at both shapes.
  * --norms: the norms' backward ops only (rmsnorm_bwd at the 8B and 27B widths, qknorm_rope_bwd on
  * the 8B drafter's q and k), each with the first kernels (DFL_CUDA_NORM_BWD=0: "[first
  * kernels]") and then the default.
  * Not a test: run by hand on a GPU machine (build/tests/bench-train-ops [--quick] [--window |
- * --attention | --norms]);
+ * --attention | --norms | --lmce]);
  * exits 77 without a GPU. Needs about 30 GB of device memory. */
 #include <math.h>
 #include <stdint.h>
@@ -401,7 +402,7 @@ static void bench_bandwidth(double copy_gbs, bool norms_only)
 
 int main(int argc, char **argv)
 {
-    bool window_only = false, attention_only = false, norms_only = false;
+    bool window_only = false, attention_only = false, norms_only = false, lmce_only = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0)
             iters = 3;
@@ -411,6 +412,8 @@ int main(int argc, char **argv)
             window_only = true;
         else if (strcmp(argv[i], "--attention") == 0)
             attention_only = true;
+        else if (strcmp(argv[i], "--lmce") == 0)
+            lmce_only = true;
     }
     dfl_cuda_props pr;
     if (!bench_open(&pr))
@@ -443,6 +446,10 @@ int main(int argc, char **argv)
 
     if (norms_only) {
         bench_bandwidth(copy_gbs, true);
+    } else if (lmce_only) {
+        static const int64_t c[] = {1024, 0};
+        bench_lmce(peak, 30720, 4096, 151936, c);
+        bench_lmce(peak, 30720, 5120, 248320, c);
     } else if (window_only) {
         double full = bench_attention(peak, 4096, 0), win = bench_attention(peak, 4096, 2048);
         printf("Qwen3.6-27B drafter attention, 4 x 4096 tokens: full %.3f ms, window 2048 %.3f ms per layer "
