@@ -1,6 +1,7 @@
 /* train_kernels.cuh: the device code of the drafter ops of kernels/train_ops.cu (which has the
  * design notes and the launches). Needs, from the including file: bf16, Pack, to_f32/from_f32
- * (be_cuda.cuh) and backend.h's DFL_SUM_*; tests/emu compiles the same code for the CPU. */
+ * (be_cuda.cuh), df_exp2 (dflash_ptx.cuh) and backend.h's DFL_SUM_*; tests/emu compiles the same
+ * code for the CPU. */
 #ifndef DFL_TRAIN_KERNELS_CUH
 #define DFL_TRAIN_KERNELS_CUH
 
@@ -692,8 +693,9 @@ __device__ __forceinline__ Smx smx_combine(Smx x, Smx y)
  * f32 (at most 32 terms, each <= 1) and adds that to its running double sum once; the block
  * combines its threads at the block's maximum (one exponential a thread) instead of pairwise;
  * and a slice is LMCE_SLICE = 32768 logits (4 or 8 passes of a block), so that a row has few
- * partials. In bf16 mode the gradient's exponent is (x - lh) - ll, lse split into two floats
- * (G is rounded to bf16 after: the double form's exponent differs by at most an ulp or two). */
+ * partials. In bf16 mode the exponentials are the MUFU's (lmce_exp) and the gradient's exponent
+ * is (x - lh) - ll, lse split into two floats (G is rounded to bf16 after: the double form's
+ * exponent differs by at most an ulp or two). */
 #define LMCE_PF 4
 #define LMCE_SLICE 32768   /* logits a statistics block reduces */
 #define LMCE_FIN_WARPS 8
@@ -746,6 +748,18 @@ static inline dim3 lmce_grad_grid(int64_t V, int64_t nr, bool bf)
 {
     const int64_t per = (int64_t)LMCE_PF * LMCE_THREADS * (bf ? LMCE_G(bf16) : LMCE_G(float));
     return dim3((unsigned)((V + per - 1) / per), (unsigned)nr);
+}
+
+/* exp(d) for d <= 0 (or NaN): f32 mode expf; bf16 mode 2^(d log2 e) on the MUFU (ex2.approx.ftz:
+ * relative error below 2^-22 plus the product's rounding, |d| 2^-24; results below 2^-126 are
+ * 0), one instruction where expf takes about ten: the logits there are bf16, their own rounding
+ * 2^-9 relative */
+template <typename X> __device__ __forceinline__ float lmce_exp(float d)
+{
+    if constexpr (sizeof(X) == 4)
+        return expf(d);
+    else
+        return df_exp2(d * 1.4426950408889634f);
 }
 
 /* the group at element e of row lr into x (LMCE_G(T) floats): one 16-byte load (vec), or scalar
@@ -836,7 +850,7 @@ lmce_stats_kernel(const X *logits, int64_t V, int64_t ld, int64_t r0, const floa
             acc[p] = 0.0f;
 #pragma unroll
             for (int j = 0; j < G; j++)
-                acc[p] += expf(x[p * G + j] - ref);
+                acc[p] += lmce_exp<X>(x[p * G + j] - ref);
         }
 #pragma unroll
         for (int w = LMCE_PF / 2; w > 0; w >>= 1)
@@ -970,12 +984,10 @@ lmce_grad_kernel(X *logits, int64_t V, int64_t ld, int64_t r0, const int32_t *la
         for (int j = 0; j < G; j++) {
             o[j] = 0.0f;
             if (scored) {
-                float d;
                 if constexpr (sizeof(X) == 4)
-                    d = (float)((double)x[p][j] - l);
+                    o[j] = gw * lmce_exp<X>((float)((double)x[p][j] - l));
                 else
-                    d = (x[p][j] - lh) - ll;
-                o[j] = gw * expf(d);
+                    o[j] = gw * lmce_exp<X>((x[p][j] - lh) - ll);
                 if (e + j == label)
                     o[j] -= gw;
             }

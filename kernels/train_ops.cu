@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "be_cuda.cuh"
+#include "dflash_ptx.cuh"
 #include "train_kernels.cuh"
 
 #define TR_THREADS 256

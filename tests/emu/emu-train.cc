@@ -537,6 +537,76 @@ static void t_lmce(dfl_be *cpu, int64_t Q, int64_t H, int64_t V, int64_t CR, flo
     cmp(w.c_str(), gdz.data(), dz.data(), Q, H, BF ? 1e-2 : 1e-4, BF ? 0.9999 : 0.9999999);
 }
 
+/* lmce's row kernels keep a NaN logit: the row's ce and its G are NaN, whether the NaN is one
+ * logit among finite ones or a whole statistics slice (a thread that sees only NaN); rows without
+ * a NaN keep their ce and hit (against a double reference on the same logits). */
+template <bool BF>
+static void t_lmce_nan()
+{
+    const int64_t V = 70000, nr = 3;   /* three statistics slices a row, the last one partial */
+    std::vector<float> work((size_t)dfl_lmce_work_act(nr, V, BF ? DFL_BF16 : DFL_F32), 0.0f), ce((size_t)nr, 0.0f);
+    std::vector<float> wt((size_t)nr, 1.0f);
+    std::vector<int32_t> lab = {5, 100, 69999};   /* labels outside the NaN logits */
+    std::vector<uint8_t> corr((size_t)nr, 7);
+    const LmceWork wl = lmce_work_layout(work.data(), nr, V, BF);
+    bf16 *const xg = (bf16 *)wl.x;
+    float *const xf = (float *)wl.x;
+    std::vector<float> xs((size_t)(nr * V));
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t v = 0; v < V; v++) {
+            float x = 4.0f * runi();
+            if ((r == 0 && v == 50001) || (r == 1 && v >= LMCE_SLICE && v < 2 * LMCE_SLICE))
+                x = NAN;
+            if (BF)
+                xg[r * wl.ldx + v] = __float2bfloat16_rn(x);
+            else
+                xf[r * wl.ldx + v] = x;
+            xs[(size_t)(r * V + v)] = BF ? __bfloat162float(__float2bfloat16_rn(x)) : x;
+        }
+    emu::launch(lmce_stats_grid(wl, nr), dim3(LMCE_THREADS), 0, [&] {
+        if (BF)
+            lmce_stats_kernel(xg, V, wl.ldx, 0, wt.data(), wl.part, wl.S);
+        else
+            lmce_stats_kernel(xf, V, wl.ldx, 0, wt.data(), wl.part, wl.S);
+    });
+    emu::launch(lmce_finish_grid(nr), dim3(LMCE_FIN_WARPS * 32), 0, [&] {
+        if (BF)
+            lmce_finish_kernel(xg, wl.ldx, 0, nr, lab.data(), wt.data(), wl.part, wl.S, wl.lse, corr.data(), ce.data(),
+                               wl.row_wce, wl.row_hit);
+        else
+            lmce_finish_kernel(xf, wl.ldx, 0, nr, lab.data(), wt.data(), wl.part, wl.S, wl.lse, corr.data(), ce.data(),
+                               wl.row_wce, wl.row_hit);
+    });
+    emu::launch(lmce_grad_grid(V, nr, BF), dim3(LMCE_THREADS), 0, [&] {
+        if (BF)
+            lmce_grad_kernel(xg, V, wl.ldx, 0, lab.data(), wt.data(), 1.0f, wl.lse);
+        else
+            lmce_grad_kernel(xf, V, wl.ldx, 0, lab.data(), wt.data(), 1.0f, wl.lse);
+    });
+    int64_t gnan[3] = {0, 0, 0};
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t v = 0; v < V; v++)
+            gnan[r] += std::isnan(BF ? __bfloat162float(xg[r * wl.ldx + v]) : xf[r * wl.ldx + v]);
+    /* the clean row against a double reference */
+    const float *x2 = xs.data() + 2 * V;
+    double m = -INFINITY, se = 0;
+    int64_t am = 0;
+    for (int64_t v = 0; v < V; v++)
+        if (x2[v] > m) {
+            m = x2[v];
+            am = v;
+        }
+    for (int64_t v = 0; v < V; v++)
+        se += exp(x2[v] - m);
+    const double c2 = m + log(se) - x2[lab[2]];
+    char w[200];
+    snprintf(w, sizeof w, "lmce %s NaN logits: ce %g %g %g (row 2: %g), G rows with NaN %lld %lld %lld", BF ? "bf16" : "f32",
+             ce[0], ce[1], ce[2], c2, (long long)gnan[0], (long long)gnan[1], (long long)gnan[2]);
+    check(std::isnan(ce[0]) && std::isnan(ce[1]) && fabs(ce[2] - c2) <= 1e-5 && corr[2] == (am == lab[2]) &&
+              gnan[0] == V && gnan[1] == V && gnan[2] == 0,
+          w);
+}
+
 int main()
 {
     setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -592,6 +662,8 @@ int main()
     t_lmce<false>(cpu, 2, 8, 40004, 2, 1.0f);
     t_lmce<false>(cpu, 2, 8, 65539, 1, 1.0f);
     t_lmce<true>(cpu, 40, 8, 8190, 40, 1.0f);   /* more rows than a grid of finish warps */
+    t_lmce_nan<true>();
+    t_lmce_nan<false>();
     printf(failures ? "FAILED: %d checks\n" : "all checks passed\n", failures);
     dfl_be_close(cpu);
     return failures ? 1 : 0;
