@@ -710,7 +710,7 @@ struct LmcePart {
 
 /* lmce's work (dfl_lmce_work_act(CR, V, act) floats) for chunks of CR rows: in f32 mode the
  * [CR, V] f32 logits first; then [CR] w*ce and [CR] hits, S partials a row and [CR] lse; in bf16
- * mode the [CR, ldg] bf16 logits last (ldg = V rounded up to 8, so that every row starts 16-byte
+ * mode the [CR, ldx] bf16 logits last (ldx = V rounded up to 8, so that every row starts 16-byte
  * aligned); each part 16-byte aligned. The logits of the mode, then G in place: x, row stride
  * ldx; end: the end of the parts used. */
 struct LmceWork {
