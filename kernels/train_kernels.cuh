@@ -741,12 +741,12 @@ static inline LmceWork lmce_work_layout(float *work, int64_t CR, int64_t V, bool
 }
 
 /* The launches' grids for a chunk of nr rows (blocks of LMCE_THREADS; the finish kernel's of
- * LMCE_FIN_WARPS warps): statistics (S, nr), finish, gradient */
+ * LMCE_FIN_WARPS warps): statistics (S, nr), finish, gradient (over logits of type X) */
 static inline dim3 lmce_stats_grid(const LmceWork &w, int64_t nr) { return dim3((unsigned)w.S, (unsigned)nr); }
 static inline dim3 lmce_finish_grid(int64_t nr) { return dim3((unsigned)((nr + LMCE_FIN_WARPS - 1) / LMCE_FIN_WARPS)); }
-static inline dim3 lmce_grad_grid(int64_t V, int64_t nr, bool bf)
+template <typename X> static inline dim3 lmce_grad_grid(int64_t V, int64_t nr)
 {
-    const int64_t per = (int64_t)LMCE_PF * LMCE_THREADS * (bf ? LMCE_G(bf16) : LMCE_G(float));
+    const int64_t per = (int64_t)LMCE_PF * LMCE_THREADS * LMCE_G(X);
     return dim3((unsigned)((V + per - 1) / per), (unsigned)nr);
 }
 

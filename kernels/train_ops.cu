@@ -434,7 +434,7 @@ static void lmce_rows(cudaStream_t s, const LmceWork &wl, X *x, const dfl_lmce *
         x, wl.ldx, r0, nr, a->labels, a->weight, wl.part, wl.S, wl.lse, a->correct, a->ce_out, wl.row_wce,
         wl.row_hit);
     if (grad)
-        lmce_grad_kernel<<<lmce_grad_grid(a->V, nr, sizeof(X) == 2), LMCE_THREADS, 0, s>>>(
+        lmce_grad_kernel<<<lmce_grad_grid<X>(a->V, nr), LMCE_THREADS, 0, s>>>(
             x, a->V, wl.ldx, r0, a->labels, a->weight, a->grad_scale, wl.lse);
 }
 

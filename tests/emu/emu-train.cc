@@ -394,6 +394,21 @@ static void t_block_metrics(dfl_be *cpu, int64_t nb, int bs)
 }
 
 /* ---- lmce rows ---- */
+/* cuda_lmce's row work (lmce_rows) of the chunk of rows [r0, r0 + nr) over its logits x, on the
+ * emulator: statistics, finish, gradient */
+template <typename X>
+static void emu_lmce_rows(const LmceWork &wl, X *x, int64_t V, int64_t r0, int64_t nr, const int32_t *lab,
+                          const float *wt, float gscale, uint8_t *corr, float *ce)
+{
+    emu::launch(lmce_stats_grid(wl, nr), dim3(LMCE_THREADS), 0,
+                [&] { lmce_stats_kernel(x, V, wl.ldx, r0, wt, wl.part, wl.S); });
+    emu::launch(lmce_finish_grid(nr), dim3(LMCE_FIN_WARPS * 32), 0, [&] {
+        lmce_finish_kernel(x, wl.ldx, r0, nr, lab, wt, wl.part, wl.S, wl.lse, corr, ce, wl.row_wce, wl.row_hit);
+    });
+    emu::launch(lmce_grad_grid<X>(V, nr), dim3(LMCE_THREADS), 0,
+                [&] { lmce_grad_kernel(x, V, wl.ldx, r0, lab, wt, gscale, wl.lse); });
+}
+
 template <bool BF>
 static void t_lmce(dfl_be *cpu, int64_t Q, int64_t H, int64_t V, int64_t CR, float gscale)
 {
@@ -480,26 +495,10 @@ static void t_lmce(dfl_be *cpu, int64_t Q, int64_t H, int64_t V, int64_t CR, flo
                 dz[(size_t)(q * H + i)] = (float)a;
             }
         }
-        emu::launch(lmce_stats_grid(wl, nr), dim3(LMCE_THREADS), 0, [&] {
-            if (BF)
-                lmce_stats_kernel(xg, V, wl.ldx, r0, wt.data(), wl.part, wl.S);
-            else
-                lmce_stats_kernel(xf, V, wl.ldx, r0, wt.data(), wl.part, wl.S);
-        });
-        emu::launch(lmce_finish_grid(nr), dim3(LMCE_FIN_WARPS * 32), 0, [&] {
-            if (BF)
-                lmce_finish_kernel(xg, wl.ldx, r0, nr, lab.data(), wt.data(), wl.part, wl.S, wl.lse, gcorr.data(),
-                                   gce.data(), wl.row_wce, wl.row_hit);
-            else
-                lmce_finish_kernel(xf, wl.ldx, r0, nr, lab.data(), wt.data(), wl.part, wl.S, wl.lse, gcorr.data(),
-                                   gce.data(), wl.row_wce, wl.row_hit);
-        });
-        emu::launch(lmce_grad_grid(V, nr, BF), dim3(LMCE_THREADS), 0, [&] {
-            if (BF)
-                lmce_grad_kernel(xg, V, wl.ldx, r0, lab.data(), wt.data(), gscale, wl.lse);
-            else
-                lmce_grad_kernel(xf, V, wl.ldx, r0, lab.data(), wt.data(), gscale, wl.lse);
-        });
+        if (BF)
+            emu_lmce_rows(wl, xg, V, r0, nr, lab.data(), wt.data(), gscale, gcorr.data(), gce.data());
+        else
+            emu_lmce_rows(wl, xf, V, r0, nr, lab.data(), wt.data(), gscale, gcorr.data(), gce.data());
         emu::launch(dim3(1), dim3(32), 0, [&] { lmce_sums_kernel(gsums, wl.row_wce, wl.row_hit, wt.data(), r0, nr); });
         for (int64_t r = 0; r < nr; r++)
             for (int64_t i = 0; i < H; i++) {
@@ -563,26 +562,10 @@ static void t_lmce_nan()
                 xf[r * wl.ldx + v] = x;
             xs[(size_t)(r * V + v)] = BF ? __bfloat162float(__float2bfloat16_rn(x)) : x;
         }
-    emu::launch(lmce_stats_grid(wl, nr), dim3(LMCE_THREADS), 0, [&] {
-        if (BF)
-            lmce_stats_kernel(xg, V, wl.ldx, 0, wt.data(), wl.part, wl.S);
-        else
-            lmce_stats_kernel(xf, V, wl.ldx, 0, wt.data(), wl.part, wl.S);
-    });
-    emu::launch(lmce_finish_grid(nr), dim3(LMCE_FIN_WARPS * 32), 0, [&] {
-        if (BF)
-            lmce_finish_kernel(xg, wl.ldx, 0, nr, lab.data(), wt.data(), wl.part, wl.S, wl.lse, corr.data(), ce.data(),
-                               wl.row_wce, wl.row_hit);
-        else
-            lmce_finish_kernel(xf, wl.ldx, 0, nr, lab.data(), wt.data(), wl.part, wl.S, wl.lse, corr.data(), ce.data(),
-                               wl.row_wce, wl.row_hit);
-    });
-    emu::launch(lmce_grad_grid(V, nr, BF), dim3(LMCE_THREADS), 0, [&] {
-        if (BF)
-            lmce_grad_kernel(xg, V, wl.ldx, 0, lab.data(), wt.data(), 1.0f, wl.lse);
-        else
-            lmce_grad_kernel(xf, V, wl.ldx, 0, lab.data(), wt.data(), 1.0f, wl.lse);
-    });
+    if (BF)
+        emu_lmce_rows(wl, xg, V, 0, nr, lab.data(), wt.data(), 1.0f, corr.data(), ce.data());
+    else
+        emu_lmce_rows(wl, xf, V, 0, nr, lab.data(), wt.data(), 1.0f, corr.data(), ce.data());
     int64_t gnan[3] = {0, 0, 0};
     for (int64_t r = 0; r < nr; r++)
         for (int64_t v = 0; v < V; v++)
