@@ -100,7 +100,7 @@ static void *cu_alloc(dfl_be *be, size_t bytes, dfl_err *e)
         dfl_fail(e, DFL_ENOMEM, "%s: cannot allocate %s of device memory (%s free of %s; %s held "
                  "by this backend): %s", be->name, fmtb(bytes, b1, sizeof b1),
                  fmtb(fr, b2, sizeof b2), fmtb(tot, b3, sizeof b3),
-                 fmtb(im->allocated + im->ws_bytes, b4, sizeof b4), cudaGetErrorString(err));
+                 fmtb(im->allocated + im->ws_bytes + im->ds_bytes, b4, sizeof b4), cudaGetErrorString(err));
         return NULL;
     }
     im->recs[im->n_recs].p = p;
@@ -596,6 +596,8 @@ extern "C" void dfl_be_cuda_destroy(dfl_be *be)
         free(im->recs);
         if (im->ws)
             cudaFree(im->ws);
+        if (im->ds_buf)
+            cudaFree(im->ds_buf);
         if (im->rope_tab)
             cudaFree(im->rope_tab);
         if (im->blas)
@@ -975,7 +977,7 @@ extern "C" void dfl_cuda_mem_stats(dfl_be *be, dfl_cuda_mem *m)
     m->allocated = im->allocated;
     m->peak = im->peak;
     m->n_allocs = im->n_recs;
-    m->backend_bytes = im->ws_bytes + sizeof im->rope_host;
+    m->backend_bytes = im->ws_bytes + sizeof im->rope_host + im->ds_bytes;
 }
 
 /* Take the op's recorded error (if any) into e. */

@@ -82,6 +82,11 @@ struct cuda_impl {
     /* the two-pass gated delta rule's workspace (hybrid.cu), grown through be_alloc */
     void *gdn_ws;
     size_t gdn_ws_bytes;
+    /* dflash_attn_bwd's kept score gradients (dflash_attn.cu, "dS kept"): cudaMalloc'ed apart
+     * from the tracked allocations, grown when free memory allows (also when frozen: failing that
+     * the backward recomputes them), freed at close */
+    void *ds_buf;
+    size_t ds_bytes;
     /* first error since the last sync */
     int err_code;
     char err_msg[768];

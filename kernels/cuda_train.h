@@ -26,6 +26,13 @@ void dfl_cuda_dflash_force_simple(int on);
  * dv_blk; bit 1: the schedule and pass KV, dk_ctx and dv_ctx; default 3). Pass KV reads the
  * delta written by pass Q. */
 void dfl_cuda_dflash_bwd_passes(int mask);
+/* The backward with the score gradients kept (on by default; DFL_CUDA_DFLASH_DS=0 turns it off):
+ * on the d128 defaults of a compute capability 9 device, with blocks of 64 query rows a kv head
+ * (heads / kv heads x block size) and the host copies of ctx_start and anchor given, pass KV
+ * runs first (after delta and the schedule), writes dS, and pass Q reads it back instead of
+ * recomputing it; in bench-train-ops' "each pass alone", pass KV's part includes delta, the
+ * schedule and the plan. on: 1 or 0 (tests and benchmarks: compare both). */
+void dfl_cuda_dflash_bwd_ds(int on);
 
 #ifdef __cplusplus
 }

@@ -45,6 +45,24 @@
  *    and P in registers, key tiles of 64 or 128 rows, P V of a key tile overlapped with the
  *    softmax of the next in most forms; the default is warp-specialized (a loading warpgroup
  *    handing stages to the two multiplying ones through mbarriers).
+ *  dS kept (the default where it applies; DFL_CUDA_DFLASH_DS=0 or dfl_cuda_dflash_bwd_ds(0) turn it
+ *  off): pass Q recomputes S and dP only to make dS, which pass KV makes too. With the d128
+ *  wgmma defaults, blocks of DF_DS_ROWS = 64 rows a kv head (a pass KV chunk is then one block,
+ *  a pass Q warpgroup one block) and the host copies of ctx_start and anchor given, the order is:
+ *  delta (df_delta_kernel), the schedule and the plan of the slots (df_ds_plan_kernel: each
+ *  block's run of context key tiles of DF_DS_KEYS that it sees, df_ds_tiles, laid out in block
+ *  order), pass KV (df_bwd_kv_wg_ds_kernel) writing each chunk's dS^T (bf16, as dK's product
+ *  takes it) into the block's slot for its tile, 16 KB a kv head in 8 x 8 pieces of 128 bytes,
+ *  then pass Q (df_bwd_q_wg_ds_kernel) over global 64-key tiles (half a slot), reading the two
+ *  blocks' pieces with the K tile and transposing them into dQ's A fragments with ldmatrix
+ *  .trans: no S, dP or exponentials on the context tiles (the block-key tiles as before). Each
+ *  dS value is one rounding of the same P (dP - delta) pass Q would make; dQ's k16 sums are
+ *  grouped by global tiles instead of the segment's, so the bits differ from the recomputing
+ *  path, within rounding (tests/emu emu-dflash, gpu-train-ops compare both against the CPU).
+ *  The slots live in the backend's ds_buf, sized here from the host arrays and grown with a
+ *  quarter of headroom while 1 GiB stays free (also after the allocation freeze: failing, the
+ *  call recomputes dS instead); H200, 8B drafter's shape: backward 7.28 -> 6.62 ms a layer
+ *  (pass KV with delta, schedule and plan 4.01 ms, pass Q 2.97), 4 GB of slots.
  *  Scratch (the schedule) lives in the backend's cuBLAS workspace (no GEMM runs in between).
  *
  * f32 path (act F32, and bf16 shapes the tiled kernels do not take: head dims other than 32, 64,
@@ -272,6 +290,61 @@ extern "C" void dfl_cuda_dflash_force_simple(int on) { df_force_simple = on; }
 static int df_passes = 3;
 extern "C" void dfl_cuda_dflash_bwd_passes(int mask) { df_passes = mask & 3; }
 
+/* dS kept: -1 (DFL_CUDA_DFLASH_DS, default on), 0 off, 1 on (dfl_cuda_dflash_bwd_ds) */
+static int df_ds_mode = -1;
+extern "C" void dfl_cuda_dflash_bwd_ds(int on) { df_ds_mode = on ? 1 : 0; }
+static bool df_ds_wanted()
+{
+    if (df_ds_mode < 0) {
+        const char *v = getenv("DFL_CUDA_DFLASH_DS");
+        df_ds_mode = v && !strcmp(v, "0") ? 0 : 1;
+    }
+    return df_ds_mode == 1;
+}
+
+/* free device memory that the kept dS leaves to everything else */
+#define DF_DS_MARGIN ((size_t)1 << 30)
+
+/* dS kept: the slots (one context key tile of a block, every kv head) of this call's blocks from
+ * the host copies of the arrays, and ds_buf grown to hold them (a quarter more, so that later
+ * steps rarely grow it), when free memory allows; false where it cannot be had */
+static bool df_ds_buffer(dfl_be *be, const dfl_dflash_attn *a, DfP &p)
+{
+    int64_t slots = 0;
+    for (int b = 0; b < a->n_blocks; b++) {
+        int lo;
+        slots += df_ds_tiles(p.window, a->ctx_start_host[b], a->anchor_host[b], &lo) - lo;
+    }
+    const size_t slot_bytes = (size_t)p.nkv * DF_DS_KEYS * DF_DS_ROWS * 2, need = (size_t)slots * slot_bytes;
+    cuda_impl *im = cuda_of(be);
+    if (need > im->ds_bytes) {
+        const size_t want = need + need / 4;
+        size_t fr = 0, tot = 0;
+        if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
+        if (fr + im->ds_bytes < want + DF_DS_MARGIN)
+            return false;
+        if (im->ds_buf) {
+            cudaStreamSynchronize(im->stream);   /* the last call's kernels are done with it */
+            cudaFree(im->ds_buf);
+            im->ds_buf = NULL;
+            im->ds_bytes = 0;
+        }
+        void *q = NULL;
+        if (cudaMalloc(&q, want) != cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
+        im->ds_buf = q;
+        im->ds_bytes = want;
+    }
+    p.ds = im->ds_buf;
+    p.ds_cap = (int64_t)(im->ds_bytes / slot_bytes);
+    return true;
+}
+
 /* Raise the dynamic shared-memory limit of every tiled kernel (once per device). */
 static int df_init(dfl_be *be, const char *op)
 {
@@ -294,6 +367,23 @@ static int df_init(dfl_be *be, const char *op)
                 }
             }
         }
+    if (cuda_attn_wgmma_fits(im->device)) {   /* dS kept: the d128 defaults' forms */
+        const struct {
+            const char *name;
+            df_kernel_fn fn;
+            size_t smem;
+        } ds[] = {{"bwd-kv dS kept", df_bwd_kv_wg_ds_kernel, DW_SMEM(true)},
+                  {"bwd-q dS kept", df_bwd_q_wg_ds_kernel, DQW_SMEM(3)}};
+        for (const auto &k : ds) {
+            if (k.smem > im->smem_optin)
+                continue;
+            cudaError_t err = cuda_allow_smem(k.fn, k.smem);
+            if (err != cudaSuccess) {
+                cudaGetLastError();
+                return cuda_op_fail(be, DFL_EDEVICE, "%s: kernel setup (%s): %s", op, k.name, cudaGetErrorString(err));
+            }
+        }
+    }
     if (im->device >= 0 && im->device < 64)
         df_attr_done[im->device] = true;
     return 0;
@@ -437,6 +527,37 @@ int cuda_dflash_attn_bwd(dfl_be *be, const dfl_dflash_attn *a)
                       cudaMemsetAsync(a->dv_ctx, 0, bytes, s) != cudaSuccess))
             return cuda_op_fail(be, DFL_EDEVICE, "dflash_attn_bwd: memset failed");
         return 0;
+    }
+    /* dS kept (the d128 wgmma defaults, blocks of DF_DS_ROWS rows a kv head, host arrays given):
+     * delta, the schedule and the slots' plan, pass KV writing dS, pass Q reading it */
+    if (vq && vkv && vq->fn == df_bwd_q_wg3m_kernel && vkv->fn == df_bwd_kv_wg_ovl_kernel && p.rb == DF_DS_ROWS &&
+        a->T_ctx > 0 && a->ctx_start_host && a->anchor_host && df_ds_wanted()) {
+        p.n_kt = (int)((a->T_ctx + DW_BNK - 1) / DW_BNK);
+        const size_t sched_bytes = ((size_t)p.n_kt * 3 * sizeof(int) + 15) & ~(size_t)15;
+        if (sched_bytes + (size_t)a->n_blocks * sizeof(int4) <= cuda_of(be)->ws_bytes && df_ds_buffer(be, a, p)) {
+            int *sched = (int *)cuda_of(be)->ws;
+            int4 *blk = (int4 *)((char *)cuda_of(be)->ws + sched_bytes);
+            p.sched = sched;
+            p.ds_blk = blk;
+            const int64_t items = (int64_t)a->n_blocks * a->bs * a->n_heads;
+            df_delta_kernel<DW_D><<<(unsigned)((items + 7) / 8), 256, 0, s>>>(p);
+            df_sched_kernel<<<1, 1024, 0, s>>>(p, sched, DW_BNK);
+            df_ds_plan_kernel<<<1, DF_PLAN_THREADS, 0, s>>>(p, blk, NULL);
+            if ((rc = cuda_launch_check(be, "dflash_attn_bwd (delta, schedule, plan)")))
+                return rc;
+            if (df_passes & 2) {
+                df_bwd_kv_wg_ds_kernel<<<(unsigned)((int64_t)p.n_kt * p.nkv), vkv->threads, vkv->smem, s>>>(p);
+                if ((rc = cuda_launch_check(be, "dflash_attn_bwd (kv, dS kept)")))
+                    return rc;
+            }
+            if (df_passes & 1) {
+                df_blocks_per_cta(p, vq->mmax);
+                df_bwd_q_wg_ds_kernel<<<(unsigned)((int64_t)p.n_bg * p.nkv), vq->threads, vq->smem, s>>>(p);
+                if ((rc = cuda_launch_check(be, "dflash_attn_bwd (q, dS kept)")))
+                    return rc;
+            }
+            return 0;
+        }
     }
     /* pass Q: delta, dq, dk_blk, dv_blk */
     if (!(df_passes & 1)) {

@@ -24,12 +24,38 @@ struct DfP {
     float scale, sl2;
     const int *sched;   /* pass KV: order [n_kt], first block [n_kt], end block [n_kt] */
     int n_kt;
+    /* The backward with the score gradients kept (dflash_attn.cu, "dS kept"): pass KV writes each
+     * (block, context key tile of DF_DS_KEYS, kv head) tile of dS^T into ds, pass Q reads it back
+     * instead of recomputing S and dP; ds_blk[b] = {first slot - first tile, first tile, end
+     * tile} of block b (df_ds_plan_kernel), ds_cap the slots ds holds (a slot: one tile of every
+     * kv head) */
+    void *ds;
+    const int4 *ds_blk;
+    int64_t ds_cap;
 };
 
+/* dS kept: context keys of a tile (pass KV's DW_BNK) and query rows of a block (group x bs) */
+#define DF_DS_KEYS 128
+#define DF_DS_ROWS 64
+
 /* The first context position that slot j of a block anchored at an sees (an: none). */
-__device__ __forceinline__ int df_ctx_lo(int window, int an, int j)
+__host__ __device__ __forceinline__ int df_ctx_lo(int window, int an, int j)
 {
-    return window > 0 ? min(an, max(0, an + j - (window - 1))) : 0;
+    const int w = an + j - (window - 1), l = w > 0 ? w : 0;   /* min(an, max(0, w)) */
+    return window > 0 ? (l < an ? l : an) : 0;
+}
+
+/* dS kept: the context key tiles (DF_DS_KEYS keys, counted over the whole context) that block
+ * (ctx_start cs, anchor an) sees some key of: [*tlo, return value); none where an is 0. The host
+ * sizes ds with it (dflash_attn.cu), df_ds_plan_kernel lays the slots out with it. */
+__host__ __device__ __forceinline__ int df_ds_tiles(int window, int cs, int an, int *tlo)
+{
+    if (an <= 0) {
+        *tlo = 0;
+        return 0;
+    }
+    *tlo = (cs + df_ctx_lo(window, an, 0)) / DF_DS_KEYS;
+    return (cs + an + DF_DS_KEYS - 1) / DF_DS_KEYS;
 }
 
 /* Per-lane ldmatrix offsets (bytes) within a tile of rows of RB bytes (padded rows, no swizzle):
@@ -462,10 +488,20 @@ __device__ __forceinline__ void bq_put_pds(unsigned char *pP, unsigned char *pDS
 /* Pass Q: delta = rowsum(dout * o) of the warp's 16 rows from wr0 (dO in shared memory at pDO,
  * rows of D * 2 + 16 bytes), written to p.delta, and each row's lse * log2 e and delta into
  * sLse2, sDelta (a row that is not there: INFINITY, 0); LPR lanes per row */
-template <int D, int MMAX>
+template <int D, int MMAX, bool READ = false>
 __device__ __forceinline__ void bq_delta(const QsMeta<MMAX> &mt, const DfP &p, const unsigned char *pDO, int wr0,
                                          int lane, float *sLse2, float *sDelta)
 {
+    if constexpr (READ) {   /* dS kept: delta made before pass KV (df_delta_kernel); read it */
+        if (lane < 16) {
+            const int r = wr0 + lane;
+            const long long off = mt.row_off[r];
+            const int idx = mt.row_idx[r];
+            sDelta[r] = off >= 0 ? p.delta[idx] : 0.0f;
+            sLse2[r] = off >= 0 ? p.lse[idx] * DF_LOG2E : INFINITY;
+        }
+        return;
+    }
     constexpr int CH = D / 8, ROWB = D * 2 + 16;
     constexpr int LPR = CH < 32 ? CH : 32, RPP = 32 / LPR;
     const bf16 *og = (const bf16 *)p.o_in;
@@ -845,6 +881,66 @@ static __global__ void __launch_bounds__(1024) df_sched_kernel(const DfP p, int 
         }
         sched[rank] = kt;
     }
+}
+
+/* dS kept, one CTA of DF_PLAN_THREADS: blk[b] = {first slot - first tile, first tile, end tile}
+ * of each block (df_ds_tiles), the slots laid out in block order; *total (when not null) the
+ * slots used. Thread t takes a contiguous run of blocks; the runs' counts are summed in order by
+ * one thread. */
+#define DF_PLAN_THREADS 1024
+static __global__ void __launch_bounds__(DF_PLAN_THREADS) df_ds_plan_kernel(const DfP p, int4 *blk, int64_t *total)
+{
+    __shared__ long long run[DF_PLAN_THREADS];
+    const int t = (int)threadIdx.x, n = p.n_blocks;
+    const int per = (n + DF_PLAN_THREADS - 1) / DF_PLAN_THREADS, b0 = t * per, b1 = min(n, b0 + per);
+    long long c = 0;
+    for (int b = b0; b < b1; b++) {
+        int lo;
+        c += df_ds_tiles(p.window, p.cs[b], p.an[b], &lo) - lo;
+    }
+    run[t] = c;
+    __syncthreads();
+    if (t == 0) {
+        long long acc = 0;
+        for (int i = 0; i < DF_PLAN_THREADS; i++) {
+            const long long x = run[i];
+            run[i] = acc;
+            acc += x;
+        }
+        if (total)
+            *total = acc;
+    }
+    __syncthreads();
+    long long off = run[t];
+    for (int b = b0; b < b1; b++) {
+        int lo;
+        const int hi = df_ds_tiles(p.window, p.cs[b], p.an[b], &lo);
+        blk[b] = make_int4((int)(off - lo), lo, hi, 0);
+        off += hi - lo;
+    }
+}
+
+/* dS kept: delta = rowsum(dout * o) of every (block row, head) (head dimension D), one warp each,
+ * before pass KV (which reads it) */
+template <int D>
+static __global__ void __launch_bounds__(256) df_delta_kernel(const DfP p)
+{
+    static_assert(D % 64 == 0, "whole 4-byte pairs a lane");
+    const int64_t item = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5), n = (int64_t)p.n_blocks * p.bs * p.nh;
+    const int lane = (int)threadIdx.x & 31;
+    if (item >= n)
+        return;
+    const uint32_t *og = reinterpret_cast<const uint32_t *>((const bf16 *)p.o_in + item * p.d);
+    const uint32_t *dg = reinterpret_cast<const uint32_t *>((const bf16 *)p.dout + item * p.d);
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < D / 64; i++) {
+        const uint32_t ow = og[lane + 32 * i], dw = dg[lane + 32 * i];
+        dot += df_bf_lo(ow) * df_bf_lo(dw) + df_bf_hi(ow) * df_bf_hi(dw);
+    }
+    dot = warp_sum(dot);
+    if (lane == 0)
+        p.delta[item] = dot;
 }
 
 /* Pass KV: the key tile [c0, c1) of a CTA, its query rows [rbeg, rend) (rows of the blocks

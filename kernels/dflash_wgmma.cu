@@ -130,6 +130,82 @@ __device__ __forceinline__ void dw_load_kv(const QsMeta<MMAX> &mt, const DfP &p,
     df_commit();
 }
 
+
+/* dS kept (pass Q): the context key tiles of a CTA are the global DW_BN-key tiles (counted over
+ * the whole context, so that each is half of one of pass KV's DF_DS_KEYS tiles) from segment s's
+ * first (seg_t0, made by dw_ds_setup) on; returns the global tile of the CTA's tile it (< the
+ * context tiles) and its segment */
+template <int MMAX>
+__device__ __forceinline__ int dw_ds_tile(const QsMeta<MMAX> &mt, int it, int *seg)
+{
+    int s = 0;
+    while (s < mt.nseg && it >= mt.seg_nt[s]) {
+        it -= mt.seg_nt[s];
+        s++;
+    }
+    *seg = s;
+    return mt.seg_t0[s] + it;
+}
+
+/* dS kept: the CTA's context tiles in global units of BN keys: segment s from the tile of its
+ * blocks' first visible key to the one of their last context key (none where no block of it
+ * sees context); one thread, then a block barrier */
+template <int MMAX>
+__device__ __forceinline__ void dw_ds_setup(QsMeta<MMAX> &mt, const DfP &p, int BN)
+{
+    if (threadIdx.x == 0) {
+        int nt = 0;
+        for (int s = 0; s < mt.nseg; s++) {
+            int lomin = mt.seg_amax[s];
+            for (int i = 0; i < mt.nb; i++)
+                if (mt.blk_seg[i] == s && mt.blk_an[i] > 0)
+                    lomin = min(lomin, df_ctx_lo(p.window, mt.blk_an[i], 0));
+            const int u0 = (mt.seg_cs[s] + lomin) / BN, u1 = (mt.seg_cs[s] + mt.seg_amax[s] + BN - 1) / BN;
+            mt.seg_t0[s] = u0;
+            mt.seg_nt[s] = mt.seg_amax[s] > 0 && u1 > u0 ? u1 - u0 : 0;
+            nt += mt.seg_nt[s];
+        }
+        mt.ntiles = nt + (mt.nb * p.bs + BN - 1) / BN;
+    }
+    __syncthreads();
+}
+
+/* dS kept, pass Q's tile it into stage it % ST: a context tile takes its K rows (those of its
+ * segment; the others zero-filled) and, in place of V, the dS^T halves of the CTA's two blocks
+ * (8 KB each, block lb at lb * 8 KB: zeros where the block has no slot for the tile); a block-key
+ * tile is dw_load_kv's. One commit group. */
+template <int ST, int MMAX, int BN = DQW_BN>
+__device__ __forceinline__ void dw_load_kv_ds(const QsMeta<MMAX> &mt, const DfP &p, int it, int nctx, int b0,
+                                              int g_kv, const int4 *blk, uint32_t sK0, uint32_t sV0, int tid)
+{
+    static_assert(DF_DS_KEYS == 2 * BN && DW_QC * BN * 2 == 8192, "a tile is half of pass KV's, 8 KB a block");
+    if (it >= nctx) {
+        dw_load_kv<ST, MMAX, BN>(mt, p, it, b0, g_kv, sK0, sV0, tid);
+        return;
+    }
+    int s;
+    const int u = dw_ds_tile<MMAX>(mt, it, &s);
+    const int64_t key0 = (int64_t)u * BN, lo = mt.seg_cs[s], hi = lo + mt.seg_amax[s];
+    const uint32_t st = (uint32_t)(it % ST) * (BN * DW_D * 2);
+    const bf16 *kg = (const bf16 *)p.kc + (int64_t)g_kv * DW_D;
+#pragma unroll
+    for (int i = 0; i < BN * 16 / DQW_THREADS; i++) {
+        const int r = tid / 16 + 16 * i, ch = tid % 16;
+        const bool ok = key0 + r >= lo && key0 + r < hi;
+        df_cp16(sK0 + st + aw_off(BN, (uint32_t)r, (uint32_t)ch), kg + (ok ? (key0 + r) * p.ldk + ch * 8 : 0), ok);
+    }
+    const int kt = u / 2;
+#pragma unroll
+    for (int i = 0; i < 2 * 512 / DQW_THREADS; i++) {
+        const int c = tid + DQW_THREADS * i, lb = c / 512, ch = c % 512;
+        const int4 e = blk[lb];   /* shared memory */
+        const int64_t slot = (int64_t)e.x + kt;
+        const bool ok = lb < mt.nb && kt >= e.y && kt < e.z && slot < p.ds_cap;
+        const bf16 *src = (const bf16 *)p.ds + (ok ? (slot * p.nkv + g_kv) * (DF_DS_KEYS * DW_QC) + (u & 1) * (BN * DW_QC) + ch * 8 : 0);
+        df_cp16(sV0 + st + (uint32_t)(lb * 8192 + ch * 16), src, ok);
+    }
+    df_commit();
+}
 #endif
 
 /* kernel NAME of THREADS threads running the body; built without sm_90a it traps
@@ -143,7 +219,7 @@ __device__ __forceinline__ void dw_load_kv(const QsMeta<MMAX> &mt, const DfP &p,
 #endif
 
 #ifdef DW_ON
-template <bool OVL> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
+template <bool OVL, bool DSG = false> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
 {
     constexpr int QC = DW_QC, MS = 3, BNK = DW_BNK, D = DW_D, NST = OVL ? 3 : 2;
     DF_DYN_SMEM(smem);
@@ -220,8 +296,11 @@ template <bool OVL> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
     /* the rest of the chunk in stage st with row tables ms (full: no row needs the mask), S^T and
      * dP^T in flight as the last two groups: P^T, dV += P^T dO, dS^T, dK += dS^T Q (issued, the
      * last two groups; pa, da in use until they are done) */
-    auto finish_chunk = [&](int st, int ms, bool full) {
+    auto finish_chunk = [&](int st, int ms, bool full, int ci) {
         const uint32_t qst = sQ0 + (uint32_t)st * DW_TILEQ, dost = sDO0 + (uint32_t)st * DW_TILEQ;
+        int4 dsb = make_int4(0, 0, 0, 0);   /* dS kept: the chunk's block (a chunk is a block) */
+        if constexpr (DSG)
+            dsb = p.ds_blk[span.rbeg / DW_QC + ci];
         wg_wait<1>();   /* S^T */
         wg_hold(s);
         /* Element e of n8 tile j: row 8 j + 2 (lane % 4) + (e & 1), key key_r0 + 8 (e >> 1). The
@@ -266,6 +345,22 @@ template <bool OVL> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
             dp[j][3] = s[j][3] * (dp[j][3] - dl.y);
         }
         dw_pack(da, dp);
+        if constexpr (DSG) {
+            /* dS^T of the chunk to its slot: 8 x 8 pieces (8 keys x 8 rows, row-major: the lane's
+             * word at 4 lane) in the order (key group, row group), key group 8 wg + 2 warp + h;
+             * da[kb][i] is row group 2 kb + (i >> 1), keys + 8 (i & 1) */
+            const int kt = (int)(c0 / DW_BNK);
+            const int64_t slot = (int64_t)dsb.x + kt;
+            if (kt >= dsb.y && kt < dsb.z && slot < p.ds_cap) {
+                uint32_t *dst = reinterpret_cast<uint32_t *>((bf16 *)p.ds + (slot * p.nkv + g_kv) * (DW_BNK * DW_QC)) +
+                                (8 * wg + 2 * warp) * 8 * 32 + lane;
+#pragma unroll
+                for (int kb = 0; kb < 4; kb++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        dst[((i & 1) * 8 + 2 * kb + (i >> 1)) * 32] = da[kb][i];
+            }
+        }
         wg_hold_a(da);
         wg_hold(dk);
         wg_fence();
@@ -304,7 +399,7 @@ template <bool OVL> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
             kv_fetch<QC>(p, span, ci + 2, df_smem(&raw[ci & 1][0][0]), (int)tid);
             df_commit();
             issue_sdp(ci & 1);
-            finish_chunk(ci & 1, ci % 3, full_cur);
+            finish_chunk(ci & 1, ci % 3, full_cur, ci);
             settle();
             full_cur = full_next;
         }
@@ -326,7 +421,7 @@ template <bool OVL> __device__ __forceinline__ void dw_bwd_kv(const DfP &p)
         df_commit();
         for (int ci = 0; ci < nch; ci++) {
             issue_sdp(ci % 3);
-            finish_chunk(ci % 3, ci % 3, full_cur);
+            finish_chunk(ci % 3, ci % 3, full_cur, ci);
             df_wait<0>();
             wg_proxy_fence();
             const bool full_next2 = kv_finish<MS, QC>(rt, p, span, ci + 2, raw_at(ci & 1), (ci + 2) % 3, (int)tid, nullptr);
@@ -363,14 +458,17 @@ DW_KERNEL(df_bwd_kv_wg_kernel, DW_THREADS, dw_bwd_kv<false>(p))
 
 DW_KERNEL(df_bwd_kv_wg_ovl_kernel, DW_THREADS, dw_bwd_kv<true>(p))
 
+DW_KERNEL(df_bwd_kv_wg_ds_kernel, DW_THREADS, (dw_bwd_kv<true, true>(p)))
+
 /* ------------------------------------------------------------------------------------------ */
 /* pass Q */
 
 #ifdef DW_ON
-template <int ST, bool PIPE = false, bool MB = false> __device__ __forceinline__ void dw_bwd_q(const DfP &p)
+template <int ST, bool PIPE = false, bool MB = false, bool DSG = false> __device__ __forceinline__ void dw_bwd_q(const DfP &p)
 {
     static_assert(!PIPE || ST == 3, "pipelined: three stages, tiles loaded one ahead");
     static_assert(!MB || PIPE, "mbarriers: the pipelined form");
+    static_assert(!DSG || MB, "dS kept: the mbarrier form");
     constexpr int D = DW_D, BN = DQW_BN, NW = DQW_THREADS / 32, MMAX = DQW_MMAX, THREADS = DQW_THREADS;
     constexpr int ROWB = D * 2 + 16, ROWP = BN * 2 + 16, TILE = DQW_TILE, KD = D / 16, DT = D / 8;
     DF_DYN_SMEM(smem);
@@ -395,26 +493,36 @@ template <int ST, bool PIPE = false, bool MB = false> __device__ __forceinline__
             wg_bar_init(empty + 8 * st, NW);
         }
     bq_setup<D, MMAX, THREADS>(mt, p, b0, g_kv, BN, sQ, sDO);   /* a block barrier */
-    const int ntiles = mt.ntiles;
+    __shared__ int4 dsblk[DSG ? 2 : 1];   /* dS kept: the CTA's blocks' slots */
+    if constexpr (DSG) {
+        if (tid < 2)
+            dsblk[tid] = tid < mt.nb ? p.ds_blk[b0 + tid] : make_int4(0, 0, 0, 0);
+        dw_ds_setup<MMAX>(mt, p, BN);   /* a block barrier */
+    }
+    const int ntiles = mt.ntiles, nctx = ntiles - (mt.nb * p.bs + BN - 1) / BN;
     auto load_tile = [&](int it) {
         if constexpr (MB) {   /* into the stage of tile it - ST once every warp has handed it back */
             if (it >= ntiles)
                 return;
             const uint32_t st = (uint32_t)(it % ST);
             wg_bar_wait(empty + 8 * st, ((uint32_t)(it / ST) & 1) ^ 1);
-            dw_load_kv<ST, MMAX>(mt, p, it, b0, g_kv, sK0, sV0, tid);
+            if constexpr (DSG)
+                dw_load_kv_ds<ST, MMAX>(mt, p, it, nctx, b0, g_kv, dsblk, sK0, sV0, tid);
+            else
+                dw_load_kv<ST, MMAX>(mt, p, it, b0, g_kv, sK0, sV0, tid);
             wg_bar_arrive_cp(full + 8 * st);
         } else {
             dw_load_kv<ST, MMAX>(mt, p, it, b0, g_kv, sK0, sV0, tid);
         }
     };
-    constexpr int AHEAD = PIPE ? 1 : ST - 1;   /* tiles in flight before a tile's step */
+    /* tiles in flight before a tile's step (dS kept: two, each loaded once its stage's dQ is done) */
+    constexpr int AHEAD = PIPE ? (DSG ? 2 : 1) : ST - 1;
     for (int it = 0; it < AHEAD; it++)
         load_tile(it);
     df_wait<AHEAD>();   /* Q and dO */
     __syncthreads();
 
-    bq_delta<D, MMAX>(mt, p, pDO, wr0, lane, sLse2, sDelta);
+    bq_delta<D, MMAX, DSG>(mt, p, pDO, wr0, lane, sLse2, sDelta);
     __syncwarp();
     int rlb[1][2], rj[1][2], lo[1][2], hi[1][2];
     float lse2[2], dlt[2];
@@ -424,11 +532,15 @@ template <int ST, bool PIPE = false, bool MB = false> __device__ __forceinline__
 
     /* the warp's Q and dO rows as the A operands of S = Q K^T and dP = dO V^T (registers) */
     uint32_t qf[KD][4], dof[KD][4];
+    auto load_rows_a = [&] {
 #pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-        df_ldm(qf[kk], sQ + wr0 * ROWB + lane_a(lane, ROWB) + kk * 32);
-        df_ldm(dof[kk], sDO + wr0 * ROWB + lane_a(lane, ROWB) + kk * 32);
-    }
+        for (int kk = 0; kk < KD; kk++) {
+            df_ldm(qf[kk], sQ + wr0 * ROWB + lane_a(lane, ROWB) + kk * 32);
+            df_ldm(dof[kk], sDO + wr0 * ROWB + lane_a(lane, ROWB) + kk * 32);
+        }
+    };
+    if constexpr (!DSG)
+        load_rows_a();
     float dq[DT][4];
 #pragma unroll
     for (int dt = 0; dt < DT; dt++)
@@ -446,6 +558,33 @@ template <int ST, bool PIPE = false, bool MB = false> __device__ __forceinline__
 
     for (int it = 0; it < ntiles; it++) {
         const uint32_t st = (uint32_t)(it % ST) * TILE, kst = sK0 + st, vst = sV0 + st;
+        if constexpr (DSG) {
+            if (it < nctx) {
+                /* dS kept, a context tile: dQ += dS K with dS^T from pass KV (in the V stage: the
+                 * warpgroup's block at 8 KB wg), transposed into the A fragments by ldmatrix:
+                 * piece (key group 2 kb + (i >> 1), row group 2 (warp % 4) + (i & 1)) for
+                 * fragment i of k16 step kb */
+                wg_bar_wait(full + 8 * (uint32_t)(it % ST), (uint32_t)(it / ST) & 1);
+                wg_proxy_fence();
+                __syncwarp();
+                settle();   /* dQ of tile it - 1: da is free, its stage handed back */
+                if (it > 0)
+                    wg_bar_arrive_warp(empty + 8 * (uint32_t)((it - 1) % ST), lane);
+                const uint32_t dsa = vst + (uint32_t)(warp >> 2) * 8192u +
+                                     (uint32_t)((lane >> 4) * 8 + 2 * (warp & 3) + ((lane >> 3) & 1)) * 128u +
+                                     (uint32_t)(lane & 7) * 16u;
+#pragma unroll
+                for (int kb = 0; kb < 4; kb++)
+                    df_ldm_t(da[kb], dsa + (uint32_t)kb * 2048u);
+                wg_hold_a(da);
+                wg_hold(dq);
+                wg_fence();
+                dw_mma_keys(dq, da, kst);
+                wg_commit();
+                load_tile(it + 2);   /* into the stage of tile it - 1, once every warp has handed it back */
+                continue;
+            }
+        }
         const DfTile t = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
         if constexpr (!PIPE) {
             /* the stage of tile it + ST - 1 was last read in iteration it - 1 (barrier at its end) */
@@ -468,7 +607,8 @@ template <int ST, bool PIPE = false, bool MB = false> __device__ __forceinline__
             wg_bar_wait(full + 8 * (uint32_t)(it % ST), (uint32_t)(it / ST) & 1);
             wg_proxy_fence();
             __syncwarp();
-            load_tile(it + 1);
+            if constexpr (!DSG)   /* dS kept: tiles are loaded two ahead, below */
+                load_tile(it + 1);
         }
         const bool need_mask = tile_phase<MMAX, 1>(mt, p, t, BN, cur_seg, rlb, rj, lo, hi);
         const int key0 = t.key0;
@@ -478,6 +618,8 @@ template <int ST, bool PIPE = false, bool MB = false> __device__ __forceinline__
         wg_hold(s);
         wg_hold(dp);
         wg_fence();
+        if constexpr (DSG)
+            load_rows_a();   /* dS kept: only the block-key tiles need them, loaded each (short lives) */
         dw_mma_rows(s, qf, kst);
         wg_commit();
         dw_mma_rows(dp, dof, vst);
@@ -491,6 +633,8 @@ template <int ST, bool PIPE = false, bool MB = false> __device__ __forceinline__
         if constexpr (MB)
             if (it > 0)
                 wg_bar_arrive_warp(empty + 8 * (uint32_t)((it - 1) % ST), lane);   /* its dP and dQ are done */
+        if constexpr (DSG)
+            load_tile(it + 2);
         /* P = exp(S - lse), the mask applied after the exponential as a select (as pass KV's) */
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
@@ -553,6 +697,8 @@ DW_KERNEL(df_bwd_q_wg3_kernel, DQW_THREADS, dw_bwd_q<3>(p))
 DW_KERNEL(df_bwd_q_wg3p_kernel, DQW_THREADS, (dw_bwd_q<3, true>(p)))
 
 DW_KERNEL(df_bwd_q_wg3m_kernel, DQW_THREADS, (dw_bwd_q<3, true, true>(p)))
+
+DW_KERNEL(df_bwd_q_wg_ds_kernel, DQW_THREADS, (dw_bwd_q<3, true, true, true>(p)))
 
 /* ------------------------------------------------------------------------------------------ */
 /* forward */

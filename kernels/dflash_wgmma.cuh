@@ -21,6 +21,9 @@
  * stages) and builds the next chunks' row tables while a chunk's dK runs. */
 __global__ void df_bwd_kv_wg_kernel(const DfP p);
 __global__ void df_bwd_kv_wg_ovl_kernel(const DfP p);
+/* The _ovl kernel that also writes each chunk's dS^T into its slot of p.ds (dS kept: blocks of
+ * DW_QC rows, after df_delta_kernel and df_ds_plan_kernel), for df_bwd_q_wg_ds_kernel */
+__global__ void df_bwd_kv_wg_ds_kernel(const DfP p);
 
 #define DQW_MMAX 128                       /* pass Q: query rows of a CTA, two warpgroups of m64 */
 #define DQW_BN 64                          /* keys of a K/V tile */
@@ -40,6 +43,9 @@ __global__ void df_bwd_q_wg3p_kernel(const DfP p);
 /* as wg3p, the stages handed over through mbarriers (a full and an empty one a stage) instead of
  * a block barrier a step (block barriers only around the block-key tiles' shared P and dS) */
 __global__ void df_bwd_q_wg3m_kernel(const DfP p);
+/* as wg3m, after df_bwd_kv_wg_ds_kernel: the context tiles' dQ += dS K with dS read from p.ds
+ * (no S, dP or exponentials there), delta read from p.delta (DQW_SMEM(3) bytes) */
+__global__ void df_bwd_q_wg_ds_kernel(const DfP p);
 
 /* The forward (o, lse) for head dimension 128, bf16, on compute capability 9, on pass Q's CTAs
  * (grid n_bg * nkv with DQW_MMAX rows a CTA, DQW_THREADS threads) with DFW_SMEM(ST, BN) bytes of

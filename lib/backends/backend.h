@@ -122,6 +122,9 @@ typedef struct dfl_dflash_attn {
     float *lse;         /* [Q, n_heads] */
     const int32_t *ctx_start;  /* [n_blocks] */
     const int32_t *anchor;     /* [n_blocks] */
+    /* optional host copies of ctx_start and anchor (NULL: none), from which a backend may size
+     * the scratch of a faster backward (CUDA: the score gradients kept between its passes) */
+    const int32_t *ctx_start_host, *anchor_host;
     int32_t n_blocks, bs, max_anchor;
     int32_t window;     /* 0: full attention; > 0: sliding window of W positions */
     int64_t T_ctx;

@@ -133,7 +133,8 @@ static dfl_dflash_attn layer_attn(dfl_draft *m, int l)
     return (dfl_dflash_attn){
         .q = a->q, .k_ctx = a->k, .v_ctx = a->v, .k_blk = ACT(m, a->k, T, NK),
         .v_blk = ACT(m, a->v, T, NK), .o = a->o, .lse = a->lse, .ctx_start = m->in.ctx_start,
-        .anchor = m->in.anchor, .n_blocks = (int32_t)m->B, .bs = c->block_size,
+        .anchor = m->in.anchor, .ctx_start_host = m->h_in.ctx_start, .anchor_host = m->h_in.anchor,
+        .n_blocks = (int32_t)m->B, .bs = c->block_size,
         .max_anchor = (int32_t)T, .window = c->sliding[l] ? (int32_t)c->sliding_window : 0,
         .T_ctx = T, .n_heads = c->n_heads, .n_kv = c->n_kv, .d = c->head_dim,
         .scale = 1.0f / sqrtf((float)c->head_dim),

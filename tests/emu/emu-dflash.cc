@@ -313,6 +313,41 @@ static void run_qs(DfP p)
     emu::launch(dim3((unsigned)(p.n_bg * p.nkv)), dim3(THREADS), SMEM, [&] { K(p); });
 }
 
+/* The backward with dS kept (dflash_attn.cu: delta, the schedule, the plan of the slots, pass KV
+ * writing dS, pass Q reading it), with ds as the backend sizes it from the host arrays; returns
+ * false where the shape does not take it (blocks of other than DF_DS_ROWS rows a kv head) */
+static bool run_ds_flow(DfP p, const std::vector<int32_t> &cs, const std::vector<int32_t> &an)
+{
+    if (p.rb != DF_DS_ROWS || p.d != DW_D)
+        return false;
+    int64_t slots = 0;
+    for (size_t b = 0; b < cs.size(); b++) {
+        int lo;
+        slots += df_ds_tiles(p.window, cs[b], an[b], &lo) - lo;
+    }
+    std::vector<bf16> ds((size_t)(slots * p.nkv * DF_DS_KEYS * DF_DS_ROWS), __float2bfloat16_rn(NAN));
+    std::vector<int4> blk(cs.size());
+    int64_t total = -1;
+    p.ds = ds.data();
+    p.ds_cap = slots;
+    p.ds_blk = blk.data();
+    p.n_kt = (int)((p.T_ctx + DW_BNK - 1) / DW_BNK);
+    std::vector<int> sched((size_t)p.n_kt * 3);
+    p.sched = sched.data();
+    const int64_t items = (int64_t)p.n_blocks * p.bs * p.nh;
+    emu::launch(dim3((unsigned)((items + 7) / 8)), dim3(256), 0, [&] { df_delta_kernel<DW_D>(p); });
+    emu::launch(dim3(1), dim3(1024), 0, [&] { df_sched_kernel(p, sched.data(), DW_BNK); });
+    emu::launch(dim3(1), dim3(DF_PLAN_THREADS), 0, [&] { df_ds_plan_kernel(p, blk.data(), &total); });
+    if (total != slots) {
+        fprintf(stderr, "    dS kept: the plan lays out %lld slots, the host counts %lld\n", (long long)total,
+                (long long)slots);
+        failures++;
+    }
+    emu::launch(dim3((unsigned)(p.n_kt * p.nkv)), dim3(DW_THREADS), DW_SMEM(true), [&] { df_bwd_kv_wg_ds_kernel(p); });
+    run_qs<df_bwd_q_wg_ds_kernel, DQW_MMAX, DQW_THREADS, DQW_SMEM(3)>(p);
+    return true;
+}
+
 struct Variant {
     const char *name;
     void (*fn)(DfP);
@@ -558,6 +593,35 @@ static void run_case(dfl_be *cpu, const Case &c)
         snprintf(w, sizeof w, "%s: dv_ctx [%s]", c.name, v.name);
         cmp(w, g2.data(), dvc.data(), T * c.nkv, D, 3e-2, 0.9995, kdesc, mdvc.data());
     }
+    /* the backward with dS kept: every output of both passes (delta its own) */
+    {
+        const bf16 nanb = __float2bfloat16_rn(NAN);
+        std::vector<bf16> dqg((size_t)(Q * nq), nanb), dkbg((size_t)(Q * nk), nanb), dvbg((size_t)(Q * nk), nanb),
+            dkcg((size_t)(T * nk), nanb), dvcg((size_t)(T * nk), nanb);
+        std::vector<float> dg((size_t)(Q * c.nh), NAN);
+        DfP p = p0;
+        p.o_in = ob.data();
+        p.lse = lse.data();
+        p.delta = dg.data();
+        p.dq = dqg.data(), p.dkb = dkbg.data(), p.dvb = dvbg.data(), p.dkc = dkcg.data(), p.dvc = dvcg.data();
+        if (run_ds_flow(p, b.cs, b.an)) {
+            const char *v = "bwd dS kept";
+            char w[200];
+            auto g1 = fromb(dqg), g2 = fromb(dkbg), g3 = fromb(dvbg), g4 = fromb(dkcg), g5 = fromb(dvcg);
+            snprintf(w, sizeof w, "%s: dq [%s]", c.name, v);
+            cmp(w, g1.data(), dq.data(), Q * c.nh, D, 3e-2, 0.9995, qdesc, mdq.data());
+            snprintf(w, sizeof w, "%s: dk_blk [%s]", c.name, v);
+            cmp(w, g2.data(), dkb.data(), Q * c.nkv, D, 3e-2, 0.9995, kdesc, mdkb.data());
+            snprintf(w, sizeof w, "%s: dv_blk [%s]", c.name, v);
+            cmp(w, g3.data(), dvb.data(), Q * c.nkv, D, 3e-2, 0.9995, kdesc, mdvb.data());
+            snprintf(w, sizeof w, "%s: dk_ctx [%s]", c.name, v);
+            cmp(w, g4.data(), dkc.data(), T * c.nkv, D, 3e-2, 0.9995, kdesc, mdkc.data());
+            snprintf(w, sizeof w, "%s: dv_ctx [%s]", c.name, v);
+            cmp(w, g5.data(), dvc.data(), T * c.nkv, D, 3e-2, 0.9995, kdesc, mdvc.data());
+            snprintf(w, sizeof w, "%s: delta [%s]", c.name, v);
+            cmp(w, dg.data(), delta.data(), Q * c.nh, 1, 1e-3, 0.0, qdesc, mdelta.data());
+        }
+    }
 }
 
 int main(int argc, char **argv)
@@ -612,6 +676,7 @@ int main(int argc, char **argv)
         {"27B drafter heads, window 96", 32, 8, 128, 16, 2, {300, 170}, {8, 5}, 0, 1, 96},
         {"8B heads", 32, 8, 128, 16, 2, {100, 70}, {6, 4}, 0, 1},
         {"anchors near the end", 8, 2, 128, 16, 2, {129, 64}, {3, 3}, 2, 1},
+        {"unsorted anchors, GQA 4, bs 16", 8, 2, 128, 16, 2, {300, 170}, {7, 5}, 3, 1},
         {"bs 4, GQA 4", 8, 2, 128, 4, 2, {140, 77}, {20, 9}, 0, 1},
         {"bs 32, GQA 4", 8, 2, 128, 32, 1, {100}, {4}, 0, 1},
         {"bs 32, GQA 8: exact kernels for fwd/bwd-q", 8, 1, 128, 32, 1, {90}, {3}, 0, 1},

@@ -4,7 +4,9 @@
  * the ceilings measured in the same run (cuBLAS bf16 GEMM rate, device-to-device copy bandwidth):
  *  - dflash_attn forward, every tile variant: TFLOP/s counting 4 bs (anchor + bs) d heads per block;
  *  - dflash_attn_bwd, every variant of each pass, and each pass alone: TFLOP/s counting 2.5 x the
- *    forward (the FA2 convention; the deterministic backward does 7 matmuls per score, 1.4 x that);
+ *    forward (the FA2 convention; the deterministic backward does 7 matmuls per score, 1.4 x that),
+ *    all with dS recomputed; then the defaults with dS recomputed and with dS kept
+ *    (dfl_cuda_dflash_bwd_ds), and the kept form's two parts alone;
  *  - lmce on the scored rows of a step (Q = 30720: 4 x 512 blocks x 15 slots), V = 151936,
  *    H = 4096, for several chunk sizes, then on the Qwen3.6-27B drafter's (H 5120, V 248320):
  *    TFLOP/s counting the two GEMMs (4 Q V H), with and without dz,
@@ -141,7 +143,8 @@ static double bench_attention(double peak, int L, int window)
     if (be->ops->upload(be, dcs, cs, (size_t)nb * 4) || be->ops->upload(be, dan, an, (size_t)nb * 4))
         die("upload", NULL);
     dfl_dflash_attn a = {.q = q, .k_ctx = kc, .v_ctx = vc, .k_blk = kb, .v_blk = vb, .o = o, .lse = lse,
-                         .ctx_start = dcs, .anchor = dan, .n_blocks = nb, .bs = bs, .max_anchor = (int32_t)T,
+                         .ctx_start = dcs, .anchor = dan, .ctx_start_host = cs, .anchor_host = an,
+                         .n_blocks = nb, .bs = bs, .max_anchor = (int32_t)T,
                          .T_ctx = T, .n_heads = nh, .n_kv = nkv, .d = d, .scale = 1.0f / sqrtf((float)d),
                          .window = window,
                          .dout = dout, .delta = delta, .dq = dq, .dk_ctx = dkc, .dv_ctx = dvc, .dk_blk = dkb,
@@ -166,7 +169,8 @@ static double bench_attention(double peak, int L, int window)
     run_bwd(&a);   /* and delta for pass KV alone */
     check_sync("forward, backward");
     const double bflop = 2.5 * flop;
-    /* each pass alone, every variant */
+    /* each pass alone, every variant (dS recomputed: the passes as they were) */
+    dfl_cuda_dflash_bwd_ds(0);
     for (int pass = 1; pass <= 2; pass++) {
         int k = pass == 1 ? DFL_DFLASH_BWD_Q : DFL_DFLASH_BWD_KV;
         dfl_cuda_dflash_bwd_passes(pass);
@@ -190,6 +194,24 @@ static double bench_attention(double peak, int L, int window)
     double tb = time_ms(run_bwd, &a, iters);
     printf("  bwd total (best variants)                                      %8.3f ms %6.1f TFLOP/s (2.5 x forward "
            "convention; %.1f TFLOP/s of the 7 matmuls done)\n", tb, bflop / tb / 1e9, 3.5 * flop / tb / 1e9);
+    /* the defaults, dS recomputed and dS kept (pass KV first, writing dS; pass Q reading it) */
+    dfl_cuda_dflash_set_variant(DFL_DFLASH_BWD_Q, d, 0);
+    dfl_cuda_dflash_set_variant(DFL_DFLASH_BWD_KV, d, 0);
+    const double td0 = time_ms(run_bwd, &a, iters);
+    dfl_cuda_dflash_bwd_ds(1);
+    const double td1 = time_ms(run_bwd, &a, iters);
+    dfl_cuda_dflash_bwd_passes(2);
+    const double tkv = time_ms(run_bwd, &a, iters);
+    dfl_cuda_dflash_bwd_passes(1);
+    const double tq = time_ms(run_bwd, &a, iters);
+    dfl_cuda_dflash_bwd_passes(3);
+    printf("  bwd total, defaults, dS recomputed                              %8.3f ms %6.1f TFLOP/s\n", td0,
+           bflop / td0 / 1e9);
+    printf("  bwd total, defaults, dS kept                                    %8.3f ms %6.1f TFLOP/s (pass KV with "
+           "delta, schedule and plan %.3f ms, pass Q %.3f ms; %.0f%% of the time recomputing it)\n", td1,
+           bflop / td1 / 1e9, tkv, tq, 100.0 * td1 / td0);
+    if (td1 < tb)
+        tb = td1;
     printf("  per drafter layer: forward %.3f ms + backward %.3f ms\n", best_f, tb);
     dfl_cuda_dflash_set_variant(DFL_DFLASH_FWD, d, 0);
     dfl_cuda_dflash_set_variant(DFL_DFLASH_BWD_Q, d, 0);

@@ -897,6 +897,8 @@ static dfl_dflash_attn df_dev_args(const struct df_batch *bt, struct df_dev *g, 
     a.lse = (float *)g->lse.p;
     a.ctx_start = (const int32_t *)g->cs.p;
     a.anchor = (const int32_t *)g->an.p;
+    a.ctx_start_host = bt->cs;   /* the backward may keep dS (dfl_cuda_dflash_bwd_ds) */
+    a.anchor_host = bt->an;
     a.dout = g->dout.p;
     a.delta = (float *)g->delta.p;
     a.dq = g->dq.p;
@@ -1164,11 +1166,12 @@ static void df_case_run(const struct df_case *c)
                     dfl_cuda_dflash_set_variant(DFL_DFLASH_FWD, d, vf);
                     dfl_cuda_dflash_set_variant(DFL_DFLASH_BWD_Q, d, vq);
                     dfl_cuda_dflash_set_variant(DFL_DFLASH_BWD_KV, d, vk);
-                    snprintf(label, sizeof label, "%s | %s | %s%s",
+                    snprintf(label, sizeof label, "%s | %s | %s%s%s",
                              dfl_cuda_dflash_variant_name(DFL_DFLASH_FWD, d, vf),
                              dfl_cuda_dflash_variant_name(DFL_DFLASH_BWD_Q, d, vq),
                              dfl_cuda_dflash_variant_name(DFL_DFLASH_BWD_KV, d, vk),
-                             (c->nh / c->nkv) * c->bs > 128 ? " (rows per block > 128: exact kernels)" : "");
+                             (c->nh / c->nkv) * c->bs > 128 ? " (rows per block > 128: exact kernels)" : "",
+                             v == 0 ? " (dS kept where the shape takes it)" : "");
                 } else {
                     snprintf(label, sizeof label, "no tiled kernel for d %d: exact kernels", d);
                 }
@@ -1178,6 +1181,12 @@ static void df_case_run(const struct df_case *c)
                 dfl_cuda_dflash_set_variant(DFL_DFLASH_FWD, d, 0);
                 dfl_cuda_dflash_set_variant(DFL_DFLASH_BWD_Q, d, 0);
                 dfl_cuda_dflash_set_variant(DFL_DFLASH_BWD_KV, d, 0);
+                if (d == 128 && (c->nh / c->nkv) * c->bs == 64) {
+                    /* the defaults ran with dS kept: once more with it recomputed by pass Q */
+                    dfl_cuda_dflash_bwd_ds(0);
+                    df_run(&bt, &h, &md[k], "defaults, dS recomputed (DFL_CUDA_DFLASH_DS=0)", true);
+                    dfl_cuda_dflash_bwd_ds(1);
+                }
                 dfl_cuda_dflash_force_simple(1);
                 df_run(&bt, &h, &md[k], "exact kernels on bf16", false);
                 dfl_cuda_dflash_force_simple(0);
@@ -1198,6 +1207,7 @@ static const struct df_case df_cases[] = {
     {"GQA 2, d128, bs16", 4, 2, 128, 16, 2, {257, 100}, {30, 11}, AN_RANDOM, 1, 0},
     {"anchors near the end", 8, 2, 128, 16, 3, {129, 64, 200}, {6, 4, 8}, AN_END, 1, 0},
     {"unsorted anchors", 8, 2, 64, 8, 2, {150, 90}, {21, 13}, AN_UNSORTED, 1, 0},
+    {"unsorted anchors, GQA 4, bs 16 (dS kept)", 8, 2, 128, 16, 2, {300, 170}, {21, 13}, AN_UNSORTED, 1, 0},
     {"bs 4, GQA 4", 8, 2, 128, 4, 2, {300, 77}, {60, 15}, AN_RANDOM, 1, 0},
     {"bs 32, GQA 4", 8, 2, 128, 32, 2, {200, 150}, {9, 7}, AN_RANDOM, 1, 0},
     {"bs 32, GQA 8 (256 rows per block)", 8, 1, 128, 32, 1, {120}, {5}, AN_RANDOM, 1, 0},
