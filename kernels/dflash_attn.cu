@@ -61,8 +61,8 @@
  *  path, within rounding (tests/emu emu-dflash, gpu-train-ops compare both against the CPU).
  *  The slots live in the backend's ds_buf, sized here from the host arrays and grown with a
  *  quarter of headroom while 1 GiB stays free (also after the allocation freeze: failing, the
- *  call recomputes dS instead); H200, 8B drafter's shape: backward 7.28 -> 6.62 ms a layer
- *  (pass KV with delta, schedule and plan 4.01 ms, pass Q 2.97), 4 GB of slots.
+ *  call recomputes dS instead); H200, 8B drafter's shape: backward 7.29 -> 6.36 ms a layer
+ *  (pass KV with delta, schedule and plan 4.04 ms, pass Q 2.72), 4 GB of slots.
  *  Scratch (the schedule) lives in the backend's cuBLAS workspace (no GEMM runs in between).
  *
  * f32 path (act F32, and bf16 shapes the tiled kernels do not take: head dims other than 32, 64,

@@ -556,35 +556,52 @@ template <int ST, bool PIPE = false, bool MB = false, bool DSG = false> __device
         wg_hold_a(da);
     };
 
-    for (int it = 0; it < ntiles; it++) {
-        const uint32_t st = (uint32_t)(it % ST) * TILE, kst = sK0 + st, vst = sV0 + st;
-        if constexpr (DSG) {
-            if (it < nctx) {
-                /* dS kept, a context tile: dQ += dS K with dS^T from pass KV (in the V stage: the
-                 * warpgroup's block at 8 KB wg), transposed into the A fragments by ldmatrix:
-                 * piece (key group 2 kb + (i >> 1), row group 2 (warp % 4) + (i & 1)) for
-                 * fragment i of k16 step kb */
-                wg_bar_wait(full + 8 * (uint32_t)(it % ST), (uint32_t)(it / ST) & 1);
-                wg_proxy_fence();
-                __syncwarp();
-                settle();   /* dQ of tile it - 1: da is free, its stage handed back */
-                if (it > 0)
-                    wg_bar_arrive_warp(empty + 8 * (uint32_t)((it - 1) % ST), lane);
-                const uint32_t dsa = vst + (uint32_t)(warp >> 2) * 8192u +
-                                     (uint32_t)((lane >> 4) * 8 + 2 * (warp & 3) + ((lane >> 3) & 1)) * 128u +
-                                     (uint32_t)(lane & 7) * 16u;
+    if constexpr (DSG) {
+        /* dS kept, the context tiles: dQ += dS K with dS^T from pass KV (in the V stage: the
+         * warpgroup's block at 8 KB wg), transposed into the A fragments by ldmatrix: piece (key
+         * group 2 kb + (i >> 1), row group 2 (warp % 4) + (i & 1)) for fragment i of k16 step kb.
+         * Two A buffers (da, da2, tiles alternating), so that a tile's product is issued while the
+         * previous one runs: after issuing tile it, waiting for tile it - 1's product frees its
+         * stage (handed back) and its buffer; tile it + 2 is then loaded into that stage. */
+        uint32_t da2[4][4] = {};
+        const uint32_t dsa = (uint32_t)(warp >> 2) * 8192u +
+                             (uint32_t)((lane >> 4) * 8 + 2 * (warp & 3) + ((lane >> 3) & 1)) * 128u +
+                             (uint32_t)(lane & 7) * 16u;
+        auto ctx_tile = [&](int it, uint32_t (&a)[4][4], uint32_t (&prev)[4][4]) {
+            const uint32_t st = (uint32_t)(it % ST) * TILE;
+            wg_bar_wait(full + 8 * (uint32_t)(it % ST), (uint32_t)(it / ST) & 1);
+            wg_proxy_fence();
+            __syncwarp();
 #pragma unroll
-                for (int kb = 0; kb < 4; kb++)
-                    df_ldm_t(da[kb], dsa + (uint32_t)kb * 2048u);
-                wg_hold_a(da);
-                wg_hold(dq);
-                wg_fence();
-                dw_mma_keys(dq, da, kst);
-                wg_commit();
-                load_tile(it + 2);   /* into the stage of tile it - 1, once every warp has handed it back */
-                continue;
-            }
+            for (int kb = 0; kb < 4; kb++)
+                df_ldm_t(a[kb], sV0 + st + dsa + (uint32_t)kb * 2048u);
+            wg_hold_a(a);
+            wg_hold(dq);
+            wg_fence();
+            dw_mma_keys(dq, a, sK0 + st);
+            wg_commit();
+            wg_wait<1>();   /* tile it - 1's product */
+            wg_hold(dq);
+            wg_hold_a(prev);
+            if (it > 0)
+                wg_bar_arrive_warp(empty + 8 * (uint32_t)((it - 1) % ST), lane);
+            load_tile(it + 2);   /* into the stage of tile it - 1, once every warp has handed it back */
+        };
+        int it = 0;
+        for (; it + 1 < nctx; it += 2) {
+            ctx_tile(it, da, da2);
+            ctx_tile(it + 1, da2, da);
         }
+        if (it < nctx)
+            ctx_tile(it, da, da2);
+        /* every product done before the block-key tiles (which hand back tile nctx - 1's stage) */
+        wg_wait<0>();
+        wg_hold(dq);
+        wg_hold_a(da);
+        wg_hold_a(da2);
+    }
+    for (int it = DSG ? nctx : 0; it < ntiles; it++) {
+        const uint32_t st = (uint32_t)(it % ST) * TILE, kst = sK0 + st, vst = sV0 + st;
         const DfTile t = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
         if constexpr (!PIPE) {
             /* the stage of tile it + ST - 1 was last read in iteration it - 1 (barrier at its end) */
