@@ -155,14 +155,21 @@ struct DfTile {
     int seg;             /* >= 0: context segment; -1: the block keys */
 };
 
-template <int MMAX>
-__device__ __forceinline__ DfTile tile_at(const QsMeta<MMAX> &mt, const DfP &p, int it, int b0, int g, int BN)
+/* The segment of the CTA's tile it (mt.nseg: the block keys) and its index within it, in place */
+template <int MMAX> __device__ __forceinline__ int tile_seg(const QsMeta<MMAX> &mt, int &it)
 {
     int s = 0;
     while (s < mt.nseg && it >= mt.seg_nt[s]) {
         it -= mt.seg_nt[s];
         s++;
     }
+    return s;
+}
+
+template <int MMAX>
+__device__ __forceinline__ DfTile tile_at(const QsMeta<MMAX> &mt, const DfP &p, int it, int b0, int g, int BN)
+{
+    const int s = tile_seg<MMAX>(mt, it);
     DfTile t;
     t.key0 = (s < mt.nseg ? mt.seg_t0[s] + it : it) * BN;
     int64_t row;

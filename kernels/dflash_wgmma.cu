@@ -138,13 +138,8 @@ __device__ __forceinline__ void dw_load_kv(const QsMeta<MMAX> &mt, const DfP &p,
 template <int MMAX>
 __device__ __forceinline__ int dw_ds_tile(const QsMeta<MMAX> &mt, int it, int *seg)
 {
-    int s = 0;
-    while (s < mt.nseg && it >= mt.seg_nt[s]) {
-        it -= mt.seg_nt[s];
-        s++;
-    }
-    *seg = s;
-    return mt.seg_t0[s] + it;
+    *seg = tile_seg<MMAX>(mt, it);
+    return mt.seg_t0[*seg] + it;
 }
 
 /* dS kept: the CTA's context tiles in global units of BN keys: segment s from the tile of its
@@ -632,11 +627,11 @@ template <int ST, bool PIPE = false, bool MB = false, bool DSG = false> __device
         const bool blk = t.seg < 0;
         /* every warpgroup runs every tile's wgmma (rows without keys in it: P = 0) */
         float s[8][4], dp[8][4];
+        if constexpr (DSG)   /* dS kept: only the block-key tiles need them, loaded each (short lives); */
+            load_rows_a();   /* before the fence, as registers a wgmma reads must be */
         wg_hold(s);
         wg_hold(dp);
         wg_fence();
-        if constexpr (DSG)
-            load_rows_a();   /* dS kept: only the block-key tiles need them, loaded each (short lives) */
         dw_mma_rows(s, qf, kst);
         wg_commit();
         dw_mma_rows(dp, dof, vst);
