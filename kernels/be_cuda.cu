@@ -629,6 +629,11 @@ extern "C" int dfl_be_cuda_open(dfl_be **out, int device, dfl_dtype act, dfl_err
     if (lr && *lr && dfl_parse_i64(lr, 64, 65535, &lrows, "DFL_CUDA_LMCE_ROWS", &pe))
         return dfl_fail(e, DFL_EUSAGE, "DFL_CUDA_LMCE_ROWS=%s: the LM head's rows a chunk must be a "
                         "number from 64 to 65535", lr);
+    /* the attention backward's kept score gradients (dflash_attn.cu reads it): 0 or 1 */
+    const char *dsk = getenv("DFL_CUDA_DFLASH_DS");
+    if (dsk && *dsk && strcmp(dsk, "0") && strcmp(dsk, "1"))
+        return dfl_fail(e, DFL_EUSAGE, "DFL_CUDA_DFLASH_DS=%s: 0 (the attention backward recomputes "
+                        "the score gradients) or 1 (keeps them, the default)", dsk);
     int n = dfl_be_cuda_count();
     if (n <= 0)
         return dfl_fail(e, DFL_EDEVICE, "cuda:%d: no CUDA GPU found (use --device cpu)", device);
