@@ -516,6 +516,25 @@ static void test_all_finite(void)
     free(x);
 }
 
+#ifdef DFL_CUDA
+/* each of the n bad values of environment variable var: dfl_be_cuda_open fails with a usage error
+ * whose message starts "VAR=value:" and holds what */
+static void env_refused(const char *var, const char *const *bad, size_t n, const char *what)
+{
+    for (size_t i = 0; i < n; i++) {
+        setenv(var, bad[i], 1);
+        dfl_be *be = NULL;
+        dfl_err e = {0};
+        const int rc = dfl_be_cuda_open(&be, 0, DFL_BF16, &e);
+        char want[96];
+        snprintf(want, sizeof want, "%s=%s:", var, bad[i]);
+        T_CHECK(rc == DFL_EUSAGE && be == NULL && strstr(e.msg, want) && strstr(e.msg, what),
+                "%s='%s': rc %d, message '%s'", var, bad[i], rc, e.msg);
+    }
+    unsetenv(var);
+}
+#endif
+
 /* DFL_CUDA_LMCE_ROWS that is not a number from 64 to 65535, DFL_CUDA_DFLASH_DS other than 0 or 1:
  * the CUDA backend refuses to open, naming the variable, before it looks for a GPU (so this runs
  * on a machine without one); a CUDA build only. */
@@ -523,30 +542,9 @@ static void test_lmce_rows_env(void)
 {
 #ifdef DFL_CUDA
     static const char *bad[] = {"63", "65536", "abc", "128x", "-1", " 64"};
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        setenv("DFL_CUDA_LMCE_ROWS", bad[i], 1);
-        dfl_be *be = NULL;
-        dfl_err e = {0};
-        const int rc = dfl_be_cuda_open(&be, 0, DFL_BF16, &e);
-        char want[64];
-        snprintf(want, sizeof want, "DFL_CUDA_LMCE_ROWS=%s:", bad[i]);
-        T_CHECK(rc == DFL_EUSAGE && be == NULL && strstr(e.msg, want) && strstr(e.msg, "64 to 65535"),
-                "DFL_CUDA_LMCE_ROWS='%s': rc %d, message '%s'", bad[i], rc, e.msg);
-    }
-    unsetenv("DFL_CUDA_LMCE_ROWS");
-    /* DFL_CUDA_DFLASH_DS: 0 or 1, likewise */
+    env_refused("DFL_CUDA_LMCE_ROWS", bad, sizeof bad / sizeof bad[0], "64 to 65535");
     static const char *bad_ds[] = {"2", "yes", "01", " 1", "on"};
-    for (size_t i = 0; i < sizeof bad_ds / sizeof bad_ds[0]; i++) {
-        setenv("DFL_CUDA_DFLASH_DS", bad_ds[i], 1);
-        dfl_be *be = NULL;
-        dfl_err e = {0};
-        const int rc = dfl_be_cuda_open(&be, 0, DFL_BF16, &e);
-        char want[64];
-        snprintf(want, sizeof want, "DFL_CUDA_DFLASH_DS=%s:", bad_ds[i]);
-        T_CHECK(rc == DFL_EUSAGE && be == NULL && strstr(e.msg, want) && strstr(e.msg, "0 (the attention"),
-                "DFL_CUDA_DFLASH_DS='%s': rc %d, message '%s'", bad_ds[i], rc, e.msg);
-    }
-    unsetenv("DFL_CUDA_DFLASH_DS");
+    env_refused("DFL_CUDA_DFLASH_DS", bad_ds, sizeof bad_ds / sizeof bad_ds[0], "0 (the attention");
 #else
     T_SKIP("a build without CUDA");
 #endif
