@@ -55,7 +55,10 @@
  *  takes it) into the block's slot for its tile, 16 KB a kv head in 8 x 8 pieces of 128 bytes,
  *  then pass Q (df_bwd_q_wg_ds_kernel) over global 64-key tiles (half a slot), reading the two
  *  blocks' pieces with the K tile and transposing them into dQ's A fragments with ldmatrix
- *  .trans: no S, dP or exponentials on the context tiles (the block-key tiles as before). Each
+ *  .trans: no S, dP or exponentials on the context tiles (the block-key tiles as before). Those
+ *  context tiles stream through DQW_DS_CST = 6 stages of 32 KB (five in flight: the reads are
+ *  latency-bound), in the shared memory that Q, dO and the block-key tiles' stages take after
+ *  them (2.68 -> 2.53 ms at the 8B shape against three stages, two in flight). Each
  *  dS value is one rounding of the same P (dP - delta) pass Q would make; dQ's k16 sums are
  *  grouped by global tiles instead of the segment's, so the bits differ from the recomputing
  *  path, within rounding (tests/emu emu-dflash, gpu-train-ops compare both against the CPU).
@@ -373,7 +376,7 @@ static int df_init(dfl_be *be, const char *op)
             df_kernel_fn fn;
             size_t smem;
         } ds[] = {{"bwd-kv dS kept", df_bwd_kv_wg_ds_kernel, DW_SMEM(true)},
-                  {"bwd-q dS kept", df_bwd_q_wg_ds_kernel, DQW_SMEM(3)}};
+                  {"bwd-q dS kept", df_bwd_q_wg_ds_kernel, DQW_DS_SMEM}};
         for (const auto &k : ds) {
             if (k.smem > im->smem_optin)
                 continue;
@@ -552,7 +555,7 @@ int cuda_dflash_attn_bwd(dfl_be *be, const dfl_dflash_attn *a)
             }
             if (df_passes & 1) {
                 df_blocks_per_cta(p, vq->mmax);
-                df_bwd_q_wg_ds_kernel<<<(unsigned)((int64_t)p.n_bg * p.nkv), vq->threads, vq->smem, s>>>(p);
+                df_bwd_q_wg_ds_kernel<<<(unsigned)((int64_t)p.n_bg * p.nkv), DQW_THREADS, DQW_DS_SMEM, s>>>(p);
                 if ((rc = cuda_launch_check(be, "dflash_attn_bwd (q, dS kept)")))
                     return rc;
             }

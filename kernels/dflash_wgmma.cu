@@ -107,17 +107,17 @@ __device__ __forceinline__ void dw_mma_keys(float (&d)[16][4], const uint32_t (&
         wg_mma_rs_tb(d, a[kb], dw_desc_mn<16 * KB>(tile, kb));
 }
 
-/* K/V tile it of the CTA's list (tile_at, BN keys) into stage it % ST of the rings at sK0, sV0
- * (BN * DW_D * 2 bytes a stage, swizzled), thread tid of DQW_THREADS taking 16-byte chunk tid % 16
- * of rows tid / 16 + 16 i, rows past the tile's keys zero-filled; one commit group (empty past
- * the last tile) */
+/* K/V tile it of the CTA's list (tile_at, BN keys) into stage it % ST (or stage, where given) of
+ * the rings at sK0, sV0 (BN * DW_D * 2 bytes a stage, swizzled), thread tid of DQW_THREADS taking
+ * 16-byte chunk tid % 16 of rows tid / 16 + 16 i, rows past the tile's keys zero-filled; one
+ * commit group (empty past the last tile) */
 template <int ST, int MMAX, int BN = DQW_BN>
 __device__ __forceinline__ void dw_load_kv(const QsMeta<MMAX> &mt, const DfP &p, int it, int b0, int g_kv,
-                                           uint32_t sK0, uint32_t sV0, int tid)
+                                           uint32_t sK0, uint32_t sV0, int tid, int stage = -1)
 {
     if (it < mt.ntiles) {
         const DfTile t = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
-        const uint32_t st = (uint32_t)(it % ST) * (BN * DW_D * 2);
+        const uint32_t st = (uint32_t)(stage >= 0 ? stage : it % ST) * (BN * DW_D * 2);
 #pragma unroll
         for (int i = 0; i < BN * 16 / DQW_THREADS; i++) {
             const int r = tid / 16 + 16 * i, ch = tid % 16;
@@ -165,29 +165,24 @@ __device__ __forceinline__ void dw_ds_setup(QsMeta<MMAX> &mt, const DfP &p, int 
     __syncthreads();
 }
 
-/* dS kept, pass Q's tile it into stage it % ST: a context tile takes its K rows (those of its
- * segment; the others zero-filled) and, in place of V, the dS^T halves of the CTA's two blocks
- * (8 KB each, block lb at lb * 8 KB: zeros where the block has no slot for the tile); a block-key
- * tile is dw_load_kv's. One commit group. */
-template <int ST, int MMAX, int BN = DQW_BN>
-__device__ __forceinline__ void dw_load_kv_ds(const QsMeta<MMAX> &mt, const DfP &p, int it, int nctx, int b0,
-                                              int g_kv, const int4 *blk, uint32_t sK0, uint32_t sV0, int tid)
+/* dS kept, pass Q's context tile it (< the context tiles) into the stage whose K tile is at sk
+ * and dS part at sd (16 KB each): its K rows (those of its segment; the others zero-filled) and
+ * the dS^T halves of the CTA's two blocks (8 KB each, block lb at sd + lb * 8 KB: zeros where the
+ * block has no slot for the tile). One commit group. */
+template <int MMAX, int BN = DQW_BN>
+__device__ __forceinline__ void dw_load_kv_ds(const QsMeta<MMAX> &mt, const DfP &p, int it, int g_kv,
+                                              const int4 *blk, uint32_t sk, uint32_t sd, int tid)
 {
     static_assert(DF_DS_KEYS == 2 * BN && DW_QC * BN * 2 == 8192, "a tile is half of pass KV's, 8 KB a block");
-    if (it >= nctx) {
-        dw_load_kv<ST, MMAX, BN>(mt, p, it, b0, g_kv, sK0, sV0, tid);
-        return;
-    }
     int s;
     const int u = dw_ds_tile<MMAX>(mt, it, &s);
     const int64_t key0 = (int64_t)u * BN, lo = mt.seg_cs[s], hi = lo + mt.seg_amax[s];
-    const uint32_t st = (uint32_t)(it % ST) * (BN * DW_D * 2);
     const bf16 *kg = (const bf16 *)p.kc + (int64_t)g_kv * DW_D;
 #pragma unroll
     for (int i = 0; i < BN * 16 / DQW_THREADS; i++) {
         const int r = tid / 16 + 16 * i, ch = tid % 16;
         const bool ok = key0 + r >= lo && key0 + r < hi;
-        df_cp16(sK0 + st + aw_off(BN, (uint32_t)r, (uint32_t)ch), kg + (ok ? (key0 + r) * p.ldk + ch * 8 : 0), ok);
+        df_cp16(sk + aw_off(BN, (uint32_t)r, (uint32_t)ch), kg + (ok ? (key0 + r) * p.ldk + ch * 8 : 0), ok);
     }
     const int kt = u / 2;
 #pragma unroll
@@ -197,7 +192,7 @@ __device__ __forceinline__ void dw_load_kv_ds(const QsMeta<MMAX> &mt, const DfP 
         const int64_t slot = (int64_t)e.x + kt;
         const bool ok = lb < mt.nb && kt >= e.y && kt < e.z && slot < p.ds_cap;
         const bf16 *src = (const bf16 *)p.ds + (ok ? (slot * p.nkv + g_kv) * (DF_DS_KEYS * DW_QC) + (u & 1) * (BN * DW_QC) + ch * 8 : 0);
-        df_cp16(sV0 + st + (uint32_t)(lb * 8192 + ch * 16), src, ok);
+        df_cp16(sd + (uint32_t)(lb * 8192 + ch * 16), src, ok);
     }
     df_commit();
 }
@@ -480,14 +475,26 @@ template <int ST, bool PIPE = false, bool MB = false, bool DSG = false> __device
 
     /* MB: each K/V stage's two mbarriers (static shared memory): full (every thread's cp.async
      * of the tile, 256 arrivals) and empty (every warp, once the wgmma reading it are done) */
-    __shared__ __align__(8) uint64_t bars[MB ? 2 * ST : 1];
+    /* dS kept: the context tiles' stages have their own (cfull, cempty: DQW_DS_CST of each) */
+    constexpr int CST = DSG ? DQW_DS_CST : 1;
+    __shared__ __align__(8) uint64_t bars[MB ? 2 * ST + (DSG ? 2 * CST : 0) : 1];
     const uint32_t full = df_smem(&bars[0]), empty = full + 8 * ST;
-    if (MB && tid == 0)
+    const uint32_t cfull = empty + 8 * ST, cempty = cfull + 8 * CST;
+    if (MB && tid == 0) {
         for (int st = 0; st < ST; st++) {
             wg_bar_init(full + 8 * st, THREADS);
             wg_bar_init(empty + 8 * st, NW);
         }
-    bq_setup<D, MMAX, THREADS>(mt, p, b0, g_kv, BN, sQ, sDO);   /* a block barrier */
+        if constexpr (DSG)
+            for (int c = 0; c < CST; c++) {
+                wg_bar_init(cfull + 8 * c, THREADS);
+                wg_bar_init(cempty + 8 * c, NW);
+            }
+    }
+    if constexpr (DSG)
+        qs_setup<MMAX>(mt, p, b0, g_kv, BN);   /* a block barrier; Q and dO after the context tiles */
+    else
+        bq_setup<D, MMAX, THREADS>(mt, p, b0, g_kv, BN, sQ, sDO);   /* a block barrier */
     __shared__ int4 dsblk[DSG ? 2 : 1];   /* dS kept: the CTA's blocks' slots */
     if constexpr (DSG) {
         if (tid < 2)
@@ -499,23 +506,37 @@ template <int ST, bool PIPE = false, bool MB = false, bool DSG = false> __device
         if constexpr (MB) {   /* into the stage of tile it - ST once every warp has handed it back */
             if (it >= ntiles)
                 return;
-            const uint32_t st = (uint32_t)(it % ST);
-            wg_bar_wait(empty + 8 * st, ((uint32_t)(it / ST) & 1) ^ 1);
-            if constexpr (DSG)
-                dw_load_kv_ds<ST, MMAX>(mt, p, it, nctx, b0, g_kv, dsblk, sK0, sV0, tid);
-            else
-                dw_load_kv<ST, MMAX>(mt, p, it, b0, g_kv, sK0, sV0, tid);
+            const int jt = DSG ? it - nctx : it;   /* dS kept: the block-key tiles count from 0 */
+            const uint32_t st = (uint32_t)(jt % ST);
+            wg_bar_wait(empty + 8 * st, ((uint32_t)(jt / ST) & 1) ^ 1);
+            dw_load_kv<ST, MMAX>(mt, p, it, b0, g_kv, sK0, sV0, tid, (int)st);
             wg_bar_arrive_cp(full + 8 * st);
         } else {
             dw_load_kv<ST, MMAX>(mt, p, it, b0, g_kv, sK0, sV0, tid);
         }
     };
-    /* tiles in flight before a tile's step (dS kept: two, each loaded once its stage's dQ is done) */
+    /* dS kept: context tile it into its stage (it % CST: a K tile, then the dS of the CTA's
+     * blocks) once every warp has handed back the tile that was there */
+    auto load_ctx = [&](int it) {
+        if (it >= nctx)
+            return;
+        const uint32_t c = (uint32_t)(it % CST), sk = sK0 + c * 2 * TILE;
+        wg_bar_wait(cempty + 8 * c, ((uint32_t)(it / CST) & 1) ^ 1);
+        dw_load_kv_ds<MMAX>(mt, p, it, g_kv, dsblk, sk, sk + TILE, tid);
+        wg_bar_arrive_cp(cfull + 8 * c);
+    };
+    /* tiles in flight before a tile's step (dS kept: the block-key tiles two, each loaded once
+     * its stage's dQ is done; the context tiles CST - 1) */
     constexpr int AHEAD = PIPE ? (DSG ? 2 : 1) : ST - 1;
-    for (int it = 0; it < AHEAD; it++)
-        load_tile(it);
-    df_wait<AHEAD>();   /* Q and dO */
-    __syncthreads();
+    if constexpr (DSG) {
+        for (int it = 0; it < CST - 1; it++)
+            load_ctx(it);
+    } else {
+        for (int it = 0; it < AHEAD; it++)
+            load_tile(it);
+        df_wait<AHEAD>();   /* Q and dO */
+        __syncthreads();
+    }
 
     bq_delta<D, MMAX, DSG>(mt, p, pDO, wr0, lane, sLse2, sDelta);
     __syncwarp();
@@ -552,35 +573,36 @@ template <int ST, bool PIPE = false, bool MB = false, bool DSG = false> __device
     };
 
     if constexpr (DSG) {
-        /* dS kept, the context tiles: dQ += dS K with dS^T from pass KV (in the V stage: the
-         * warpgroup's block at 8 KB wg), transposed into the A fragments by ldmatrix: piece (key
-         * group 2 kb + (i >> 1), row group 2 (warp % 4) + (i & 1)) for fragment i of k16 step kb.
-         * Two A buffers (da, da2, tiles alternating), so that a tile's product is issued while the
-         * previous one runs: after issuing tile it, waiting for tile it - 1's product frees its
-         * stage (handed back) and its buffer; tile it + 2 is then loaded into that stage. */
+        /* dS kept, the context tiles: dQ += dS K with dS^T from pass KV (after the K tile in its
+         * stage: the warpgroup's block at 8 KB wg), transposed into the A fragments by ldmatrix:
+         * piece (key group 2 kb + (i >> 1), row group 2 (warp % 4) + (i & 1)) for fragment i of
+         * k16 step kb. Two A buffers (da, da2, tiles alternating), so that a tile's product is
+         * issued while the previous one runs: after issuing tile it, waiting for tile it - 1's
+         * product frees its stage (handed back) and its buffer; tile it + CST - 1 is then loaded
+         * into that stage (CST - 1 tiles in flight: the reads of dS are latency-bound). */
         uint32_t da2[4][4] = {};
         const uint32_t dsa = (uint32_t)(warp >> 2) * 8192u +
                              (uint32_t)((lane >> 4) * 8 + 2 * (warp & 3) + ((lane >> 3) & 1)) * 128u +
                              (uint32_t)(lane & 7) * 16u;
         auto ctx_tile = [&](int it, uint32_t (&a)[4][4], uint32_t (&prev)[4][4]) {
-            const uint32_t st = (uint32_t)(it % ST) * TILE;
-            wg_bar_wait(full + 8 * (uint32_t)(it % ST), (uint32_t)(it / ST) & 1);
+            const uint32_t c = (uint32_t)(it % CST), sk = sK0 + c * 2 * TILE;
+            wg_bar_wait(cfull + 8 * c, (uint32_t)(it / CST) & 1);
             wg_proxy_fence();
             __syncwarp();
 #pragma unroll
             for (int kb = 0; kb < 4; kb++)
-                df_ldm_t(a[kb], sV0 + st + dsa + (uint32_t)kb * 2048u);
+                df_ldm_t(a[kb], sk + TILE + dsa + (uint32_t)kb * 2048u);
             wg_hold_a(a);
             wg_hold(dq);
             wg_fence();
-            dw_mma_keys(dq, a, sK0 + st);
+            dw_mma_keys(dq, a, sk);
             wg_commit();
             wg_wait<1>();   /* tile it - 1's product */
             wg_hold(dq);
             wg_hold_a(prev);
             if (it > 0)
-                wg_bar_arrive_warp(empty + 8 * (uint32_t)((it - 1) % ST), lane);
-            load_tile(it + 2);   /* into the stage of tile it - 1, once every warp has handed it back */
+                wg_bar_arrive_warp(cempty + 8 * (uint32_t)((it - 1) % CST), lane);
+            load_ctx(it + CST - 1);   /* into the stage of tile it - 1, once every warp has handed it back */
         };
         int it = 0;
         for (; it + 1 < nctx; it += 2) {
@@ -589,14 +611,24 @@ template <int ST, bool PIPE = false, bool MB = false, bool DSG = false> __device
         }
         if (it < nctx)
             ctx_tile(it, da, da2);
-        /* every product done before the block-key tiles (which hand back tile nctx - 1's stage) */
+        /* every warp's products done: the block-key tiles' stages, Q and dO take the shared
+         * memory of the context stages */
         wg_wait<0>();
         wg_hold(dq);
         wg_hold_a(da);
         wg_hold_a(da2);
+        __syncthreads();
+        load_tile(nctx);
+        load_tile(nctx + 1);
+        load_rows<D, MMAX, THREADS>(mt, (const bf16 *)p.q, sQ);
+        load_rows<D, MMAX, THREADS>(mt, (const bf16 *)p.dout, sDO);
+        df_commit();
+        df_wait<0>();   /* Q and dO (and the tiles, needed next) */
+        __syncthreads();
     }
     for (int it = DSG ? nctx : 0; it < ntiles; it++) {
-        const uint32_t st = (uint32_t)(it % ST) * TILE, kst = sK0 + st, vst = sV0 + st;
+        const int jt = DSG ? it - nctx : it;   /* the stages' count (dS kept: from the block-key tiles) */
+        const uint32_t st = (uint32_t)(jt % ST) * TILE, kst = sK0 + st, vst = sV0 + st;
         const DfTile t = tile_at<MMAX>(mt, p, it, b0, g_kv, BN);
         if constexpr (!PIPE) {
             /* the stage of tile it + ST - 1 was last read in iteration it - 1 (barrier at its end) */
@@ -616,7 +648,7 @@ template <int ST, bool PIPE = false, bool MB = false, bool DSG = false> __device
             /* mbarriers: tile it has landed (every thread's part); tile it + 1 goes to the stage
              * of tile it - 2 once every warp has handed that back (in its step it - 1): no block
              * barrier, so the warpgroups drift apart by up to a step */
-            wg_bar_wait(full + 8 * (uint32_t)(it % ST), (uint32_t)(it / ST) & 1);
+            wg_bar_wait(full + 8 * (uint32_t)(jt % ST), (uint32_t)(jt / ST) & 1);
             wg_proxy_fence();
             __syncwarp();
             if constexpr (!DSG)   /* dS kept: tiles are loaded two ahead, below */
@@ -643,8 +675,8 @@ template <int ST, bool PIPE = false, bool MB = false, bool DSG = false> __device
             wg_hold_a(da);
         }
         if constexpr (MB)
-            if (it > 0)
-                wg_bar_arrive_warp(empty + 8 * (uint32_t)((it - 1) % ST), lane);   /* its dP and dQ are done */
+            if (jt > 0)
+                wg_bar_arrive_warp(empty + 8 * (uint32_t)((jt - 1) % ST), lane);   /* its dP and dQ are done */
         if constexpr (DSG)
             load_tile(it + 2);
         /* P = exp(S - lse), the mask applied after the exponential as a select (as pass KV's) */

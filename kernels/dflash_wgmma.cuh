@@ -32,6 +32,13 @@ __global__ void df_bwd_kv_wg_ds_kernel(const DfP p);
 /* ST stages of K and V, Q and dO (rows of D * 2 + 16 bytes), P and dS (rows of BN * 2 + 16) */
 #define DQW_SMEM(ST) (2 * (ST) * DQW_TILE + 2 * DQW_MMAX * (DW_D * 2 + 16) + 2 * DQW_MMAX * (DQW_BN * 2 + 16) + 1024)
 
+/* dS kept, pass Q: the context tiles stream through DQW_DS_CST stages of a K tile and the two
+ * blocks' dS (2 DQW_TILE bytes a stage), which have the CTA's shared memory to themselves (Q and
+ * dO are loaded after them, the block-key tiles' three stages too) */
+#define DQW_DS_CST 6
+#define DQW_DS_SMEM DQW_SMEM(3)
+static_assert(DQW_DS_CST * 2 * DQW_TILE + 1024 <= DQW_DS_SMEM, "pass Q's context stages (dS kept)");
+
 /* Pass Q (delta, dq, dk_blk, dv_blk) for head dimension 128, bf16, on compute capability 9 (as
  * df_bwd_q_kernel: grid n_bg * nkv with DQW_MMAX rows a CTA, DQW_THREADS threads, DQW_SMEM(2)
  * (the wg3 kernel: DQW_SMEM(3), three stages) bytes of dynamic shared memory) */
@@ -44,7 +51,7 @@ __global__ void df_bwd_q_wg3p_kernel(const DfP p);
  * a block barrier a step (block barriers only around the block-key tiles' shared P and dS) */
 __global__ void df_bwd_q_wg3m_kernel(const DfP p);
 /* as wg3m, after df_bwd_kv_wg_ds_kernel: the context tiles' dQ += dS K with dS read from p.ds
- * (no S, dP or exponentials there), delta read from p.delta (DQW_SMEM(3) bytes) */
+ * (no S, dP or exponentials there), delta read from p.delta (DQW_DS_SMEM bytes) */
 __global__ void df_bwd_q_wg_ds_kernel(const DfP p);
 
 /* The forward (o, lse) for head dimension 128, bf16, on compute capability 9, on pass Q's CTAs

@@ -344,7 +344,7 @@ static bool run_ds_flow(DfP p, const std::vector<int32_t> &cs, const std::vector
         failures++;
     }
     emu::launch(dim3((unsigned)(p.n_kt * p.nkv)), dim3(DW_THREADS), DW_SMEM(true), [&] { df_bwd_kv_wg_ds_kernel(p); });
-    run_qs<df_bwd_q_wg_ds_kernel, DQW_MMAX, DQW_THREADS, DQW_SMEM(3)>(p);
+    run_qs<df_bwd_q_wg_ds_kernel, DQW_MMAX, DQW_THREADS, DQW_DS_SMEM>(p);
     return true;
 }
 
