@@ -42,12 +42,14 @@ run_bench() {
 @test "bench/draft --shape tiny: the table with our tokens/s and TFLOP/s, logs beside it, no scratch left" {
     run_bench draft --shape tiny --steps 3 --tune --profile
     grep -q '^== results (tiny' "$f"
-    # file, --tune and pipe rows: a positive tokens/s and TFLOP/s; no ceiling on the CPU: MFU n/a
+    # file, --tune and pipe rows: a positive tokens/s and TFLOP/s; no ceiling on the CPU: MFU n/a;
+    # no GPU: no memory, power or clock samples
+    grep -q '^run  .* peak GPU MiB       W/SM MHz  note$' "$f"
     for row in "ours (file)" "ours (tune)" "ours (pipe)"; do
         line=$(awk -v r="$row" 'index($0, r) == 1 && substr($0, length(r) + 1) ~ /^ +[0-9]/' "$f")
-        read -r tps tfl mfu _ <<< "${line#"$row"}"
+        read -r tps tfl mfu ratio mem pw _ <<< "${line#"$row"}"
         awk -v a="$tps" -v b="$tfl" 'BEGIN { exit !(a + 0 > 0 && b + 0 > 0) }'
-        [ "$mfu" = n/a ]
+        [ "$mfu" = n/a ] && [ "$ratio" = n/a ] && [ "$mem" = n/a ] && [ "$pw" = n/a ]
     done
     grep -q '^peer (torch) .*not run (--shape tiny)' "$f"
     grep -q '^goal: none at this shape (tokens/s [0-9]' "$f"
