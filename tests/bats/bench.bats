@@ -274,3 +274,44 @@ run_bench() {
     run -2 "$b" --bogus
     assert_output --partial "usage: bench-ceiling"
 }
+
+# a stand-in nvidia-smi: a one-shot query answers (or fails, FIELDS=memory), the -lms loop prints
+# the lines of $SMI_LINES (memory, power, limit, SM clock, throttle reasons), then waits
+fake_smi() {
+    mkdir -p "$T/bin"
+    cat >"$T/bin/nvidia-smi" <<'SH'
+#!/bin/bash
+case "$*" in *power.draw*) [ "${FIELDS:-all}" = memory ] && exit 6 ;; esac
+case "$*" in *-lms*) cat "$SMI_LINES"; exec sleep 30 ;; esac
+echo "1, 2, 700, 1980, 0x0"
+SH
+    chmod +x "$T/bin/nvidia-smi"
+}
+
+@test "bench/gpu-sampler.sh: peak memory, and power and clock over the samples at half the limit or more, 'cap' when the throttle was on in most" {
+    fake_smi
+    printf '%s\n' "1000, 80.0, 700.00, 1980, 0x0000000000000000" "52000, 690.0, 700.00, 1500, 0x0000000000000004" \
+        "52405, 680.0, 700.00, 1600, 0x000000000000000C" "51000, 400.0, 700.00, 1700, 0x0000000000000000" \
+        "900, 120.0, 700.00, 1980, 0x0000000000000001" >"$T/lines"
+    run bash -c 'export PATH="$1/bin:$PATH" SMI_LINES="$1/lines"; . bench/gpu-sampler.sh; smi_init cuda
+        echo "fields $smi_fields"; mem_start "$1/s.txt"; sleep 1; mem_stop
+        echo "peak $(peak_mem "$1/s.txt") power $(power_of "$1/s.txt")"' _ "$T"
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"fields memory.used,power.draw,power.limit,clocks.sm,clocks_throttle_reasons.active"* ]]
+    # 690, 680 and 400 W are at half the 700 W limit or more: mean 590 W, 1600 MHz; two of three capped
+    [[ "$output" == *"peak 52405 power 590/1600 cap"* ]]
+    # one capped sample of three: no "cap"
+    printf '%s\n' "52000, 690.0, 700.00, 1500, 0x4" "52000, 600.0, 700.00, 1800, 0x0" "52000, 500.0, 700.00, 1900, 0x1" >"$T/lines"
+    run bash -c 'export PATH="$1/bin:$PATH" SMI_LINES="$1/lines"; . bench/gpu-sampler.sh; smi_init cuda
+        mem_start "$1/s2.txt"; sleep 1; mem_stop; echo "power [$(power_of "$1/s2.txt")]"' _ "$T"
+    [[ "$output" == *"power [597/1733]"* ]]
+    # an nvidia-smi without the power fields: memory alone, no power figure; no GPU: no sampler
+    printf '%s\n' "4000" "52405" >"$T/lines"
+    run bash -c 'export PATH="$1/bin:$PATH" SMI_LINES="$1/lines" FIELDS=memory; . bench/gpu-sampler.sh; smi_init cuda
+        echo "fields $smi_fields"; mem_start "$1/s3.txt"; sleep 1; mem_stop
+        echo "peak $(peak_mem "$1/s3.txt") power [$(power_of "$1/s3.txt")]"
+        smi_init cpu; mem_start "$1/s4.txt"; echo "cpu [$sampler] [$([ -e "$1/s4.txt" ] && echo file)]"' _ "$T"
+    [[ "$output" == *"fields memory.used"$'\n'* ]]
+    [[ "$output" == *"peak 52405 power []"* ]]
+    [[ "$output" == *"cpu [] []"* ]]
+}
