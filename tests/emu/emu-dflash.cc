@@ -677,6 +677,7 @@ int main(int argc, char **argv)
         {"8B heads", 32, 8, 128, 16, 2, {100, 70}, {6, 4}, 0, 1},
         {"anchors near the end", 8, 2, 128, 16, 2, {129, 64}, {3, 3}, 2, 1},
         {"unsorted anchors, GQA 4, bs 16", 8, 2, 128, 16, 2, {300, 170}, {7, 5}, 3, 1},
+        {"anchors 0, GQA 4, bs 16: dS kept without context tiles", 8, 2, 128, 16, 2, {50, 30}, {3, 2}, 1, 1},
         {"bs 4, GQA 4", 8, 2, 128, 4, 2, {140, 77}, {20, 9}, 0, 1},
         {"bs 32, GQA 4", 8, 2, 128, 32, 1, {100}, {4}, 0, 1},
         {"bs 32, GQA 8: exact kernels for fwd/bwd-q", 8, 1, 128, 32, 1, {90}, {3}, 0, 1},

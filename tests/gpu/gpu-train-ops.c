@@ -1208,6 +1208,7 @@ static const struct df_case df_cases[] = {
     {"anchors near the end", 8, 2, 128, 16, 3, {129, 64, 200}, {6, 4, 8}, AN_END, 1, 0},
     {"unsorted anchors", 8, 2, 64, 8, 2, {150, 90}, {21, 13}, AN_UNSORTED, 1, 0},
     {"unsorted anchors, GQA 4, bs 16 (dS kept)", 8, 2, 128, 16, 2, {300, 170}, {21, 13}, AN_UNSORTED, 1, 0},
+    {"anchors 0, GQA 4, bs 16 (dS kept, no context tiles)", 8, 2, 128, 16, 2, {50, 30}, {3, 2}, AN_ZERO, 1, 0},
     {"bs 4, GQA 4", 8, 2, 128, 4, 2, {300, 77}, {60, 15}, AN_RANDOM, 1, 0},
     {"bs 32, GQA 4", 8, 2, 128, 32, 2, {200, 150}, {9, 7}, AN_RANDOM, 1, 0},
     {"bs 32, GQA 8 (256 rows per block)", 8, 1, 128, 32, 1, {120}, {5}, AN_RANDOM, 1, 0},
