@@ -65,7 +65,8 @@
  *  The slots live in the backend's ds_buf, sized here from the host arrays and grown with a
  *  quarter of headroom while 1 GiB stays free (also after the allocation freeze: failing, the
  *  call recomputes dS instead); H200, 8B drafter's shape: backward 7.29 -> 6.36 ms a layer
- *  (pass KV with delta, schedule and plan 4.04 ms, pass Q 2.72), 4 GB of slots.
+ *  (pass KV with delta, schedule and plan 4.04 ms, pass Q 2.72; 6.28 with pass Q's six stages,
+ *  2.53), 4 GB of slots.
  *  Scratch (the schedule) lives in the backend's cuBLAS workspace (no GEMM runs in between).
  *
  * f32 path (act F32, and bf16 shapes the tiled kernels do not take: head dims other than 32, 64,
