@@ -10,6 +10,8 @@
 #                       power limit or more (the run's work, not its start or its end), " cap"
 #                       added when the power-cap throttle (clocks_throttle_reasons bit 0x4) was on
 #                       in most of them; nothing without such samples
+#   sustained_rate LOG  -> the rate of bench-ceiling --sustained's last quarter second (its
+#                       "sustained:" line in LOG), or nothing
 # The caller's EXIT trap should kill "$sampler" when it is set.
 have_smi=0
 smi_fields=memory.used
@@ -39,3 +41,4 @@ power_of() {
         n++; p += $2; c += $4; if (substr($5, length($5), 1) ~ /[4-7c-fC-F]/) cap++ }
         END { if (n) printf "%.0f/%.0f%s", p / n, c / n, (2 * cap > n ? " cap" : "") }' "$1"
 }
+sustained_rate() { sed -n 's/^sustained: .* last \([0-9.]*\),.*/\1/p' "$1" | tail -1; }

@@ -463,16 +463,23 @@ df_fwd_kernel(const DfP p)
     fwd_store<D, MMAX, MT>(mt, p, smem, wr0, lane, o, mrow, lrow);
 }
 
-/* Pass Q's start: the CTA's metadata (qs_setup), its Q and dO rows into shared memory at sQ, sDO
- * (rows of D * 2 + 16 bytes; one commit group) */
+/* Pass Q: the CTA's Q and dO rows into shared memory at sQ, sDO (rows of D * 2 + 16 bytes; one
+ * commit group) */
+template <int D, int MMAX, int THREADS>
+__device__ __forceinline__ void bq_load_qdo(const QsMeta<MMAX> &mt, const DfP &p, uint32_t sQ, uint32_t sDO)
+{
+    load_rows<D, MMAX, THREADS>(mt, (const bf16 *)p.q, sQ);
+    load_rows<D, MMAX, THREADS>(mt, (const bf16 *)p.dout, sDO);
+    df_commit();
+}
+
+/* Pass Q's start: the CTA's metadata (qs_setup), then its Q and dO rows (bq_load_qdo) */
 template <int D, int MMAX, int THREADS>
 __device__ __forceinline__ void bq_setup(QsMeta<MMAX> &mt, const DfP &p, int b0, int g_kv, int BN, uint32_t sQ,
                                          uint32_t sDO)
 {
     qs_setup<MMAX>(mt, p, b0, g_kv, BN);
-    load_rows<D, MMAX, THREADS>(mt, (const bf16 *)p.q, sQ);
-    load_rows<D, MMAX, THREADS>(mt, (const bf16 *)p.dout, sDO);
-    df_commit();
+    bq_load_qdo<D, MMAX, THREADS>(mt, p, sQ, sDO);
 }
 
 /* Pass Q, a block-key tile: the warp's P and dS (NT n8 tiles of its 16 rows from wr0) as bf16

@@ -620,9 +620,7 @@ template <int ST, bool PIPE = false, bool MB = false, bool DSG = false> __device
         __syncthreads();
         load_tile(nctx);
         load_tile(nctx + 1);
-        load_rows<D, MMAX, THREADS>(mt, (const bf16 *)p.q, sQ);
-        load_rows<D, MMAX, THREADS>(mt, (const bf16 *)p.dout, sDO);
-        df_commit();
+        bq_load_qdo<D, MMAX, THREADS>(mt, p, sQ, sDO);
         df_wait<0>();   /* Q and dO (and the tiles, needed next) */
         __syncthreads();
     }

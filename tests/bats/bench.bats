@@ -314,4 +314,9 @@ SH
     [[ "$output" == *"fields memory.used"$'\n'* ]]
     [[ "$output" == *"peak 52405 power []"* ]]
     [[ "$output" == *"cpu [] []"* ]]
+    # bench-ceiling --sustained's last slice
+    printf '%s\n' "sustained gemm 8192^3 bf16, slices of 163 calls: 709 656 701 TFLOP/s" \
+        "sustained: 3.4 s of GEMMs: first slice 708.6, last 701.1, lowest 656.5, highest 709.0 TFLOP/s" >"$T/ceil.log"
+    run bash -c '. bench/gpu-sampler.sh; echo "[$(sustained_rate "$1/ceil.log")] [$(sustained_rate /dev/null)]"' _ "$T"
+    [ "$output" = "[701.1] []" ]
 }
