@@ -1000,7 +1000,19 @@ static int take_op_error(dfl_be *be, int rc, dfl_err *e)
     return rc;
 }
 
-extern "C" int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, int iters,
+/* The GPU runs large products at its power cap, where an algorithm's rate is set by its energy a
+ * FLOP, not by its speed at the burst clocks of a few calls (on the H200, cuBLASLt's sixth
+ * candidate for the 16384 x 24576 x 4096 product sustained 706 TFLOP/s against its first
+ * choice's 690, `bench-ceiling --algos`). So the tuning first holds the GPU at the clocks a long
+ * run leaves it (the first choice for TUNE_WARM_MS), then times every candidate in slices of
+ * about TUNE_SLICE_MS, one slice each a round, `rounds` rounds (every other one in reverse order):
+ * the clocks drift by a few per cent over seconds, and the rounds spread that drift over all
+ * candidates alike. */
+#define TUNE_WARM_MS 250.0
+#define TUNE_SLICE_MS 25.0
+#define TUNE_MAX_CALLS 100000
+
+extern "C" int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, int rounds,
                                     float *best_ms, float *heuristic_ms, dfl_err *e)
 {
     cuda_impl *im = cuda_of(be);
@@ -1014,8 +1026,8 @@ extern "C" int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, 
         max_algos = 1;
     if (max_algos > 32)
         max_algos = 32;
-    if (iters < 1)
-        iters = 1;
+    if (rounds < 1)
+        rounds = 1;
     int rc = mm_check(be, m);
     if (rc || (rc = cuda_enter(be)))
         return take_op_error(be, rc, e);
@@ -1037,45 +1049,116 @@ extern "C" int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, 
         cudaEventDestroy(t0);
         return dfl_fail(e, DFL_EDEVICE, "%s: cudaEventCreate failed", be->name);
     }
-    float best = -1, first = -1;
-    int best_i = -1;
-    for (int i = 0; i < n; i++) {
-        /* warm-up run; an algorithm that fails here is skipped */
-        cublasStatus_t st = cublasLtMatmul(im->lt, pl->desc, &m->alpha, m->B, pl->la, m->A, pl->lb,
-                                           &m->beta, dfl_mm_cin(m), pl->lc, m->C, pl->lc, &res[i].algo,
-                                           im->ws, im->ws_bytes, im->stream);
-        if (st != CUBLAS_STATUS_SUCCESS)
-            continue;
-        cudaEventRecord(t0, im->stream);
-        for (int it = 0; it < iters; it++)
-            cublasLtMatmul(im->lt, pl->desc, &m->alpha, m->B, pl->la, m->A, pl->lb, &m->beta, dfl_mm_cin(m),
-                           pl->lc, m->C, pl->lc, &res[i].algo, im->ws, im->ws_bytes, im->stream);
-        cudaEventRecord(t1, im->stream);
-        cudaError_t err = cudaEventSynchronize(t1);
-        float ms = 0;
-        if (err == cudaSuccess)
-            err = cudaEventElapsedTime(&ms, t0, t1);
-        if (err != cudaSuccess) {
-            cudaEventDestroy(t0);
-            cudaEventDestroy(t1);
-            return cuda_fail_err(e, err, "while timing matmul algorithms", be->name);
-        }
-        ms /= (float)iters;
-        if (i == 0)
-            first = ms;
-        if (best < 0 || ms < best) {
-            best = ms;
-            best_i = i;
+    /* ms of `calls` calls of candidate i into *ms; false where a call failed (the candidate is
+     * skipped); a CUDA error in err */
+    cudaError_t err = cudaSuccess;
+    auto timed = [&](int i, int64_t calls, double *ms) {
+        bool ok = (err = cudaEventRecord(t0, im->stream)) == cudaSuccess;
+        for (int64_t c = 0; c < calls && ok; c++)
+            ok = cublasLtMatmul(im->lt, pl->desc, &m->alpha, m->B, pl->la, m->A, pl->lb, &m->beta, dfl_mm_cin(m),
+                                pl->lc, m->C, pl->lc, &res[i].algo, im->ws, im->ws_bytes,
+                                im->stream) == CUBLAS_STATUS_SUCCESS;
+        float f = 0;
+        if (err == cudaSuccess && (err = cudaEventRecord(t1, im->stream)) == cudaSuccess &&
+            (err = cudaEventSynchronize(t1)) == cudaSuccess)
+            err = cudaEventElapsedTime(&f, t0, t1);
+        *ms = f;
+        return ok && err == cudaSuccess;
+    };
+    /* calls to fill ms milliseconds at per ms a call */
+    auto calls_for = [](double ms, double per) {
+        double c = ms / (per > 1e-4 ? per : 1e-4);
+        return (int64_t)(c < 1 ? 1 : c > TUNE_MAX_CALLS ? TUNE_MAX_CALLS : c);
+    };
+    bool good[32] = {false};
+    double acc[32] = {0}, ms = 0;
+    int64_t slice = 1;
+    bool warm = false;
+    for (int i = 0; i < n && err == cudaSuccess; i++) {
+        good[i] = timed(i, 1, &ms);   /* the check that candidate i runs */
+        if (good[i] && !warm) {       /* the first that runs: to the power cap, and the slice */
+            int64_t w = calls_for(TUNE_WARM_MS, ms);
+            if ((warm = timed(i, w, &ms)))
+                slice = calls_for(TUNE_SLICE_MS, ms / (double)w);
         }
     }
+    /* odd rounds go backwards, so that a drift along a round falls on every candidate alike */
+    for (int r = 0; r < rounds && err == cudaSuccess; r++)
+        for (int k = 0; k < n && err == cudaSuccess; k++) {
+            const int i = r % 2 ? n - 1 - k : k;
+            if (good[i]) {
+                good[i] = timed(i, slice, &ms);
+                acc[i] += ms;
+            }
+        }
     cudaEventDestroy(t0);
     cudaEventDestroy(t1);
+    if (err != cudaSuccess)
+        return cuda_fail_err(e, err, "while timing matmul algorithms", be->name);
+    int best_i = -1;
+    for (int i = 0; i < n; i++)
+        if (good[i] && (best_i < 0 || acc[i] < acc[best_i]))
+            best_i = i;
     if (best_i >= 0)
         pl->algo = res[best_i].algo;
-    if (best_ms)
-        *best_ms = best;
-    if (heuristic_ms)
-        *heuristic_ms = first;
+    const double per = (double)rounds * (double)slice;
+    if (best_ms && best_i >= 0)
+        *best_ms = (float)(acc[best_i] / per);
+    if (heuristic_ms && good[0])
+        *heuristic_ms = (float)(acc[0] / per);
+    return 0;
+}
+
+/* "algo A tile T stages S cluster C split-K K swizzle W option O" of an algorithm (cuBLASLt's
+ * enum values: cublasLtMatmulTile_t, cublasLtMatmulStages_t, cublasLtClusterShape_t) */
+static void mm_algo_desc(const cublasLtMatmulAlgo_t *a, char *buf, size_t n)
+{
+    static const cublasLtMatmulAlgoConfigAttributes_t at[] = {
+        CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_STAGES_ID,
+        CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+        CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION};
+    static const char *name[] = {"algo", "tile", "stages", "cluster", "split-K", "swizzle", "option"};
+    size_t used = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < sizeof at / sizeof at[0] && used < n; i++) {
+        uint32_t v = 0;   /* each is a 32-bit value */
+        size_t got = 0;
+        if (cublasLtMatmulAlgoConfigGetAttribute(a, at[i], &v, sizeof v, &got) != CUBLAS_STATUS_SUCCESS)
+            continue;
+        int w = snprintf(buf + used, n - used, "%s%s %u", used ? " " : "", name[i], v);
+        used += w > 0 ? (size_t)w : 0;
+    }
+}
+
+extern "C" int dfl_cuda_matmul_pick(dfl_be *be, const dfl_mm *m, int index, int *n_algos, char *desc,
+                                    size_t desc_n, dfl_err *e)
+{
+    if (desc && desc_n)
+        desc[0] = 0;
+    if (n_algos)
+        *n_algos = 0;
+    if (m->M <= 0 || m->N <= 0 || m->K <= 0)
+        return 0;
+    int rc = mm_check(be, m);
+    if (rc || (rc = cuda_enter(be)))
+        return take_op_error(be, rc, e);
+    cuda_mm_plan *pl;
+    if ((rc = mm_get_plan(be, m, &pl)))
+        return take_op_error(be, rc, e);
+    if (!pl->use_lt)
+        return 0;
+    cublasLtMatmulHeuristicResult_t res[32];
+    int n = 0;
+    if ((rc = mm_heuristics(be, m, pl, res, 32, &n)))
+        return take_op_error(be, rc, e);
+    if (n_algos)
+        *n_algos = n;
+    if (index < 0 || index >= n)
+        return dfl_fail(e, DFL_EUSAGE, "matmul %lldx%lldx%lld: candidate %d of %d", (long long)m->M,
+                        (long long)m->N, (long long)m->K, index, n);
+    pl->algo = res[index].algo;
+    if (desc && desc_n)
+        mm_algo_desc(&pl->algo, desc, desc_n);
     return 0;
 }
 
@@ -1148,6 +1231,7 @@ static void cublas_load_once(void)
     DFL_SYM(lt, LtMatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy")
     DFL_SYM(lt, LtMatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute")
     DFL_SYM(lt, LtMatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic")
+    DFL_SYM(lt, LtMatmulAlgoConfigGetAttribute, "cublasLtMatmulAlgoConfigGetAttribute")
     DFL_SYM(bl, Create, "cublasCreate_v2")
     DFL_SYM(bl, Destroy, "cublasDestroy_v2")
     DFL_SYM(bl, SetStream, "cublasSetStream_v2")

@@ -25,6 +25,7 @@ struct dfl_cublas_api {
     decltype(&cublasLtMatmulPreferenceDestroy) LtMatmulPreferenceDestroy;
     decltype(&cublasLtMatmulPreferenceSetAttribute) LtMatmulPreferenceSetAttribute;
     decltype(&cublasLtMatmulAlgoGetHeuristic) LtMatmulAlgoGetHeuristic;
+    decltype(&cublasLtMatmulAlgoConfigGetAttribute) LtMatmulAlgoConfigGetAttribute;
     decltype(&cublasCreate_v2) Create;
     decltype(&cublasDestroy_v2) Destroy;
     decltype(&cublasSetStream_v2) SetStream;
@@ -55,6 +56,7 @@ int dfl_cublas_load(char *msg, size_t n);
 #define cublasLtMatmulPreferenceDestroy (dfl_cublas.LtMatmulPreferenceDestroy)
 #define cublasLtMatmulPreferenceSetAttribute (dfl_cublas.LtMatmulPreferenceSetAttribute)
 #define cublasLtMatmulAlgoGetHeuristic (dfl_cublas.LtMatmulAlgoGetHeuristic)
+#define cublasLtMatmulAlgoConfigGetAttribute (dfl_cublas.LtMatmulAlgoConfigGetAttribute)
 #define cublasCreate_v2 (dfl_cublas.Create)
 #define cublasDestroy_v2 (dfl_cublas.Destroy)
 #define cublasSetStream_v2 (dfl_cublas.SetStream)

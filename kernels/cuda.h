@@ -140,13 +140,22 @@ typedef struct dfl_cuda_waits {
 void dfl_cuda_wait_stats(dfl_be *be, dfl_cuda_waits *w);
 
 /* ---- tuning ----
- * Time up to max_algos of cuBLASLt's candidate algorithms for this matmul shape (each `iters`
- * times, on the given buffers: C is overwritten, so pass scratch when beta != 0) and keep the
- * fastest for every later call with the same shape, types, transposes, leading dimensions and
- * alignments. best_ms / heuristic_ms (may be NULL): time per call of the chosen algorithm and of
- * cuBLASLt's first choice. */
-int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, int iters, float *best_ms,
+ * Time up to max_algos of cuBLASLt's candidate algorithms for this matmul shape at the clocks a
+ * long run leaves the GPU (a quarter second of the first choice, then `rounds` rounds of a 25 ms
+ * slice of each candidate; about 0.25 + rounds x candidates x 0.025 s), on the given buffers (C
+ * is overwritten, so pass scratch when beta != 0), and keep the fastest for every later call with
+ * the same shape, types, transposes, leading dimensions and alignments. best_ms / heuristic_ms
+ * (may be NULL): time per call of the chosen algorithm and of cuBLASLt's first choice. */
+int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, int rounds, float *best_ms,
                          float *heuristic_ms, dfl_err *e);
+
+/* Use cuBLASLt's candidate `index` (0: its first choice, as without a pick) for every later call
+ * with m's shape, types, transposes, leading dimensions and alignments; *n_algos (may be NULL):
+ * how many candidates there are (up to 32); desc (may be NULL): the candidate's configuration
+ * ("algo A tile T stages S cluster C split-K K swizzle W option O", cuBLASLt's enum values). An
+ * index out of range fails (DFL_EUSAGE), leaving the choice as it was. */
+int dfl_cuda_matmul_pick(dfl_be *be, const dfl_mm *m, int index, int *n_algos, char *desc, size_t desc_n,
+                         dfl_err *e);
 
 /* The bf16 attention kernel has a few tile configurations per head dimension. Name of variant
  * v for head dimension d (NULL when v is out of range), and choose the one attn_varlen uses. */

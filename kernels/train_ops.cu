@@ -418,7 +418,7 @@ int cuda_uniform_noise(dfl_be *be, void *x, int64_t n, float amp, uint64_t seed)
 static int lmce_tune(dfl_be *be, const dfl_mm *m)
 {
     dfl_err te = {0};
-    int rc = dfl_cuda_matmul_tune(be, m, 16, 3, NULL, NULL, &te);
+    int rc = dfl_cuda_matmul_tune(be, m, 16, 4, NULL, NULL, &te);
     return rc ? cuda_op_fail(be, rc, "lmce: timing the GEMM's algorithms: %s", te.msg) : 0;
 }
 

@@ -330,8 +330,9 @@ typedef struct dfl_be_ops {
      * waits on events not yet complete (0 on the CPU). */
     void (*wait_stats)(dfl_be *be, uint64_t *syncs, uint64_t *event_waits);
     int (*mem_info)(dfl_be *be, dfl_be_mem *m, dfl_err *e);
-    /* Times up to max_algos candidate algorithms for this matmul shape (iters runs each, on the
-     * given buffers: C is overwritten) and keeps the fastest for later calls of the same shape;
+    /* Times up to max_algos candidate algorithms for this matmul shape (in `iters` rounds, on
+     * the given buffers: C is overwritten) and keeps the fastest for later calls of the same
+     * shape (CUDA: at the clocks a long run leaves the GPU, dfl_cuda_matmul_tune);
      * best_ms / first_ms: the chosen one's time and the library's first choice (0 when the backend
      * has nothing to tune). */
     int (*matmul_tune)(dfl_be *be, const dfl_mm *m, int max_algos, int iters, float *best_ms,

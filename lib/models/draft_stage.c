@@ -9,6 +9,8 @@
  * a slot when it likes (one step later in dfl-draft). On the CPU the same code runs with plain
  * copies and no events. */
 #include "draft_int.h"
+#include "draft_rng.h"
+#include "dtype.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -399,8 +401,8 @@ int dfl_draft_warmup(dfl_draft *m, dfl_err *e)
         return dfl_fail(e, DFL_EUSAGE, "drafter warm-up: no workspace");
     if (m->n_run < m->n_staged)
         return dfl_fail(e, DFL_EUSAGE, "drafter warm-up: a batch is staged");
-    /* one sequence of capT tokens, capB blocks at anchors 0, 1, ...; zero features; every slot
-     * scored */
+    /* one sequence of capT tokens, capB blocks at anchors 0, 1, ...; zero features (with --tune
+     * normal ones); every slot scored */
     const int64_t T = m->capT, B = m->capB < T ? m->capB : T - 1 > 0 ? T - 1 : 1;
     const size_t fs = dfl_dtype_size(m->feat_dt);
     uint32_t len = (uint32_t)T;
@@ -415,6 +417,23 @@ int dfl_draft_warmup(dfl_draft *m, dfl_err *e)
     memset(mask, 1, (size_t)T);
     for (int64_t b = 0; b < B; b++)
         banc[b] = (int32_t)(T > 1 ? b % (T - 1) : 0);
+    if (m->tune) {
+        /* the GEMMs are timed at the power cap, where their energy sets their rate, and the
+         * energy depends on the data: varied tokens and normal features, not zeros */
+        dfl_rng r;
+        dfl_rng_seed(&r, 0x74756e65);
+        for (int64_t i = 0; i < T; i++)
+            ids[i] = (int32_t)((i * 7919 + 13) % c->vocab);
+        for (int64_t i = 0; i < T * c->hidden; i++) {
+            const float v = (float)dfl_rng_normal(&r);
+            if (m->feat_dt == DFL_BF16)
+                ((uint16_t *)zero)[i] = dfl_f32_to_bf16(v);
+            else if (m->feat_dt == DFL_F16)
+                ((uint16_t *)zero)[i] = dfl_f32_to_f16(v);
+            else
+                ((float *)zero)[i] = v;
+        }
+    }
     dfl_draft_input in = {.T = T, .S = 1, .seq_lens = &len, .input_ids = ids, .loss_mask = mask,
                           .feat_dt = m->feat_dt, .feat_ld = c->hidden, .n_blocks = (int32_t)B,
                           .block_seq = bseq, .block_anchor = banc};

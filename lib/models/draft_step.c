@@ -35,11 +35,11 @@ static int tune_once(dfl_draft *m, const dfl_mm *x)
     memcpy(m->tuned[m->n_tuned++], key, sizeof key);
     dfl_err e = {0};
     float best = 0, first = 0;
-    int rc = m->be->ops->matmul_tune(m->be, x, 16, 3, &best, &first, &e);
+    int rc = m->be->ops->matmul_tune(m->be, x, 16, 4, &best, &first, &e);
     if (rc)
         return rc;
     if (best > 0)
-        dfl_verbose("tune %lldx%lldx%lld%s%s: cuBLASLt's first choice %.3f ms, the fastest %.3f ms",
+        dfl_verbose("tune %lldx%lldx%lld%s%s: cuBLASLt's first choice %.3f ms, the fastest %.3f ms (a call, sustained)",
                     (long long)x->M, (long long)x->N, (long long)x->K, x->ta ? " A^T" : "",
                     x->beta != 0.0f ? " +C" : "", first, best);
     return DFL_OK;

@@ -4,11 +4,15 @@
  * rounds), the device-to-device copy bandwidth, and the device-to-host copy bandwidth into
  * pinned memory. Prints one line per figure and a last JSON line. Not a test: exits 77 without a
  * GPU.
- *   bench-ceiling [--quick] [--sustained S] [--shapes M,N,K[,acc][;...]]
+ *   bench-ceiling [--quick] [--sustained S] [--algos S] [--shapes M,N,K[,acc][;...]]
  * --sustained runs the 8192^3 GEMM back to back for S seconds and prints its rate in each quarter
  * second's slice (the rate of a long run, after the clocks settle, against the short ceiling);
  * --shapes times other GEMMs (C [M, N] = A [M, K] B^T, B as a [N, K] weight, acc: C added to, as
- * dfl-target's residual epilogue does) with cuBLASLt's first choice. */
+ * dfl-target's residual epilogue does) with cuBLASLt's first choice; --algos S (with --shapes, or
+ * alone for the 8192^3 GEMM) times each of cuBLASLt's candidates for the shape back to back for S
+ * seconds at the clocks the power cap leaves (the GPU first held there for a second with the
+ * first choice; the first choice timed again last, to show the drift): at the cap the algorithm
+ * of least energy a FLOP is the fastest, which need not be the fastest in short bursts. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,24 +86,31 @@ static void run_copy(void *arg)
     }
 }
 
-/* The 8192^3 GEMM m back to back for `seconds`, timed in slices of ~0.25 s. */
-static void sustained(dfl_mm *m, double flop, double seconds)
+/* ms of `iters` calls of m back to back */
+static double timed_ms(dfl_mm *m, int iters)
 {
     dfl_err e = {0};
     dfl_cuda_stream s = dfl_cuda_compute_stream(be);
+    float ms = 0;
+    if (dfl_cuda_event_record(be, ev0, s, &e))
+        die("event", &e);
+    for (int i = 0; i < iters; i++)
+        run_mm_or_die(m);
+    if (dfl_cuda_event_record(be, ev1, s, &e) || dfl_cuda_event_sync(be, ev1, &e) ||
+        dfl_cuda_event_elapsed(be, ev0, ev1, &ms, &e))
+        die("event", &e);
+    return ms;
+}
+
+/* The 8192^3 GEMM m back to back for `seconds`, timed in slices of ~0.25 s. */
+static void sustained(dfl_mm *m, double flop, double seconds)
+{
     double per = median_ms(run_mm_or_die, m, 10, 3);
     int iters = (int)(250.0 / per) + 1, slices = (int)(seconds * 4) + 1;
     double lo = 1e30, hi = 0, first = 0, last = 0, t = 0;
     printf("sustained gemm 8192^3 bf16, slices of %d calls:", iters);
     for (int k = 0; k < slices; k++) {
-        float ms = 0;
-        if (dfl_cuda_event_record(be, ev0, s, &e))
-            die("event", &e);
-        for (int i = 0; i < iters; i++)
-            run_mm_or_die(m);
-        if (dfl_cuda_event_record(be, ev1, s, &e) || dfl_cuda_event_sync(be, ev1, &e) ||
-            dfl_cuda_event_elapsed(be, ev0, ev1, &ms, &e))
-            die("event", &e);
+        double ms = timed_ms(m, iters);
         double r = flop * iters / ms / 1e9;
         t += ms / 1e3;
         lo = r < lo ? r : lo;
@@ -112,8 +123,46 @@ static void sustained(dfl_mm *m, double flop, double seconds)
            t, first, last, lo, hi);
 }
 
+/* Each of cuBLASLt's candidates for m back to back for `seconds` (after a second of the first
+ * choice, to reach the power cap), then the first choice again; the last choice stays picked. */
+static void algos(dfl_mm *m, double seconds)
+{
+    dfl_err e = {0};
+    int n = 0;
+    char desc[160];
+    if (dfl_cuda_matmul_pick(be, m, 0, &n, NULL, 0, &e))
+        die("pick", &e);
+    const double flop = 2.0 * (double)m->M * (double)m->N * (double)m->K;
+    double per = median_ms(run_mm_or_die, m, 3, 3);
+    int iters = (int)(seconds * 1e3 / per) + 1, warm = (int)(1e3 / per) + 1;
+    for (int i = 0; i < warm; i++)
+        run_mm_or_die(m);
+    double first = 0, best = 0;
+    int best_i = 0;
+    for (int k = 0; k <= n; k++) {
+        int i = k < n ? k : 0;
+        if (dfl_cuda_matmul_pick(be, m, i, NULL, desc, sizeof desc, &e))
+            die("pick", &e);
+        run_mm_or_die(m);
+        double ms = timed_ms(m, iters);
+        double r = flop * iters / ms / 1e9;
+        printf("algo %lldx%lldx%lld%s candidate %d%s: %.1f TFLOP/s over %.2f s (%s)\n", (long long)m->M,
+               (long long)m->N, (long long)m->K, m->beta != 0.0f ? " +C" : "", i,
+               k == n ? " (again)" : "", r, ms / 1e3, desc);
+        if (k == 0)
+            first = r;
+        if (k < n && r > best) {
+            best = r;
+            best_i = i;
+        }
+    }
+    printf("algos %lldx%lldx%lld%s: %d candidates; first choice %.1f, best %.1f TFLOP/s (candidate %d, %+.1f%%)\n",
+           (long long)m->M, (long long)m->N, (long long)m->K, m->beta != 0.0f ? " +C" : "", n, first,
+           best, best_i, 100.0 * (best / first - 1.0));
+}
+
 /* Each shape of spec ("M,N,K[,acc];...") with cuBLASLt's first choice, median of rounds. */
-static void shapes(const char *spec, int rounds)
+static void shapes(const char *spec, int rounds, double algo_s)
 {
     const char *p = spec;
     while (*p) {
@@ -143,6 +192,8 @@ static void shapes(const char *spec, int rounds)
         double t = median_ms(run_mm_or_die, &m, 10, rounds);
         printf("gemm %lldx%lldx%lld%s bf16: %.3f ms, %.1f TFLOP/s\n", M, N, K, acc ? " +C" : "", t,
                2.0 * M * N * K / t / 1e9);
+        if (algo_s > 0)
+            algos(&m, algo_s);
         be->ops->free(be, a);
         be->ops->free(be, b);
         be->ops->free(be, c);
@@ -152,17 +203,19 @@ static void shapes(const char *spec, int rounds)
 int main(int argc, char **argv)
 {
     bool quick = false;
-    double sus = 0;
+    double sus = 0, algo_s = 0;
     const char *shape_spec = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick"))
             quick = true;
         else if (!strcmp(argv[i], "--sustained") && i + 1 < argc)
             sus = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--algos") && i + 1 < argc)
+            algo_s = atof(argv[++i]);
         else if (!strcmp(argv[i], "--shapes") && i + 1 < argc)
             shape_spec = argv[++i];
         else {
-            fprintf(stderr, "usage: bench-ceiling [--quick] [--sustained S] [--shapes M,N,K[,acc][;...]]\n");
+            fprintf(stderr, "usage: bench-ceiling [--quick] [--sustained S] [--algos S] [--shapes M,N,K[,acc][;...]]\n");
             return 2;
         }
     }
@@ -192,7 +245,9 @@ int main(int argc, char **argv)
     if (sus > 0)
         sustained(&m, flop, sus);
     if (shape_spec)
-        shapes(shape_spec, rounds);
+        shapes(shape_spec, rounds, algo_s);
+    else if (algo_s > 0)
+        algos(&m, algo_s);
     be->ops->free(be, a);
     be->ops->free(be, b);
     be->ops->free(be, c);

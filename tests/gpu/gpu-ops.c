@@ -469,34 +469,83 @@ static void test_matmul(void)
         }
 }
 
+/* The product the tuning tests choose algorithms for: 256 x 512 x 384, bf16, B transposed, on
+ * random data (g: A, B, C); false when a buffer could not be had (a failed check already) */
+static const struct mm_case tune_case = {256, 512, 384, false, true, 1, 0, false, 0, false, false};
+
+static bool tune_setup(gbuf g[3], dfl_mm *m)
+{
+    dfl_be *be = g_bf;
+    if (!gb_alloc(&g[0], be, 256 * 384, DFL_BF16) || !gb_alloc(&g[1], be, 512 * 384, DFL_BF16) ||
+        !gb_alloc(&g[2], be, 256 * 512, DFL_BF16))
+        return false;
+    float *z = rnd(512 * 384, 1, 0, true);
+    gb_set(&g[0], z);
+    gb_set(&g[1], z);
+    free(z);
+    *m = (dfl_mm){.M = 256, .N = 512, .K = 384, .A = g[0].p, .adt = DFL_BF16, .lda = 384, .B = g[1].p,
+                  .bdt = DFL_BF16, .ldb = 384, .tb = true, .C = g[2].p, .cdt = DFL_BF16, .ldc = 512,
+                  .alpha = 1, .beta = 0};
+    return true;
+}
+
+static void tune_free(gbuf g[3])
+{
+    for (int i = 0; i < 3; i++)
+        gb_free(&g[i]);
+}
+
 static void test_matmul_tune(void)
 {
     NEED_GPU();
     /* tuning picks an algorithm; results must stay right afterwards */
-    dfl_be *be = g_bf;
     dfl_err e = {0};
     struct mode md = {g_bf, DFL_BF16, "bf16", true};
-    struct mm_case c = {256, 512, 384, false, true, 1, 0, false, 0, false, false};
-    gbuf ga, gb, gc;
-    if (!gb_alloc(&ga, be, 256 * 384, DFL_BF16) || !gb_alloc(&gb, be, 512 * 384, DFL_BF16) ||
-        !gb_alloc(&gc, be, 256 * 512, DFL_BF16))
+    gbuf g[3];
+    dfl_mm m;
+    if (!tune_setup(g, &m))
         return;
-    float *z = rnd(512 * 384, 1, 0, true);
-    gb_set(&ga, z);
-    gb_set(&gb, z);
-    dfl_mm m = {.M = 256, .N = 512, .K = 384, .A = ga.p, .adt = DFL_BF16, .lda = 384, .B = gb.p,
-                .bdt = DFL_BF16, .ldb = 384, .tb = true, .C = gc.p, .cdt = DFL_BF16, .ldc = 512,
-                .alpha = 1, .beta = 0};
     float best = 0, first = 0;
-    int rc = dfl_cuda_matmul_tune(be, &m, 8, 3, &best, &first, &e);
+    int rc = dfl_cuda_matmul_tune(g_bf, &m, 8, 2, &best, &first, &e);
     T_CHECK(rc == 0 && best > 0 && first > 0 && best <= first, "tune: rc %d best %g first %g %s", rc,
             best, first, e.msg);
     printf("#   tune 256x512x384: heuristic %.4f ms, best %.4f ms\n", first, best);
-    gb_free(&ga);
-    gb_free(&gb);
-    gb_free(&gc);
-    free(z);
-    run_mm_case(&md, &c);   /* same shape through the tuned plan */
+    tune_free(g);
+    run_mm_case(&md, &tune_case);   /* same shape through the tuned plan */
+}
+
+static void test_matmul_pick(void)
+{
+    NEED_GPU();
+    /* every one of cuBLASLt's candidates gives the right product; an index out of range fails
+     * with DFL_EUSAGE and leaves the choice as it was */
+    dfl_be *be = g_bf;
+    dfl_err e = {0};
+    struct mode md = {g_bf, DFL_BF16, "bf16", true};
+    gbuf g[3];
+    dfl_mm m;
+    if (!tune_setup(g, &m))
+        return;
+    int n = 0;
+    char desc[160];
+    int rc = dfl_cuda_matmul_pick(be, &m, 0, &n, desc, sizeof desc, &e);
+    T_CHECK(rc == 0 && n >= 1 && n <= 32 && !strncmp(desc, "algo ", 5) && strstr(desc, " tile "),
+            "pick 0: rc %d, %d candidates, '%s' %s", rc, n, desc, e.msg);
+    printf("#   pick 256x512x384: %d candidates, the first %s\n", n, desc);
+    for (int i = 0; i < n; i++) {
+        rc = dfl_cuda_matmul_pick(be, &m, i, NULL, NULL, 0, &e);
+        T_CHECK(rc == 0, "pick %d: rc %d %s", i, rc, e.msg);
+        run_mm_case(&md, &tune_case);   /* the shape through candidate i */
+    }
+    memset(&e, 0, sizeof e);
+    rc = dfl_cuda_matmul_pick(be, &m, n, NULL, NULL, 0, &e);
+    T_CHECK(rc == DFL_EUSAGE && strstr(e.msg, "candidate"), "pick %d of %d: rc %d '%s'", n, n, rc, e.msg);
+    memset(&e, 0, sizeof e);
+    rc = dfl_cuda_matmul_pick(be, &m, -1, NULL, NULL, 0, &e);
+    T_CHECK(rc == DFL_EUSAGE, "pick -1: rc %d", rc);
+    run_mm_case(&md, &tune_case);   /* still the last good pick */
+    T_CHECK(dfl_cuda_matmul_pick(be, &m, 0, NULL, NULL, 0, &e) == 0, "pick 0 again: %s", e.msg);
+    tune_free(g);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1073,6 +1122,7 @@ int main(int argc, char **argv)
     T_RUN(test_convert);
     T_RUN(test_matmul);
     T_RUN(test_matmul_tune);
+    T_RUN(test_matmul_pick);
     T_RUN(test_embedding);
     T_RUN(test_rmsnorm);
     T_RUN(test_add_rmsnorm);
