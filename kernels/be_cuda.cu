@@ -1121,10 +1121,17 @@ static void mm_algo_desc(const cublasLtMatmulAlgo_t *a, char *buf, size_t n)
     size_t used = 0;
     buf[0] = 0;
     for (size_t i = 0; i < sizeof at / sizeof at[0] && used < n; i++) {
-        uint32_t v = 0;   /* each is a 32-bit value */
-        size_t got = 0;
-        if (cublasLtMatmulAlgoConfigGetAttribute(a, at[i], &v, sizeof v, &got) != CUBLAS_STATUS_SUCCESS)
+        /* 32-bit values but for the cluster shape's 16 bits: asked for the size first */
+        size_t sz = 0, got = 0;
+        uint32_t v = 0;
+        uint16_t v16 = 0;
+        if (cublasLtMatmulAlgoConfigGetAttribute(a, at[i], NULL, 0, &sz) != CUBLAS_STATUS_SUCCESS ||
+            (sz != 2 && sz != 4) ||
+            cublasLtMatmulAlgoConfigGetAttribute(a, at[i], sz == 2 ? (void *)&v16 : (void *)&v, sz, &got) !=
+                CUBLAS_STATUS_SUCCESS)
             continue;
+        if (sz == 2)
+            v = v16;
         int w = snprintf(buf + used, n - used, "%s%s %u", used ? " " : "", name[i], v);
         used += w > 0 ? (size_t)w : 0;
     }
