@@ -408,9 +408,9 @@ int dfl_draft_warmup(dfl_draft *m, dfl_err *e)
     uint32_t len = (uint32_t)T;
     int32_t *ids = calloc((size_t)T, 4), *bseq = calloc((size_t)B, 4), *banc = calloc((size_t)B, 4);
     uint8_t *mask = malloc((size_t)T);
-    void *zero = calloc((size_t)(T * c->hidden), fs);
+    void *feat = calloc((size_t)(T * c->hidden), fs);
     int rc = DFL_OK;
-    if (!ids || !bseq || !banc || !mask || !zero) {
+    if (!ids || !bseq || !banc || !mask || !feat) {
         rc = dfl_fail(e, DFL_ENOMEM, "out of memory");
         goto out;
     }
@@ -427,18 +427,18 @@ int dfl_draft_warmup(dfl_draft *m, dfl_err *e)
         for (int64_t i = 0; i < T * c->hidden; i++) {
             const float v = (float)dfl_rng_normal(&r);
             if (m->feat_dt == DFL_BF16)
-                ((uint16_t *)zero)[i] = dfl_f32_to_bf16(v);
+                ((uint16_t *)feat)[i] = dfl_f32_to_bf16(v);
             else if (m->feat_dt == DFL_F16)
-                ((uint16_t *)zero)[i] = dfl_f32_to_f16(v);
+                ((uint16_t *)feat)[i] = dfl_f32_to_f16(v);
             else
-                ((float *)zero)[i] = v;
+                ((float *)feat)[i] = v;
         }
     }
     dfl_draft_input in = {.T = T, .S = 1, .seq_lens = &len, .input_ids = ids, .loss_mask = mask,
                           .feat_dt = m->feat_dt, .feat_ld = c->hidden, .n_blocks = (int32_t)B,
                           .block_seq = bseq, .block_anchor = banc};
     for (int j = 0; j < c->n_feat; j++)
-        in.feat[j] = zero;
+        in.feat[j] = feat;
     /* the results block is the last step's until it is posted: keep it */
     const bool pending_step = m->have_step;
     if (pending_step) {
@@ -456,7 +456,7 @@ out:
     free(bseq);
     free(banc);
     free(mask);
-    free(zero);
+    free(feat);
     return rc ? dfl_err_prefix(e, "drafter warm-up on %lld tokens, %lld blocks: ", (long long)T,
                                (long long)B) : DFL_OK;
 }

@@ -124,6 +124,9 @@ run_bench() {
     [ "$status" -eq 0 ]
     [[ "$output" == "# bench/target [--quick]"* ]]
     [[ "$output" == *"pinned buffers, non_blocking, double-buffered"* ]]
+    [[ "$output" == *"[--quick] [--tune]"* && "$output" == *"--tune puts that row back"* ]]
+    run -0 "$REPO/bench/target" --tune --shape 8b   # --tune is an option (--shape exits before any GPU work)
+    [[ "$output" == *"--hidden 4096 --layers 36"* ]]
     run -1 "$REPO/bench/target" --bogus
     [[ "$output" == *"unknown option --bogus"* ]]
     command -v python3 >/dev/null || skip "no python3"
