@@ -13,6 +13,7 @@
 #include "be_cuda.cuh"
 
 extern "C" {
+#include "log.h"
 #include "util.h"
 }
 
@@ -1000,6 +1001,123 @@ static int take_op_error(dfl_be *be, int rc, dfl_err *e)
     return rc;
 }
 
+/* "algo A tile T stages S cluster C split-K K swizzle W option O" of an algorithm (cuBLASLt's
+ * enum values: cublasLtMatmulTile_t, cublasLtMatmulStages_t, cublasLtClusterShape_t) */
+static void mm_algo_desc(const cublasLtMatmulAlgo_t *a, char *buf, size_t n)
+{
+    static const cublasLtMatmulAlgoConfigAttributes_t at[] = {
+        CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_STAGES_ID,
+        CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+        CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION};
+    static const char *name[] = {"algo", "tile", "stages", "cluster", "split-K", "swizzle", "option"};
+    size_t used = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < sizeof at / sizeof at[0] && used < n; i++) {
+        /* 32-bit values but for the cluster shape's 16 bits: asked for the size first */
+        size_t sz = 0, got = 0;
+        uint32_t v = 0;
+        uint16_t v16 = 0;
+        if (cublasLtMatmulAlgoConfigGetAttribute(a, at[i], NULL, 0, &sz) != CUBLAS_STATUS_SUCCESS ||
+            (sz != 2 && sz != 4) ||
+            cublasLtMatmulAlgoConfigGetAttribute(a, at[i], sz == 2 ? (void *)&v16 : (void *)&v, sz, &got) !=
+                CUBLAS_STATUS_SUCCESS)
+            continue;
+        if (sz == 2)
+            v = v16;
+        int w = snprintf(buf + used, n - used, "%s%s %u", used ? " " : "", name[i], v);
+        used += w > 0 ? (size_t)w : 0;
+    }
+}
+
+/* DFL_CUDA_TUNE_WIDE=1: besides cuBLASLt's heuristic list (8 candidates for the forward's
+ * shapes on the H200), every configuration its algorithms accept for the product: each algorithm
+ * id (cublasLtMatmulAlgoGetIds), each of its tiles and kernel options, at the stages the
+ * heuristic's own candidates use, no split-K, checked by cublasLtMatmulAlgoCheck; at most max
+ * into out. The winners at the power cap are tiles the heuristic ranks low or leaves out
+ * (168x128, 176x128 against its 192x192 first), so the list may hold better ones still. */
+#define TUNE_WIDE_MAX 256      /* configurations from the wide search */
+#define TUNE_WIDE_CHECKS 20000 /* cublasLtMatmulAlgoCheck calls at most */
+#define TUNE_WIDE_KEEP 8       /* kept after the screen */
+#define TUNE_SCREEN_MS 5.0     /* the screen's slice */
+
+static int mm_wide_candidates(dfl_be *be, const dfl_mm *m, const cuda_mm_plan *pl,
+                              const cublasLtMatmulAlgo_t *heur, int n_heur, cublasLtMatmulAlgo_t *out,
+                              int max)
+{
+    cuda_impl *im = cuda_of(be);
+    cudaDataType_t at, bt, ct;
+    mm_cuda_type(m->adt, &at);
+    mm_cuda_type(m->bdt, &bt);
+    mm_cuda_type(m->cdt, &ct);
+    /* the stages of the heuristic's candidates */
+    uint32_t stages[32];
+    int ns = 0;
+    for (int i = 0; i < n_heur && ns < 32; i++) {
+        uint32_t v = 0;
+        size_t got = 0;
+        if (cublasLtMatmulAlgoConfigGetAttribute(&heur[i], CUBLASLT_ALGO_CONFIG_STAGES_ID, &v, sizeof v, &got) !=
+            CUBLAS_STATUS_SUCCESS)
+            continue;
+        bool seen = false;
+        for (int k = 0; k < ns; k++)
+            seen = seen || stages[k] == v;
+        if (!seen)
+            stages[ns++] = v;
+    }
+    if (ns == 0)
+        stages[ns++] = CUBLASLT_MATMUL_STAGES_UNDEFINED;
+    int ids[64], nids = 0, got_n = 0;
+    long checks = 0;
+    /* Lt's A is our B, its B our A (mm_plan_build) */
+    if (cublasLtMatmulAlgoGetIds(im->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, bt, at, ct, ct, 64, ids, &nids) !=
+        CUBLAS_STATUS_SUCCESS)
+        return 0;
+    for (int k = 0; k < nids && got_n < max && checks < TUNE_WIDE_CHECKS; k++) {
+        cublasLtMatmulAlgo_t a;
+        if (cublasLtMatmulAlgoInit(im->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, bt, at, ct, ct, ids[k], &a) !=
+            CUBLAS_STATUS_SUCCESS)
+            continue;
+        size_t sz = 0;
+        uint32_t *tiles = NULL;
+        int nt = 0;
+        if (cublasLtMatmulAlgoCapGetAttribute(&a, CUBLASLT_ALGO_CAP_TILE_IDS, NULL, 0, &sz) == CUBLAS_STATUS_SUCCESS &&
+            sz >= sizeof(uint32_t) && (tiles = (uint32_t *)malloc(sz)) &&
+            cublasLtMatmulAlgoCapGetAttribute(&a, CUBLASLT_ALGO_CAP_TILE_IDS, tiles, sz, &sz) == CUBLAS_STATUS_SUCCESS)
+            nt = (int)(sz / sizeof(uint32_t));
+        uint32_t undef = CUBLASLT_MATMUL_TILE_UNDEFINED;
+        const uint32_t *tl = nt > 0 ? tiles : &undef;
+        nt = nt > 0 ? nt : 1;
+        int32_t opt_max = 0;
+        if (cublasLtMatmulAlgoCapGetAttribute(&a, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX, &opt_max, sizeof opt_max, &sz) !=
+                CUBLAS_STATUS_SUCCESS ||
+            opt_max < 0)
+            opt_max = 0;
+        const int32_t splitk = 1;
+        const uint32_t swizzle = 0;
+        for (int t = 0; t < nt && got_n < max && checks < TUNE_WIDE_CHECKS; t++)
+            for (int st = 0; st < ns && got_n < max; st++)
+                for (uint32_t o = 0; o <= (uint32_t)opt_max && got_n < max && checks < TUNE_WIDE_CHECKS; o++) {
+                    cublasLtMatmulHeuristicResult_t r;
+                    checks++;
+                    if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tl[t], sizeof tl[t]) ||
+                        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages[st],
+                                                             sizeof stages[st]) ||
+                        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &o, sizeof o) ||
+                        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                                             sizeof splitk) ||
+                        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle,
+                                                             sizeof swizzle))
+                        continue;
+                    if (cublasLtMatmulAlgoCheck(im->lt, pl->desc, pl->la, pl->lb, pl->lc, pl->lc, &a, &r) ==
+                            CUBLAS_STATUS_SUCCESS &&
+                        r.workspaceSize <= im->ws_bytes)
+                        out[got_n++] = a;
+                }
+        free(tiles);
+    }
+    return got_n;
+}
+
 /* The GPU runs large products at its power cap, where an algorithm's rate is set by its energy a
  * FLOP, not by its speed at the burst clocks of a few calls (on the H200, cuBLASLt's sixth
  * candidate for the 16384 x 24576 x 4096 product sustained 706 TFLOP/s against its first
@@ -1040,9 +1158,20 @@ extern "C" int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, 
     if (!pl->use_lt)
         return 0;   /* cublasGemmEx fallback: nothing to choose */
     cublasLtMatmulHeuristicResult_t res[32];
-    int n = 0;
-    if ((rc = mm_heuristics(be, m, pl, res, max_algos, &n)))
+    int n_heur = 0;
+    if ((rc = mm_heuristics(be, m, pl, res, max_algos, &n_heur)))
         return take_op_error(be, rc, e);
+    /* the candidates: the heuristic's, then (DFL_CUDA_TUNE_WIDE=1) the wide search's */
+    cublasLtMatmulAlgo_t cand[32 + TUNE_WIDE_MAX];   /* 18 KB of stack */
+    bool good[32 + TUNE_WIDE_MAX];
+    double acc[32 + TUNE_WIDE_MAX];
+    int n = 0;
+    for (int i = 0; i < n_heur; i++)
+        cand[n++] = res[i].algo;
+    const char *wv = getenv("DFL_CUDA_TUNE_WIDE");
+    const bool wide = wv && wv[0] == '1' && n_heur > 0;
+    if (wide)
+        n += mm_wide_candidates(be, m, pl, cand, n_heur, cand + n, TUNE_WIDE_MAX);
     cudaEvent_t t0 = NULL, t1 = NULL;
     API_TRY(cudaEventCreate(&t0), "cudaEventCreate");
     if (cudaEventCreate(&t1) != cudaSuccess) {
@@ -1056,7 +1185,7 @@ extern "C" int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, 
         bool ok = (err = cudaEventRecord(t0, im->stream)) == cudaSuccess;
         for (int64_t c = 0; c < calls && ok; c++)
             ok = cublasLtMatmul(im->lt, pl->desc, &m->alpha, m->B, pl->la, m->A, pl->lb, &m->beta, dfl_mm_cin(m),
-                                pl->lc, m->C, pl->lc, &res[i].algo, im->ws, im->ws_bytes,
+                                pl->lc, m->C, pl->lc, &cand[i], im->ws, im->ws_bytes,
                                 im->stream) == CUBLAS_STATUS_SUCCESS;
         float f = 0;
         if (err == cudaSuccess && (err = cudaEventRecord(t1, im->stream)) == cudaSuccess &&
@@ -1070,16 +1199,41 @@ extern "C" int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, 
         double c = ms / (per > 1e-4 ? per : 1e-4);
         return (int64_t)(c < 1 ? 1 : c > TUNE_MAX_CALLS ? TUNE_MAX_CALLS : c);
     };
-    bool good[32] = {false};
-    double acc[32] = {0}, ms = 0;
+    double ms = 0, per_call = 0;
     int64_t slice = 1;
     bool warm = false;
     for (int i = 0; i < n && err == cudaSuccess; i++) {
+        acc[i] = 0;
         good[i] = timed(i, 1, &ms);   /* the check that candidate i runs */
         if (good[i] && !warm) {       /* the first that runs: to the power cap, and the slice */
             int64_t w = calls_for(TUNE_WARM_MS, ms);
-            if ((warm = timed(i, w, &ms)))
-                slice = calls_for(TUNE_SLICE_MS, ms / (double)w);
+            if ((warm = timed(i, w, &ms))) {
+                per_call = ms / (double)w;
+                slice = calls_for(TUNE_SLICE_MS, per_call);
+            }
+        }
+    }
+    /* the wide search's candidates: a short slice each at the cap, the fastest TUNE_WIDE_KEEP
+     * go on to the rounds */
+    int n_wide = n - n_heur, n_kept = 0;
+    if (n_wide > 0 && err == cudaSuccess) {
+        const int64_t screen = calls_for(TUNE_SCREEN_MS, per_call);
+        for (int i = n_heur; i < n && err == cudaSuccess; i++)
+            if (good[i])
+                good[i] = timed(i, screen, &acc[i]);
+        for (int kept = 0; kept < TUNE_WIDE_KEEP; kept++) {   /* mark the fastest with acc < 0 */
+            int b = -1;
+            for (int i = n_heur; i < n; i++)
+                if (good[i] && acc[i] >= 0 && (b < 0 || acc[i] < acc[b]))
+                    b = i;
+            if (b < 0)
+                break;
+            acc[b] = -1;
+            n_kept++;
+        }
+        for (int i = n_heur; i < n; i++) {
+            good[i] = good[i] && acc[i] < 0;
+            acc[i] = 0;
         }
     }
     /* odd rounds go backwards, so that a drift along a round falls on every candidate alike */
@@ -1100,41 +1254,24 @@ extern "C" int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, 
         if (good[i] && (best_i < 0 || acc[i] < acc[best_i]))
             best_i = i;
     if (best_i >= 0)
-        pl->algo = res[best_i].algo;
+        pl->algo = cand[best_i];
     const double per = (double)rounds * (double)slice;
     if (best_ms && best_i >= 0)
         *best_ms = (float)(acc[best_i] / per);
-    if (heuristic_ms && good[0])
+    if (heuristic_ms && n_heur > 0 && good[0])
         *heuristic_ms = (float)(acc[0] / per);
-    return 0;
-}
-
-/* "algo A tile T stages S cluster C split-K K swizzle W option O" of an algorithm (cuBLASLt's
- * enum values: cublasLtMatmulTile_t, cublasLtMatmulStages_t, cublasLtClusterShape_t) */
-static void mm_algo_desc(const cublasLtMatmulAlgo_t *a, char *buf, size_t n)
-{
-    static const cublasLtMatmulAlgoConfigAttributes_t at[] = {
-        CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_STAGES_ID,
-        CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-        CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION};
-    static const char *name[] = {"algo", "tile", "stages", "cluster", "split-K", "swizzle", "option"};
-    size_t used = 0;
-    buf[0] = 0;
-    for (size_t i = 0; i < sizeof at / sizeof at[0] && used < n; i++) {
-        /* 32-bit values but for the cluster shape's 16 bits: asked for the size first */
-        size_t sz = 0, got = 0;
-        uint32_t v = 0;
-        uint16_t v16 = 0;
-        if (cublasLtMatmulAlgoConfigGetAttribute(a, at[i], NULL, 0, &sz) != CUBLAS_STATUS_SUCCESS ||
-            (sz != 2 && sz != 4) ||
-            cublasLtMatmulAlgoConfigGetAttribute(a, at[i], sz == 2 ? (void *)&v16 : (void *)&v, sz, &got) !=
-                CUBLAS_STATUS_SUCCESS)
-            continue;
-        if (sz == 2)
-            v = v16;
-        int w = snprintf(buf + used, n - used, "%s%s %u", used ? " " : "", name[i], v);
-        used += w > 0 ? (size_t)w : 0;
+    if (wide && best_i >= 0) {
+        char d0[160] = "", db[160] = "";
+        mm_algo_desc(&cand[0], d0, sizeof d0);
+        mm_algo_desc(&cand[best_i], db, sizeof db);
+        dfl_verbose("matmul tune %lldx%lldx%lld%s: %d of cuBLASLt's heuristic and %d of %d more from its "
+                    "algorithms' tiles and options (the fastest after a %.0f ms screen); kept %s %d (%s), "
+                    "%.4f ms a call against %.4f for the first choice (%s)",
+                    (long long)m->M, (long long)m->N, (long long)m->K, m->beta != 0.0f ? " +C" : "", n_heur,
+                    n_kept, n_wide, TUNE_SCREEN_MS, best_i < n_heur ? "the heuristic's" : "the wide search's",
+                    best_i, db, acc[best_i] / per, good[0] ? acc[0] / per : 0.0, d0);
     }
+    return 0;
 }
 
 extern "C" int dfl_cuda_matmul_pick(dfl_be *be, const dfl_mm *m, int index, int *n_algos, char *desc,
@@ -1239,6 +1376,11 @@ static void cublas_load_once(void)
     DFL_SYM(lt, LtMatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute")
     DFL_SYM(lt, LtMatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic")
     DFL_SYM(lt, LtMatmulAlgoConfigGetAttribute, "cublasLtMatmulAlgoConfigGetAttribute")
+    DFL_SYM(lt, LtMatmulAlgoGetIds, "cublasLtMatmulAlgoGetIds")
+    DFL_SYM(lt, LtMatmulAlgoInit, "cublasLtMatmulAlgoInit")
+    DFL_SYM(lt, LtMatmulAlgoCheck, "cublasLtMatmulAlgoCheck")
+    DFL_SYM(lt, LtMatmulAlgoCapGetAttribute, "cublasLtMatmulAlgoCapGetAttribute")
+    DFL_SYM(lt, LtMatmulAlgoConfigSetAttribute, "cublasLtMatmulAlgoConfigSetAttribute")
     DFL_SYM(bl, Create, "cublasCreate_v2")
     DFL_SYM(bl, Destroy, "cublasDestroy_v2")
     DFL_SYM(bl, SetStream, "cublasSetStream_v2")

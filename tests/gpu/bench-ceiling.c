@@ -12,7 +12,9 @@
  * alone for the 8192^3 GEMM) times each of cuBLASLt's candidates for the shape back to back for S
  * seconds at the clocks the power cap leaves (the GPU first held there for a second with the
  * first choice; the first choice timed again last, to show the drift): at the cap the algorithm
- * of least energy a FLOP is the fastest, which need not be the fastest in short bursts. */
+ * of least energy a FLOP is the fastest, which need not be the fastest in short bursts; then the
+ * tune's own choice (dfl_cuda_matmul_tune; with DFL_CUDA_TUNE_WIDE=1 in the environment its wide
+ * search too, its choice described on stderr). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +23,7 @@
 #include "backend.h"
 #include "dtype.h"
 #include "err.h"
+#include "log.h"
 
 #define BENCH_NAME "bench-ceiling"
 #include "bench.h"
@@ -159,6 +162,16 @@ static void algos(dfl_mm *m, double seconds)
     printf("algos %lldx%lldx%lld%s: %d candidates; first choice %.1f, best %.1f TFLOP/s (candidate %d, %+.1f%%)\n",
            (long long)m->M, (long long)m->N, (long long)m->K, m->beta != 0.0f ? " +C" : "", n, first,
            best, best_i, 100.0 * (best / first - 1.0));
+    /* then the tune itself (dfl-target's 16 candidates, 4 rounds; with DFL_CUDA_TUNE_WIDE=1 the
+     * wide search too, whose choice -v describes) */
+    float t_best = 0, t_first = 0;
+    if (dfl_cuda_matmul_tune(be, m, 16, 4, &t_best, &t_first, &e))
+        die("tune", &e);
+    const char *wv = getenv("DFL_CUDA_TUNE_WIDE");
+    printf("tune %lldx%lldx%lld%s%s: first choice %.1f, kept %.1f TFLOP/s (%+.1f%%)\n", (long long)m->M,
+           (long long)m->N, (long long)m->K, m->beta != 0.0f ? " +C" : "",
+           wv && wv[0] == '1' ? " (wide)" : "", flop / t_first / 1e9, flop / t_best / 1e9,
+           100.0 * (t_first / t_best - 1.0));
 }
 
 /* Each shape of spec ("M,N,K[,acc];...") with cuBLASLt's first choice, median of rounds. */
@@ -220,6 +233,9 @@ int main(int argc, char **argv)
         }
     }
     int rounds = quick ? 3 : 7;
+    dfl_progname = BENCH_NAME;
+    if (algo_s > 0)
+        dfl_log_level = DFL_LOG_VERBOSE;   /* the wide tune's description of its choice */
     dfl_cuda_props pr;
     if (!bench_open(&pr))
         return 77;

@@ -510,8 +510,17 @@ static void test_matmul_tune(void)
     T_CHECK(rc == 0 && best > 0 && first > 0 && best <= first, "tune: rc %d best %g first %g %s", rc,
             best, first, e.msg);
     printf("#   tune 256x512x384: heuristic %.4f ms, best %.4f ms\n", first, best);
-    tune_free(g);
     run_mm_case(&md, &tune_case);   /* same shape through the tuned plan */
+    /* the wide search: every configuration cuBLASLt's algorithms accept, screened at the cap */
+    setenv("DFL_CUDA_TUNE_WIDE", "1", 1);
+    best = first = 0;
+    rc = dfl_cuda_matmul_tune(g_bf, &m, 8, 2, &best, &first, &e);
+    unsetenv("DFL_CUDA_TUNE_WIDE");
+    T_CHECK(rc == 0 && best > 0 && first > 0 && best <= first, "wide tune: rc %d best %g first %g %s", rc,
+            best, first, e.msg);
+    printf("#   wide tune 256x512x384: heuristic %.4f ms, best %.4f ms\n", first, best);
+    tune_free(g);
+    run_mm_case(&md, &tune_case);   /* through the wide search's choice */
 }
 
 static void test_matmul_pick(void)
