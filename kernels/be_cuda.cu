@@ -1118,6 +1118,25 @@ static int mm_wide_candidates(dfl_be *be, const dfl_mm *m, const cuda_mm_plan *p
     return got_n;
 }
 
+/* The choice the tune and the pick make for m: its plan and up to max of cuBLASLt's candidates
+ * (best first) into res, *n of them; *pl NULL where there is nothing to choose (an empty
+ * product, or the cublasGemmEx fallback) */
+static int mm_candidates(dfl_be *be, const dfl_mm *m, int max, cuda_mm_plan **pl,
+                         cublasLtMatmulHeuristicResult_t *res, int *n, dfl_err *e)
+{
+    *pl = NULL;
+    *n = 0;
+    if (m->M <= 0 || m->N <= 0 || m->K <= 0)
+        return 0;
+    cuda_mm_plan *p;
+    int rc = mm_check(be, m);
+    if (rc || (rc = cuda_enter(be)) || (rc = mm_get_plan(be, m, &p)) ||
+        (p->use_lt && (rc = mm_heuristics(be, m, p, res, max, n))))
+        return take_op_error(be, rc, e);
+    *pl = p->use_lt ? p : NULL;
+    return 0;
+}
+
 /* The GPU runs large products at its power cap, where an algorithm's rate is set by its energy a
  * FLOP, not by its speed at the burst clocks of a few calls (on the H200, cuBLASLt's sixth
  * candidate for the 16384 x 24576 x 4096 product sustained 706 TFLOP/s against its first
@@ -1138,29 +1157,21 @@ extern "C" int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, 
         *best_ms = 0;
     if (heuristic_ms)
         *heuristic_ms = 0;
-    if (m->M <= 0 || m->N <= 0 || m->K <= 0)
-        return 0;
     if (max_algos < 1)
         max_algos = 1;
     if (max_algos > 32)
         max_algos = 32;
     if (rounds < 1)
         rounds = 1;
-    int rc = mm_check(be, m);
-    if (rc || (rc = cuda_enter(be)))
-        return take_op_error(be, rc, e);
+    cuda_mm_plan *pl;
+    cublasLtMatmulHeuristicResult_t res[32];
+    int n_heur = 0;
+    int rc = mm_candidates(be, m, max_algos, &pl, res, &n_heur, e);
+    if (rc || !pl)
+        return rc;
     /* finish pending work so that it does not count */
     if ((rc = cu_sync(be, e)))
         return rc;
-    cuda_mm_plan *pl;
-    if ((rc = mm_get_plan(be, m, &pl)))
-        return take_op_error(be, rc, e);
-    if (!pl->use_lt)
-        return 0;   /* cublasGemmEx fallback: nothing to choose */
-    cublasLtMatmulHeuristicResult_t res[32];
-    int n_heur = 0;
-    if ((rc = mm_heuristics(be, m, pl, res, max_algos, &n_heur)))
-        return take_op_error(be, rc, e);
     /* the candidates: the heuristic's, then (DFL_CUDA_TUNE_WIDE=1) the wide search's */
     cublasLtMatmulAlgo_t cand[32 + TUNE_WIDE_MAX];   /* 18 KB of stack */
     bool good[32 + TUNE_WIDE_MAX];
@@ -1281,20 +1292,12 @@ extern "C" int dfl_cuda_matmul_pick(dfl_be *be, const dfl_mm *m, int index, int 
         desc[0] = 0;
     if (n_algos)
         *n_algos = 0;
-    if (m->M <= 0 || m->N <= 0 || m->K <= 0)
-        return 0;
-    int rc = mm_check(be, m);
-    if (rc || (rc = cuda_enter(be)))
-        return take_op_error(be, rc, e);
     cuda_mm_plan *pl;
-    if ((rc = mm_get_plan(be, m, &pl)))
-        return take_op_error(be, rc, e);
-    if (!pl->use_lt)
-        return 0;
     cublasLtMatmulHeuristicResult_t res[32];
     int n = 0;
-    if ((rc = mm_heuristics(be, m, pl, res, 32, &n)))
-        return take_op_error(be, rc, e);
+    int rc = mm_candidates(be, m, 32, &pl, res, &n, e);
+    if (rc || !pl)
+        return rc;
     if (n_algos)
         *n_algos = n;
     if (index < 0 || index >= n)

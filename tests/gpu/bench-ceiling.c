@@ -167,11 +167,9 @@ static void algos(dfl_mm *m, double seconds)
     float t_best = 0, t_first = 0;
     if (dfl_cuda_matmul_tune(be, m, 16, 4, &t_best, &t_first, &e))
         die("tune", &e);
-    const char *wv = getenv("DFL_CUDA_TUNE_WIDE");
-    printf("tune %lldx%lldx%lld%s%s: first choice %.1f, kept %.1f TFLOP/s (%+.1f%%)\n", (long long)m->M,
-           (long long)m->N, (long long)m->K, m->beta != 0.0f ? " +C" : "",
-           wv && wv[0] == '1' ? " (wide)" : "", flop / t_first / 1e9, flop / t_best / 1e9,
-           100.0 * (t_first / t_best - 1.0));
+    printf("tune %lldx%lldx%lld%s: first choice %.1f, kept %.1f TFLOP/s (%+.1f%%)\n", (long long)m->M,
+           (long long)m->N, (long long)m->K, m->beta != 0.0f ? " +C" : "", flop / t_first / 1e9,
+           flop / t_best / 1e9, 100.0 * (t_first / t_best - 1.0));
 }
 
 /* Each shape of spec ("M,N,K[,acc];...") with cuBLASLt's first choice, median of rounds. */
