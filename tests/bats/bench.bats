@@ -268,12 +268,16 @@ run_bench() {
     [ -z "$(ls -A "$TMPDIR")" ]
 }
 
-@test "bench-ceiling: --sustained and --shapes are taken (it skips, 77, without a GPU); an unknown option is a usage error, 2" {
+@test "bench-ceiling: --sustained, --algos and --shapes are taken (it skips, 77, without a GPU); an unknown option or a missing value is a usage error, 2" {
     b="${DFL_TESTBIN:-$DFL_BUILD/tests}/bench-ceiling"
     run "$b" --quick --sustained 1 --shapes "64,64,64;64,64,64,acc"
     [ "$status" = 77 ] || [ "$status" = 0 ]
+    run "$b" --quick --algos 0.01 --shapes "64,64,64"
+    [ "$status" = 77 ] || [ "$status" = 0 ]
     run -2 "$b" --sustained
     assert_output --partial "usage: bench-ceiling"
+    run -2 "$b" --algos
+    assert_output --partial "[--algos S]"
     run -2 "$b" --bogus
     assert_output --partial "usage: bench-ceiling"
 }
