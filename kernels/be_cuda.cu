@@ -1030,53 +1030,111 @@ static void mm_algo_desc(const cublasLtMatmulAlgo_t *a, char *buf, size_t n)
 }
 
 /* DFL_CUDA_TUNE_WIDE=1: besides cuBLASLt's heuristic list (8 candidates for the forward's
- * shapes on the H200), every configuration its algorithms accept for the product: each algorithm
- * id (cublasLtMatmulAlgoGetIds), each of its tiles and kernel options, at the stages the
- * heuristic's own candidates use, no split-K, checked by cublasLtMatmulAlgoCheck; at most max
- * into out. The winners at the power cap are tiles the heuristic ranks low or leaves out
- * (168x128, 176x128 against its 192x192 first), so the list may hold better ones still. */
-#define TUNE_WIDE_MAX 256      /* configurations from the wide search */
+ * shapes on the H200), the configurations around it that cuBLASLt accepts for the product: for
+ * each algorithm the heuristic named (its first candidate of that algorithm as the seed, so that
+ * the inner shape and the rest stay as the heuristic set them) and each other algorithm id
+ * (cublasLtMatmulAlgoGetIds, cublasLtMatmulAlgoInit as the seed), each of its tiles and kernel
+ * options, at the stages and cluster shapes the heuristic's candidates use, no split-K, checked by
+ * cublasLtMatmulAlgoCheck, leaving out the heuristic's own; at most max into out. The winners at
+ * the power cap are tiles the heuristic ranks low or leaves out (168x128, 176x128 against its
+ * 192x192 first), so the list may hold better ones still. */
+#define TUNE_WIDE_MAX 1024     /* configurations from the wide search */
 #define TUNE_WIDE_CHECKS 20000 /* cublasLtMatmulAlgoCheck calls at most */
 #define TUNE_WIDE_KEEP 8       /* kept after the screen */
 #define TUNE_SCREEN_MS 5.0     /* the screen's slice */
 
+typedef struct {
+    int ids, seeds;            /* algorithm ids cuBLASLt lists; seeds searched */
+    long checks, passed;       /* cublasLtMatmulAlgoCheck calls; accepted (workspace too) */
+    long set_failed;           /* configurations an attribute of which was refused */
+    int first_status;          /* the first refusal's cublasStatus_t by Check (0: none) */
+} mm_wide_stats;
+
+/* a configuration's fields: algo, tile, stages, cluster, option, inner shape */
+static void mm_algo_key(const cublasLtMatmulAlgo_t *a, uint32_t k[6])
+{
+    static const cublasLtMatmulAlgoConfigAttributes_t at[6] = {
+        CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_STAGES_ID,
+        CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION,
+        CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID};
+    for (int i = 0; i < 6; i++) {
+        size_t sz = 0, got = 0;
+        uint32_t v = 0;
+        uint16_t v16 = 0;
+        k[i] = 0xffffffffu;
+        if (cublasLtMatmulAlgoConfigGetAttribute(a, at[i], NULL, 0, &sz) == CUBLAS_STATUS_SUCCESS &&
+            (sz == 2 || sz == 4) &&
+            cublasLtMatmulAlgoConfigGetAttribute(a, at[i], sz == 2 ? (void *)&v16 : (void *)&v, sz, &got) ==
+                CUBLAS_STATUS_SUCCESS)
+            k[i] = sz == 2 ? v16 : v;
+    }
+}
+
+static void mm_add_unique(uint32_t *set, int *n, int max, uint32_t v)
+{
+    for (int k = 0; k < *n; k++)
+        if (set[k] == v)
+            return;
+    if (*n < max)
+        set[(*n)++] = v;
+}
+
 static int mm_wide_candidates(dfl_be *be, const dfl_mm *m, const cuda_mm_plan *pl,
                               const cublasLtMatmulAlgo_t *heur, int n_heur, cublasLtMatmulAlgo_t *out,
-                              int max)
+                              int max, mm_wide_stats *st)
 {
     cuda_impl *im = cuda_of(be);
+    memset(st, 0, sizeof *st);
     cudaDataType_t at, bt, ct;
     mm_cuda_type(m->adt, &at);
     mm_cuda_type(m->bdt, &bt);
     mm_cuda_type(m->cdt, &ct);
-    /* the stages of the heuristic's candidates */
-    uint32_t stages[32];
-    int ns = 0;
-    for (int i = 0; i < n_heur && ns < 32; i++) {
-        uint32_t v = 0;
-        size_t got = 0;
-        if (cublasLtMatmulAlgoConfigGetAttribute(&heur[i], CUBLASLT_ALGO_CONFIG_STAGES_ID, &v, sizeof v, &got) !=
-            CUBLAS_STATUS_SUCCESS)
-            continue;
-        bool seen = false;
-        for (int k = 0; k < ns; k++)
-            seen = seen || stages[k] == v;
-        if (!seen)
-            stages[ns++] = v;
+    /* the heuristic's configurations, and the stages and cluster shapes they use */
+    uint32_t hkey[32][6], stages[32], clusters[32];
+    int ns = 0, nc = 0;
+    const int nh = n_heur < 32 ? n_heur : 32;
+    for (int i = 0; i < nh; i++) {
+        mm_algo_key(&heur[i], hkey[i]);
+        if (hkey[i][2] != 0xffffffffu)
+            mm_add_unique(stages, &ns, 32, hkey[i][2]);
+        if (hkey[i][3] != 0xffffffffu)
+            mm_add_unique(clusters, &nc, 32, hkey[i][3]);
     }
     if (ns == 0)
         stages[ns++] = CUBLASLT_MATMUL_STAGES_UNDEFINED;
-    int ids[64], nids = 0, got_n = 0;
-    long checks = 0;
+    if (nc == 0)
+        clusters[nc++] = CUBLASLT_CLUSTER_SHAPE_AUTO;
+    /* the seeds: the heuristic's first candidate of each algorithm, then the other ids */
+    cublasLtMatmulAlgo_t seed[64 + 32];
+    uint32_t seed_id[64 + 32];
+    int nseed = 0;
+    for (int i = 0; i < nh; i++) {
+        bool seen = false;
+        for (int k = 0; k < nseed; k++)
+            seen = seen || seed_id[k] == hkey[i][0];
+        if (!seen) {
+            seed[nseed] = heur[i];
+            seed_id[nseed++] = hkey[i][0];
+        }
+    }
+    int ids[64], nids = 0;
     /* Lt's A is our B, its B our A (mm_plan_build) */
     if (cublasLtMatmulAlgoGetIds(im->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, bt, at, ct, ct, 64, ids, &nids) !=
         CUBLAS_STATUS_SUCCESS)
-        return 0;
-    for (int k = 0; k < nids && got_n < max && checks < TUNE_WIDE_CHECKS; k++) {
-        cublasLtMatmulAlgo_t a;
-        if (cublasLtMatmulAlgoInit(im->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, bt, at, ct, ct, ids[k], &a) !=
-            CUBLAS_STATUS_SUCCESS)
-            continue;
+        nids = 0;
+    st->ids = nids;
+    for (int k = 0; k < nids && nseed < 64 + 32; k++) {
+        bool seen = false;
+        for (int j = 0; j < nseed; j++)
+            seen = seen || seed_id[j] == (uint32_t)ids[k];
+        if (!seen && cublasLtMatmulAlgoInit(im->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, bt, at, ct, ct, ids[k],
+                                            &seed[nseed]) == CUBLAS_STATUS_SUCCESS)
+            seed_id[nseed++] = (uint32_t)ids[k];
+    }
+    st->seeds = nseed;
+    int got_n = 0;
+    for (int k = 0; k < nseed && got_n < max && st->checks < TUNE_WIDE_CHECKS; k++) {
+        cublasLtMatmulAlgo_t a = seed[k];
         size_t sz = 0;
         uint32_t *tiles = NULL;
         int nt = 0;
@@ -1094,25 +1152,44 @@ static int mm_wide_candidates(dfl_be *be, const dfl_mm *m, const cuda_mm_plan *p
             opt_max = 0;
         const int32_t splitk = 1;
         const uint32_t swizzle = 0;
-        for (int t = 0; t < nt && got_n < max && checks < TUNE_WIDE_CHECKS; t++)
-            for (int st = 0; st < ns && got_n < max; st++)
-                for (uint32_t o = 0; o <= (uint32_t)opt_max && got_n < max && checks < TUNE_WIDE_CHECKS; o++) {
-                    cublasLtMatmulHeuristicResult_t r;
-                    checks++;
-                    if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tl[t], sizeof tl[t]) ||
-                        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages[st],
-                                                             sizeof stages[st]) ||
-                        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &o, sizeof o) ||
-                        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
-                                                             sizeof splitk) ||
-                        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle,
-                                                             sizeof swizzle))
-                        continue;
-                    if (cublasLtMatmulAlgoCheck(im->lt, pl->desc, pl->la, pl->lb, pl->lc, pl->lc, &a, &r) ==
-                            CUBLAS_STATUS_SUCCESS &&
-                        r.workspaceSize <= im->ws_bytes)
-                        out[got_n++] = a;
-                }
+        for (int t = 0; t < nt && got_n < max && st->checks < TUNE_WIDE_CHECKS; t++)
+            for (int s = 0; s < ns && got_n < max; s++)
+                for (int c = 0; c < nc && got_n < max; c++)
+                    for (uint32_t o = 0; o <= (uint32_t)opt_max && got_n < max && st->checks < TUNE_WIDE_CHECKS;
+                         o++) {
+                        const uint16_t cl = (uint16_t)clusters[c];
+                        if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tl[t],
+                                                                 sizeof tl[t]) ||
+                            cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages[s],
+                                                                 sizeof stages[s]) ||
+                            cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cl,
+                                                                 sizeof cl) ||
+                            cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &o, sizeof o) ||
+                            cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                                                 sizeof splitk) ||
+                            cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle,
+                                                                 sizeof swizzle)) {
+                            st->set_failed++;
+                            continue;
+                        }
+                        uint32_t key[6];
+                        mm_algo_key(&a, key);
+                        bool theirs = false;
+                        for (int i = 0; i < nh && !theirs; i++)
+                            theirs = memcmp(key, hkey[i], sizeof key) == 0;
+                        if (theirs)
+                            continue;
+                        cublasLtMatmulHeuristicResult_t r;
+                        st->checks++;
+                        cublasStatus_t cs =
+                            cublasLtMatmulAlgoCheck(im->lt, pl->desc, pl->la, pl->lb, pl->lc, pl->lc, &a, &r);
+                        if (cs == CUBLAS_STATUS_SUCCESS && r.workspaceSize <= im->ws_bytes) {
+                            out[got_n++] = a;
+                            st->passed++;
+                        } else if (!st->first_status) {
+                            st->first_status = cs == CUBLAS_STATUS_SUCCESS ? -1 : (int)cs;
+                        }
+                    }
         free(tiles);
     }
     return got_n;
@@ -1149,8 +1226,30 @@ static int mm_candidates(dfl_be *be, const dfl_mm *m, int max, cuda_mm_plan **pl
 #define TUNE_SLICE_MS 25.0
 #define TUNE_MAX_CALLS 100000
 
+/* the tune's candidates and their timings (about 75 KB: on the heap, since several GPUs'
+ * threads may tune at once) */
+typedef struct {
+    cublasLtMatmulAlgo_t cand[32 + TUNE_WIDE_MAX];
+    bool good[32 + TUNE_WIDE_MAX];
+    double acc[32 + TUNE_WIDE_MAX];
+} tune_buf;
+
+static int matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, int rounds, float *best_ms,
+                       float *heuristic_ms, tune_buf *tb, dfl_err *e);
+
 extern "C" int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, int rounds,
                                     float *best_ms, float *heuristic_ms, dfl_err *e)
+{
+    tune_buf *tb = (tune_buf *)malloc(sizeof *tb);
+    if (!tb)
+        return dfl_fail(e, DFL_ENOMEM, "%s: out of host memory for the matmul tune", be->name);
+    const int rc = matmul_tune(be, m, max_algos, rounds, best_ms, heuristic_ms, tb, e);
+    free(tb);
+    return rc;
+}
+
+static int matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, int rounds, float *best_ms,
+                       float *heuristic_ms, tune_buf *tb, dfl_err *e)
 {
     cuda_impl *im = cuda_of(be);
     if (best_ms)
@@ -1173,16 +1272,17 @@ extern "C" int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, 
     if ((rc = cu_sync(be, e)))
         return rc;
     /* the candidates: the heuristic's, then (DFL_CUDA_TUNE_WIDE=1) the wide search's */
-    cublasLtMatmulAlgo_t cand[32 + TUNE_WIDE_MAX];   /* 18 KB of stack */
-    bool good[32 + TUNE_WIDE_MAX];
-    double acc[32 + TUNE_WIDE_MAX];
+    cublasLtMatmulAlgo_t *cand = tb->cand;
+    bool *good = tb->good;
+    double *acc = tb->acc;
     int n = 0;
     for (int i = 0; i < n_heur; i++)
         cand[n++] = res[i].algo;
     const char *wv = getenv("DFL_CUDA_TUNE_WIDE");
     const bool wide = wv && wv[0] == '1' && n_heur > 0;
+    mm_wide_stats ws = {};
     if (wide)
-        n += mm_wide_candidates(be, m, pl, cand, n_heur, cand + n, TUNE_WIDE_MAX);
+        n += mm_wide_candidates(be, m, pl, cand, n_heur, cand + n, TUNE_WIDE_MAX, &ws);
     cudaEvent_t t0 = NULL, t1 = NULL;
     API_TRY(cudaEventCreate(&t0), "cudaEventCreate");
     if (cudaEventCreate(&t1) != cudaSuccess) {
@@ -1275,12 +1375,14 @@ extern "C" int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, 
         char d0[160] = "", db[160] = "";
         mm_algo_desc(&cand[0], d0, sizeof d0);
         mm_algo_desc(&cand[best_i], db, sizeof db);
-        dfl_verbose("matmul tune %lldx%lldx%lld%s: %d of cuBLASLt's heuristic and %d of %d more from its "
-                    "algorithms' tiles and options (the fastest after a %.0f ms screen); kept %s %d (%s), "
-                    "%.4f ms a call against %.4f for the first choice (%s)",
+        dfl_verbose("matmul tune %lldx%lldx%lld%s: %d of cuBLASLt's heuristic and %d of %d more from the wide "
+                    "search (%d algorithm ids listed, %d searched, %ld configurations checked, %ld accepted, %ld "
+                    "refused a setting, first refusal status %d; the fastest after a %.0f ms screen); kept %s %d "
+                    "(%s), %.4f ms a call against %.4f for the first choice (%s)",
                     (long long)m->M, (long long)m->N, (long long)m->K, m->beta != 0.0f ? " +C" : "", n_heur,
-                    n_kept, n_wide, TUNE_SCREEN_MS, best_i < n_heur ? "the heuristic's" : "the wide search's",
-                    best_i, db, acc[best_i] / per, good[0] ? acc[0] / per : 0.0, d0);
+                    n_kept, n_wide, ws.ids, ws.seeds, ws.checks, ws.passed, ws.set_failed, ws.first_status,
+                    TUNE_SCREEN_MS, best_i < n_heur ? "the heuristic's" : "the wide search's", best_i, db,
+                    acc[best_i] / per, good[0] ? acc[0] / per : 0.0, d0);
     }
     return 0;
 }
