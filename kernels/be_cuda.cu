@@ -1029,172 +1029,6 @@ static void mm_algo_desc(const cublasLtMatmulAlgo_t *a, char *buf, size_t n)
     }
 }
 
-/* DFL_CUDA_TUNE_WIDE=1: besides cuBLASLt's heuristic list (8 candidates for the forward's
- * shapes on the H200), the configurations around it that cuBLASLt accepts for the product: for
- * each algorithm the heuristic named (its first candidate of that algorithm as the seed, so that
- * the inner shape and the rest stay as the heuristic set them) and each other algorithm id
- * (cublasLtMatmulAlgoGetIds, cublasLtMatmulAlgoInit as the seed), each of its tiles and kernel
- * options, at the stages and cluster shapes the heuristic's candidates use, no split-K, checked by
- * cublasLtMatmulAlgoCheck, leaving out the heuristic's own; at most max into out. The winners at
- * the power cap are tiles the heuristic ranks low or leaves out (168x128, 176x128 against its
- * 192x192 first), so the list may hold better ones still. */
-#define TUNE_WIDE_MAX 1024     /* configurations from the wide search */
-#define TUNE_WIDE_CHECKS 20000 /* cublasLtMatmulAlgoCheck calls at most */
-#define TUNE_WIDE_KEEP 8       /* kept after the screen */
-#define TUNE_SCREEN_MS 5.0     /* the screen's slice */
-
-typedef struct {
-    int ids, seeds;            /* algorithm ids cuBLASLt lists; seeds searched */
-    long checks, passed;       /* cublasLtMatmulAlgoCheck calls; accepted (workspace too) */
-    long set_failed;           /* configurations an attribute of which was refused */
-    int first_status;          /* the first refusal's cublasStatus_t by Check (0: none) */
-} mm_wide_stats;
-
-/* a configuration's fields: algo, tile, stages, cluster, option, inner shape */
-static void mm_algo_key(const cublasLtMatmulAlgo_t *a, uint32_t k[6])
-{
-    static const cublasLtMatmulAlgoConfigAttributes_t at[6] = {
-        CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_STAGES_ID,
-        CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION,
-        CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID};
-    for (int i = 0; i < 6; i++) {
-        size_t sz = 0, got = 0;
-        uint32_t v = 0;
-        uint16_t v16 = 0;
-        k[i] = 0xffffffffu;
-        if (cublasLtMatmulAlgoConfigGetAttribute(a, at[i], NULL, 0, &sz) == CUBLAS_STATUS_SUCCESS &&
-            (sz == 2 || sz == 4) &&
-            cublasLtMatmulAlgoConfigGetAttribute(a, at[i], sz == 2 ? (void *)&v16 : (void *)&v, sz, &got) ==
-                CUBLAS_STATUS_SUCCESS)
-            k[i] = sz == 2 ? v16 : v;
-    }
-}
-
-static void mm_add_unique(uint32_t *set, int *n, int max, uint32_t v)
-{
-    for (int k = 0; k < *n; k++)
-        if (set[k] == v)
-            return;
-    if (*n < max)
-        set[(*n)++] = v;
-}
-
-static int mm_wide_candidates(dfl_be *be, const dfl_mm *m, const cuda_mm_plan *pl,
-                              const cublasLtMatmulAlgo_t *heur, int n_heur, cublasLtMatmulAlgo_t *out,
-                              int max, mm_wide_stats *st)
-{
-    cuda_impl *im = cuda_of(be);
-    memset(st, 0, sizeof *st);
-    cudaDataType_t at, bt, ct;
-    mm_cuda_type(m->adt, &at);
-    mm_cuda_type(m->bdt, &bt);
-    mm_cuda_type(m->cdt, &ct);
-    /* the heuristic's configurations, and the stages and cluster shapes they use */
-    uint32_t hkey[32][6], stages[32], clusters[32];
-    int ns = 0, nc = 0;
-    const int nh = n_heur < 32 ? n_heur : 32;
-    for (int i = 0; i < nh; i++) {
-        mm_algo_key(&heur[i], hkey[i]);
-        if (hkey[i][2] != 0xffffffffu)
-            mm_add_unique(stages, &ns, 32, hkey[i][2]);
-        if (hkey[i][3] != 0xffffffffu)
-            mm_add_unique(clusters, &nc, 32, hkey[i][3]);
-    }
-    if (ns == 0)
-        stages[ns++] = CUBLASLT_MATMUL_STAGES_UNDEFINED;
-    if (nc == 0)
-        clusters[nc++] = CUBLASLT_CLUSTER_SHAPE_AUTO;
-    /* the seeds: the heuristic's first candidate of each algorithm, then the other ids */
-    cublasLtMatmulAlgo_t seed[64 + 32];
-    uint32_t seed_id[64 + 32];
-    int nseed = 0;
-    for (int i = 0; i < nh; i++) {
-        bool seen = false;
-        for (int k = 0; k < nseed; k++)
-            seen = seen || seed_id[k] == hkey[i][0];
-        if (!seen) {
-            seed[nseed] = heur[i];
-            seed_id[nseed++] = hkey[i][0];
-        }
-    }
-    int ids[64], nids = 0;
-    /* Lt's A is our B, its B our A (mm_plan_build) */
-    if (cublasLtMatmulAlgoGetIds(im->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, bt, at, ct, ct, 64, ids, &nids) !=
-        CUBLAS_STATUS_SUCCESS)
-        nids = 0;
-    st->ids = nids;
-    for (int k = 0; k < nids && nseed < 64 + 32; k++) {
-        bool seen = false;
-        for (int j = 0; j < nseed; j++)
-            seen = seen || seed_id[j] == (uint32_t)ids[k];
-        if (!seen && cublasLtMatmulAlgoInit(im->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, bt, at, ct, ct, ids[k],
-                                            &seed[nseed]) == CUBLAS_STATUS_SUCCESS)
-            seed_id[nseed++] = (uint32_t)ids[k];
-    }
-    st->seeds = nseed;
-    int got_n = 0;
-    for (int k = 0; k < nseed && got_n < max && st->checks < TUNE_WIDE_CHECKS; k++) {
-        cublasLtMatmulAlgo_t a = seed[k];
-        size_t sz = 0;
-        uint32_t *tiles = NULL;
-        int nt = 0;
-        if (cublasLtMatmulAlgoCapGetAttribute(&a, CUBLASLT_ALGO_CAP_TILE_IDS, NULL, 0, &sz) == CUBLAS_STATUS_SUCCESS &&
-            sz >= sizeof(uint32_t) && (tiles = (uint32_t *)malloc(sz)) &&
-            cublasLtMatmulAlgoCapGetAttribute(&a, CUBLASLT_ALGO_CAP_TILE_IDS, tiles, sz, &sz) == CUBLAS_STATUS_SUCCESS)
-            nt = (int)(sz / sizeof(uint32_t));
-        uint32_t undef = CUBLASLT_MATMUL_TILE_UNDEFINED;
-        const uint32_t *tl = nt > 0 ? tiles : &undef;
-        nt = nt > 0 ? nt : 1;
-        int32_t opt_max = 0;
-        if (cublasLtMatmulAlgoCapGetAttribute(&a, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX, &opt_max, sizeof opt_max, &sz) !=
-                CUBLAS_STATUS_SUCCESS ||
-            opt_max < 0)
-            opt_max = 0;
-        const int32_t splitk = 1;
-        const uint32_t swizzle = 0;
-        for (int t = 0; t < nt && got_n < max && st->checks < TUNE_WIDE_CHECKS; t++)
-            for (int s = 0; s < ns && got_n < max; s++)
-                for (int c = 0; c < nc && got_n < max; c++)
-                    for (uint32_t o = 0; o <= (uint32_t)opt_max && got_n < max && st->checks < TUNE_WIDE_CHECKS;
-                         o++) {
-                        const uint16_t cl = (uint16_t)clusters[c];
-                        if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tl[t],
-                                                                 sizeof tl[t]) ||
-                            cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages[s],
-                                                                 sizeof stages[s]) ||
-                            cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cl,
-                                                                 sizeof cl) ||
-                            cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &o, sizeof o) ||
-                            cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
-                                                                 sizeof splitk) ||
-                            cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle,
-                                                                 sizeof swizzle)) {
-                            st->set_failed++;
-                            continue;
-                        }
-                        uint32_t key[6];
-                        mm_algo_key(&a, key);
-                        bool theirs = false;
-                        for (int i = 0; i < nh && !theirs; i++)
-                            theirs = memcmp(key, hkey[i], sizeof key) == 0;
-                        if (theirs)
-                            continue;
-                        cublasLtMatmulHeuristicResult_t r;
-                        st->checks++;
-                        cublasStatus_t cs =
-                            cublasLtMatmulAlgoCheck(im->lt, pl->desc, pl->la, pl->lb, pl->lc, pl->lc, &a, &r);
-                        if (cs == CUBLAS_STATUS_SUCCESS && r.workspaceSize <= im->ws_bytes) {
-                            out[got_n++] = a;
-                            st->passed++;
-                        } else if (!st->first_status) {
-                            st->first_status = cs == CUBLAS_STATUS_SUCCESS ? -1 : (int)cs;
-                        }
-                    }
-        free(tiles);
-    }
-    return got_n;
-}
-
 /* The choice the tune and the pick make for m: its plan and up to max of cuBLASLt's candidates
  * (best first) into res, *n of them; *pl NULL where there is nothing to choose (an empty
  * product, or the cublasGemmEx fallback) */
@@ -1221,35 +1055,16 @@ static int mm_candidates(dfl_be *be, const dfl_mm *m, int max, cuda_mm_plan **pl
  * run leaves it (the first choice for TUNE_WARM_MS), then times every candidate in slices of
  * about TUNE_SLICE_MS, one slice each a round, `rounds` rounds (every other one in reverse order):
  * the clocks drift by a few per cent over seconds, and the rounds spread that drift over all
- * candidates alike. */
+ * candidates alike. Only cuBLASLt's heuristic list is timed: a search of every tile, kernel option
+ * and cluster shape its algorithms accept (2,839 configurations checked, 1,024 run, for each of
+ * dfl-target's products at 8B on the H200) found none better at the cap than the list's best
+ * (bench/target-notes.md, tenth). */
 #define TUNE_WARM_MS 250.0
 #define TUNE_SLICE_MS 25.0
 #define TUNE_MAX_CALLS 100000
 
-/* the tune's candidates and their timings (about 75 KB: on the heap, since several GPUs'
- * threads may tune at once) */
-typedef struct {
-    cublasLtMatmulAlgo_t cand[32 + TUNE_WIDE_MAX];
-    bool good[32 + TUNE_WIDE_MAX];
-    double acc[32 + TUNE_WIDE_MAX];
-} tune_buf;
-
-static int matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, int rounds, float *best_ms,
-                       float *heuristic_ms, tune_buf *tb, dfl_err *e);
-
 extern "C" int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, int rounds,
                                     float *best_ms, float *heuristic_ms, dfl_err *e)
-{
-    tune_buf *tb = (tune_buf *)malloc(sizeof *tb);
-    if (!tb)
-        return dfl_fail(e, DFL_ENOMEM, "%s: out of host memory for the matmul tune", be->name);
-    const int rc = matmul_tune(be, m, max_algos, rounds, best_ms, heuristic_ms, tb, e);
-    free(tb);
-    return rc;
-}
-
-static int matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, int rounds, float *best_ms,
-                       float *heuristic_ms, tune_buf *tb, dfl_err *e)
 {
     cuda_impl *im = cuda_of(be);
     if (best_ms)
@@ -1264,25 +1079,13 @@ static int matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, int rounds, f
         rounds = 1;
     cuda_mm_plan *pl;
     cublasLtMatmulHeuristicResult_t res[32];
-    int n_heur = 0;
-    int rc = mm_candidates(be, m, max_algos, &pl, res, &n_heur, e);
+    int n = 0;
+    int rc = mm_candidates(be, m, max_algos, &pl, res, &n, e);
     if (rc || !pl)
         return rc;
     /* finish pending work so that it does not count */
     if ((rc = cu_sync(be, e)))
         return rc;
-    /* the candidates: the heuristic's, then (DFL_CUDA_TUNE_WIDE=1) the wide search's */
-    cublasLtMatmulAlgo_t *cand = tb->cand;
-    bool *good = tb->good;
-    double *acc = tb->acc;
-    int n = 0;
-    for (int i = 0; i < n_heur; i++)
-        cand[n++] = res[i].algo;
-    const char *wv = getenv("DFL_CUDA_TUNE_WIDE");
-    const bool wide = wv && wv[0] == '1' && n_heur > 0;
-    mm_wide_stats ws = {};
-    if (wide)
-        n += mm_wide_candidates(be, m, pl, cand, n_heur, cand + n, TUNE_WIDE_MAX, &ws);
     cudaEvent_t t0 = NULL, t1 = NULL;
     API_TRY(cudaEventCreate(&t0), "cudaEventCreate");
     if (cudaEventCreate(&t1) != cudaSuccess) {
@@ -1296,7 +1099,7 @@ static int matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, int rounds, f
         bool ok = (err = cudaEventRecord(t0, im->stream)) == cudaSuccess;
         for (int64_t c = 0; c < calls && ok; c++)
             ok = cublasLtMatmul(im->lt, pl->desc, &m->alpha, m->B, pl->la, m->A, pl->lb, &m->beta, dfl_mm_cin(m),
-                                pl->lc, m->C, pl->lc, &cand[i], im->ws, im->ws_bytes,
+                                pl->lc, m->C, pl->lc, &res[i].algo, im->ws, im->ws_bytes,
                                 im->stream) == CUBLAS_STATUS_SUCCESS;
         float f = 0;
         if (err == cudaSuccess && (err = cudaEventRecord(t1, im->stream)) == cudaSuccess &&
@@ -1310,41 +1113,16 @@ static int matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, int rounds, f
         double c = ms / (per > 1e-4 ? per : 1e-4);
         return (int64_t)(c < 1 ? 1 : c > TUNE_MAX_CALLS ? TUNE_MAX_CALLS : c);
     };
-    double ms = 0, per_call = 0;
+    bool good[32] = {false};
+    double acc[32] = {0}, ms = 0;
     int64_t slice = 1;
     bool warm = false;
     for (int i = 0; i < n && err == cudaSuccess; i++) {
-        acc[i] = 0;
         good[i] = timed(i, 1, &ms);   /* the check that candidate i runs */
         if (good[i] && !warm) {       /* the first that runs: to the power cap, and the slice */
             int64_t w = calls_for(TUNE_WARM_MS, ms);
-            if ((warm = timed(i, w, &ms))) {
-                per_call = ms / (double)w;
-                slice = calls_for(TUNE_SLICE_MS, per_call);
-            }
-        }
-    }
-    /* the wide search's candidates: a short slice each at the cap, the fastest TUNE_WIDE_KEEP
-     * go on to the rounds */
-    int n_wide = n - n_heur, n_kept = 0;
-    if (n_wide > 0 && err == cudaSuccess) {
-        const int64_t screen = calls_for(TUNE_SCREEN_MS, per_call);
-        for (int i = n_heur; i < n && err == cudaSuccess; i++)
-            if (good[i])
-                good[i] = timed(i, screen, &acc[i]);
-        for (int kept = 0; kept < TUNE_WIDE_KEEP; kept++) {   /* mark the fastest with acc < 0 */
-            int b = -1;
-            for (int i = n_heur; i < n; i++)
-                if (good[i] && acc[i] >= 0 && (b < 0 || acc[i] < acc[b]))
-                    b = i;
-            if (b < 0)
-                break;
-            acc[b] = -1;
-            n_kept++;
-        }
-        for (int i = n_heur; i < n; i++) {
-            good[i] = good[i] && acc[i] < 0;
-            acc[i] = 0;
+            if ((warm = timed(i, w, &ms)))
+                slice = calls_for(TUNE_SLICE_MS, ms / (double)w);
         }
     }
     /* odd rounds go backwards, so that a drift along a round falls on every candidate alike */
@@ -1365,23 +1143,19 @@ static int matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, int rounds, f
         if (good[i] && (best_i < 0 || acc[i] < acc[best_i]))
             best_i = i;
     if (best_i >= 0)
-        pl->algo = cand[best_i];
+        pl->algo = res[best_i].algo;
     const double per = (double)rounds * (double)slice;
     if (best_ms && best_i >= 0)
         *best_ms = (float)(acc[best_i] / per);
-    if (heuristic_ms && n_heur > 0 && good[0])
+    if (heuristic_ms && n > 0 && good[0])
         *heuristic_ms = (float)(acc[0] / per);
-    if (wide && best_i >= 0) {
+    if (best_i >= 0) {
         char d0[160] = "", db[160] = "";
-        mm_algo_desc(&cand[0], d0, sizeof d0);
-        mm_algo_desc(&cand[best_i], db, sizeof db);
-        dfl_verbose("matmul tune %lldx%lldx%lld%s: %d of cuBLASLt's heuristic and %d of %d more from the wide "
-                    "search (%d algorithm ids listed, %d searched, %ld configurations checked, %ld accepted, %ld "
-                    "refused a setting, first refusal status %d; the fastest after a %.0f ms screen); kept %s %d "
-                    "(%s), %.4f ms a call against %.4f for the first choice (%s)",
-                    (long long)m->M, (long long)m->N, (long long)m->K, m->beta != 0.0f ? " +C" : "", n_heur,
-                    n_kept, n_wide, ws.ids, ws.seeds, ws.checks, ws.passed, ws.set_failed, ws.first_status,
-                    TUNE_SCREEN_MS, best_i < n_heur ? "the heuristic's" : "the wide search's", best_i, db,
+        mm_algo_desc(&res[0].algo, d0, sizeof d0);
+        mm_algo_desc(&res[best_i].algo, db, sizeof db);
+        dfl_verbose("matmul tune %lldx%lldx%lld%s: kept cuBLASLt's candidate %d of %d (%s), %.4f ms a call at "
+                    "the power cap against %.4f for the first choice (%s)",
+                    (long long)m->M, (long long)m->N, (long long)m->K, m->beta != 0.0f ? " +C" : "", best_i, n, db,
                     acc[best_i] / per, good[0] ? acc[0] / per : 0.0, d0);
     }
     return 0;
@@ -1481,11 +1255,6 @@ static void cublas_load_once(void)
     DFL_SYM(lt, LtMatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute")
     DFL_SYM(lt, LtMatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic")
     DFL_SYM(lt, LtMatmulAlgoConfigGetAttribute, "cublasLtMatmulAlgoConfigGetAttribute")
-    DFL_SYM(lt, LtMatmulAlgoGetIds, "cublasLtMatmulAlgoGetIds")
-    DFL_SYM(lt, LtMatmulAlgoInit, "cublasLtMatmulAlgoInit")
-    DFL_SYM(lt, LtMatmulAlgoCheck, "cublasLtMatmulAlgoCheck")
-    DFL_SYM(lt, LtMatmulAlgoCapGetAttribute, "cublasLtMatmulAlgoCapGetAttribute")
-    DFL_SYM(lt, LtMatmulAlgoConfigSetAttribute, "cublasLtMatmulAlgoConfigSetAttribute")
     DFL_SYM(bl, Create, "cublasCreate_v2")
     DFL_SYM(bl, Destroy, "cublasDestroy_v2")
     DFL_SYM(bl, SetStream, "cublasSetStream_v2")

@@ -26,11 +26,6 @@ struct dfl_cublas_api {
     decltype(&cublasLtMatmulPreferenceSetAttribute) LtMatmulPreferenceSetAttribute;
     decltype(&cublasLtMatmulAlgoGetHeuristic) LtMatmulAlgoGetHeuristic;
     decltype(&cublasLtMatmulAlgoConfigGetAttribute) LtMatmulAlgoConfigGetAttribute;
-    decltype(&cublasLtMatmulAlgoGetIds) LtMatmulAlgoGetIds;
-    decltype(&cublasLtMatmulAlgoInit) LtMatmulAlgoInit;
-    decltype(&cublasLtMatmulAlgoCheck) LtMatmulAlgoCheck;
-    decltype(&cublasLtMatmulAlgoCapGetAttribute) LtMatmulAlgoCapGetAttribute;
-    decltype(&cublasLtMatmulAlgoConfigSetAttribute) LtMatmulAlgoConfigSetAttribute;
     decltype(&cublasCreate_v2) Create;
     decltype(&cublasDestroy_v2) Destroy;
     decltype(&cublasSetStream_v2) SetStream;
@@ -62,11 +57,6 @@ int dfl_cublas_load(char *msg, size_t n);
 #define cublasLtMatmulPreferenceSetAttribute (dfl_cublas.LtMatmulPreferenceSetAttribute)
 #define cublasLtMatmulAlgoGetHeuristic (dfl_cublas.LtMatmulAlgoGetHeuristic)
 #define cublasLtMatmulAlgoConfigGetAttribute (dfl_cublas.LtMatmulAlgoConfigGetAttribute)
-#define cublasLtMatmulAlgoGetIds (dfl_cublas.LtMatmulAlgoGetIds)
-#define cublasLtMatmulAlgoInit (dfl_cublas.LtMatmulAlgoInit)
-#define cublasLtMatmulAlgoCheck (dfl_cublas.LtMatmulAlgoCheck)
-#define cublasLtMatmulAlgoCapGetAttribute (dfl_cublas.LtMatmulAlgoCapGetAttribute)
-#define cublasLtMatmulAlgoConfigSetAttribute (dfl_cublas.LtMatmulAlgoConfigSetAttribute)
 #define cublasCreate_v2 (dfl_cublas.Create)
 #define cublasDestroy_v2 (dfl_cublas.Destroy)
 #define cublasSetStream_v2 (dfl_cublas.SetStream)

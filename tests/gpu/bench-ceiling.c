@@ -13,8 +13,7 @@
  * seconds at the clocks the power cap leaves (the GPU first held there for a second with the
  * first choice; the first choice timed again last, to show the drift): at the cap the algorithm
  * of least energy a FLOP is the fastest, which need not be the fastest in short bursts; then the
- * tune's own choice (dfl_cuda_matmul_tune; with DFL_CUDA_TUNE_WIDE=1 in the environment its wide
- * search too, its choice described on stderr). */
+ * tune's own choice (dfl_cuda_matmul_tune, its choice described on stderr). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,8 +161,7 @@ static void algos(dfl_mm *m, double seconds)
     printf("algos %lldx%lldx%lld%s: %d candidates; first choice %.1f, best %.1f TFLOP/s (candidate %d, %+.1f%%)\n",
            (long long)m->M, (long long)m->N, (long long)m->K, m->beta != 0.0f ? " +C" : "", n, first,
            best, best_i, 100.0 * (best / first - 1.0));
-    /* then the tune itself (dfl-target's 16 candidates, 4 rounds; with DFL_CUDA_TUNE_WIDE=1 the
-     * wide search too, whose choice -v describes) */
+    /* then the tune itself (dfl-target's 16 candidates, 4 rounds; its -v line describes its choice) */
     float t_best = 0, t_first = 0;
     if (dfl_cuda_matmul_tune(be, m, 16, 4, &t_best, &t_first, &e))
         die("tune", &e);
@@ -233,7 +231,7 @@ int main(int argc, char **argv)
     int rounds = quick ? 3 : 7;
     dfl_progname = BENCH_NAME;
     if (algo_s > 0)
-        dfl_log_level = DFL_LOG_VERBOSE;   /* the wide tune's description of its choice */
+        dfl_log_level = DFL_LOG_VERBOSE;   /* the tune's description of its choice */
     dfl_cuda_props pr;
     if (!bench_open(&pr))
         return 77;
