@@ -178,7 +178,9 @@ int main(int argc, char **argv)
     int64_t max_tokens = 0, inflight = 0, profile = 0;
     int file_io = DFL_FILE_IO_WRITE;
     bool info_only = false, tune = false;
-    dfl_writer_opts wopts = {.vmsplice = true}; /* --output-mode auto: splices only into a pipe */
+    /* --output-mode auto: splices only into a pipe; standard output let go of right after the
+     * END frame, so that the consumer does not wait for the GPU's teardown to see the end */
+    dfl_writer_opts wopts = {.vmsplice = true, .end_releases_fd = true};
     dfl_err e = {0};
     int c;
     while ((c = getopt_long(argc, argv, "m:l:d:o:qv", long_opts, NULL)) != -1) {

@@ -236,6 +236,12 @@ typedef struct dfl_writer_opts {
                                     bytes; 1 = so, 0 or -1 = not (the default: the reading end
                                     of a pipe is the slower, 0.26 s of CPU a GB against the
                                     writing end's 0.16 s with vmsplice, hspump | hsdrain) */
+    bool end_releases_fd;        /* a descriptor the writer does not own (dfl_writer_open_fd,
+                                    or "-") is let go of once dfl_writer_close has written the
+                                    END frame: closed, or, for 0, 1 and 2, pointed at /dev/null
+                                    (dup2), so that those stay open for anything else the
+                                    process writes. A reader sees the end of the stream then,
+                                    not when the process has finished the rest of its exit */
 } dfl_writer_opts;
 
 /* --output-mode MODE of the programs that write hidden-state streams: "auto" and "vmsplice" set

@@ -1020,6 +1020,27 @@ int dfl_writer_commit(dfl_writer *w, dfl_frame_res *f, const dfl_batch *b, dfl_e
     return DFL_OK;
 }
 
+/* opts.end_releases_fd: the caller's descriptor let go of after the END frame, so that the
+ * reader's wait for the end of the input (frame.c's check after END) ends now. 0, 1 and 2 get
+ * /dev/null in their place: a later write to standard output must not land in whatever file the
+ * process opens next under that number. Where /dev/null cannot be opened the descriptor stays as
+ * it is (the reader then sees the end when the process exits, as without the option). */
+static int release_fd(dfl_writer *w, dfl_err *e)
+{
+    if (w->fd > 2) {
+        if (close(w->fd) != 0)
+            return dfl_fail_errno(e, DFL_EIO, errno, "%s: close failed", w->name);
+        return DFL_OK;
+    }
+    int nul = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (nul < 0)
+        return DFL_OK;
+    while (dup2(nul, w->fd) < 0 && errno == EINTR)
+        ;
+    close(nul);
+    return DFL_OK;
+}
+
 int dfl_writer_close(dfl_writer *w, dfl_err *e)
 {
     if (!w)
@@ -1076,6 +1097,8 @@ int dfl_writer_close(dfl_writer *w, dfl_err *e)
         if (close(w->fd) != 0)
             rc = dfl_fail_errno(e, DFL_EIO, errno, "%s: close failed", w->name);
         w->own_fd = false;
+    } else if (w->opts.end_releases_fd) {
+        rc = release_fd(w, e);
     }
     writer_free(w);
     return rc;

@@ -6,6 +6,7 @@
  * consumer); and the piece sizes of writing and reading (dfl_writer_opts.chunk,
  * dfl_reader_opts.chunk: odd sizes through a pipe give the same batches, and a file the same
  * bytes) and the pipe's enlargement (dfl_writer_opts.pipe_size). */
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -389,6 +390,90 @@ static void test_pipe_foreign(void)
     dfl_batch_free(&x);
 }
 
+/* Reads what the pipe at fd holds, without waiting: 1 where that ended at the end of the input
+ * (no writing end open), 0 where it ended with nothing to read yet (a writing end still open), -1
+ * on an error; the bytes read into *got. */
+static int drain_nowait(int fd, size_t *got)
+{
+    *got = 0;
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+        return -1;
+    char buf[65536];
+    for (;;) {
+        ssize_t n = read(fd, buf, sizeof buf);
+        if (n > 0)
+            *got += (size_t)n;
+        else if (n == 0)
+            return 1;
+        else if (errno != EINTR)
+            return errno == EAGAIN ? 0 : -1;
+    }
+}
+
+/* dfl_writer_opts.end_releases_fd: once dfl_writer_close has written the END frame, a reader of
+ * the pipe sees the end of its input at once, not when the writing process exits (dfl-target's
+ * teardown of the GPU after its last frame); without it the caller's descriptor stays open.
+ * Standard output gets /dev/null in its place, so that fd 1 stays open. */
+static void test_end_releases_fd(void)
+{
+    dfl_stream_info in;
+    info_of(&in, 2, 16, DFL_F32);
+    dfl_batch x;
+    gen(&x, 11, 2, 16, DFL_F32);
+    struct stat nul;
+    T_CHECK(stat("/dev/null", &nul) == 0, "/dev/null");
+    for (int mode = 0; mode < 3; mode++) {   /* 0: kept; 1: a pipe's descriptor let go; 2: fd 1 */
+        int fds[2];
+        if (pipe(fds)) {
+            T_CHECK(0, "pipe");
+            break;
+        }
+        int fd = fds[1], saved = -1;
+        if (mode == 2) {   /* standard output is the pipe until the END frame (no output meanwhile) */
+            fflush(stdout);
+            saved = dup(1);
+            T_CHECK(saved >= 0 && dup2(fds[1], 1) == 1, "stdout onto the pipe");
+            close(fds[1]);
+            fd = 1;
+        }
+        dfl_writer_opts o = {.end_releases_fd = mode > 0};
+        dfl_err e = {0};
+        dfl_writer *w = NULL;
+        int rc = dfl_writer_open_fd(&w, fd, mode == 2 ? "stdout" : "pipe", &in, &o, &e);
+        if (!rc)
+            rc = dfl_writer_batch(w, &x, &e);
+        if (!rc) {
+            rc = dfl_writer_close(w, &e);
+            w = NULL;
+        }
+        size_t got = 0;
+        const int end = drain_nowait(fds[0], &got);
+        struct stat now;
+        const bool fd1_null = mode == 2 && fstat(1, &now) == 0 && S_ISCHR(now.st_mode) &&
+                              now.st_rdev == nul.st_rdev;
+        if (mode == 2) {
+            fflush(stdout);
+            dup2(saved, 1);
+            close(saved);
+        }
+        if (w)
+            dfl_writer_abort(w);
+        T_CHECK(rc == 0, "mode %d: %s", mode, e.msg);
+        T_CHECK(got > 64, "mode %d: the stream is in the pipe (%zu bytes)", mode, got);
+        if (mode == 0) {
+            T_CHECK(end == 0, "kept: the writing end is still open (drain gave %d)", end);
+            close(fds[1]);
+        } else {
+            T_CHECK(end == 1, "mode %d: the reader sees the end of its input after END (drain gave %d)", mode, end);
+        }
+        if (mode == 2)
+            T_CHECK(fd1_null, "standard output is /dev/null after END, not closed");
+        close(fds[0]);
+    }
+    dfl_batch_free(&x);
+}
+
 /* vmsplice: a child reads the pipe slowly; the stream is the same as written without it, and
  * dfl_writer_consumed is false while the pages are still in the pipe. */
 static void test_vmsplice(void)
@@ -570,6 +655,7 @@ int main(int argc, char **argv)
     T_RUN(test_json_limits);
     T_RUN(test_pipe_read_upto);
     T_RUN(test_pipe_foreign);
+    T_RUN(test_end_releases_fd);
     T_RUN(test_vmsplice);
     T_RUN(test_chunks);
     return t_done();
