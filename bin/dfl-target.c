@@ -15,6 +15,7 @@
 #include "json.h"
 #include "log.h"
 #include "target.h"
+#include "tune_file.h"
 #include "util.h"
 
 static volatile sig_atomic_t stop_signal;
@@ -42,6 +43,8 @@ static void usage(void)
            "                        4 when splicing into a pipe)\n"
            "      --profile[=N]     print the time of each stage every N batches (default 10)\n"
            "      --tune            GPU: time cuBLASLt's GEMM algorithms before the first batch\n"
+           "      --tune-file FILE  --tune, taking the choices stored in FILE for this GPU and\n"
+           "                        cuBLAS, and storing there the ones it times\n"
            "  -o, --output FILE     write to FILE (with an index frame) instead of stdout\n"
            "      --file-io MODE    how FILE is written: write, map or register (default write)\n"
            "      --output-mode MODE\n"
@@ -66,7 +69,7 @@ static void usage(void)
 }
 
 enum {
-    OPT_DTYPE = 256, OPT_COMPUTE, OPT_MAX_TOKENS, OPT_MANIFEST, OPT_INFLIGHT, OPT_PROFILE, OPT_TUNE, OPT_FILE_IO,
+    OPT_DTYPE = 256, OPT_COMPUTE, OPT_MAX_TOKENS, OPT_MANIFEST, OPT_INFLIGHT, OPT_PROFILE, OPT_TUNE, OPT_TUNE_FILE, OPT_FILE_IO,
     OPT_OUTPUT_MODE, OPT_VMSPLICE, OPT_PIPE_SIZE, OPT_ZSTD, OPT_NO_INDEX, OPT_INFO, OPT_HELP, OPT_VERSION
 };
 
@@ -81,6 +84,7 @@ static const struct option long_opts[] = {
     {"inflight", required_argument, NULL, OPT_INFLIGHT},
     {"profile", optional_argument, NULL, OPT_PROFILE},
     {"tune", no_argument, NULL, OPT_TUNE},
+    {"tune-file", required_argument, NULL, OPT_TUNE_FILE},
     {"file-io", required_argument, NULL, OPT_FILE_IO},
     {"output-mode", required_argument, NULL, OPT_OUTPUT_MODE},
     {"vmsplice", no_argument, NULL, OPT_VMSPLICE},
@@ -178,6 +182,7 @@ int main(int argc, char **argv)
     int64_t max_tokens = 0, inflight = 0, profile = 0;
     int file_io = DFL_FILE_IO_WRITE;
     bool info_only = false, tune = false;
+    const char *tune_file = NULL;
     /* --output-mode auto: splices only into a pipe; standard output let go of right after the
      * END frame, so that the consumer does not wait for the GPU's teardown to see the end */
     dfl_writer_opts wopts = {.vmsplice = true, .end_releases_fd = true};
@@ -218,6 +223,12 @@ int main(int argc, char **argv)
                 return dfl_cli_usage_error("%s", e.msg);
             break;
         case OPT_TUNE: tune = true; break;
+        case OPT_TUNE_FILE:
+            if (!optarg[0])
+                return dfl_cli_usage_error("--tune-file: an empty file name");
+            tune = true;
+            tune_file = optarg;
+            break;
         case OPT_FILE_IO:
             if (strcmp(optarg, "write") == 0)
                 file_io = DFL_FILE_IO_WRITE;
@@ -296,6 +307,15 @@ int main(int argc, char **argv)
         return 0;
     }
 
+    if (tune_file) {   /* read and checked here, wherever it will be used (on a GPU) or not */
+        dfl_tune_file *tf = NULL;
+        if (dfl_tune_file_open(&tf, tune_file, &e)) {
+            dfl_err_prefix(&e, "--tune-file: ");
+            return dfl_cli_report(&e);
+        }
+        dfl_tune_file_close(tf);
+    }
+
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -325,6 +345,7 @@ int main(int argc, char **argv)
             .n_caps = n_layers, .layers = layers, .dtype = dtype,
             .max_tokens = max_tokens, .manifest = manifest, .grow = be->kind == DFL_BE_CPU,
             .inflight = (int)inflight, .profile = (int)profile, .file_io = file_io, .tune = tune,
+            .tune_file = tune_file,
             .wopts = wopts, .stop = &stop_signal,
         };
         dfl_target_stats st;

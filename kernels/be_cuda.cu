@@ -1185,6 +1185,50 @@ extern "C" int dfl_cuda_matmul_pick(dfl_be *be, const dfl_mm *m, int index, int 
     return 0;
 }
 
+static_assert(sizeof(cublasLtMatmulAlgo_t) == DFL_MM_ALGO_BYTES, "cublasLtMatmulAlgo_t is not 64 bytes");
+
+extern "C" int dfl_cuda_matmul_algo(dfl_be *be, const dfl_mm *m, dfl_mm_algo *a, bool set, dfl_err *e)
+{
+    cuda_impl *im = cuda_of(be);
+    if (m->M <= 0 || m->N <= 0 || m->K <= 0)
+        return dfl_fail(e, DFL_EUNSUP, "%s: an empty product has no algorithm", be->name);
+    cuda_mm_plan *pl;
+    int rc = mm_check(be, m);
+    if (rc || (rc = cuda_enter(be)) || (rc = mm_get_plan(be, m, &pl)))
+        return take_op_error(be, rc, e);
+    const cuda_mm_key *k = &pl->key;
+    if (!set) {
+        snprintf(a->key, sizeof a->key,
+                 "%lldx%lldx%lld ld %lld,%lld,%lld dtype %d,%d,%d trans %d,%d beta %d bias %d align %d,%d,%d,%d",
+                 (long long)k->M, (long long)k->N, (long long)k->K, (long long)k->lda, (long long)k->ldb,
+                 (long long)k->ldc, k->adt, k->bdt, k->cdt, k->ta, k->tb, k->beta_nonzero, k->has_bias,
+                 k->align_a, k->align_b, k->align_c, k->align_bias);
+        dfl_cuda_props p;
+        if ((rc = dfl_cuda_device_props(im->device, &p, e)))
+            return rc;
+        snprintf(a->scope, sizeof a->scope, "%.96s sm_%d%d cuBLASLt %zu", p.name, p.cc_major, p.cc_minor,
+                 (size_t)cublasLtGetVersion());
+    }
+    if (!pl->use_lt)
+        return dfl_fail(e, DFL_EUNSUP, "%s: matmul %lldx%lldx%lld goes through cublasGemmEx: no algorithm to "
+                        "store", be->name, (long long)m->M, (long long)m->N, (long long)m->K);
+    if (!set) {
+        memcpy(a->bytes, &pl->algo, sizeof pl->algo);
+        return 0;
+    }
+    cublasLtMatmulAlgo_t algo;
+    memcpy(&algo, a->bytes, sizeof algo);
+    cublasLtMatmulHeuristicResult_t r;
+    memset(&r, 0, sizeof r);
+    const cublasStatus_t cs = cublasLtMatmulAlgoCheck(im->lt, pl->desc, pl->la, pl->lb, pl->lc, pl->lc, &algo, &r);
+    if (cs != CUBLAS_STATUS_SUCCESS || r.workspaceSize > im->ws_bytes)
+        return dfl_fail(e, DFL_EDATA, "%s: cuBLASLt refuses the stored algorithm for matmul %lldx%lldx%lld (%s)",
+                        be->name, (long long)m->M, (long long)m->N, (long long)m->K,
+                        cs != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(cs) : "it needs more workspace");
+    pl->algo = algo;
+    return 0;
+}
+
 extern "C" int dfl_cuda_attn_set_variant(dfl_be *be, int d, int v, dfl_err *e)
 {
     int di = cuda_attn_dim_index(d);
@@ -1255,6 +1299,8 @@ static void cublas_load_once(void)
     DFL_SYM(lt, LtMatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute")
     DFL_SYM(lt, LtMatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic")
     DFL_SYM(lt, LtMatmulAlgoConfigGetAttribute, "cublasLtMatmulAlgoConfigGetAttribute")
+    DFL_SYM(lt, LtMatmulAlgoCheck, "cublasLtMatmulAlgoCheck")
+    DFL_SYM(lt, LtGetVersion, "cublasLtGetVersion")
     DFL_SYM(bl, Create, "cublasCreate_v2")
     DFL_SYM(bl, Destroy, "cublasDestroy_v2")
     DFL_SYM(bl, SetStream, "cublasSetStream_v2")

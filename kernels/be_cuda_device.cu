@@ -117,6 +117,11 @@ static int d_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, int iters, 
     return dfl_cuda_matmul_tune(be, m, max_algos, iters, best_ms, first_ms, e);
 }
 
+static int d_matmul_algo(dfl_be *be, const dfl_mm *m, dfl_mm_algo *a, bool set, dfl_err *e)
+{
+    return dfl_cuda_matmul_algo(be, m, a, set, e);
+}
+
 /* ---- the NCCL communicator ---- */
 
 static_assert(sizeof(ncclUniqueId) <= DFL_COMM_ID_BYTES, "ncclUniqueId larger than DFL_COMM_ID_BYTES");
@@ -239,6 +244,7 @@ void cuda_device_ops_fill(dfl_be_ops *o)
     o->wait_stats = d_wait_stats;
     o->mem_info = d_mem_info;
     o->matmul_tune = d_matmul_tune;
+    o->matmul_algo = d_matmul_algo;
     o->comm_id = d_comm_id;
     o->comm_init = d_comm_init;
     o->comm_status = d_comm_status;

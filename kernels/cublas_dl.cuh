@@ -26,6 +26,8 @@ struct dfl_cublas_api {
     decltype(&cublasLtMatmulPreferenceSetAttribute) LtMatmulPreferenceSetAttribute;
     decltype(&cublasLtMatmulAlgoGetHeuristic) LtMatmulAlgoGetHeuristic;
     decltype(&cublasLtMatmulAlgoConfigGetAttribute) LtMatmulAlgoConfigGetAttribute;
+    decltype(&cublasLtMatmulAlgoCheck) LtMatmulAlgoCheck;
+    decltype(&cublasLtGetVersion) LtGetVersion;
     decltype(&cublasCreate_v2) Create;
     decltype(&cublasDestroy_v2) Destroy;
     decltype(&cublasSetStream_v2) SetStream;
@@ -57,6 +59,8 @@ int dfl_cublas_load(char *msg, size_t n);
 #define cublasLtMatmulPreferenceSetAttribute (dfl_cublas.LtMatmulPreferenceSetAttribute)
 #define cublasLtMatmulAlgoGetHeuristic (dfl_cublas.LtMatmulAlgoGetHeuristic)
 #define cublasLtMatmulAlgoConfigGetAttribute (dfl_cublas.LtMatmulAlgoConfigGetAttribute)
+#define cublasLtMatmulAlgoCheck (dfl_cublas.LtMatmulAlgoCheck)
+#define cublasLtGetVersion (dfl_cublas.LtGetVersion)
 #define cublasCreate_v2 (dfl_cublas.Create)
 #define cublasDestroy_v2 (dfl_cublas.Destroy)
 #define cublasSetStream_v2 (dfl_cublas.SetStream)

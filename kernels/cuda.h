@@ -149,6 +149,12 @@ void dfl_cuda_wait_stats(dfl_be *be, dfl_cuda_waits *w);
 int dfl_cuda_matmul_tune(dfl_be *be, const dfl_mm *m, int max_algos, int rounds, float *best_ms,
                          float *heuristic_ms, dfl_err *e);
 
+/* The algorithm of m's plan as bytes that can be stored (the backend's matmul_algo): a->key
+ * from the plan's key, a->scope "GPU NAME sm_XY cuBLASLt VERSION"; with set, the plan takes
+ * a->bytes once cublasLtMatmulAlgoCheck accepts them for it (DFL_EDATA when not). DFL_EUNSUP for
+ * a product that goes through the cublasGemmEx fallback. */
+int dfl_cuda_matmul_algo(dfl_be *be, const dfl_mm *m, dfl_mm_algo *a, bool set, dfl_err *e);
+
 /* Use cuBLASLt's candidate `index` (0: its first choice, as without a pick) for every later call
  * with m's shape, types, transposes, leading dimensions and alignments; *n_algos (may be NULL):
  * how many candidates there are (up to 32); desc (may be NULL): the candidate's configuration

@@ -43,6 +43,17 @@ typedef struct dfl_mm {
                         * NULL: C */
 } dfl_mm;
 
+/* A matmul plan's algorithm as it can be stored and used again (matmul_algo). */
+#define DFL_MM_ALGO_BYTES 64
+typedef struct dfl_mm_algo {
+    uint8_t bytes[DFL_MM_ALGO_BYTES]; /* the algorithm, opaque (CUDA: cuBLASLt's
+                                         cublasLtMatmulAlgo_t, which cuBLAS documents as
+                                         storable for use with the same cuBLAS) */
+    char key[192];                    /* the plan it is for: shape, types, transposes, leading
+                                         dimensions, alignments */
+    char scope[160];                  /* the GPU and library versions it holds for */
+} dfl_mm_algo;
+
 /* The C that m adds: Cin when it is given and beta != 0, else C itself (in place) */
 static inline const void *dfl_mm_cin(const dfl_mm *m)
 {
@@ -337,6 +348,12 @@ typedef struct dfl_be_ops {
      * has nothing to tune). */
     int (*matmul_tune)(dfl_be *be, const dfl_mm *m, int max_algos, int iters, float *best_ms,
                        float *first_ms, dfl_err *e);
+    /* The algorithm the plan for m's shape uses, into *a (with its key and scope); with set, the
+     * plan takes a->bytes instead, once the library has checked them against the plan
+     * (DFL_EDATA when it refuses them, the plan unchanged; a->key and a->scope are not read).
+     * DFL_EUNSUP where m's shape has no such plan. NULL where there is nothing to choose (the
+     * CPU). */
+    int (*matmul_algo)(dfl_be *be, const dfl_mm *m, dfl_mm_algo *a, bool set, dfl_err *e);
 
     /* The device communicator (be->device_comm: NCCL on CUDA; absent on the CPU, where the host
      * carries the sums). comm_id: rank 0 makes the identity the other ranks join with.

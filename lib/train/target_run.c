@@ -35,6 +35,7 @@
 #include "json.h"
 #include "log.h"
 #include "target.h"
+#include "tune_file.h"
 #include "util.h"
 
 
@@ -951,6 +952,83 @@ static int buffers_new(pipeline *p, int64_t max_t, int64_t max_s, dfl_err *e)
     return DFL_OK;
 }
 
+/* One product's algorithm from the tune file (tf may be NULL): true when it was stored there
+ * for this GPU and library and the library took it. *a gets the product's key and scope. */
+static bool tune_from_file(pipeline *p, dfl_tune_file *tf, const dfl_mm *m, const char *name, dfl_mm_algo *a)
+{
+    dfl_be *be = p->be;
+    dfl_err ke = {0};
+    memset(a, 0, sizeof *a);
+    if (!tf || be->ops->matmul_algo(be, m, a, false, &ke))
+        return false;   /* no file, or no algorithm to store for this product (ke says why) */
+    if (!dfl_tune_file_get(tf, a))
+        return false;
+    if (be->ops->matmul_algo(be, m, a, true, &ke)) {
+        dfl_info("--tune-file %s: %s: %s; timing it again", p->o->tune_file, name, ke.msg);
+        return false;
+    }
+    return true;
+}
+
+/* --tune: the largest batch's four products, each from the tune file where it has them, else
+ * timed (and then stored in it). */
+static int tune_gemms(pipeline *p, int64_t T, dfl_err *e)
+{
+    dfl_be *be = p->be;
+    dfl_mm mm[4];
+    const char *names[4] = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"};
+    int rc = dfl_target_gemms(p->t, p->ws, T, mm);
+    if (rc)
+        return rc;
+    dfl_tune_file *tf = NULL;
+    if (p->o->tune_file && be->ops->matmul_algo && (rc = dfl_tune_file_open(&tf, p->o->tune_file, e))) {
+        dfl_err_prefix(e, "--tune-file: ");
+        return rc;
+    }
+    int stored = 0, timed = 0;
+    bool other_scope = false;
+    for (int i = 0; i < 4 && !rc; i++) {
+        float best = 0, first = 0;
+        dfl_mm_algo a;
+        if (mm[i].M == 0) /* a sparse layer's experts */
+            continue;
+        if (tune_from_file(p, tf, &mm[i], names[i], &a)) {
+            stored++;
+            dfl_verbose("tune %s %lldx%lldx%lld: the algorithm stored in %s", names[i], (long long)mm[i].M,
+                        (long long)mm[i].N, (long long)mm[i].K, p->o->tune_file);
+            continue;
+        }
+        other_scope = other_scope || (tf && a.scope[0] && dfl_tune_file_scope(tf)[0] &&
+                                      strcmp(dfl_tune_file_scope(tf), a.scope));
+        if ((rc = be->ops->matmul_tune(be, &mm[i], 16, 4, &best, &first, e))) {
+            dfl_err_prefix(e, "--tune %s: ", names[i]);
+            break;
+        }
+        timed++;
+        dfl_verbose("tune %s %lldx%lldx%lld: cuBLASLt's first choice %.3f ms, the fastest %.3f ms (a call, sustained)",
+                    names[i], (long long)mm[i].M, (long long)mm[i].N, (long long)mm[i].K, first, best);
+        if (tf) {   /* stored, unless the product has no algorithm to store (DFL_EUNSUP) */
+            dfl_err ge = {0};
+            int grc = be->ops->matmul_algo(be, &mm[i], &a, false, &ge);
+            if (!grc)
+                rc = dfl_tune_file_put(tf, &a, e);
+            else if (grc != DFL_EUNSUP) {
+                rc = grc;
+                *e = ge;
+            }
+        }
+    }
+    bool written = false;
+    if (!rc && tf && (rc = dfl_tune_file_save(tf, &written, e)))
+        dfl_err_prefix(e, "--tune-file: ");
+    if (!rc && tf)
+        dfl_info("--tune-file %s: %d product%s from the file, %d timed%s%s", p->o->tune_file, stored,
+                 stored == 1 ? "" : "s", timed, written ? " and stored in it" : "",
+                 other_scope ? " (it was written for another GPU or library: now for this one)" : "");
+    dfl_tune_file_close(tf);
+    return rc;
+}
+
 /* A forward on a made-up batch of the largest shape (token ids spread over the vocabulary), so
  * that kernels are loaded, cuBLASLt plans exist and (--tune) the GEMMs' algorithms are chosen
  * before the first real batch. */
@@ -997,23 +1075,8 @@ static int warm_up(pipeline *p, const shape *sh, dfl_err *e)
     double t1 = dfl_now();
     dfl_verbose("warm-up: a batch of %lld tokens in %lld sequences in %.3f s", (long long)T,
                 (long long)S, t1 - t0);
-    if (p->o->tune) {
-        dfl_mm mm[4];
-        const char *names[4] = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"};
-        if ((rc = dfl_target_gemms(t, p->ws, T, mm)))
-            goto out;
-        for (int i = 0; i < 4; i++) {
-            float best = 0, first = 0;
-            if (mm[i].M == 0) /* a sparse layer's experts */
-                continue;
-            if ((rc = be->ops->matmul_tune(be, &mm[i], 16, 4, &best, &first, e))) {
-                dfl_err_prefix(e, "--tune %s: ", names[i]);
-                goto out;
-            }
-            dfl_verbose("tune %s %lldx%lldx%lld: cuBLASLt's first choice %.3f ms, the fastest %.3f ms (a call, sustained)",
-                        names[i], (long long)mm[i].M, (long long)mm[i].N, (long long)mm[i].K, first, best);
-        }
-    }
+    if (p->o->tune && (rc = tune_gemms(p, T, e)))
+        goto out;
 out:
     free(lens);
     free(ids);

@@ -623,6 +623,36 @@ signal_stops() { # signal, output mode (stdout|file)
     cmp "$BATS_TEST_TMPDIR/a.dfl" "$BATS_TEST_TMPDIR/b.dfl"
 }
 
+@test "--tune-file on the CPU: a good file is read and left as it is, an absent one is not made, the output is the same" {
+    local t="$BATS_TEST_TMPDIR" h
+    h=$(printf '%0128d' 0)
+    printf '{"format": "dfl-tune 1", "scope": "some GPU sm_90 cuBLASLt 1", "products": {"k": "%s"}}\n' "$h" >"$t/good.json"
+    cp "$t/good.json" "$t/before.json"
+    dfl-target -q -m "$D/m4" --tune-file "$t/good.json" -o "$t/a.dfl" "$D/tok3.dfl"
+    dfl-target -q -m "$D/m4" --tune-file "$t/absent.json" -o "$t/b.dfl" "$D/tok3.dfl"
+    dfl-target -q -m "$D/m4" -o "$t/c.dfl" "$D/tok3.dfl"
+    cmp "$t/good.json" "$t/before.json"
+    [ ! -e "$t/absent.json" ]
+    cmp "$t/a.dfl" "$t/c.dfl"
+    cmp "$t/b.dfl" "$t/c.dfl"
+    run -1 dfl-target -m "$D/m4" --tune-file "" --info
+    assert_output --partial "--tune-file: an empty file name"
+}
+
+@test "every case of tests/bad/tune is refused with its status and message before the run, leaving no output" {
+    local n=0 out="$BATS_TEST_TMPDIR/o.dfl"
+    while IFS='|' read -r name code text; do
+        [[ -z "$name" || "$name" == \#* ]] && continue
+        run dfl-target -m "$BAD/target/good-model" --layers 0 --tune-file "$BAD/tune/$name" -o "$out" "$BAD/target/tokens.dfl"
+        [ "$status" -eq "$code" ] || { echo "$name: status $status, expected $code: $output"; return 1; }
+        [[ "$output" == *"--tune-file: $BAD/tune/$name"* ]] || { echo "$name: the message does not name the file: $output"; return 1; }
+        [[ "$output" == *"$text"* ]] || { echo "$name: message lacks '$text': $output"; return 1; }
+        [ ! -e "$out" ] || { echo "$name: left $out behind"; return 1; }
+        n=$((n + 1))
+    done <"$BAD/tune/EXPECT"
+    [ "$n" -ge 11 ]
+}
+
 @test "SIGTERM with --file-io map leaves no output file" {
     local t="$BATS_TEST_TMPDIR" second
     second=$(tokens_frame_offset "$D/big.dfl" 2)

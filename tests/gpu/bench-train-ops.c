@@ -469,9 +469,9 @@ int main(int argc, char **argv)
     if (norms_only) {
         bench_bandwidth(copy_gbs, true);
     } else if (lmce_only) {
-        static const int64_t c[] = {1024, 0};
-        bench_lmce(peak, 30720, 4096, 151936, c);
-        bench_lmce(peak, 30720, 5120, 248320, c);
+        static const int64_t rows[] = {1024, 0};
+        bench_lmce(peak, 30720, 4096, 151936, rows);
+        bench_lmce(peak, 30720, 5120, 248320, rows);
     } else if (window_only) {
         double full = bench_attention(peak, 4096, 0), win = bench_attention(peak, 4096, 2048);
         printf("Qwen3.6-27B drafter attention, 4 x 4096 tokens: full %.3f ms, window 2048 %.3f ms per layer "

@@ -8,7 +8,8 @@
  * of the CPU's f32 (per row relative error and cosine, NaN failing); and the layers of every GPU
  * run bit-identical to the first GPU run's (a slot or capture buffer overwritten too early, or a
  * batch in the wrong place, shows here). Also: sizing from the index, from the first batch (and
- * the error when a later batch is larger), --profile, and several inputs.
+ * the error when a later batch is larger), --profile, several inputs, and --tune-file (its
+ * second run bit-identical to its first).
  *
  * Under a sanitizer: DFL_GPU_WRAP is put before every GPU dfl-target command; the sanitizer's
  * report must go to a file (on stdout it would mix into the stream), e.g.
@@ -323,6 +324,47 @@ static void test_profile_and_inputs(void)
     T_CHECK(c.structure_ok, "same batches as the CPU run over the same two inputs");
 }
 
+/* --tune-file: the first run times the four products and stores its choices in the file; the
+ * second takes them from it, times nothing and writes the same bits; a file stored for another
+ * GPU or library is timed again and rewritten for this one. */
+static void test_tune_file(void)
+{
+    if (!have_device())
+        T_SKIP("no CUDA GPU");
+    if (strcmp(device, "cpu") == 0)
+        T_SKIP("the CPU has nothing to tune");
+    if (*wrap)
+        T_SKIP("not under a sanitizer (three runs with tuning)");
+    char tf[4300], o1[4300], o2[4300], err[4300];
+    snprintf(tf, sizeof tf, "%s/tune.json", dir);
+    snprintf(o1, sizeof o1, "%s/tune1.dfl", dir);
+    snprintf(o2, sizeof o2, "%s/tune2.dfl", dir);
+    snprintf(err, sizeof err, "%s/tune.err", dir);
+    remove(tf);
+    int st = sh("'%s/dfl-target' -m '%s' --device %s --layers %s --dtype f32 --tune-file '%s' -o '%s' '%s' "
+                "2>'%s'", bin, model, device, layers_arg(), tf, o1, tok, err);
+    T_CHECK(st == 0, "first run: exit %d", st);
+    T_CHECK(exists(tf), "the tune file was written");
+    T_CHECK(sh("grep -q -- '--tune-file .*: 0 products from the file, [1-4] timed and stored in it' '%s'",
+               err) == 0, "first run: timed and stored");
+    st = sh("'%s/dfl-target' -m '%s' --device %s --layers %s --dtype f32 --tune-file '%s' -o '%s' '%s' 2>'%s'",
+            bin, model, device, layers_arg(), tf, o2, tok, err);
+    T_CHECK(st == 0, "second run: exit %d", st);
+    T_CHECK(sh("grep -q -- '--tune-file .*: [1-4] products* from the file, 0 timed$' '%s'", err) == 0,
+            "second run: every product from the file, none timed");
+    cmp c;
+    compare("--tune-file, second run", o2, cpu32, o1, &c);   /* bit-identical to the first run */
+    T_CHECK(c.structure_ok && c.batches == n_batches, "second run: %d batches", c.batches);
+    /* stored for another GPU: timed again, rewritten */
+    T_CHECK(sh("sed -i 's/\"scope\": \"[^\"]*\"/\"scope\": \"another GPU\"/' '%s'", tf) == 0, "sed");
+    st = sh("'%s/dfl-target' -m '%s' --device %s --layers %s --dtype f32 --tune-file '%s' -o '%s' '%s' 2>'%s'",
+            bin, model, device, layers_arg(), tf, o2, tok, err);
+    T_CHECK(st == 0, "third run: exit %d", st);
+    T_CHECK(sh("grep -q -- 'timed and stored in it (it was written for another GPU or library' '%s'", err) == 0,
+            "another GPU's file: timed again and rewritten");
+    T_CHECK(sh("grep -q 'another GPU' '%s'", tf) != 0, "the file's scope is this GPU's again");
+}
+
 int main(int argc, char **argv)
 {
     t_init(argv[0]);
@@ -342,5 +384,6 @@ int main(int argc, char **argv)
     T_RUN(test_outputs);
     T_RUN(test_sizing);
     T_RUN(test_profile_and_inputs);
+    T_RUN(test_tune_file);
     return t_done();
 }

@@ -17,30 +17,6 @@
 #include "t.h"
 
 /* The source tree: two levels above this binary (build/tests/test-safetensors). */
-static const char *src_root(void)
-{
-    static char root[PATH_MAX];
-    if (root[0])
-        return root;
-    const char *env = getenv("DFL_SRCDIR");
-    if (env && *env) {
-        snprintf(root, sizeof root, "%s", env);
-        return root;
-    }
-    ssize_t n = readlink("/proc/self/exe", root, sizeof root - 1);
-    if (n <= 0) {
-        snprintf(root, sizeof root, ".");
-        return root;
-    }
-    root[n] = 0;
-    for (int up = 0; up < 3; up++) {
-        char *s = strrchr(root, '/');
-        if (s)
-            *s = 0;
-    }
-    return root;
-}
-
 static char *tmp_path(const char *name)
 {
     return dfl_path_join(t_tmpdir(), name);
@@ -658,7 +634,7 @@ static void test_fixtures(void)
     char p[PATH_MAX];
     dfl_err e;
     dfl_st_file *f = NULL;
-    snprintf(p, sizeof p, "%s/tests/fixtures/st/foreign.safetensors", src_root());
+    snprintf(p, sizeof p, "%s/tests/fixtures/st/foreign.safetensors", t_src_root());
     T_CHECK(dfl_st_open(&f, p, &e) == 0, "open %s: %s", p, e.msg);
     if (!f)
         return;
@@ -707,7 +683,7 @@ static void test_fixtures(void)
 static void test_bad_corpus(void)
 {
     char dir[PATH_MAX], mf[PATH_MAX + 16];
-    snprintf(dir, sizeof dir, "%s/tests/bad/safetensors", src_root());
+    snprintf(dir, sizeof dir, "%s/tests/bad/safetensors", t_src_root());
     snprintf(mf, sizeof mf, "%s/MANIFEST", dir);
     FILE *fp = fopen(mf, "r");
     T_CHECK(fp != NULL, "cannot open %s", mf);
@@ -779,7 +755,7 @@ static void test_truncations(void)
 {
     const char *src = "foreign.safetensors";
     char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s/tests/fixtures/st/%s", src_root(), src);
+    snprintf(p, sizeof p, "%s/tests/fixtures/st/%s", t_src_root(), src);
     char *buf = NULL;
     size_t n = 0;
     T_CHECK(read_all(p, &buf, &n) == 0, "read %s", p);
@@ -805,7 +781,7 @@ static void test_truncations(void)
 static void test_header_mutations(void)
 {
     char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s/tests/fixtures/st/foreign.safetensors", src_root());
+    snprintf(p, sizeof p, "%s/tests/fixtures/st/foreign.safetensors", t_src_root());
     char *buf = NULL;
     size_t n = 0;
     T_CHECK(read_all(p, &buf, &n) == 0, "read %s", p);
