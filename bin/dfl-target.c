@@ -307,13 +307,10 @@ int main(int argc, char **argv)
         return 0;
     }
 
-    if (tune_file) {   /* read and checked here, wherever it will be used (on a GPU) or not */
-        dfl_tune_file *tf = NULL;
-        if (dfl_tune_file_open(&tf, tune_file, &e)) {
-            dfl_err_prefix(&e, "--tune-file: ");
-            return dfl_cli_report(&e);
-        }
-        dfl_tune_file_close(tf);
+    dfl_tune_file *tf = NULL;   /* read and checked before the run, whether a GPU uses it or not */
+    if (tune_file && dfl_tune_file_open(&tf, tune_file, &e)) {
+        dfl_err_prefix(&e, "--tune-file: ");
+        return dfl_cli_report(&e);
     }
 
     struct sigaction sa;
@@ -345,7 +342,7 @@ int main(int argc, char **argv)
             .n_caps = n_layers, .layers = layers, .dtype = dtype,
             .max_tokens = max_tokens, .manifest = manifest, .grow = be->kind == DFL_BE_CPU,
             .inflight = (int)inflight, .profile = (int)profile, .file_io = file_io, .tune = tune,
-            .tune_file = tune_file,
+            .tune_file = tf,
             .wopts = wopts, .stop = &stop_signal,
         };
         dfl_target_stats st;
@@ -361,5 +358,6 @@ int main(int argc, char **argv)
     }
     dfl_target_close(t);
     dfl_be_close(be);
+    dfl_tune_file_close(tf);
     return rc ? dfl_cli_report(&e) : 0;
 }

@@ -1029,22 +1029,33 @@ static void mm_algo_desc(const cublasLtMatmulAlgo_t *a, char *buf, size_t n)
     }
 }
 
+/* The plan for m (checked, on this backend's device) into *pl; NULL for an empty product */
+static int mm_plan_for(dfl_be *be, const dfl_mm *m, cuda_mm_plan **pl, dfl_err *e)
+{
+    *pl = NULL;
+    if (m->M <= 0 || m->N <= 0 || m->K <= 0)
+        return 0;
+    int rc = mm_check(be, m);
+    if (rc || (rc = cuda_enter(be)) || (rc = mm_get_plan(be, m, pl)))
+        return take_op_error(be, rc, e);
+    return 0;
+}
+
 /* The choice the tune and the pick make for m: its plan and up to max of cuBLASLt's candidates
  * (best first) into res, *n of them; *pl NULL where there is nothing to choose (an empty
  * product, or the cublasGemmEx fallback) */
 static int mm_candidates(dfl_be *be, const dfl_mm *m, int max, cuda_mm_plan **pl,
                          cublasLtMatmulHeuristicResult_t *res, int *n, dfl_err *e)
 {
-    *pl = NULL;
     *n = 0;
-    if (m->M <= 0 || m->N <= 0 || m->K <= 0)
-        return 0;
     cuda_mm_plan *p;
-    int rc = mm_check(be, m);
-    if (rc || (rc = cuda_enter(be)) || (rc = mm_get_plan(be, m, &p)) ||
-        (p->use_lt && (rc = mm_heuristics(be, m, p, res, max, n))))
+    int rc = mm_plan_for(be, m, &p, e);
+    *pl = NULL;
+    if (rc || !p || !p->use_lt)
+        return rc;
+    if ((rc = mm_heuristics(be, m, p, res, max, n)))
         return take_op_error(be, rc, e);
-    *pl = p->use_lt ? p : NULL;
+    *pl = p;
     return 0;
 }
 
@@ -1190,12 +1201,12 @@ static_assert(sizeof(cublasLtMatmulAlgo_t) == DFL_MM_ALGO_BYTES, "cublasLtMatmul
 extern "C" int dfl_cuda_matmul_algo(dfl_be *be, const dfl_mm *m, dfl_mm_algo *a, bool set, dfl_err *e)
 {
     cuda_impl *im = cuda_of(be);
-    if (m->M <= 0 || m->N <= 0 || m->K <= 0)
-        return dfl_fail(e, DFL_EUNSUP, "%s: an empty product has no algorithm", be->name);
     cuda_mm_plan *pl;
-    int rc = mm_check(be, m);
-    if (rc || (rc = cuda_enter(be)) || (rc = mm_get_plan(be, m, &pl)))
-        return take_op_error(be, rc, e);
+    int rc = mm_plan_for(be, m, &pl, e);
+    if (rc)
+        return rc;
+    if (!pl)
+        return dfl_fail(e, DFL_EUNSUP, "%s: an empty product has no algorithm", be->name);
     const cuda_mm_key *k = &pl->key;
     if (!set) {
         snprintf(a->key, sizeof a->key,

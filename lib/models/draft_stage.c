@@ -426,12 +426,7 @@ int dfl_draft_warmup(dfl_draft *m, dfl_err *e)
             ids[i] = (int32_t)((i * 7919 + 13) % c->vocab);
         for (int64_t i = 0; i < T * c->hidden; i++) {
             const float v = (float)dfl_rng_normal(&r);
-            if (m->feat_dt == DFL_BF16)
-                ((uint16_t *)feat)[i] = dfl_f32_to_bf16(v);
-            else if (m->feat_dt == DFL_F16)
-                ((uint16_t *)feat)[i] = dfl_f32_to_f16(v);
-            else
-                ((float *)feat)[i] = v;
+            dfl_convert((char *)feat + (size_t)i * fs, m->feat_dt, &v, DFL_F32, 1);
         }
     }
     dfl_draft_input in = {.T = T, .S = 1, .seq_lens = &len, .input_ids = ids, .loss_mask = mask,

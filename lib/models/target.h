@@ -197,10 +197,10 @@ typedef struct dfl_target_run_opts {
     int file_io;                 /* -o FILE: DFL_FILE_IO_* */
     bool tune;                   /* GPU: time the GEMM library's candidate algorithms for the largest
                                     batch's GEMMs before the first batch */
-    const char *tune_file;       /* with tune (GPU): take the algorithms stored in this file for
+    struct dfl_tune_file *tune_file; /* with tune (GPU): take the algorithms stored in this file
+                                    (opened and checked by the caller, lib/train/tune_file.h) for
                                     the products it has for this GPU and library, time the rest,
-                                    and store their choices in it (lib/train/tune_file.h); NULL:
-                                    none */
+                                    and store their choices in it; NULL: none */
     dfl_writer_opts wopts;
     volatile sig_atomic_t *stop; /* set by a signal handler: stop at the next batch boundary */
 } dfl_target_run_opts;

@@ -964,7 +964,7 @@ static bool tune_from_file(pipeline *p, dfl_tune_file *tf, const dfl_mm *m, cons
     if (!dfl_tune_file_get(tf, a))
         return false;
     if (be->ops->matmul_algo(be, m, a, true, &ke)) {
-        dfl_info("--tune-file %s: %s: %s; timing it again", p->o->tune_file, name, ke.msg);
+        dfl_info("--tune-file %s: %s: %s; timing it again", dfl_tune_file_path(tf), name, ke.msg);
         return false;
     }
     return true;
@@ -980,11 +980,7 @@ static int tune_gemms(pipeline *p, int64_t T, dfl_err *e)
     int rc = dfl_target_gemms(p->t, p->ws, T, mm);
     if (rc)
         return rc;
-    dfl_tune_file *tf = NULL;
-    if (p->o->tune_file && be->ops->matmul_algo && (rc = dfl_tune_file_open(&tf, p->o->tune_file, e))) {
-        dfl_err_prefix(e, "--tune-file: ");
-        return rc;
-    }
+    dfl_tune_file *tf = be->ops->matmul_algo ? p->o->tune_file : NULL;
     int stored = 0, timed = 0;
     bool other_scope = false;
     for (int i = 0; i < 4 && !rc; i++) {
@@ -995,7 +991,7 @@ static int tune_gemms(pipeline *p, int64_t T, dfl_err *e)
         if (tune_from_file(p, tf, &mm[i], names[i], &a)) {
             stored++;
             dfl_verbose("tune %s %lldx%lldx%lld: the algorithm stored in %s", names[i], (long long)mm[i].M,
-                        (long long)mm[i].N, (long long)mm[i].K, p->o->tune_file);
+                        (long long)mm[i].N, (long long)mm[i].K, dfl_tune_file_path(tf));
             continue;
         }
         other_scope = other_scope || (tf && a.scope[0] && dfl_tune_file_scope(tf)[0] &&
@@ -1022,10 +1018,9 @@ static int tune_gemms(pipeline *p, int64_t T, dfl_err *e)
     if (!rc && tf && (rc = dfl_tune_file_save(tf, &written, e)))
         dfl_err_prefix(e, "--tune-file: ");
     if (!rc && tf)
-        dfl_info("--tune-file %s: %d product%s from the file, %d timed%s%s", p->o->tune_file, stored,
+        dfl_info("--tune-file %s: %d product%s from the file, %d timed%s%s", dfl_tune_file_path(tf), stored,
                  stored == 1 ? "" : "s", timed, written ? " and stored in it" : "",
                  other_scope ? " (it was written for another GPU or library: now for this one)" : "");
-    dfl_tune_file_close(tf);
     return rc;
 }
 

@@ -143,6 +143,8 @@ int dfl_tune_file_count(const dfl_tune_file *f, const char *scope)
 
 const char *dfl_tune_file_scope(const dfl_tune_file *f) { return f->scope; }
 
+const char *dfl_tune_file_path(const dfl_tune_file *f) { return f->path; }
+
 int dfl_tune_file_save(dfl_tune_file *f, bool *written, dfl_err *e)
 {
     if (written)

@@ -27,8 +27,9 @@ bool dfl_tune_file_get(const dfl_tune_file *f, dfl_mm_algo *a);
 int dfl_tune_file_put(dfl_tune_file *f, const dfl_mm_algo *a, dfl_err *e);
 /* The number of products stored under scope (0 when the file's scope is another). */
 int dfl_tune_file_count(const dfl_tune_file *f, const char *scope);
-/* The file's scope as read ("" when it was absent). */
+/* The file's scope as read ("" when it was absent), and its path. */
 const char *dfl_tune_file_scope(const dfl_tune_file *f);
+const char *dfl_tune_file_path(const dfl_tune_file *f);
 /* Writes the file (atomically: dfl_json_write_file) when a put changed it; *written (may be
  * NULL) says whether it did. */
 int dfl_tune_file_save(dfl_tune_file *f, bool *written, dfl_err *e);
