@@ -548,6 +548,40 @@ static void test_matmul_pick(void)
     tune_free(g);
 }
 
+/* matmul_algo: a plan's algorithm out (with its key and scope) and back in gives the right
+ * product; bytes cuBLASLt does not accept are refused (DFL_EDATA) and leave the plan as it was. */
+static void test_matmul_algo(void)
+{
+    NEED_GPU();
+    dfl_be *be = g_bf;
+    dfl_err e = {0};
+    struct mode md = {g_bf, DFL_BF16, "bf16", true};
+    gbuf g[3];
+    dfl_mm m;
+    if (!tune_setup(g, &m))
+        return;
+    dfl_mm_algo a, bad;
+    memset(&a, 0, sizeof a);
+    int rc = be->ops->matmul_algo(be, &m, &a, false, &e);
+    T_CHECK(rc == 0 && strstr(a.key, "256x512x384") && strstr(a.scope, " sm_") && strstr(a.scope, "cuBLASLt "),
+            "get: rc %d key '%s' scope '%s' %s", rc, a.key, a.scope, e.msg);
+    printf("#   algo 256x512x384: key '%s', scope '%s'\n", a.key, a.scope);
+    rc = be->ops->matmul_algo(be, &m, &a, true, &e);
+    T_CHECK(rc == 0, "set back: rc %d %s", rc, e.msg);
+    run_mm_case(&md, &tune_case);
+    bad = a;
+    memset(bad.bytes, 0xff, sizeof bad.bytes);
+    memset(&e, 0, sizeof e);
+    rc = be->ops->matmul_algo(be, &m, &bad, true, &e);
+    T_CHECK(rc == DFL_EDATA && strstr(e.msg, "refuses"), "garbage bytes: rc %d '%s'", rc, e.msg);
+    dfl_mm_algo now;
+    memset(&now, 0, sizeof now);
+    T_CHECK(be->ops->matmul_algo(be, &m, &now, false, &e) == 0 && !memcmp(now.bytes, a.bytes, sizeof a.bytes),
+            "the plan kept its algorithm: %s", e.msg);
+    run_mm_case(&md, &tune_case);
+    tune_free(g);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* embedding */
 
@@ -1123,6 +1157,7 @@ int main(int argc, char **argv)
     T_RUN(test_matmul);
     T_RUN(test_matmul_tune);
     T_RUN(test_matmul_pick);
+    T_RUN(test_matmul_algo);
     T_RUN(test_embedding);
     T_RUN(test_rmsnorm);
     T_RUN(test_add_rmsnorm);
