@@ -39,6 +39,19 @@ run_bench() {
     run -1 "$REPO/bench/draft" --shape tiny --steps many
 }
 
+@test "bench/draft --public: a directory without SpecForge's DFlash trainer, or --shape tiny, exits 1 before any work" {
+    mkdir -p "$T/sf/specforge/modeling/draft" "$T/sf/configs"
+    touch "$T/sf/specforge/modeling/draft/dflash.py"
+    run -1 --separate-stderr "$REPO/bench/draft" --shape 8b --public "$T/sf" --out "$T/res.txt"
+    [[ "$stderr" == *"--public $T/sf: not a SpecForge checkout"*"specforge/algorithms/common/dflash_family_model.py"* ]]
+    [ ! -e "$T/res.txt" ]
+    run -1 "$REPO/bench/draft" --shape tiny --public "$T/sf"
+    [[ "$output" == *"--public runs at --shape 8b or 27b"* ]]
+    # the peer script itself: exit 2 naming what is missing
+    run -2 --separate-stderr python3 "$REPO/bench/peers/specforge_step.py" --specforge "$T/sf" --shape 27b
+    [[ "$stderr" == *"$T/sf: not a SpecForge checkout"*"no specforge/algorithms/common/dflash_family_model.py"* ]]
+}
+
 @test "bench/draft --shape tiny: the table with our tokens/s and TFLOP/s, logs beside it, no scratch left" {
     run_bench draft --shape tiny --steps 3 --tune --profile
     grep -q '^== results (tiny' "$f"
