@@ -88,6 +88,11 @@ with zipfile.ZipFile(buf, 'w') as z:
 open(os.path.join(out, 'fixtures.zip'), 'wb').write(buf.getvalue())
 PY
 fi
+# tune: good --tune-files (the bad ones, tests/bad/tune, are read in place)
+mkdir -p $c/tune
+h=$(printf '%0128d' 0)
+printf '{"format": "dfl-tune 1", "scope": "NVIDIA H200 sm_90 cuBLASLt 130100", "products": {}}\n' >$c/tune/good-empty.json
+printf '{"format": "dfl-tune 1", "scope": "NVIDIA H200 sm_90 cuBLASLt 130100", "products": {"16384x6144x4096 ld 4096,4096,6144 dtype 1,1,1 trans 0,1 beta 0 bias 0 align 256,256,256,0": "%s", "256x512x384": "%s"}}\n' "$h" "${h%??}ff" >$c/tune/good-two.json
 # safetensors: the seeds are the fixtures and the bad corpus, read in place; keep the dir
 mkdir -p $c/safetensors
 [ -f $c/safetensors/README ] || echo "Seeds are read from tests/fixtures/st and tests/bad/safetensors; libFuzzer finds more." >$c/safetensors/README
