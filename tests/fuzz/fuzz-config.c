@@ -61,12 +61,20 @@ static void check_config(const dfl_hf_config *c)
                   "linear sizes %lld/%lld heads of %lld/%lld, conv %lld", (long long)c->lin_k_heads,
                   (long long)c->lin_v_heads, (long long)c->lin_k_dim, (long long)c->lin_v_dim,
                   (long long)c->lin_conv);
-    if (c->arch == DFL_HF_QWEN3_MOE)
+    /* experts: qwen3_moe, and qwen3_5_moe (hybrid: every layer sparse, a shared expert each) */
+    if (c->arch == DFL_HF_QWEN3_MOE || (c->arch == DFL_HF_QWEN35 && c->n_experts))
         FZ_ASSERT(c->n_experts >= 1 && c->top_k >= 1 && c->top_k <= c->n_experts &&
                       c->moe_intermediate >= 1 && c->sparse_step >= 1, "experts %lld, top %lld",
                   (long long)c->n_experts, (long long)c->top_k);
     else
         FZ_ASSERT(c->n_experts == 0 && !dfl_hf_layer_is_moe(c, 0), "experts in a dense model");
+    if (c->arch == DFL_HF_QWEN35 && c->n_experts)
+        FZ_ASSERT(c->shared_intermediate >= 1 && c->sparse_step == 1 && c->norm_topk_prob &&
+                      dfl_hf_layer_is_moe(c, c->n_layers - 1),
+                  "hybrid experts: shared %lld, sparse step %lld", (long long)c->shared_intermediate,
+                  (long long)c->sparse_step);
+    else
+        FZ_ASSERT(c->shared_intermediate == 0, "a shared expert outside qwen3_5_moe");
     /* the rope scaling gives finite positive frequencies */
     float inv[512];
     dfl_rope_inv_freq_scaled(inv, (int)c->head_dim, (float)c->rope_theta, &c->rope, DFL_F32);
@@ -75,8 +83,11 @@ static void check_config(const dfl_hf_config *c)
                   dfl_rope_kind_name(c->rope.kind), i, inv[i]);
     FZ_ASSERT(c->rope.attention_factor > 0 && c->rope.attention_factor < 1e3, "attention factor %g",
               c->rope.attention_factor);
+    /* a dense MLP's width: every model but qwen3_5_moe, whose layers are all sparse (its
+     * intermediate_size may be absent: transformers deletes it) */
+    bool all_sparse = c->arch == DFL_HF_QWEN35 && c->n_experts;
     FZ_ASSERT(c->hidden_size >= 1 && c->n_layers >= 1 && c->n_heads >= 1 && c->n_kv_heads >= 1 &&
-                  c->intermediate_size >= 1 && c->vocab_size >= 1 && c->vocab_size <= INT32_MAX,
+                  (c->intermediate_size >= 1 || all_sparse) && c->vocab_size >= 1 && c->vocab_size <= INT32_MAX,
               "a size out of range");
     FZ_ASSERT(c->n_heads % c->n_kv_heads == 0, "heads %lld, kv heads %lld", (long long)c->n_heads,
               (long long)c->n_kv_heads);
