@@ -27,9 +27,10 @@ and the last layer's slot-0 MLP rows the public step computes are not counted: t
 model work).
 
 Usage: specforge_step.py --specforge DIR [--shape 8b|27b] [--seqs N] [--seq-len L] [--anchors N]
-                         [--batch B] [--warmup N] [--steps N] [--seed N] [--json FILE]
+                         [--batch B] [--warmup N] [--steps N] [--seed N] [--json FILE] [--check]
 Prints one JSON line (tokens_per_s, tflops, seconds, loss, peak_mem_gb, specforge_commit, ...).
-Exit status 2 when DIR is not a SpecForge checkout with these files."""
+Exit status 2 when DIR is not a SpecForge checkout with these files (--check: only that check,
+before torch is imported; bench/draft --public makes it before any other work)."""
 import argparse
 import importlib
 import json
@@ -89,9 +90,12 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json")
+    ap.add_argument("--check", action="store_true", help="only check that the checkout has what the step runs")
     a = ap.parse_args()
+    check_checkout(a.specforge, a.shape)
+    if a.check:
+        return
     root = os.path.abspath(a.specforge)
-    check_checkout(root, a.shape)
     L = a.seq_len or (4096 if a.shape == "27b" else 3072)
     batch = a.batch or a.seqs
     if batch <= 0 or a.seqs <= 0 or a.seqs % batch or L < 2 or a.anchors <= 0 or a.steps <= 0 or a.warmup < 0:

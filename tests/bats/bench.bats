@@ -50,6 +50,13 @@ run_bench() {
     # the peer script itself: exit 2 naming what is missing
     run -2 --separate-stderr python3 "$REPO/bench/peers/specforge_step.py" --specforge "$T/sf" --shape 27b
     [[ "$stderr" == *"$T/sf: not a SpecForge checkout"*"no specforge/algorithms/common/dflash_family_model.py"* ]]
+    # with every file the step runs, --check passes (without torch: it checks before importing it)
+    mkdir -p "$T/sf/specforge/algorithms/common" "$T/sf/specforge/core"
+    touch "$T/sf/specforge/algorithms/common/dflash_family_model.py" "$T/sf/specforge/optimizer.py" \
+        "$T/sf/specforge/core/chunking.py" "$T/sf/configs/qwen3.6-27b-dflash.json"
+    run -0 python3 "$REPO/bench/peers/specforge_step.py" --specforge "$T/sf" --shape 27b --check
+    run -2 --separate-stderr python3 "$REPO/bench/peers/specforge_step.py" --specforge "$T/sf" --shape 8b --check
+    [[ "$stderr" == *"no configs/qwen3-8b-dflash.json"* ]]
 }
 
 @test "bench/draft --shape tiny: the table with our tokens/s and TFLOP/s, logs beside it, no scratch left" {
