@@ -89,6 +89,8 @@ ifeq ($(CUDA),1)
   $(B)/obj/kernels/attn_wgmma.o: override NVCCFLAGS := $(filter-out -arch=sm_90,$(NVCCFLAGS)) -gencode arch=compute_90a$(comma)code=sm_90a
   # kernels/dflash_wgmma.cu likewise (dflash_attn.cu sends a Hopper GPU's d128 pass KV to it)
   $(B)/obj/kernels/dflash_wgmma.o: override NVCCFLAGS := $(filter-out -arch=sm_90,$(NVCCFLAGS)) -gencode arch=compute_90a$(comma)code=sm_90a
+  # kernels/gemm_tma.cu likewise (the TMA GEMM: wgmma, setmaxnreg, the tensor copies)
+  $(B)/obj/kernels/gemm_tma.o: override NVCCFLAGS := $(filter-out -arch=sm_90,$(NVCCFLAGS)) -gencode arch=compute_90a$(comma)code=sm_90a
 else
   CU_OBJS :=
 endif

@@ -493,12 +493,49 @@ static int mm_check(dfl_be *be, const dfl_mm *m)
     return 0;
 }
 
+/* DFL_CUDA_GEMM_TMA in the environment: 0 or unset, cuBLAS(Lt) for every product; 1, the TMA
+ * GEMM (gemm_tma.cu) for the MLP's gate|up product with its SwiGLU (matmul_swiglu); 2, also for
+ * every other product it takes (bf16, A [M, K] times a [N, K] weight, beta 0 or 1, no bias) */
+static int gemm_tma_level(void)
+{
+    const char *v = getenv("DFL_CUDA_GEMM_TMA");
+    return v && (v[0] == '1' || v[0] == '2') && !v[1] ? v[0] - '0' : 0;
+}
+
+/* the product on the TMA GEMM when DFL_CUDA_GEMM_TMA=2 and it fits; DFL_EUNSUP otherwise */
+static int mm_tma(dfl_be *be, const dfl_mm *m)
+{
+    if (gemm_tma_level() < 2 || m->adt != DFL_BF16 || m->bdt != DFL_BF16 || m->cdt != DFL_BF16 ||
+        m->ta || !m->tb || m->alpha != 1.0f || (m->beta != 0.0f && m->beta != 1.0f) || m->bias)
+        return DFL_EUNSUP;
+    const int mode = m->beta != 0.0f ? DFL_CUDA_GEMM_ACC : DFL_CUDA_GEMM_STORE;
+    const void *cin = m->beta != 0.0f && m->Cin ? m->Cin : NULL;
+    if (!dfl_cuda_gemm_tma_fits(be, m->C, m->ldc, m->A, m->lda, m->B, m->ldb, m->M, m->N, m->K, mode) ||
+        (cin && ((uintptr_t)cin & 3)))
+        return DFL_EUNSUP;
+    return dfl_cuda_gemm_tma(be, m->C, m->ldc, cin, m->A, m->lda, m->B, m->ldb, m->M, m->N, m->K, mode);
+}
+
+static int cu_matmul_swiglu(dfl_be *be, void *out, const void *A, const void *W, int64_t R,
+                            int64_t I, int64_t K)
+{
+    if (gemm_tma_level() < 1 ||
+        !dfl_cuda_gemm_tma_fits(be, out ? out : (void *)16, I, A, K, W, K, R, 2 * I, K,
+                                DFL_CUDA_GEMM_SWIGLU))
+        return DFL_EUNSUP;
+    if (!out)
+        return 0;
+    return dfl_cuda_gemm_tma(be, out, I, NULL, A, K, W, K, R, 2 * I, K, DFL_CUDA_GEMM_SWIGLU);
+}
+
 static int cu_matmul(dfl_be *be, const dfl_mm *m)
 {
     if (m->M <= 0 || m->N <= 0)
         return 0;
     int rc = mm_check(be, m);
     if (rc || (rc = cuda_enter(be)))
+        return rc;
+    if (m->K > 0 && (rc = mm_tma(be, m)) != DFL_EUNSUP)
         return rc;
     if (m->K == 0)
         return (rc = mm_copy_cin(be, m)) ? rc : cuda_scale_bias(be, m->C, m->cdt, m->ldc, m->M, m->N, m->beta, m->bias);
@@ -537,6 +574,7 @@ static void cuda_ops_fill(void)
     cuda_ops.add_rmsnorm = cuda_add_rmsnorm;
     cuda_ops.qknorm_rope = cuda_qknorm_rope;
     cuda_ops.swiglu = cuda_swiglu;
+    cuda_ops.matmul_swiglu = cu_matmul_swiglu;
     cuda_ops.add = cuda_add;
     cuda_ops.attn_varlen = cuda_attn_varlen;
     /* hybrid targets: hybrid.cu */

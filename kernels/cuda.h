@@ -163,6 +163,24 @@ int dfl_cuda_matmul_algo(dfl_be *be, const dfl_mm *m, dfl_mm_algo *a, bool set, 
 int dfl_cuda_matmul_pick(dfl_be *be, const dfl_mm *m, int index, int *n_algos, char *desc, size_t desc_n,
                          dfl_err *e);
 
+/* ---- the TMA GEMM (kernels/gemm_tma.cu: Hopper, bf16 activations) ----
+ * C = A W^T, A [M, K] (lda), W [N, K] (ldw), both row-major (a linear layer's product), f32
+ * accumulation, on the compute stream, with one of three epilogues:
+ *   DFL_CUDA_GEMM_STORE   C [M, N] = the product, rounded to bf16 once;
+ *   DFL_CUDA_GEMM_ACC     C [M, N] = the product + Cin (Cin NULL: C itself), summed in f32 and
+ *                         rounded once (cuBLAS's beta 1);
+ *   DFL_CUDA_GEMM_SWIGLU  W's rows are gate [0, N/2) then up [N/2, N): C [M, N/2] =
+ *                         silu(g) * u of the two products, each rounded to bf16 first (swiglu
+ *                         after a bf16 gate|up product, without the [M, N] intermediate).
+ * _fits says whether the kernel takes the product (a compute-capability 9 device, K a multiple
+ * of 64, the output columns a multiple of 256 (SWIGLU: of 128), 16-byte aligned A and W with
+ * leading dimensions of multiples of 8); dfl_cuda_gemm_tma fails with DFL_EUNSUP otherwise. */
+enum { DFL_CUDA_GEMM_STORE = 0, DFL_CUDA_GEMM_ACC = 1, DFL_CUDA_GEMM_SWIGLU = 2 };
+bool dfl_cuda_gemm_tma_fits(dfl_be *be, const void *C, int64_t ldc, const void *A, int64_t lda,
+                            const void *W, int64_t ldw, int64_t M, int64_t N, int64_t K, int mode);
+int dfl_cuda_gemm_tma(dfl_be *be, void *C, int64_t ldc, const void *Cin, const void *A, int64_t lda,
+                      const void *W, int64_t ldw, int64_t M, int64_t N, int64_t K, int mode);
+
 /* The bf16 attention kernel has a few tile configurations per head dimension. Name of variant
  * v for head dimension d (NULL when v is out of range), and choose the one attn_varlen uses. */
 const char *dfl_cuda_attn_variant_name(int d, int v);

@@ -404,6 +404,14 @@ typedef struct dfl_be_ops {
     int (*swiglu)(dfl_be *be, void *out, const void *gu, int64_t R, int64_t I);
     /* dgu [R, 2I] from dout [R, I] and gu */
     int (*swiglu_bwd)(dfl_be *be, void *dgu, const void *dout, const void *gu, int64_t R, int64_t I);
+    /* Optional (NULL where a backend has none): out [R, I] = swiglu(A W^T) for A [R, K] (rows of
+     * K) and W [2I, K] (w; the gate rows, then the up rows), each product value rounded to act
+     * before the activation: matmul then swiglu without the [R, 2I] intermediate. Returns
+     * DFL_EUNSUP, recording nothing (the next sync does not report it), when it does not take
+     * the product; the caller then runs matmul and swiglu. With out NULL it only says that (0:
+     * it takes it), running nothing. */
+    int (*matmul_swiglu)(dfl_be *be, void *out, const void *A, const void *W, int64_t R,
+                         int64_t I, int64_t K);
     /* y[n] += x[n] (act) */
     int (*add)(dfl_be *be, void *y, const void *x, int64_t n);
     int (*attn_varlen)(dfl_be *be, const dfl_attn_varlen *a);

@@ -839,6 +839,14 @@ static int mlp(const dfl_target_fwd *f, const dfl_target_layer *w)
     void *gu = f->ws->big1;    /* [T, 2I] */
     void *mo = f->ws->big2;    /* [T, I] */
     int rc;
+    if (!w->bgu && be->ops->matmul_swiglu &&
+        be->ops->matmul_swiglu(be, NULL, f->ws->x, w->wgu, f->T, I, H) == 0) {
+        /* the product and its activation in one (a backend that takes it: CUDA's TMA GEMM) */
+        int span = dfl_tp_begin(f, DFL_TP_GEMM);
+        rc = be->ops->matmul_swiglu(be, mo, f->ws->x, w->wgu, f->T, I, H);
+        dfl_tp_end_gemm(f, span, 2 * I, H, false);
+        return rc ? rc : dfl_target_residual_linear(f, mo, w->wdown, w->bdown, I);
+    }
     if ((rc = dfl_target_fwd_linear(f, gu, f->ws->x, w->wgu, w->bgu, 2 * I, H)) ||
         (rc = be->ops->swiglu(be, mo, gu, f->T, I)))
         return rc;

@@ -4,7 +4,7 @@
  * rounds), the device-to-device copy bandwidth, and the device-to-host copy bandwidth into
  * pinned memory. Prints one line per figure and a last JSON line. Not a test: exits 77 without a
  * GPU.
- *   bench-ceiling [--quick] [--sustained S] [--algos S] [--shapes M,N,K[,acc][;...]]
+ *   bench-ceiling [--quick] [--sustained S] [--algos S] [--own S] [--shapes M,N,K[,acc|,swiglu][;...]]
  * --sustained runs the 8192^3 GEMM back to back for S seconds and prints its rate in each quarter
  * second's slice (the rate of a long run, after the clocks settle, against the short ceiling);
  * --shapes times other GEMMs (C [M, N] = A [M, K] B^T, B as a [N, K] weight, acc: C added to, as
@@ -13,7 +13,13 @@
  * seconds at the clocks the power cap leaves (the GPU first held there for a second with the
  * first choice; the first choice timed again last, to show the drift): at the cap the algorithm
  * of least energy a FLOP is the fastest, which need not be the fastest in short bursts; then the
- * tune's own choice (dfl_cuda_matmul_tune, its choice described on stderr). */
+ * tune's own choice (dfl_cuda_matmul_tune, its choice described on stderr).
+ * --own S (with --shapes) times our own TMA GEMM (kernels/gemm_tma.cu) beside cuBLAS on each
+ * shape: in bursts (the median of rounds) and back to back for S seconds each at the power cap
+ * (cuBLAS, ours, cuBLAS again, to show the drift), after checking ours against cuBLAS's output;
+ * a shape M,N,K,swiglu is the MLP's gate|up product (W [N, K], N = 2 I) with its activation:
+ * cuBLAS's product then the swiglu op, against ours with SwiGLU in the epilogue. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,8 +94,8 @@ static void run_copy(void *arg)
     }
 }
 
-/* ms of `iters` calls of m back to back */
-static double timed_ms(dfl_mm *m, int iters)
+/* ms of `iters` calls of fn(arg) back to back */
+static double run_ms(void (*fn)(void *), void *arg, int iters)
 {
     dfl_err e = {0};
     dfl_cuda_stream s = dfl_cuda_compute_stream(be);
@@ -97,12 +103,15 @@ static double timed_ms(dfl_mm *m, int iters)
     if (dfl_cuda_event_record(be, ev0, s, &e))
         die("event", &e);
     for (int i = 0; i < iters; i++)
-        run_mm_or_die(m);
+        fn(arg);
     if (dfl_cuda_event_record(be, ev1, s, &e) || dfl_cuda_event_sync(be, ev1, &e) ||
         dfl_cuda_event_elapsed(be, ev0, ev1, &ms, &e))
         die("event", &e);
     return ms;
 }
+
+/* ms of `iters` calls of m back to back */
+static double timed_ms(dfl_mm *m, int iters) { return run_ms(run_mm_or_die, m, iters); }
 
 /* The 8192^3 GEMM m back to back for `seconds`, timed in slices of ~0.25 s. */
 static void sustained(dfl_mm *m, double flop, double seconds)
@@ -170,8 +179,103 @@ static void algos(dfl_mm *m, double seconds)
            flop / t_best / 1e9, 100.0 * (t_first / t_best - 1.0));
 }
 
+/* a product as cuBLAS runs it (with swiglu: then the swiglu op into out) or as ours does */
+struct own {
+    dfl_mm m;
+    bool swiglu, ours;
+    void *out; /* swiglu's [M, N / 2] */
+};
+
+static void run_own(void *arg)
+{
+    struct own *o = arg;
+    if (o->ours) {
+        const int mode = o->swiglu ? DFL_CUDA_GEMM_SWIGLU : o->m.beta != 0.0f ? DFL_CUDA_GEMM_ACC : DFL_CUDA_GEMM_STORE;
+        if (dfl_cuda_gemm_tma(be, o->swiglu ? o->out : o->m.C, o->swiglu ? o->m.N / 2 : o->m.ldc, NULL,
+                              o->m.A, o->m.lda, o->m.B, o->m.ldb, o->m.M, o->m.N, o->m.K, mode))
+            die("gemm_tma", NULL);
+        return;
+    }
+    run_mm_or_die(&o->m);
+    if (o->swiglu && be->ops->swiglu(be, o->out, o->m.C, o->m.M, o->m.N / 2))
+        die("swiglu", NULL);
+}
+
+/* the largest |ours - cuBLAS| over n bf16 values, relative to cuBLAS's largest |value|, and how
+ * many differ at all; the output o writes (C, or out with swiglu) taken from both */
+static void own_check(struct own *o, const char *name)
+{
+    const size_t n = (size_t)o->m.M * (size_t)(o->swiglu ? o->m.N / 2 : o->m.N);
+    uint16_t *ref = malloc(n * 2), *got = malloc(n * 2);
+    void *dst = o->swiglu ? o->out : o->m.C;
+    if (!ref || !got)
+        die("malloc", NULL);
+    if (o->m.beta != 0.0f)
+        fill_bf16(o->m.C, n, 1, 3);
+    o->ours = false;
+    run_own(o);
+    check_sync("cuBLAS");
+    if (be->ops->download(be, ref, dst, n * 2))
+        die("download", NULL);
+    if (o->m.beta != 0.0f)
+        fill_bf16(o->m.C, n, 1, 3);
+    o->ours = true;
+    run_own(o);
+    check_sync("ours");
+    if (be->ops->download(be, got, dst, n * 2))
+        die("download", NULL);
+    double top = 0, worst = 0;
+    size_t differ = 0, bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double r = dfl_bf16_to_f32(ref[i]), g = dfl_bf16_to_f32(got[i]);
+        top = fabs(r) > top ? fabs(r) : top;
+        const double d = fabs(g - r);
+        if (!(d <= worst))
+            worst = d;
+        differ += ref[i] != got[i];
+        bad += !(d <= 1e-2 * fabs(r) + 1e-3);
+    }
+    printf("own %s: ours against cuBLAS: %zu of %zu values differ, largest difference %.3g (of "
+           "values up to %.3g), %zu beyond 1%%: %s\n", name, differ, n, worst, top, bad,
+           bad ? "MISMATCH" : "ok");
+    if (bad)
+        exit(1);
+    free(ref);
+    free(got);
+}
+
+/* cuBLAS and ours on o: bursts (median of rounds), then each back to back for `seconds` */
+static void own_bench(struct own *o, const char *name, int rounds, double seconds)
+{
+    own_check(o, name);
+    const double flop = 2.0 * (double)o->m.M * (double)o->m.N * (double)o->m.K;
+    double burst[2], sus[3];
+    for (int k = 0; k < 2; k++) {
+        o->ours = k == 1;
+        burst[k] = median_ms(run_own, o, 10, rounds);
+    }
+    if (seconds > 0) {
+        int iters = (int)(seconds * 1e3 / burst[0]) + 1;
+        o->ours = false;
+        run_ms(run_own, o, (int)(1e3 / burst[0]) + 1); /* a second to reach the cap */
+        for (int k = 0; k < 3; k++) {
+            o->ours = k == 1;
+            sus[k] = run_ms(run_own, o, iters) / iters;
+        }
+    }
+    printf("own %s: bursts cuBLAS%s %.3f ms (%.1f TFLOP/s), ours %.3f ms (%.1f): %.3fx", name,
+           o->swiglu ? " + swiglu" : "", burst[0], flop / burst[0] / 1e9, burst[1],
+           flop / burst[1] / 1e9, burst[0] / burst[1]);
+    if (seconds > 0)
+        printf("; sustained %.1f s each: cuBLAS %.1f, ours %.1f, cuBLAS again %.1f TFLOP/s: %.3fx",
+               seconds, flop / sus[0] / 1e9, flop / sus[1] / 1e9, flop / sus[2] / 1e9,
+               (sus[0] + sus[2]) / 2 / sus[1]);
+    printf("\n");
+    fflush(stdout);
+}
+
 /* Each shape of spec ("M,N,K[,acc];...") with cuBLASLt's first choice, median of rounds. */
-static void shapes(const char *spec, int rounds, double algo_s)
+static void shapes(const char *spec, int rounds, double algo_s, double own_s)
 {
     const char *p = spec;
     while (*p) {
@@ -183,9 +287,11 @@ static void shapes(const char *spec, int rounds, double algo_s)
             exit(2);
         }
         p += used;
-        bool acc = strncmp(p, ",acc", 4) == 0;
+        bool acc = strncmp(p, ",acc", 4) == 0, swiglu = strncmp(p, ",swiglu", 7) == 0;
         if (acc)
             p += 4;
+        if (swiglu)
+            p += 7;
         if (*p == ';')
             p++;
         else if (*p) {
@@ -199,10 +305,23 @@ static void shapes(const char *spec, int rounds, double algo_s)
         dfl_mm m = {.M = M, .N = N, .K = K, .A = a, .adt = DFL_BF16, .lda = K, .B = b, .bdt = DFL_BF16,
                     .ldb = K, .tb = true, .C = c, .cdt = DFL_BF16, .ldc = N, .alpha = 1, .beta = acc ? 1.0f : 0.0f};
         double t = median_ms(run_mm_or_die, &m, 10, rounds);
-        printf("gemm %lldx%lldx%lld%s bf16: %.3f ms, %.1f TFLOP/s\n", M, N, K, acc ? " +C" : "", t,
-               2.0 * M * N * K / t / 1e9);
+        char name[96];
+        snprintf(name, sizeof name, "%lldx%lldx%lld%s", M, N, K, acc ? " +C" : swiglu ? " swiglu" : "");
+        printf("gemm %s bf16: %.3f ms, %.1f TFLOP/s\n", name, t, 2.0 * M * N * K / t / 1e9);
         if (algo_s > 0)
             algos(&m, algo_s);
+        if (own_s >= 0) {
+            struct own o = {.m = m, .swiglu = swiglu};
+            if (swiglu && (N % 2 || !(o.out = dalloc((size_t)(M * (N / 2)) * 2))))
+                die("--shapes: swiglu needs an even N", NULL);
+            if (!dfl_cuda_gemm_tma_fits(be, swiglu ? o.out : c, swiglu ? N / 2 : N, a, K, b, K, M, N, K,
+                                        swiglu ? DFL_CUDA_GEMM_SWIGLU : acc ? DFL_CUDA_GEMM_ACC : DFL_CUDA_GEMM_STORE))
+                printf("own %s: not taken by the TMA GEMM (not a Hopper GPU, or the shape)\n", name);
+            else
+                own_bench(&o, name, rounds, own_s);
+            if (o.out)
+                be->ops->free(be, o.out);
+        }
         be->ops->free(be, a);
         be->ops->free(be, b);
         be->ops->free(be, c);
@@ -212,7 +331,7 @@ static void shapes(const char *spec, int rounds, double algo_s)
 int main(int argc, char **argv)
 {
     bool quick = false;
-    double sus = 0, algo_s = 0;
+    double sus = 0, algo_s = 0, own_s = -1;
     const char *shape_spec = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick"))
@@ -221,10 +340,12 @@ int main(int argc, char **argv)
             sus = atof(argv[++i]);
         else if (!strcmp(argv[i], "--algos") && i + 1 < argc)
             algo_s = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--own") && i + 1 < argc)
+            own_s = atof(argv[++i]);
         else if (!strcmp(argv[i], "--shapes") && i + 1 < argc)
             shape_spec = argv[++i];
         else {
-            fprintf(stderr, "usage: bench-ceiling [--quick] [--sustained S] [--algos S] [--shapes M,N,K[,acc][;...]]\n");
+            fprintf(stderr, "usage: bench-ceiling [--quick] [--sustained S] [--algos S] [--own S] [--shapes M,N,K[,acc|,swiglu][;...]]\n");
             return 2;
         }
     }
@@ -257,7 +378,7 @@ int main(int argc, char **argv)
     if (sus > 0)
         sustained(&m, flop, sus);
     if (shape_spec)
-        shapes(shape_spec, rounds, algo_s);
+        shapes(shape_spec, rounds, algo_s, own_s);
     else if (algo_s > 0)
         algos(&m, algo_s);
     be->ops->free(be, a);

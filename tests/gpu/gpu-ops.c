@@ -909,6 +909,114 @@ static void test_swiglu(void)
         }
 }
 
+/* The TMA GEMM (kernels/gemm_tma.cu) in its three epilogues, against the CPU's f32 product of
+ * the same bf16 operands: whole and ragged row tiles (rows past M are neither read as data nor
+ * written: C's guard band), several column tiles, K of one and of several stages and more stages
+ * than the ring holds, ACC in place and from another buffer. Every output element starts as NaN
+ * (gbuf), so an unwritten one fails. */
+static void test_gemm_tma(void)
+{
+    NEED_GPU();
+    static const struct {
+        int M, N, K, mode;
+        bool cin;
+    } cs[] = {
+        {128, 256, 64, DFL_CUDA_GEMM_STORE, false},   {1, 256, 64, DFL_CUDA_GEMM_STORE, false},
+        {300, 768, 320, DFL_CUDA_GEMM_STORE, false},  {1000, 512, 1024, DFL_CUDA_GEMM_STORE, false},
+        {257, 512, 192, DFL_CUDA_GEMM_ACC, false},    {129, 256, 448, DFL_CUDA_GEMM_ACC, true},
+        {300, 256, 128, DFL_CUDA_GEMM_SWIGLU, false}, {513, 768, 640, DFL_CUDA_GEMM_SWIGLU, false},
+        {64, 512, 64, DFL_CUDA_GEMM_SWIGLU, false},
+    };
+    if (!dfl_cuda_gemm_tma_fits(g_bf, (void *)256, 256, (void *)256, 64, (void *)256, 64, 128, 256,
+                                64, DFL_CUDA_GEMM_STORE))
+        T_SKIP("the TMA GEMM needs a compute-capability 9 GPU");
+    const char *was = getenv("DFL_CUDA_GEMM_CLUSTER");
+    char *keep = was ? strdup(was) : NULL;
+    for (int cl = 1; cl <= 2; cl++)
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        setenv("DFL_CUDA_GEMM_CLUSTER", cl == 2 ? "2" : "1", 1);
+        const int M = cs[i].M, N = cs[i].N, K = cs[i].K, mode = cs[i].mode;
+        const int Nc = mode == DFL_CUDA_GEMM_SWIGLU ? N / 2 : N;
+        float *a = rnd((size_t)M * K, 1.0f, 0, true), *w = rnd((size_t)N * K, 0.1f, 0, true);
+        float *c0 = rnd((size_t)M * Nc, 2.0f, 0, true);
+        float *ref = xmalloc((size_t)M * Nc * sizeof *ref), *got = xmalloc((size_t)M * Nc * sizeof *got);
+        for (int r = 0; r < M; r++)
+            for (int n = 0; n < Nc; n++) {
+                double p = 0, q = 0;
+                for (int k = 0; k < K; k++) {
+                    p += (double)a[(size_t)r * K + k] * w[(size_t)n * K + k];
+                    if (mode == DFL_CUDA_GEMM_SWIGLU)
+                        q += (double)a[(size_t)r * K + k] * w[(size_t)(n + Nc) * K + k];
+                }
+                float v = (float)p;
+                if (mode == DFL_CUDA_GEMM_ACC)
+                    v += c0[(size_t)r * Nc + n];
+                if (mode == DFL_CUDA_GEMM_SWIGLU) {
+                    const float g = round_bf16(v), u = round_bf16((float)q);
+                    v = g / (1.0f + expf(-g)) * u;
+                }
+                ref[(size_t)r * Nc + n] = v;
+            }
+        gbuf ga, gw, gc, gi;
+        memset(&gi, 0, sizeof gi);
+        char what[96];
+        snprintf(what, sizeof what, "gemm_tma %s M=%d N=%d K=%d%s, cluster %d",
+                 mode == DFL_CUDA_GEMM_STORE ? "store" : mode == DFL_CUDA_GEMM_ACC ? "acc" : "swiglu",
+                 M, N, K, cs[i].cin ? " (Cin apart)" : "", cl);
+        if (gb_alloc(&ga, g_bf, (size_t)M * K, DFL_BF16) && gb_alloc(&gw, g_bf, (size_t)N * K, DFL_BF16) &&
+            gb_alloc(&gc, g_bf, (size_t)M * Nc, DFL_BF16) &&
+            (!cs[i].cin || gb_alloc(&gi, g_bf, (size_t)M * Nc, DFL_BF16))) {
+            gb_set(&ga, a);
+            gb_set(&gw, w);
+            if (mode == DFL_CUDA_GEMM_ACC)
+                gb_set(cs[i].cin ? &gi : &gc, c0);
+            T_CHECK(dfl_cuda_gemm_tma_fits(g_bf, gc.p, Nc, ga.p, K, gw.p, K, M, N, K, mode), "%s: fits", what);
+            T_CHECK(dfl_cuda_gemm_tma(g_bf, gc.p, Nc, cs[i].cin ? gi.p : NULL, ga.p, K, gw.p, K, M, N, K,
+                                      mode) == 0, "%s", what);
+            sync_ok(g_bf, what);
+            gb_get(&gc, got);
+            cmp_rows(what, got, Nc, ref, Nc, M, Nc, 8e-3, 0.99995);
+            gb_check_guards(&gc, what);
+        }
+        gb_free(&ga);
+        gb_free(&gw);
+        gb_free(&gc);
+        gb_free(&gi);
+        free(a);
+        free(w);
+        free(c0);
+        free(ref);
+        free(got);
+    }
+    if (keep) {
+        setenv("DFL_CUDA_GEMM_CLUSTER", keep, 1);
+        free(keep);
+    } else {
+        unsetenv("DFL_CUDA_GEMM_CLUSTER");
+    }
+    /* what it does not take: DFL_EUNSUP, kept until the next sync, nothing launched */
+    gbuf gx;
+    if (gb_alloc(&gx, g_bf, 256 * 256, DFL_BF16)) {
+        static const int bad[][4] = {{128, 256, 96, DFL_CUDA_GEMM_STORE},   /* K not of 64 */
+                                     {128, 320, 64, DFL_CUDA_GEMM_STORE},   /* columns not of 256 */
+                                     {128, 384, 64, DFL_CUDA_GEMM_SWIGLU},  /* I = 192: not of 128 */
+                                     {128, 256, 64, 3}};                    /* no such epilogue */
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            dfl_err e = {0};
+            T_CHECK(!dfl_cuda_gemm_tma_fits(g_bf, gx.p, 256, gx.p, 64, gx.p, 64, bad[i][0], bad[i][1],
+                                            bad[i][2], bad[i][3]), "bad case %zu fits", i);
+            T_CHECK(dfl_cuda_gemm_tma(g_bf, gx.p, 256, NULL, gx.p, 64, gx.p, 64, bad[i][0], bad[i][1],
+                                      bad[i][2], bad[i][3]) == DFL_EUNSUP, "bad case %zu: DFL_EUNSUP", i);
+            T_CHECK(g_bf->ops->sync(g_bf, &e) == DFL_EUNSUP && strstr(e.msg, "gemm_tma"),
+                    "bad case %zu: the sync reports it (%s)", i, e.msg);
+        }
+        /* the f32 backend never takes it */
+        T_CHECK(!dfl_cuda_gemm_tma_fits(g_f32, gx.p, 256, gx.p, 64, gx.p, 64, 128, 256, 64,
+                                        DFL_CUDA_GEMM_STORE), "f32 activations fit");
+    }
+    gb_free(&gx);
+}
+
 static void test_add(void)
 {
     NEED_GPU();
@@ -1163,6 +1271,7 @@ int main(int argc, char **argv)
     T_RUN(test_add_rmsnorm);
     T_RUN(test_qknorm_rope);
     T_RUN(test_swiglu);
+    T_RUN(test_gemm_tma);
     T_RUN(test_add);
     T_RUN(test_attn_varlen);
     T_RUN(test_attn_tiles128);

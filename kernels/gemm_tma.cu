@@ -1,0 +1,443 @@
+/* gemm_tma.cu: a dense bf16 GEMM of our own on Hopper (sm_90a; the Makefile compiles this file
+ * for sm_90a alone), C = A W^T with A [M, K] and W [N, K] both K-major (a linear layer's
+ * product), f32 accumulation, and three epilogues:
+ *   STORE   C = P, rounded to bf16 once;
+ *   ACC     C = P + Cin (Cin may be C: the residual add), the sum in f32 rounded once (what
+ *           cuBLAS gives with beta 1);
+ *   SWIGLU  W holds the gate rows [0, I) then the up rows [I, 2I) (N = 2I): C [M, I] =
+ *           silu(g) * u of the products g and u, each rounded to bf16 first, as swiglu
+ *           (kernels/ops.cu) computes it after a bf16 gate|up product: the MLP's gate|up
+ *           projection and its activation without the [M, 2I] intermediate.
+ *
+ * Why: cuBLAS has no SwiGLU epilogue, and in the target's forward the activation between the
+ * gate|up and down products is a separate pass over 3 bytes of memory per output element
+ * (about 3% of Qwen3-8B's forward on the H200).
+ *
+ * How: a persistent kernel, one block of three warpgroups an SM. Warpgroup 0 loads: one thread
+ * issues the Tensor Memory Accelerator's copies (cp.async.bulk.tensor) of each K step's A tile
+ * (GT_BM = 128 rows of 64 bf16) and W tile (GT_BN = 256 rows; SWIGLU: the tile's 128 gate rows
+ * then the 128 matching up rows) into a ring of GT_ST stages, in the 128-byte swizzle that both
+ * the copy (CU_TENSOR_MAP_SWIZZLE_128B) and wgmma's descriptors (moe_wgmma.h) name, and each
+ * stage's "full" mbarrier counts its bytes in. Warpgroups 1 and 2 multiply, rows [0, 64) and
+ * [64, 128) of the tile by wgmma m64n256k16 (128 f32 accumulators a thread), one wgmma group in
+ * flight: once step k's group is issued, step k - 1's is waited for and its stage handed back
+ * on the stage's "empty" mbarrier (one arrival a warp). The loading thread runs up to GT_ST
+ * steps ahead, across tile boundaries, so the next tile's first stages load during this tile's
+ * epilogue. Tiles go in groups of GT_GM row tiles, the row tile fastest, so that the blocks at
+ * work at one time share their W tiles in L2. Rows past M are read as zeros (the copy fills
+ * them) and never written. */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "be_cuda.cuh"
+#include "cuda.h"
+#include "moe_wgmma.h"
+
+#define GT_BM 128
+#define GT_BN 256
+#define GT_BK 64
+#define GT_ST 4
+#define GT_GM 16
+#define GT_THREADS 384
+#define GT_AB (GT_BM * GT_BK * 2)          /* 16,384 bytes: a stage's A tile */
+#define GT_STB (GT_AB + GT_BN * GT_BK * 2) /* 49,152 bytes: a stage */
+#define GT_SMEM (GT_ST * GT_STB + 16 * GT_ST + 1024) /* + the barriers, + room to align */
+static_assert(GT_SMEM <= 227 * 1024, "shared memory of one block");
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GT_ON 1
+#endif
+
+#ifdef GT_ON
+#include "wgmma_ptx.cuh"
+
+/* d (m64 x n256, f32) += A (descriptor da, m64 x k16) B (db, k16 x n256), both bf16 K-major */
+__device__ __forceinline__ void gt_mma(float (&d)[128], uint64_t da, uint64_t db)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, "
+                 "%110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, "
+                 "%123, %124, %125, %126, %127"
+                 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+#define GT_R4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define GT_R16(i) GT_R4(i), GT_R4(i + 4), GT_R4(i + 8), GT_R4(i + 12)
+#define GT_R64(i) GT_R16(i), GT_R16(i + 16), GT_R16(i + 32), GT_R16(i + 48)
+                 : GT_R64(0), GT_R64(64)
+                 : "l"(da), "l"(db), "n"(1));
+#undef GT_R64
+#undef GT_R16
+#undef GT_R4
+}
+
+template <int R> __device__ __forceinline__ void gt_hold(float (&d)[R])
+{
+#pragma unroll
+    for (int i = 0; i < R; i++)
+        asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* the stage's full barrier expects `bytes` more from the copies, and the loading thread arrives */
+__device__ __forceinline__ void gt_expect(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+
+/* the tensor copy of the box at (x: column, y: row) of map into shared dst, counted on bar */
+__device__ __forceinline__ void gt_load(uint32_t dst, const CUtensorMap *map, int x, int y,
+                                        uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(x), "r"(y), "r"(bar)
+                 : "memory");
+}
+
+/* tile t of mt row tiles by nt column tiles: its row tile *tm and column tile *tn (groups of
+ * gm row tiles, the row tile fastest within a group) */
+__device__ __forceinline__ void gt_tile(int t, int mt, int nt, int gm, int *tm, int *tn)
+{
+    const int per = gm * nt, g = t / per, r = t - g * per;
+    const int h = min(gm, mt - g * gm);
+    *tm = g * gm + r % h;
+    *tn = r / h;
+}
+
+__device__ __forceinline__ float gt_silu_mul(float g, float u)
+{
+    const float gv = to_f32(from_f32<bf16>(g)), uv = to_f32(from_f32<bf16>(u));
+    return gv / (1.0f + expf(-gv)) * uv;
+}
+
+__device__ __forceinline__ uint32_t gt_rank(void)
+{
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+
+/* every thread of the cluster that has not exited (release, then acquire) */
+__device__ __forceinline__ void gt_cluster_sync(void)
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+/* the tensor copy of the box at (x, y) of map into shared dst of every CTA of the cluster in
+ * mask, counted on each one's barrier at bar (the same offsets in each) */
+__device__ __forceinline__ void gt_load_mc(uint32_t dst, const CUtensorMap *map, int x, int y,
+                                           uint32_t bar, uint16_t mask)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(x), "r"(y), "r"(bar), "h"(mask)
+                 : "memory");
+}
+
+/* one arrival on the barrier at bar in CTA rank of the cluster */
+__device__ __forceinline__ void gt_arrive_remote(uint32_t bar, uint32_t rank)
+{
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+                 "r"(rank)
+                 : "memory");
+}
+#endif
+
+/* MODE 0 STORE, 1 ACC, 2 SWIGLU (above); C [M, Nc] with ldc, Nc = N (SWIGLU: N / 2); Cin: ACC's
+ * addend (ldc too); mt row tiles and nt column tiles of Nc (GT_BN columns each, SWIGLU GT_BN / 2).
+ * CL 2: clusters of two blocks on row tiles 2 p and 2 p + 1 of the same column tile, each block
+ * loading half of the W tile for both (multicast): a stage is refilled once the multiplying warps
+ * of both blocks have handed it back (its empty barrier counts 16 warps), and neither block
+ * leaves before the other is done with its barriers. The tiles then go by pairs (p, tn). */
+template <int MODE, int CL>
+__global__ void __launch_bounds__(GT_THREADS, 1)
+gemm_tma_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tw,
+                bf16 *C, const bf16 *Cin, int64_t ldc, int M, int K, int half, int mt, int nt)
+{
+#ifdef GT_ON
+    extern __shared__ uint8_t gt_smem[];
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(gt_smem);
+    const uint32_t base = (raw + 1023u) & ~1023u;
+    const uint32_t full = base + GT_ST * GT_STB, empty = full + 8 * GT_ST;
+    const int tid = threadIdx.x, wg = tid / 128, KT = K / GT_BK;
+    const uint32_t rank = CL == 2 ? gt_rank() : 0;
+    const int mp = (mt + CL - 1) / CL, units = mp * nt, gm = GT_GM / CL;
+    const int first = blockIdx.x / CL, stride = gridDim.x / CL;
+    if (tid == 0) {
+        for (int s = 0; s < GT_ST; s++) {
+            wg_bar_init(full + 8 * s, 1);        /* the loading thread's arrival, + the bytes */
+            wg_bar_init(empty + 8 * s, 8 * CL);  /* one arrival of each multiplying warp */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&ta) : "memory");
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tw) : "memory");
+    }
+    if (CL == 2)
+        gt_cluster_sync(); /* the peer's barriers are ready before any copy or arrival reaches them */
+    else
+        __syncthreads();
+    if (wg == 0) {
+        wg_regs_dec<40>();
+        if (tid == 0) {
+            int s = 0;
+            uint32_t ph = 0;
+            for (int u = first; u < units; u += stride) {
+                int pm, tn;
+                gt_tile(u, mp, nt, gm, &pm, &tn);
+                const int tm = pm * CL + (int)rank;
+                for (int kb = 0; kb < KT; kb++) {
+                    wg_bar_wait(empty + 8 * s, ph ^ 1);
+                    const uint32_t st = base + s * GT_STB, fb = full + 8 * s;
+                    gt_expect(fb, GT_STB);
+                    gt_load(st, &ta, kb * GT_BK, tm * GT_BM, fb);
+                    if (CL == 2) {
+                        /* this block's half of the W tile, into both blocks: rows [128 rank,
+                         * 128 rank + 128) of the tile (SWIGLU: rank 0 the gate rows, 1 the up) */
+                        const int wy = MODE == 2 ? (int)rank * half + tn * (GT_BN / 2)
+                                                 : tn * GT_BN + (int)rank * (GT_BN / 2);
+                        gt_load_mc(st + GT_AB + rank * (GT_BN / 2) * 128, &tw, kb * GT_BK, wy, fb, 3);
+                    } else if (MODE == 2) {
+                        gt_load(st + GT_AB, &tw, kb * GT_BK, tn * (GT_BN / 2), fb);
+                        gt_load(st + GT_AB + (GT_BN / 2) * 128, &tw, kb * GT_BK,
+                                half + tn * (GT_BN / 2), fb);
+                    } else {
+                        gt_load(st + GT_AB, &tw, kb * GT_BK, tn * GT_BN, fb);
+                    }
+                    if (++s == GT_ST) {
+                        s = 0;
+                        ph ^= 1;
+                    }
+                }
+            }
+        }
+        if (CL == 2) {
+            __syncwarp();
+            gt_cluster_sync();
+        }
+        return;
+    }
+    wg_regs_inc<232>();
+    const int c = wg - 1, w = (tid / 32) & 3, lane = tid & 31;
+    float d[128];
+    int s = 0;
+    uint32_t ph = 0;
+    for (int u = first; u < units; u += stride) {
+        int pm, tn;
+        gt_tile(u, mp, nt, gm, &pm, &tn);
+        const int tm = pm * CL + (int)rank;
+#pragma unroll
+        for (int i = 0; i < 128; i++)
+            d[i] = 0.0f;
+        int prev = -1;
+        for (int kb = 0; kb < KT; kb++) {
+            wg_bar_wait(full + 8 * s, ph);
+            const uint32_t st = base + s * GT_STB;
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < GT_BK / 16; kk++)
+                gt_mma(d, mw_desc(st + c * 64 * 128 + kk * 32), mw_desc(st + GT_AB + kk * 32));
+            wg_commit();
+            wg_wait<1>();
+            gt_hold(d);
+            if (prev >= 0) {
+                wg_bar_arrive_warp(empty + 8 * prev, lane);
+                if (CL == 2 && lane == 0)
+                    gt_arrive_remote(empty + 8 * prev, rank ^ 1);
+            }
+            prev = s;
+            if (++s == GT_ST) {
+                s = 0;
+                ph ^= 1;
+            }
+        }
+        wg_wait<0>();
+        gt_hold(d);
+        if (prev >= 0) {
+            wg_bar_arrive_warp(empty + 8 * prev, lane);
+            if (CL == 2 && lane == 0)
+                gt_arrive_remote(empty + 8 * prev, rank ^ 1);
+        }
+        /* the epilogue: fragment j (n8 tile j) of this thread holds rows r0 and r0 + 8, columns
+         * 8 j + 2 (lane % 4) and the one after */
+        const int r0 = tm * GT_BM + c * 64 + w * 16 + lane / 4, cq = 2 * (lane % 4);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = r0 + 8 * h;
+            if (r >= M)
+                continue;
+            if (MODE == 2) {
+                bf16 *cr = C + (int64_t)r * ldc + tn * (GT_BN / 2) + cq;
+#pragma unroll
+                for (int j = 0; j < 16; j++) {
+                    const float *g = d + 4 * j + 2 * h, *uu = d + 4 * (j + 16) + 2 * h;
+                    *(__nv_bfloat162 *)(cr + 8 * j) =
+                        __floats2bfloat162_rn(gt_silu_mul(g[0], uu[0]), gt_silu_mul(g[1], uu[1]));
+                }
+            } else {
+                bf16 *cr = C + (int64_t)r * ldc + tn * GT_BN + cq;
+                const bf16 *ci = MODE == 1 ? Cin + (int64_t)r * ldc + tn * GT_BN + cq : NULL;
+#pragma unroll
+                for (int j = 0; j < 32; j++) {
+                    float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+                    if (MODE == 1) {
+                        const __nv_bfloat162 o = *(const __nv_bfloat162 *)(ci + 8 * j);
+                        v0 += __low2float(o);
+                        v1 += __high2float(o);
+                    }
+                    *(__nv_bfloat162 *)(cr + 8 * j) = __floats2bfloat162_rn(v0, v1);
+                }
+            }
+        }
+    }
+    if (CL == 2)
+        gt_cluster_sync(); /* the peer's last arrivals on this block's barriers have landed */
+#else
+    __trap(); /* built without sm_90a: dfl_cuda_gemm_tma never launches it */
+#endif
+}
+
+/* cuTensorMapEncodeTiled from the driver (through the runtime: no link to libcuda) */
+static PFN_cuTensorMapEncodeTiled_v12000 gt_encoder(void)
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 fn;
+    static bool asked;
+    if (!asked) {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                             &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+        asked = true;
+    }
+    return fn;
+}
+
+/* the map of a row-major bf16 matrix [rows, K] (leading dimension ld) in boxes of box_rows rows
+ * of GT_BK columns, 128-byte swizzled; rows past the end read as zeros */
+static bool gt_map(CUtensorMap *m, const void *p, int64_t rows, int64_t K, int64_t ld, uint32_t box_rows)
+{
+    PFN_cuTensorMapEncodeTiled_v12000 enc = gt_encoder();
+    if (!enc)
+        return false;
+    cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
+    cuuint32_t box[2] = {GT_BK, box_rows}, es[2] = {1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dims, strides, box, es,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* blocks of CL: 1 or 2 (DFL_CUDA_GEMM_CLUSTER=1 or 2 in the environment; default 1) */
+static int gt_cluster(void)
+{
+    const char *v = getenv("DFL_CUDA_GEMM_CLUSTER");
+    return v && !strcmp(v, "2") ? 2 : 1;
+}
+
+/* one block an SM (CL 2: as many clusters as fit at once), each going through its tiles */
+template <int MODE, int CL>
+static cudaError_t gt_launch(cuda_impl *ci, const CUtensorMap &ta, const CUtensorMap &tw, bf16 *C,
+                             const bf16 *cin, int64_t ldc, int M, int K, int half, int mt, int nt)
+{
+    auto fn = gemm_tma_kernel<MODE, CL>;
+    cudaError_t err = cuda_allow_smem(fn, GT_SMEM);
+    if (err != cudaSuccess)
+        return err;
+    const int64_t units = (int64_t)(mt + CL - 1) / CL * nt;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.blockDim = dim3(GT_THREADS);
+    cfg.dynamicSmemBytes = GT_SMEM;
+    cfg.stream = ci->stream;
+    int64_t blocks = ci->sm_count;
+    if (CL == 2) {
+        static int fit; /* clusters of two that fit at once (the GPCs' SMs in pairs) */
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 2;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        if (!fit) {
+            cfg.gridDim = dim3((unsigned)blocks & ~1u);
+            if ((err = cudaOccupancyMaxActiveClusters(&fit, fn, &cfg)) != cudaSuccess)
+                return err;
+            if (fit < 1)
+                fit = ci->sm_count / 2;
+        }
+        blocks = 2 * (int64_t)fit;
+    }
+    if (blocks > units * CL)
+        blocks = units * CL;
+    cfg.gridDim = dim3((unsigned)blocks);
+    return cudaLaunchKernelEx(&cfg, fn, ta, tw, C, cin, ldc, M, K, half, mt, nt);
+}
+
+extern "C" bool dfl_cuda_gemm_tma_fits(dfl_be *be, const void *C, int64_t ldc, const void *A,
+                                       int64_t lda, const void *W, int64_t ldw, int64_t M,
+                                       int64_t N, int64_t K, int mode)
+{
+    if (!be || be->kind != DFL_BE_CUDA || be->act != DFL_BF16 || mode < 0 || mode > 2)
+        return false;
+    cuda_impl *ci = cuda_of(be);
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ci->device) !=
+            cudaSuccess || major != 9 || !gt_encoder())
+        return false;
+    const int64_t Nc = mode == 2 ? N / 2 : N, tile = mode == 2 ? GT_BN / 2 : GT_BN;
+    return M > 0 && K > 0 && K % GT_BK == 0 && Nc > 0 && Nc % tile == 0 && (mode != 2 || N % 2 == 0) &&
+           lda % 8 == 0 && ldw % 8 == 0 && ldc % 2 == 0 && ldc >= Nc && lda >= K && ldw >= K &&
+           is_aligned(A, 16) && is_aligned(W, 16) && is_aligned(C, 4) &&
+           (M + GT_BM - 1) / GT_BM * (Nc / tile) <= INT32_MAX && M <= INT32_MAX && K <= INT32_MAX;
+}
+
+extern "C" int dfl_cuda_gemm_tma(dfl_be *be, void *C, int64_t ldc, const void *Cin, const void *A,
+                                 int64_t lda, const void *W, int64_t ldw, int64_t M, int64_t N,
+                                 int64_t K, int mode)
+{
+    if (!dfl_cuda_gemm_tma_fits(be, C, ldc, A, lda, W, ldw, M, N, K, mode))
+        return cuda_op_fail(be, DFL_EUNSUP, "gemm_tma: %lld x %lld x %lld (mode %d) does not fit "
+                            "the TMA GEMM (a Hopper GPU, K a multiple of %d, the output columns of "
+                            "whole tiles, 16-byte aligned operands)", (long long)M, (long long)N,
+                            (long long)K, mode, GT_BK);
+    if (Cin && (mode != 1 || !is_aligned(Cin, 4)))
+        return cuda_op_fail(be, DFL_EUNSUP, "gemm_tma: an addend is for the ACC epilogue only, "
+                            "4-byte aligned");
+    int rc = cuda_enter(be);
+    if (rc)
+        return rc;
+    cuda_impl *ci = cuda_of(be);
+    CUtensorMap ta, tw;
+    const int cl = gt_cluster();
+    /* the output columns of a tile, and the W rows of one copy (with clusters each block copies
+     * half of the tile's rows; SWIGLU: the gate rows and the up rows in two copies) */
+    const uint32_t wbox = mode == 2 ? GT_BN / 2 : GT_BN, wcopy = mode == 2 || cl == 2 ? GT_BN / 2 : GT_BN;
+    if (!gt_map(&ta, A, M, K, lda, GT_BM) || !gt_map(&tw, W, N, K, ldw, wcopy))
+        return cuda_op_fail(be, DFL_EDEVICE, "gemm_tma: cuTensorMapEncodeTiled refused the "
+                            "operands (%lld x %lld x %lld)", (long long)M, (long long)N, (long long)K);
+    const int mt = (int)((M + GT_BM - 1) / GT_BM);
+    const int nt = (int)((mode == 2 ? N / 2 : N) / wbox);
+    cudaError_t err;
+    const bf16 *cin = (const bf16 *)(Cin ? Cin : C);
+    const int half = mode == 2 ? (int)(N / 2) : 0;
+    if (cl == 2)
+        err = mode == 0 ? gt_launch<0, 2>(ci, ta, tw, (bf16 *)C, cin, ldc, (int)M, (int)K, half, mt, nt)
+            : mode == 1 ? gt_launch<1, 2>(ci, ta, tw, (bf16 *)C, cin, ldc, (int)M, (int)K, half, mt, nt)
+                        : gt_launch<2, 2>(ci, ta, tw, (bf16 *)C, cin, ldc, (int)M, (int)K, half, mt, nt);
+    else
+        err = mode == 0 ? gt_launch<0, 1>(ci, ta, tw, (bf16 *)C, cin, ldc, (int)M, (int)K, half, mt, nt)
+            : mode == 1 ? gt_launch<1, 1>(ci, ta, tw, (bf16 *)C, cin, ldc, (int)M, (int)K, half, mt, nt)
+                        : gt_launch<2, 1>(ci, ta, tw, (bf16 *)C, cin, ldc, (int)M, (int)K, half, mt, nt);
+    if (err != cudaSuccess)
+        return cuda_op_fail(be, DFL_EDEVICE, "gemm_tma: launch: %s", cudaGetErrorString(err));
+    return cuda_launch_check(be, "gemm_tma");
+}
