@@ -33,17 +33,9 @@
 
 #include "be_cuda.cuh"
 #include "cuda.h"
+#include "gemm_tma.h"
 #include "moe_wgmma.h"
 
-#define GT_BM 128
-#define GT_BN 256
-#define GT_BK 64
-#define GT_ST 4
-#define GT_GM 16
-#define GT_THREADS 384
-#define GT_AB (GT_BM * GT_BK * 2)          /* 16,384 bytes: a stage's A tile */
-#define GT_STB (GT_AB + GT_BN * GT_BK * 2) /* 49,152 bytes: a stage */
-#define GT_SMEM (GT_ST * GT_STB + 16 * GT_ST + 1024) /* + the barriers, + room to align */
 static_assert(GT_SMEM <= 227 * 1024, "shared memory of one block");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -100,16 +92,6 @@ __device__ __forceinline__ void gt_load(uint32_t dst, const CUtensorMap *map, in
                  " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
                  "l"((uint64_t)map), "r"(x), "r"(y), "r"(bar)
                  : "memory");
-}
-
-/* tile t of mt row tiles by nt column tiles: its row tile *tm and column tile *tn (groups of
- * gm row tiles, the row tile fastest within a group) */
-__device__ __forceinline__ void gt_tile(int t, int mt, int nt, int gm, int *tm, int *tn)
-{
-    const int per = gm * nt, g = t / per, r = t - g * per;
-    const int h = min(gm, mt - g * gm);
-    *tm = g * gm + r % h;
-    *tn = r / h;
 }
 
 __device__ __forceinline__ float gt_silu_mul(float g, float u)
