@@ -25,7 +25,21 @@
  * steps ahead, across tile boundaries, so the next tile's first stages load during this tile's
  * epilogue. Tiles go in groups of GT_GM row tiles, the row tile fastest, so that the blocks at
  * work at one time share their W tiles in L2. Rows past M are read as zeros (the copy fills
- * them) and never written. */
+ * them) and never written.
+ *
+ * Measured on the H200 (2026-12-03; build/tests/bench-ceiling --quick --own 2 --shapes ..., the
+ * Qwen3-8B forward's products of 16,384 rows): its results equal cuBLAS's bit for bit for STORE
+ * and SWIGLU (K 4096; ACC differs by a rounding in a quarter of the values). It is slower than
+ * cuBLAS: gate|up [24576 x 4096] 627 TFLOP/s in bursts against 711-741, back to back at the
+ * power cap 623 against 677 (0.92x); with SWIGLU 0.97x cuBLAS + swiglu at the cap (0.91-0.95x
+ * in bursts); qkv, o and down 0.80-0.90x at the cap. Its rate is the same at ncu's 1.35 GHz as
+ * in bursts at full clock (where ncu puts the tensor pipe at 86% of its peak): what holds it back
+ * at full clock does not scale with the SM clock (the loads in flight, with 4 stages of 48 KB, or
+ * L2). Clusters of two sharing W by multicast (DFL_CUDA_GEMM_CLUSTER=2) were slower still
+ * (0.73-0.80x). So it is not the default: DFL_CUDA_GEMM_TMA=1 puts the target MLP's gate|up
+ * product and SwiGLU on it (dfl-target at 8B: 44,392 tokens/s against 44,778 with cuBLAS, the
+ * SwiGLU pass's 0.105 s of 3.64 s saved and 0.157 s lost in the product), 2 every product it
+ * takes (42,341). */
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <stdlib.h>

@@ -147,6 +147,10 @@ run_bench() {
     [[ "$output" == *"[--quick] [--tune]"* && "$output" == *"--tune puts that row back"* ]]
     run -0 "$REPO/bench/target" --tune --shape 8b   # --tune is an option (--shape exits before any GPU work)
     [[ "$output" == *"--hidden 4096 --layers 36"* ]]
+    run -0 "$REPO/bench/target" --own-gemm 1,2 --shape 8b   # --own-gemm takes its levels as the next word
+    [[ "$output" == *"--hidden 4096 --layers 36"* ]]
+    run --separate-stderr "$REPO/bench/target" --help
+    [[ "$output" == *"--own-gemm LEVELS (e.g. 1 or 1,2) adds a run of ours per level with DFL_CUDA_GEMM_TMA=LEVEL"* ]]
     run -1 "$REPO/bench/target" --bogus
     [[ "$output" == *"unknown option --bogus"* ]]
     command -v python3 >/dev/null || skip "no python3"

@@ -233,11 +233,13 @@ static void own_check(struct own *o, const char *name)
         if (!(d <= worst))
             worst = d;
         differ += ref[i] != got[i];
-        bad += !(d <= 1e-2 * fabs(r) + 1e-3);
+        bad += !(d <= 1e-2 * fabs(r) + 1e-2 * top);
     }
+    /* the bound: 1% of the value and 1% of the largest one (a sum with C can cancel to near 0,
+     * where both are a few roundings of the largest terms; a misplaced tile is off by the values) */
     printf("own %s: ours against cuBLAS: %zu of %zu values differ, largest difference %.3g (of "
-           "values up to %.3g), %zu beyond 1%%: %s\n", name, differ, n, worst, top, bad,
-           bad ? "MISMATCH" : "ok");
+           "values up to %.3g), %zu beyond 1%% of the value + 1%% of the largest: %s\n", name,
+           differ, n, worst, top, bad, bad ? "MISMATCH" : "ok");
     if (bad)
         exit(1);
     free(ref);
