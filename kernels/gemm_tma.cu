@@ -154,7 +154,7 @@ __device__ __forceinline__ void gt_arrive_remote(uint32_t bar, uint32_t rank)
  * loading half of the W tile for both (multicast): a stage is refilled once the multiplying warps
  * of both blocks have handed it back (its empty barrier counts 16 warps), and neither block
  * leaves before the other is done with its barriers. The tiles then go by pairs (p, tn). */
-template <int MODE, int CL>
+template <int MODE, int CL, int BK>
 __global__ void __launch_bounds__(GT_THREADS, 1)
 gemm_tma_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tw,
                 bf16 *C, const bf16 *Cin, int64_t ldc, int M, int K, int half, int mt, int nt)
@@ -163,13 +163,16 @@ gemm_tma_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ 
     extern __shared__ uint8_t gt_smem[];
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(gt_smem);
     const uint32_t base = (raw + 1023u) & ~1023u;
-    const uint32_t full = base + GT_ST * GT_STB, empty = full + 8 * GT_ST;
-    const int tid = threadIdx.x, wg = tid / 128, KT = K / GT_BK;
+    constexpr int ST = BK == 64 ? 4 : 8;
+    constexpr uint32_t AB = GT_BM * BK * 2, STB = (GT_BM + GT_BN) * BK * 2, ROWB = BK * 2;
+    static_assert(BK == 64 || BK == 32, "stages of 64 or 32 columns");
+    const uint32_t full = base + ST * STB, empty = full + 8 * ST;
+    const int tid = threadIdx.x, wg = tid / 128, KT = K / BK;
     const uint32_t rank = CL == 2 ? gt_rank() : 0;
     const int mp = (mt + CL - 1) / CL, units = mp * nt, gm = GT_GM / CL;
     const int first = blockIdx.x / CL, stride = gridDim.x / CL;
     if (tid == 0) {
-        for (int s = 0; s < GT_ST; s++) {
+        for (int s = 0; s < ST; s++) {
             wg_bar_init(full + 8 * s, 1);        /* the loading thread's arrival, + the bytes */
             wg_bar_init(empty + 8 * s, 8 * CL);  /* one arrival of each multiplying warp */
         }
@@ -192,23 +195,22 @@ gemm_tma_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ 
                 const int tm = pm * CL + (int)rank;
                 for (int kb = 0; kb < KT; kb++) {
                     wg_bar_wait(empty + 8 * s, ph ^ 1);
-                    const uint32_t st = base + s * GT_STB, fb = full + 8 * s;
-                    gt_expect(fb, GT_STB);
-                    gt_load(st, &ta, kb * GT_BK, tm * GT_BM, fb);
+                    const uint32_t st = base + s * STB, fb = full + 8 * s;
+                    gt_expect(fb, STB);
+                    gt_load(st, &ta, kb * BK, tm * GT_BM, fb);
                     if (CL == 2) {
                         /* this block's half of the W tile, into both blocks: rows [128 rank,
                          * 128 rank + 128) of the tile (SWIGLU: rank 0 the gate rows, 1 the up) */
                         const int wy = MODE == 2 ? (int)rank * half + tn * (GT_BN / 2)
                                                  : tn * GT_BN + (int)rank * (GT_BN / 2);
-                        gt_load_mc(st + GT_AB + rank * (GT_BN / 2) * 128, &tw, kb * GT_BK, wy, fb, 3);
+                        gt_load_mc(st + AB + rank * (GT_BN / 2) * ROWB, &tw, kb * BK, wy, fb, 3);
                     } else if (MODE == 2) {
-                        gt_load(st + GT_AB, &tw, kb * GT_BK, tn * (GT_BN / 2), fb);
-                        gt_load(st + GT_AB + (GT_BN / 2) * 128, &tw, kb * GT_BK,
-                                half + tn * (GT_BN / 2), fb);
+                        gt_load(st + AB, &tw, kb * BK, tn * (GT_BN / 2), fb);
+                        gt_load(st + AB + (GT_BN / 2) * ROWB, &tw, kb * BK, half + tn * (GT_BN / 2), fb);
                     } else {
-                        gt_load(st + GT_AB, &tw, kb * GT_BK, tn * GT_BN, fb);
+                        gt_load(st + AB, &tw, kb * BK, tn * GT_BN, fb);
                     }
-                    if (++s == GT_ST) {
+                    if (++s == ST) {
                         s = 0;
                         ph ^= 1;
                     }
@@ -236,11 +238,11 @@ gemm_tma_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ 
         int prev = -1;
         for (int kb = 0; kb < KT; kb++) {
             wg_bar_wait(full + 8 * s, ph);
-            const uint32_t st = base + s * GT_STB;
+            const uint32_t st = base + s * STB;
             wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < GT_BK / 16; kk++)
-                gt_mma(d, mw_desc(st + c * 64 * 128 + kk * 32), mw_desc(st + GT_AB + kk * 32));
+            for (int kk = 0; kk < BK / 16; kk++)
+                gt_mma(d, gt_desc(st + c * 64 * ROWB + kk * 32, BK), gt_desc(st + AB + kk * 32, BK));
             wg_commit();
             wg_wait<1>();
             gt_hold(d);
@@ -250,7 +252,7 @@ gemm_tma_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ 
                     gt_arrive_remote(empty + 8 * prev, rank ^ 1);
             }
             prev = s;
-            if (++s == GT_ST) {
+            if (++s == ST) {
                 s = 0;
                 ph ^= 1;
             }
@@ -320,15 +322,16 @@ static PFN_cuTensorMapEncodeTiled_v12000 gt_encoder(void)
 
 /* the map of a row-major bf16 matrix [rows, K] (leading dimension ld) in boxes of box_rows rows
  * of GT_BK columns, 128-byte swizzled; rows past the end read as zeros */
-static bool gt_map(CUtensorMap *m, const void *p, int64_t rows, int64_t K, int64_t ld, uint32_t box_rows)
+static bool gt_map(CUtensorMap *m, const void *p, int64_t rows, int64_t K, int64_t ld, uint32_t box_rows,
+                   int bk)
 {
     PFN_cuTensorMapEncodeTiled_v12000 enc = gt_encoder();
     if (!enc)
         return false;
     cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
-    cuuint32_t box[2] = {GT_BK, box_rows}, es[2] = {1, 1};
+    cuuint32_t box[2] = {(cuuint32_t)bk, box_rows}, es[2] = {1, 1};
     return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dims, strides, box, es,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, bk == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
@@ -339,12 +342,19 @@ static int gt_cluster(void)
     return v && !strcmp(v, "2") ? 2 : 1;
 }
 
+/* the K columns of a stage: 64 or 32 (DFL_CUDA_GEMM_BK=32 in the environment; default 64) */
+static int gt_bk(void)
+{
+    const char *v = getenv("DFL_CUDA_GEMM_BK");
+    return v && !strcmp(v, "32") ? 32 : 64;
+}
+
 /* one block an SM (CL 2: as many clusters as fit at once), each going through its tiles */
-template <int MODE, int CL>
+template <int MODE, int CL, int BK>
 static cudaError_t gt_launch(cuda_impl *ci, const CUtensorMap &ta, const CUtensorMap &tw, bf16 *C,
                              const bf16 *cin, int64_t ldc, int M, int K, int half, int mt, int nt)
 {
-    auto fn = gemm_tma_kernel<MODE, CL>;
+    auto fn = gemm_tma_kernel<MODE, CL, BK>;
     cudaError_t err = cuda_allow_smem(fn, GT_SMEM);
     if (err != cudaSuccess)
         return err;
@@ -417,7 +427,8 @@ extern "C" int dfl_cuda_gemm_tma(dfl_be *be, void *C, int64_t ldc, const void *C
     /* the output columns of a tile, and the W rows of one copy (with clusters each block copies
      * half of the tile's rows; SWIGLU: the gate rows and the up rows in two copies) */
     const uint32_t wbox = mode == 2 ? GT_BN / 2 : GT_BN, wcopy = mode == 2 || cl == 2 ? GT_BN / 2 : GT_BN;
-    if (!gt_map(&ta, A, M, K, lda, GT_BM) || !gt_map(&tw, W, N, K, ldw, wcopy))
+    const int bk = gt_bk();
+    if (!gt_map(&ta, A, M, K, lda, GT_BM, bk) || !gt_map(&tw, W, N, K, ldw, wcopy, bk))
         return cuda_op_fail(be, DFL_EDEVICE, "gemm_tma: cuTensorMapEncodeTiled refused the "
                             "operands (%lld x %lld x %lld)", (long long)M, (long long)N, (long long)K);
     const int mt = (int)((M + GT_BM - 1) / GT_BM);
@@ -425,14 +436,15 @@ extern "C" int dfl_cuda_gemm_tma(dfl_be *be, void *C, int64_t ldc, const void *C
     cudaError_t err;
     const bf16 *cin = (const bf16 *)(Cin ? Cin : C);
     const int half = mode == 2 ? (int)(N / 2) : 0;
-    if (cl == 2)
-        err = mode == 0 ? gt_launch<0, 2>(ci, ta, tw, (bf16 *)C, cin, ldc, (int)M, (int)K, half, mt, nt)
-            : mode == 1 ? gt_launch<1, 2>(ci, ta, tw, (bf16 *)C, cin, ldc, (int)M, (int)K, half, mt, nt)
-                        : gt_launch<2, 2>(ci, ta, tw, (bf16 *)C, cin, ldc, (int)M, (int)K, half, mt, nt);
+#define GT_GO(MO, C, B) gt_launch<MO, C, B>(ci, ta, tw, (bf16 *)C_, cin, ldc, (int)M, (int)K, half, mt, nt)
+#define GT_BY_MODE(C, B) (mode == 0 ? GT_GO(0, C, B) : mode == 1 ? GT_GO(1, C, B) : GT_GO(2, C, B))
+    void *C_ = C;
+    if (bk == 32)
+        err = cl == 2 ? GT_BY_MODE(2, 32) : GT_BY_MODE(1, 32);
     else
-        err = mode == 0 ? gt_launch<0, 1>(ci, ta, tw, (bf16 *)C, cin, ldc, (int)M, (int)K, half, mt, nt)
-            : mode == 1 ? gt_launch<1, 1>(ci, ta, tw, (bf16 *)C, cin, ldc, (int)M, (int)K, half, mt, nt)
-                        : gt_launch<2, 1>(ci, ta, tw, (bf16 *)C, cin, ldc, (int)M, (int)K, half, mt, nt);
+        err = cl == 2 ? GT_BY_MODE(2, 64) : GT_BY_MODE(1, 64);
+#undef GT_BY_MODE
+#undef GT_GO
     if (err != cudaSuccess)
         return cuda_op_fail(be, DFL_EDEVICE, "gemm_tma: launch: %s", cudaGetErrorString(err));
     return cuda_launch_check(be, "gemm_tma");

@@ -930,11 +930,13 @@ static void test_gemm_tma(void)
     if (!dfl_cuda_gemm_tma_fits(g_bf, (void *)256, 256, (void *)256, 64, (void *)256, 64, 128, 256,
                                 64, DFL_CUDA_GEMM_STORE))
         T_SKIP("the TMA GEMM needs a compute-capability 9 GPU");
-    const char *was = getenv("DFL_CUDA_GEMM_CLUSTER");
-    char *keep = was ? strdup(was) : NULL;
-    for (int cl = 1; cl <= 2; cl++)
+    const char *was = getenv("DFL_CUDA_GEMM_CLUSTER"), *was_bk = getenv("DFL_CUDA_GEMM_BK");
+    char *keep = was ? strdup(was) : NULL, *keep_bk = was_bk ? strdup(was_bk) : NULL;
+    for (int form = 0; form < 4; form++)
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        const int cl = form % 2 + 1, bk = form < 2 ? 64 : 32;
         setenv("DFL_CUDA_GEMM_CLUSTER", cl == 2 ? "2" : "1", 1);
+        setenv("DFL_CUDA_GEMM_BK", bk == 32 ? "32" : "64", 1);
         const int M = cs[i].M, N = cs[i].N, K = cs[i].K, mode = cs[i].mode;
         const int Nc = mode == DFL_CUDA_GEMM_SWIGLU ? N / 2 : N;
         float *a = rnd((size_t)M * K, 1.0f, 0, true), *w = rnd((size_t)N * K, 0.1f, 0, true);
@@ -960,9 +962,9 @@ static void test_gemm_tma(void)
         gbuf ga, gw, gc, gi;
         memset(&gi, 0, sizeof gi);
         char what[96];
-        snprintf(what, sizeof what, "gemm_tma %s M=%d N=%d K=%d%s, cluster %d",
+        snprintf(what, sizeof what, "gemm_tma %s M=%d N=%d K=%d%s, cluster %d, bk %d",
                  mode == DFL_CUDA_GEMM_STORE ? "store" : mode == DFL_CUDA_GEMM_ACC ? "acc" : "swiglu",
-                 M, N, K, cs[i].cin ? " (Cin apart)" : "", cl);
+                 M, N, K, cs[i].cin ? " (Cin apart)" : "", cl, bk);
         if (gb_alloc(&ga, g_bf, (size_t)M * K, DFL_BF16) && gb_alloc(&gw, g_bf, (size_t)N * K, DFL_BF16) &&
             gb_alloc(&gc, g_bf, (size_t)M * Nc, DFL_BF16) &&
             (!cs[i].cin || gb_alloc(&gi, g_bf, (size_t)M * Nc, DFL_BF16))) {
@@ -988,12 +990,16 @@ static void test_gemm_tma(void)
         free(ref);
         free(got);
     }
-    if (keep) {
+    if (keep)
         setenv("DFL_CUDA_GEMM_CLUSTER", keep, 1);
-        free(keep);
-    } else {
+    else
         unsetenv("DFL_CUDA_GEMM_CLUSTER");
-    }
+    if (keep_bk)
+        setenv("DFL_CUDA_GEMM_BK", keep_bk, 1);
+    else
+        unsetenv("DFL_CUDA_GEMM_BK");
+    free(keep);
+    free(keep_bk);
     /* what it does not take: DFL_EUNSUP, kept until the next sync, nothing launched */
     gbuf gx;
     if (gb_alloc(&gx, g_bf, 256 * 256, DFL_BF16)) {

@@ -15,40 +15,48 @@
 #include "../../kernels/gemm_tma.h"
 #include "../../kernels/moe_wgmma.h"
 
-/* wgmma's address of element (m, k) of a K-major bf16 operand with the 128-byte swizzle */
+/* wgmma's address of element (m, k) of a K-major bf16 operand through descriptor desc, per the
+ * PTX ISA's canonical layouts: rows of the swizzle's width (mode 1: 128 bytes, 2: 64), 8-row
+ * groups SBO bytes apart, then the swizzle of the address (the 16-byte chunk bits 4-6, or 4-5,
+ * XORed with bits 7-9, or 7-8) */
 static uint32_t model_addr(uint64_t desc, uint32_t m, uint32_t k)
 {
     const uint32_t start = (uint32_t)(desc & 0x3FFF) << 4;
-    const uint32_t sbo = (uint32_t)((desc >> 32) & 0x3FFF) << 4;
-    const uint32_t a = start + (m / 8) * sbo + (m % 8) * 128 + k * 2;
-    return a ^ (((a >> 7) & 7) << 4);
+    const uint32_t sbo = (uint32_t)((desc >> 32) & 0x3FFF) << 4, mode = (uint32_t)(desc >> 62);
+    const uint32_t rowb = mode == 1 ? 128 : 64, mask = mode == 1 ? 7 : 3;
+    const uint32_t a = start + (m / 8) * sbo + (m % 8) * rowb + k * 2;
+    return a ^ (((a >> 7) & mask) << 4);
 }
 
-/* where a tensor copy of a box of GT_BK columns to dst puts its element (row r, column c) */
-static uint32_t copy_addr(uint32_t dst, uint32_t r, uint32_t c, int swizzled)
+/* where a tensor copy of a box of bk columns (rows of 2 bk bytes) to dst (aligned to the
+ * swizzle's atom) puts its element (row r, column c): 16-byte chunk c / 8 of row r at chunk
+ * (c / 8) ^ (r % 8) (128-byte rows) or (c / 8) ^ (r / 2 % 4) (64-byte rows) */
+static uint32_t copy_addr(uint32_t dst, uint32_t r, uint32_t c, int bk, int swizzled)
 {
-    const uint32_t chunk = swizzled ? (c / 8) ^ (r % 8) : c / 8;
-    return dst + r * 128 + chunk * 16 + (c % 8) * 2;
+    const uint32_t phase = bk == 64 ? r % 8 : r / 2 % 4;
+    const uint32_t chunk = swizzled ? (c / 8) ^ phase : c / 8;
+    return dst + r * (uint32_t)(2 * bk) + chunk * 16 + (c % 8) * 2;
 }
 
-/* mismatches over a stage at st: A of each multiplying warpgroup, W from one copy of GT_BN rows
- * or two copies of GT_BN / 2 rows */
-static int64_t stage_mismatch(uint32_t st, int halves, int swizzled)
+/* mismatches over a stage at st of the form bk: A of each multiplying warpgroup, W from one copy
+ * of GT_BN rows or two copies of GT_BN / 2 rows */
+static int64_t stage_mismatch(uint32_t st, int bk, int halves, int swizzled)
 {
     int64_t bad = 0;
-    for (uint32_t kk = 0; kk < GT_BK / 16; kk++) {
+    const uint32_t rowb = 2 * (uint32_t)bk;
+    for (uint32_t kk = 0; kk < (uint32_t)bk / 16; kk++) {
         for (uint32_t c = 0; c < 2; c++) {
-            const uint64_t da = mw_desc(st + c * 64 * 128 + kk * 32);
+            const uint64_t da = gt_desc(st + c * 64 * rowb + kk * 32, bk);
             for (uint32_t m = 0; m < 64; m++)
                 for (uint32_t k = 0; k < 16; k++)
-                    bad += model_addr(da, m, k) != copy_addr(st, 64 * c + m, 16 * kk + k, swizzled);
+                    bad += model_addr(da, m, k) != copy_addr(st, 64 * c + m, 16 * kk + k, bk, swizzled);
         }
-        const uint64_t db = mw_desc(st + GT_AB + kk * 32);
+        const uint64_t db = gt_desc(st + gt_ab(bk) + kk * 32, bk);
         for (uint32_t n = 0; n < GT_BN; n++) {
             const uint32_t box = halves ? n / (GT_BN / 2) : 0, row = halves ? n % (GT_BN / 2) : n;
-            const uint32_t dst = st + GT_AB + box * (GT_BN / 2) * 128;
+            const uint32_t dst = st + gt_ab(bk) + box * (GT_BN / 2) * rowb;
             for (uint32_t k = 0; k < 16; k++)
-                bad += model_addr(db, n, k) != copy_addr(dst, row, 16 * kk + k, swizzled);
+                bad += model_addr(db, n, k) != copy_addr(dst, row, 16 * kk + k, bk, swizzled);
         }
     }
     return bad;
@@ -57,16 +65,27 @@ static int64_t stage_mismatch(uint32_t st, int halves, int swizzled)
 static void test_stage_layout(void)
 {
     T_CHECK(GT_SMEM <= 227 * 1024, "%d bytes of shared memory", GT_SMEM);
-    /* the worst alignment the kernel can get: base rounded up from 1 byte past a boundary */
-    T_CHECK(1023 + GT_ST * GT_STB + 16 * GT_ST <= GT_SMEM, "the stages and barriers fit");
-    T_EQ_INT(GT_STB % 1024, 0, "a stage keeps the next one aligned");
-    T_EQ_INT(GT_AB % 1024, 0, "W's part is aligned");
-    for (int halves = 0; halves < 2; halves++) {
-        for (uint32_t s = 0; s < GT_ST; s++)
-            T_EQ_INT(stage_mismatch(1024 + s * GT_STB, halves, 1), 0,
-                     "the copies' swizzle vs wgmma's reading");
-        T_CHECK(stage_mismatch(1024, halves, 0) > 0, "copies without the swizzle must not pass");
+    const int bks[] = {64, 32};
+    for (int b = 0; b < 2; b++) {
+        const int bk = bks[b], st = gt_stages(bk);
+        const uint64_t d = gt_desc(1024, bk);
+        T_EQ_INT((int64_t)(((d >> 32) & 0x3FFF) << 4), 16 * bk, "stride byte offset: 8 rows");
+        T_EQ_INT((int64_t)(d >> 62), bk == 64 ? 1 : 2, "swizzle mode");
+        T_EQ_INT((int64_t)((d >> 16) & 0x3FFF), 1, "leading byte offset (unused)");
+        /* the worst alignment the kernel can get: base rounded up from 1 byte past a boundary */
+        T_CHECK(1023 + st * gt_stb(bk) + 16 * st <= GT_SMEM, "bk %d: the stages and barriers fit", bk);
+        T_EQ_INT(gt_stb(bk) % 1024, 0, "a stage keeps the next one aligned");
+        T_EQ_INT(gt_ab(bk) % 1024, 0, "W's part is aligned");
+        for (int halves = 0; halves < 2; halves++) {
+            for (int s = 0; s < st; s++)
+                T_EQ_INT(stage_mismatch(1024 + (uint32_t)s * gt_stb(bk), bk, halves, 1), 0,
+                         "the copies' swizzle vs wgmma's reading");
+            T_CHECK(stage_mismatch(1024, bk, halves, 0) > 0, "copies without the swizzle must not pass");
+        }
     }
+    /* the forms are not interchangeable: 128-byte rows read through the 64-byte form's
+     * descriptor are elsewhere */
+    T_CHECK(model_addr(gt_desc(1024, 32), 9, 3) != copy_addr(1024, 9, 3, 64, 1), "forms differ");
 }
 
 static void test_schedule(void)
