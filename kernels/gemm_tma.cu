@@ -36,7 +36,9 @@
  * in bursts at full clock (where ncu puts the tensor pipe at 86% of its peak): what holds it back
  * at full clock does not scale with the SM clock (the loads in flight, with 4 stages of 48 KB, or
  * L2). Clusters of two sharing W by multicast (DFL_CUDA_GEMM_CLUSTER=2) were slower still
- * (0.73-0.80x). So it is not the default: DFL_CUDA_GEMM_TMA=1 puts the target MLP's gate|up
+ * (0.73-0.80x), and so were stages of 32 columns (DFL_CUDA_GEMM_BK=32: 8 stages, 168 KB
+ * loading instead of 144; SwiGLU 0.90x at the cap against 0.98x with 64 in the same call, the
+ * plain product 0.77x): not the bytes in flight then. So it is not the default: DFL_CUDA_GEMM_TMA=1 puts the target MLP's gate|up
  * product and SwiGLU on it (dfl-target at 8B: 44,392 tokens/s against 44,778 with cuBLAS, the
  * SwiGLU pass's 0.105 s of 3.64 s saved and 0.157 s lost in the product), 2 every product it
  * takes (42,341). */
