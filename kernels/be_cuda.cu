@@ -493,9 +493,10 @@ static int mm_check(dfl_be *be, const dfl_mm *m)
     return 0;
 }
 
-/* DFL_CUDA_GEMM_TMA in the environment: 0 or unset, cuBLAS(Lt) for every product; 1, the TMA
- * GEMM (gemm_tma.cu) for the MLP's gate|up product with its SwiGLU (matmul_swiglu); 2, also for
- * every other product it takes (bf16, A [M, K] times a [N, K] weight, beta 0 or 1, no bias) */
+/* DFL_CUDA_GEMM_TMA in the environment (read when the backend opens): 0 or unset, cuBLAS(Lt) for
+ * every product; 1, the TMA GEMM (gemm_tma.cu) for the MLP's gate|up product with its SwiGLU
+ * (matmul_swiglu); 2, also for every other product it takes (bf16, A [M, K] times a [N, K]
+ * weight, beta 0 or 1, no bias) */
 static int gemm_tma_level(void)
 {
     const char *v = getenv("DFL_CUDA_GEMM_TMA");
@@ -505,7 +506,7 @@ static int gemm_tma_level(void)
 /* the product on the TMA GEMM when DFL_CUDA_GEMM_TMA=2 and it fits; DFL_EUNSUP otherwise */
 static int mm_tma(dfl_be *be, const dfl_mm *m)
 {
-    if (gemm_tma_level() < 2 || m->adt != DFL_BF16 || m->bdt != DFL_BF16 || m->cdt != DFL_BF16 ||
+    if (cuda_of(be)->gemm_tma < 2 || m->adt != DFL_BF16 || m->bdt != DFL_BF16 || m->cdt != DFL_BF16 ||
         m->ta || !m->tb || m->alpha != 1.0f || (m->beta != 0.0f && m->beta != 1.0f) || m->bias)
         return DFL_EUNSUP;
     const int mode = m->beta != 0.0f ? DFL_CUDA_GEMM_ACC : DFL_CUDA_GEMM_STORE;
@@ -519,7 +520,7 @@ static int mm_tma(dfl_be *be, const dfl_mm *m)
 static int cu_matmul_swiglu(dfl_be *be, void *out, const void *A, const void *W, int64_t R,
                             int64_t I, int64_t K)
 {
-    if (gemm_tma_level() < 1 ||
+    if (cuda_of(be)->gemm_tma < 1 ||
         !dfl_cuda_gemm_tma_fits(be, out ? out : (void *)16, I, A, K, W, K, R, 2 * I, K,
                                 DFL_CUDA_GEMM_SWIGLU))
         return DFL_EUNSUP;
@@ -714,6 +715,8 @@ extern "C" int dfl_be_cuda_open(dfl_be **out, int device, dfl_dtype act, dfl_err
     be->impl = im;
     im->device = device;
     im->sm_count = prop.multiProcessorCount;
+    im->cc_major = prop.major;
+    im->gemm_tma = gemm_tma_level();
     im->smem_optin = prop.sharedMemPerBlockOptin;
     int rc = 0;
     cublasStatus_t st;

@@ -58,6 +58,8 @@ struct cuda_impl {
     void *ws;                  /* cuBLAS(Lt) workspace */
     size_t ws_bytes;
     int sm_count;
+    int cc_major;              /* compute capability, major */
+    int gemm_tma;              /* DFL_CUDA_GEMM_TMA at open: 0, 1 or 2 (be_cuda.cu, gemm_tma.cu) */
     size_t smem_optin;
     /* allocations */
     bool frozen;

@@ -16,12 +16,12 @@
  * How: a persistent kernel, one block of three warpgroups an SM. Warpgroup 0 loads: one thread
  * issues the Tensor Memory Accelerator's copies (cp.async.bulk.tensor) of each K step's A tile
  * (GT_BM = 128 rows of 64 bf16) and W tile (GT_BN = 256 rows; SWIGLU: the tile's 128 gate rows
- * then the 128 matching up rows) into a ring of GT_ST stages, in the 128-byte swizzle that both
- * the copy (CU_TENSOR_MAP_SWIZZLE_128B) and wgmma's descriptors (moe_wgmma.h) name, and each
+ * then the 128 matching up rows) into a ring of 4 stages, in the 128-byte swizzle that both
+ * the copy (CU_TENSOR_MAP_SWIZZLE_128B) and wgmma's descriptors (gemm_tma.h) name, and each
  * stage's "full" mbarrier counts its bytes in. Warpgroups 1 and 2 multiply, rows [0, 64) and
  * [64, 128) of the tile by wgmma m64n256k16 (128 f32 accumulators a thread), one wgmma group in
  * flight: once step k's group is issued, step k - 1's is waited for and its stage handed back
- * on the stage's "empty" mbarrier (one arrival a warp). The loading thread runs up to GT_ST
+ * on the stage's "empty" mbarrier (one arrival a warp). The loading thread runs up to 4
  * steps ahead, across tile boundaries, so the next tile's first stages load during this tile's
  * epilogue. Tiles go in groups of GT_GM row tiles, the row tile fastest, so that the blocks at
  * work at one time share their W tiles in L2. Rows past M are read as zeros (the copy fills
@@ -50,7 +50,6 @@
 #include "be_cuda.cuh"
 #include "cuda.h"
 #include "gemm_tma.h"
-#include "moe_wgmma.h"
 
 static_assert(GT_SMEM <= 227 * 1024, "shared memory of one block");
 
@@ -61,36 +60,13 @@ static_assert(GT_SMEM <= 227 * 1024, "shared memory of one block");
 #ifdef GT_ON
 #include "wgmma_ptx.cuh"
 
-/* d (m64 x n256, f32) += A (descriptor da, m64 x k16) B (db, k16 x n256), both bf16 K-major */
-__device__ __forceinline__ void gt_mma(float (&d)[128], uint64_t da, uint64_t db)
+/* the ring of stages: the next stage, and its phase flipped on each turn */
+__device__ __forceinline__ void gt_next(int &s, uint32_t &ph, int stages)
 {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, "
-                 "%110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, "
-                 "%123, %124, %125, %126, %127"
-                 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-#define GT_R4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
-#define GT_R16(i) GT_R4(i), GT_R4(i + 4), GT_R4(i + 8), GT_R4(i + 12)
-#define GT_R64(i) GT_R16(i), GT_R16(i + 16), GT_R16(i + 32), GT_R16(i + 48)
-                 : GT_R64(0), GT_R64(64)
-                 : "l"(da), "l"(db), "n"(1));
-#undef GT_R64
-#undef GT_R16
-#undef GT_R4
-}
-
-template <int R> __device__ __forceinline__ void gt_hold(float (&d)[R])
-{
-#pragma unroll
-    for (int i = 0; i < R; i++)
-        asm volatile("" : "+f"(d[i])::"memory");
+    if (++s == stages) {
+        s = 0;
+        ph ^= 1;
+    }
 }
 
 /* the stage's full barrier expects `bytes` more from the copies, and the loading thread arrives */
@@ -165,8 +141,8 @@ gemm_tma_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ 
     extern __shared__ uint8_t gt_smem[];
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(gt_smem);
     const uint32_t base = (raw + 1023u) & ~1023u;
-    constexpr int ST = BK == 64 ? 4 : 8;
-    constexpr uint32_t AB = GT_BM * BK * 2, STB = (GT_BM + GT_BN) * BK * 2, ROWB = BK * 2;
+    constexpr int ST = gt_stages(BK);
+    constexpr uint32_t AB = gt_ab(BK), STB = gt_stb(BK), ROWB = BK * 2;
     static_assert(BK == 64 || BK == 32, "stages of 64 or 32 columns");
     const uint32_t full = base + ST * STB, empty = full + 8 * ST;
     const int tid = threadIdx.x, wg = tid / 128, KT = K / BK;
@@ -212,10 +188,7 @@ gemm_tma_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ 
                     } else {
                         gt_load(st + AB, &tw, kb * BK, tn * GT_BN, fb);
                     }
-                    if (++s == ST) {
-                        s = 0;
-                        ph ^= 1;
-                    }
+                    gt_next(s, ph, ST);
                 }
             }
         }
@@ -244,23 +217,20 @@ gemm_tma_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ 
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++)
-                gt_mma(d, gt_desc(st + c * 64 * ROWB + kk * 32, BK), gt_desc(st + AB + kk * 32, BK));
+                wg_mma_ss_n256(d, gt_desc(st + c * 64 * ROWB + kk * 32, BK), gt_desc(st + AB + kk * 32, BK));
             wg_commit();
             wg_wait<1>();
-            gt_hold(d);
+            wg_hold_flat(d);
             if (prev >= 0) {
                 wg_bar_arrive_warp(empty + 8 * prev, lane);
                 if (CL == 2 && lane == 0)
                     gt_arrive_remote(empty + 8 * prev, rank ^ 1);
             }
             prev = s;
-            if (++s == ST) {
-                s = 0;
-                ph ^= 1;
-            }
+            gt_next(s, ph, ST);
         }
         wg_wait<0>();
-        gt_hold(d);
+        wg_hold_flat(d);
         if (prev >= 0) {
             wg_bar_arrive_warp(empty + 8 * prev, lane);
             if (CL == 2 && lane == 0)
@@ -323,7 +293,7 @@ static PFN_cuTensorMapEncodeTiled_v12000 gt_encoder(void)
 }
 
 /* the map of a row-major bf16 matrix [rows, K] (leading dimension ld) in boxes of box_rows rows
- * of GT_BK columns, 128-byte swizzled; rows past the end read as zeros */
+ * of bk columns, in the form's swizzle (gemm_tma.h); rows past the end read as zeros */
 static bool gt_map(CUtensorMap *m, const void *p, int64_t rows, int64_t K, int64_t ld, uint32_t box_rows,
                    int bk)
 {
@@ -396,10 +366,7 @@ extern "C" bool dfl_cuda_gemm_tma_fits(dfl_be *be, const void *C, int64_t ldc, c
 {
     if (!be || be->kind != DFL_BE_CUDA || be->act != DFL_BF16 || mode < 0 || mode > 2)
         return false;
-    cuda_impl *ci = cuda_of(be);
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ci->device) !=
-            cudaSuccess || major != 9 || !gt_encoder())
+    if (cuda_of(be)->cc_major != 9 || !gt_encoder())
         return false;
     const int64_t Nc = mode == 2 ? N / 2 : N, tile = mode == 2 ? GT_BN / 2 : GT_BN;
     return M > 0 && K > 0 && K % GT_BK == 0 && Nc > 0 && Nc % tile == 0 && (mode != 2 || N % 2 == 0) &&
@@ -438,9 +405,8 @@ extern "C" int dfl_cuda_gemm_tma(dfl_be *be, void *C, int64_t ldc, const void *C
     cudaError_t err;
     const bf16 *cin = (const bf16 *)(Cin ? Cin : C);
     const int half = mode == 2 ? (int)(N / 2) : 0;
-#define GT_GO(MO, C, B) gt_launch<MO, C, B>(ci, ta, tw, (bf16 *)C_, cin, ldc, (int)M, (int)K, half, mt, nt)
-#define GT_BY_MODE(C, B) (mode == 0 ? GT_GO(0, C, B) : mode == 1 ? GT_GO(1, C, B) : GT_GO(2, C, B))
-    void *C_ = C;
+#define GT_GO(MO, CLU, B) gt_launch<MO, CLU, B>(ci, ta, tw, (bf16 *)C, cin, ldc, (int)M, (int)K, half, mt, nt)
+#define GT_BY_MODE(CLU, B) (mode == 0 ? GT_GO(0, CLU, B) : mode == 1 ? GT_GO(1, CLU, B) : GT_GO(2, CLU, B))
     if (bk == 32)
         err = cl == 2 ? GT_BY_MODE(2, 32) : GT_BY_MODE(1, 32);
     else

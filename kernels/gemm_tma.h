@@ -8,7 +8,7 @@
 #define DFL_GEMM_TMA_H
 
 #ifdef __CUDACC__
-#define GT_HD static inline __host__ __device__
+#define GT_HD static constexpr __host__ __device__
 #else
 #define GT_HD static inline
 #endif

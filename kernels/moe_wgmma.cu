@@ -73,14 +73,6 @@ static_assert(MwTile6::SMEM + 4 * MW_TAB_MAX <= 227 * 1024, "tile 6 and its tabl
 
 #ifdef MW_ON
 #include "wgmma_ptx.cuh" /* wg_fence, wg_commit, wg_wait, wg_proxy_fence, wg_bar_* */
-/* keeps the compiler from moving accumulator accesses across the asynchronous wgmma */
-template <int R> __device__ __forceinline__ void mw_hold(float (&d)[R])
-{
-#pragma unroll
-    for (int i = 0; i < R; i++)
-        asm volatile("" : "+f"(d[i])::"memory");
-}
-
 /* d (m64 x n128, f32) += A (descriptor da, m64 x k16) B (db, k16 x n128), both bf16 K-major in
  * shared memory */
 __device__ __forceinline__ void mw_mma128(float (&d)[64], uint64_t da, uint64_t db)
@@ -108,49 +100,6 @@ __device__ __forceinline__ void mw_mma128(float (&d)[64], uint64_t da, uint64_t 
                  : "l"(da), "l"(db), "r"(1));
 }
 
-/* d (m64 x n256, f32) += A (descriptor da, m64 x k16) B (db, k16 x n256), both bf16 K-major in
- * shared memory */
-__device__ __forceinline__ void mw_mma256(float (&d)[128], uint64_t da, uint64_t db)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
-                 "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
-                 "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
-                 "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, "
-                 "%60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, "
-                 "%72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, "
-                 "%84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, "
-                 "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, "
-                 "%120, %121, %122, %123, %124, %125, %126, %127"
-                 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-                   "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
-                   "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
-                   "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-                   "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),
-                   "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]),
-                   "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
-                   "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
-                   "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
-                   "+f"(d[126]), "+f"(d[127])
-                 : "l"(da), "l"(db), "r"(1));
-}
-
 template <int BN> __device__ __forceinline__ void mw_mma(float (&d)[BN / 2], uint64_t da, uint64_t db);
 template <> __device__ __forceinline__ void mw_mma<128>(float (&d)[64], uint64_t da, uint64_t db)
 {
@@ -158,7 +107,7 @@ template <> __device__ __forceinline__ void mw_mma<128>(float (&d)[64], uint64_t
 }
 template <> __device__ __forceinline__ void mw_mma<256>(float (&d)[128], uint64_t da, uint64_t db)
 {
-    mw_mma256(d, da, db);
+    wg_mma_ss_n256(d, da, db);
 }
 
 /* The row starts of loading thread lt_id's chunks: A rows (through rows with GATHER; NULL past
@@ -209,7 +158,7 @@ __device__ __forceinline__ void mw_load(uint32_t st, uint32_t off, const bf16 *c
 template <class CF>
 __device__ __forceinline__ void mw_stage_mma(float (&acc)[CF::NR], uint32_t st, uint32_t wg)
 {
-    mw_hold(acc);
+    wg_hold_flat(acc);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < MW_BK / 16; kk++)
@@ -296,10 +245,10 @@ __global__ void __launch_bounds__(CF::THREADS, 1)
             df_commit(); /* possibly empty: keeps one group per step */
             mw_stage_mma<CF>(acc, s0 + (uint32_t)(kt % CF::ST) * CF::STB, wg);
             wg_wait<1>(); /* step kt - 1 done (this warpgroup) */
-            mw_hold(acc);
+            wg_hold_flat(acc);
         }
         wg_wait<0>();
-        mw_hold(acc);
+        wg_hold_flat(acc);
         mw_epilogue<CF, SWIGLU>(acc, wg, tid % 128, C, g0, end, c0, Nc, pair);
         return;
     }
@@ -332,12 +281,12 @@ __global__ void __launch_bounds__(CF::THREADS, 1)
         wg_proxy_fence();
         mw_stage_mma<CF>(acc, s0 + slot * CF::STB, wg);
         wg_wait<1>(); /* step kt - 1 done: its slot goes back to the loads */
-        mw_hold(acc);
+        wg_hold_flat(acc);
         if (kt > 0)
             wg_bar_arrive(empty + 8 * (uint32_t)((kt - 1) % CF::ST));
     }
     wg_wait<0>();
-    mw_hold(acc);
+    wg_hold_flat(acc);
     mw_epilogue<CF, SWIGLU>(acc, wg, tid % 128, C, g0, end, c0, Nc, pair);
 #else
     __trap(); /* built without sm_90a: cuda_moe_wgmma never launches it */
@@ -432,10 +381,10 @@ __global__ void __launch_bounds__(CF::THREADS, 1)
             load_next((gs + CF::D) % CF::ST); /* the last D steps load the next tile's first */
             df_commit(); /* possibly empty: keeps one group per step */
             wg_wait<CF::LAG>(); /* step gs - LAG done (this warpgroup) */
-            mw_hold(acc);
+            wg_hold_flat(acc);
         }
         wg_wait<0>();
-        mw_hold(acc);
+        wg_hold_flat(acc);
         mw_epilogue<CF, SWIGLU>(acc, wg, tid % 128, C, g0, end, c0, Nc, pair);
         ct = mw_seek<CF, SWIGLU>(ct + gridDim.x, nt, ntc, scnt, soff, E, W, N, K, &g0, &end, &c0,
                                  &We);

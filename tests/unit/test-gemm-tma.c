@@ -13,7 +13,6 @@
 #include "backend.h"
 #include "t.h"
 #include "../../kernels/gemm_tma.h"
-#include "../../kernels/moe_wgmma.h"
 
 /* wgmma's address of element (m, k) of a K-major bf16 operand through descriptor desc, per the
  * PTX ISA's canonical layouts: rows of the swizzle's width (mode 1: 128 bytes, 2: 64), 8-row
